@@ -1,0 +1,414 @@
+"""LocalBackend: one machine, one netns + bubblewrap sandbox per sandbox id."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from apps.sandboxes.backends.base import (
+    BackendError,
+    BackendEvent,
+    Endpoint,
+    ImageInfo,
+    InventoryItem,
+    SandboxSpec,
+    UnknownImage,
+)
+
+from . import process
+from ._sys import (
+    SYSTEM_PATH,
+    file_lock,
+    is_alive,
+    kill_and_wait,
+    kill_pids,
+    read_json,
+    run,
+    write_atomic,
+)
+from .cgroups import CgroupDriver, Limits
+from .config import (
+    LocalBackendConfig,
+    Names,
+    check_image_name,
+    check_instance,
+    check_sandbox_id,
+)
+from .network import Network
+
+HOST_IMAGE = "host"
+ISOLATED = "netns+bwrap"
+UNISOLATED = "none"
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, config: LocalBackendConfig) -> None:
+        check_instance(config.instance)
+        self.config = config
+        self.names = Names(config.instance)
+        root = os.geteuid() == 0
+        if config.isolation == "netns" and not root:
+            raise BackendError("isolation='netns' needs root")
+        self.isolated = config.isolation == "netns" or (config.isolation == "auto" and root)
+        if self.isolated and shutil.which("bwrap", path=SYSTEM_PATH) is None:
+            raise BackendError("bubblewrap (bwrap) is not installed")
+        self.sandboxes_dir = config.state_dir / "sandboxes"
+        self.images_dir = config.state_dir / "images"
+        self.locks_dir = config.state_dir / "locks"
+        for d in (self.sandboxes_dir, self.images_dir, self.locks_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.network = Network(config, self.names)
+        self.cgroups = CgroupDriver(self.names.cgroup_group) if root else CgroupDriver.disabled()
+        self.node = socket.gethostname()
+        # Test seam: called at named points of provision ("netns_created", …) so a
+        # test can simulate a provision that dies halfway.
+        self.fault_hook: Callable[[str], None] | None = None
+        self._gone_reported: set[tuple[str, int | None]] = set()
+
+    # ---- images ----------------------------------------------------------------------
+
+    def images(self) -> list[ImageInfo]:
+        found = [ImageInfo(HOST_IMAGE, "the host's /usr, read-only")]
+        for d in sorted(self.images_dir.iterdir()):
+            if (d / "rootfs").is_dir() and not d.name.startswith("."):
+                digest = (d / "digest").read_text().strip() if (d / "digest").exists() else ""
+                found.append(ImageInfo(d.name, "imported root filesystem", digest))
+        return found
+
+    def import_image(self, name: str, tarball: Path) -> ImageInfo:
+        """Unpack a ``docker export`` tarball as image ``name`` (replacing it)."""
+        check_image_name(name)
+        if name == HOST_IMAGE:
+            raise BackendError("'host' is reserved")
+        h = hashlib.sha256()
+        with open(tarball, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        staging = self.images_dir / f".{name}.{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "rootfs").mkdir(parents=True)
+        try:
+            run(["tar", "-x", "--numeric-owner", "-f", str(tarball), "-C",
+                 str(staging / "rootfs"), "--exclude=./dev/*", "--exclude=dev/*"], timeout=600)
+            (staging / "digest").write_text(f"sha256:{h.hexdigest()}\n")
+            final = self.images_dir / name
+            if final.exists():
+                shutil.rmtree(final)
+            staging.rename(final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return ImageInfo(name, "imported root filesystem", f"sha256:{h.hexdigest()}")
+
+    def _base_args(self, image: str) -> tuple[list[str], str]:
+        if image == HOST_IMAGE:
+            return process.host_base_args(), self.config.python
+        check_image_name(image)
+        rootfs = self.images_dir / image / "rootfs"
+        if not rootfs.is_dir():
+            raise UnknownImage(f"unknown image {image!r}")
+        for python in ("usr/bin/python3", "usr/local/bin/python3"):
+            if (rootfs / python).exists() or (rootfs / python).is_symlink():
+                return process.rootfs_base_args(rootfs), "/" + python
+        raise UnknownImage(f"image {image!r} has no python3 for the agent")
+
+    # ---- paths and meta --------------------------------------------------------------
+
+    def _dir(self, sandbox_id: str) -> Path:
+        return self.sandboxes_dir / sandbox_id
+
+    def _meta(self, sandbox_id: str) -> dict[str, Any] | None:
+        return read_json(self._dir(sandbox_id) / "meta.json")
+
+    def _save_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
+        write_atomic(self._dir(sandbox_id) / "meta.json", json.dumps(meta, indent=1))
+
+    def _lock(self, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.locks_dir / f"{sandbox_id}.lock")
+
+    def _hook(self, point: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(point)
+
+    @staticmethod
+    def _alive(meta: dict[str, Any] | None) -> bool:
+        return bool(meta) and is_alive(meta.get("pid"), meta.get("start_time"))  # type: ignore[union-attr]
+
+    @staticmethod
+    def _endpoint_of(meta: dict[str, Any]) -> Endpoint:
+        return Endpoint(meta["ip"], int(meta["port"]), meta["isolation"], meta.get("node", ""))
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def provision(self, spec: SandboxSpec) -> Endpoint:
+        check_sandbox_id(spec.sandbox_id)
+        base_args, python = self._base_args(spec.image)
+        with self._lock(spec.sandbox_id):
+            meta = self._meta(spec.sandbox_id)
+            if meta and meta.get("generation") == spec.generation and meta.get("state") == "started":
+                if self._alive(meta):
+                    return self._endpoint_of(meta)
+            if meta or self._dir(spec.sandbox_id).exists():
+                self._destroy_locked(spec.sandbox_id)
+            try:
+                return self._provision_locked(spec, base_args, python)
+            except Exception as exc:
+                try:
+                    self._destroy_locked(spec.sandbox_id)
+                except Exception as cleanup_exc:  # noqa: BLE001 - report both
+                    raise BackendError(
+                        f"provision failed ({exc}); rollback failed too: {cleanup_exc}"
+                    ) from exc
+                if isinstance(exc, BackendError):
+                    raise
+                raise BackendError(f"provision failed: {exc}") from exc
+
+    def _provision_locked(self, spec: SandboxSpec, base_args: list[str], python: str) -> Endpoint:
+        sid = spec.sandbox_id
+        d = self._dir(sid)
+        for sub in ("workspace", "tmp"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(d / "tmp", 0o1777)
+        meta: dict[str, Any] = {
+            "sandbox_id": sid,
+            "tenant_id": spec.tenant_id,
+            "generation": spec.generation,
+            "image": spec.image,
+            "state": "provisioning",
+            "isolation": ISOLATED if self.isolated else UNISOLATED,
+            "node": self.node,
+            "network_access": spec.network_access,
+            "labels": spec.labels,
+            "created_at": time.time(),
+        }
+        self._save_meta(sid, meta)
+        limits = Limits(spec.memory_mib * 1024 * 1024, spec.cpu_millis, spec.pids_limit)
+        if self.isolated:
+            with file_lock(self.locks_dir / "instance.lock"):
+                self.network.ensure_instance()
+            ip = self.network.claim_ip(sid)
+            meta.update(ip=ip, port=self.config.agent_port, netns=self.names.netns(sid),
+                        host_veth=self.names.host_veth(sid), bridge=self.names.bridge)
+            self._save_meta(sid, meta)
+            self.network.create(sid, ip, spec.network_access, self._hook)
+        else:
+            meta.update(ip="127.0.0.1", port=_free_port())
+            self._save_meta(sid, meta)
+        cgroup_dirs = self.cgroups.create(sid, limits)
+        meta["cgroups"] = {c: str(p) for c, p in cgroup_dirs.items()}
+        self._save_meta(sid, meta)
+        self._hook("cgroups_created")
+        process.write_token(d / "secret", spec.agent_token)
+        if self.isolated:
+            argv = process.bwrap_argv(
+                base_args=base_args, workspace=d / "workspace", tmp=d / "tmp",
+                secret_dir=d / "secret", podagent_dir=self.config.podagent_dir,
+                python=python, port=self.config.agent_port,
+            )
+            argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]
+            pid, start = process.launch_detached(
+                argv, cgroup_dirs=list(cgroup_dirs.values()), log_file=d / "agent.log")
+        else:
+            pid, start = self._launch_unisolated(spec, d, int(meta["port"]), limits,
+                                                 list(cgroup_dirs.values()))
+        meta.update(pid=pid, start_time=start, state="started")
+        self._save_meta(sid, meta)
+        self._hook("started")
+        return self._endpoint_of(meta)
+
+    def _launch_unisolated(
+        self, spec: SandboxSpec, d: Path, port: int, limits: Limits, cgroup_dirs: list[Path]
+    ) -> tuple[int, int]:
+        argv = [self.config.python, "-m", "podagent", "--listen", f"127.0.0.1:{port}",
+                "--token-file", str(d / "secret" / "token"), "--unlink-token",
+                "--workdir", str(d / "workspace")]
+        if not cgroup_dirs and shutil.which("prlimit", path=SYSTEM_PATH):
+            # no cgroups: address-space rlimit as the memory guard (RLIMIT_NPROC
+            # is per-uid, so it would count the whole user's processes: not used)
+            argv = ["prlimit", f"--as={max(limits.memory_bytes, 256 << 20) * 4}", "--", *argv]
+        env = {
+            "PATH": SYSTEM_PATH,
+            "HOME": str(d / "workspace"),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(self.config.podagent_dir.resolve().parent),
+            "HEDGEROW_AGENT_ENV_RESTORE": process.AGENT_ENV_RESTORE,
+        }
+        return process.launch_detached(argv, cgroup_dirs=cgroup_dirs,
+                                       log_file=d / "agent.log", env=env, cwd=d / "workspace")
+
+    def destroy(self, sandbox_id: str) -> None:
+        check_sandbox_id(sandbox_id)
+        with self._lock(sandbox_id):
+            self._destroy_locked(sandbox_id)
+
+    def _destroy_locked(self, sid: str) -> None:
+        meta = self._meta(sid) or {}
+        if meta.get("pid"):
+            kill_and_wait(int(meta["pid"]), meta.get("start_time"))
+        if self.isolated:
+            kill_pids(self.network.netns_pids(sid))
+        cgroup_dirs = set(self.cgroups.paths(sid).values())
+        cgroup_dirs |= {Path(p) for p in (meta.get("cgroups") or {}).values()}
+        for path in cgroup_dirs:
+            self.cgroups.remove(path)
+        if self.isolated:
+            self.network.delete(sid, meta.get("ip"))
+        self.network.release_ips(sid)
+        shutil.rmtree(self._dir(sid), ignore_errors=True)
+        if self._dir(sid).exists():
+            raise BackendError(f"cannot remove {self._dir(sid)}")
+
+    def endpoint(self, sandbox_id: str) -> Endpoint | None:
+        check_sandbox_id(sandbox_id)
+        meta = self._meta(sandbox_id)
+        if meta and meta.get("state") == "started" and self._alive(meta):
+            return self._endpoint_of(meta)
+        return None
+
+    def teardown_instance(self) -> None:
+        """Destroy every sandbox, then the bridge, host tables, cgroup group and
+        subnet claim of this instance (tests, uninstall)."""
+        for d in sorted(self.sandboxes_dir.iterdir()):
+            if d.is_dir():
+                self.destroy(d.name)
+        for item in self.inventory():
+            self.reclaim(item)
+        if self.isolated:
+            self.network.teardown_instance()
+        self.cgroups.remove_group()
+
+    # ---- inventory -------------------------------------------------------------------
+
+    def inventory(self) -> list[InventoryItem]:
+        items: list[InventoryItem] = []
+        metas: dict[str, dict[str, Any]] = {}
+        try:
+            dirs = sorted(p for p in self.sandboxes_dir.iterdir() if p.is_dir())
+        except OSError as exc:
+            raise BackendError(f"cannot list {self.sandboxes_dir}: {exc}") from exc
+        for d in dirs:
+            meta = self._meta(d.name) or {}
+            metas[d.name] = meta
+            gen = meta.get("generation")
+            items.append(InventoryItem("directory", str(d), d.name, gen, self.node))
+            if self._alive(meta):
+                items.append(InventoryItem("process", str(meta["pid"]), d.name, gen, self.node))
+
+        def gen_of(sid: str | None) -> int | None:
+            return metas.get(sid or "", {}).get("generation")
+
+        claims = self.network.claims()
+        for ip, owner_id in claims:
+            items.append(InventoryItem("address", ip, owner_id or None, gen_of(owner_id),
+                                       self.node))
+        for controller, path in self.cgroups.listing():
+            items.append(InventoryItem("cgroup", str(path), path.name, gen_of(path.name),
+                                       self.node))
+        if self.isolated or self.network.list_netns():
+            for ns in self.network.list_netns():
+                ns_sid = self.names.sandbox_from_netns(ns)
+                items.append(InventoryItem("netns", ns, ns_sid, gen_of(ns_sid), self.node))
+            for name, veth_sid in self.network.list_veths():
+                items.append(InventoryItem("veth", name, veth_sid, gen_of(veth_sid), self.node))
+            owner = dict(claims)
+            for ip in self.network.list_egress():
+                rule_sid = owner.get(ip)
+                items.append(InventoryItem("nft_rule", f"egress:{ip}", rule_sid,
+                                           gen_of(rule_sid), self.node))
+        return items
+
+    def reclaim(self, item: InventoryItem) -> None:
+        kind, name = item.kind, item.name
+        if kind == "directory":
+            path = Path(name)
+            if path.parent != self.sandboxes_dir:
+                raise BackendError(f"{name} is not a sandbox directory of this instance")
+            shutil.rmtree(path, ignore_errors=True)
+        elif kind == "process":
+            meta = self._meta(item.sandbox_id or "") or {}
+            if str(meta.get("pid")) == name:
+                kill_and_wait(int(name), meta.get("start_time"))
+        elif kind == "address":
+            self.network.release_ip(name)
+        elif kind == "cgroup":
+            path = Path(name)
+            if path not in {p for _, p in self.cgroups.listing()}:
+                raise BackendError(f"{name} is not a cgroup of this instance")
+            self.cgroups.remove(path)
+        elif kind == "netns":
+            sid = self.names.sandbox_from_netns(name)
+            if sid is None:
+                raise BackendError(f"{name} is not a netns of this instance")
+            kill_pids(self.network.netns_pids(sid))
+            self.network.delete_netns(name)
+        elif kind == "veth":
+            if name not in {n for n, _ in self.network.list_veths()}:
+                return
+            self.network.delete_veth(name)
+        elif kind == "nft_rule":
+            self.network.delete_egress(name.removeprefix("egress:"))
+        else:
+            raise BackendError(f"unknown inventory kind {kind!r}")
+
+    # ---- events ----------------------------------------------------------------------
+
+    def watch(self, timeout_s: float) -> Iterator[BackendEvent]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen: set[tuple[str, int | None]] = set()
+            for d in sorted(self.sandboxes_dir.iterdir()):
+                meta = self._meta(d.name)
+                if not meta or meta.get("state") != "started":
+                    continue
+                key = (d.name, meta.get("generation"))
+                seen.add(key)
+                if key not in self._gone_reported and not self._alive(meta):
+                    self._gone_reported.add(key)
+                    yield BackendEvent(d.name, key[1], "gone", "agent process exited")
+            self._gone_reported &= seen
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            time.sleep(min(0.5, remaining))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(endpoint: Endpoint, token: str = "", timeout: float = 15) -> dict[str, Any]:
+    """Poll ``GET /health`` until the agent answers 200; returns its JSON body."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=2)
+        try:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            conn.request("GET", "/health", headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            if resp.status == 200:
+                data = json.loads(body)
+                return data if isinstance(data, dict) else {"body": data}
+            last = BackendError(f"/health answered {resp.status}")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            last = exc
+        finally:
+            conn.close()
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    raise BackendError(f"agent at {endpoint.host}:{endpoint.port} not healthy: {last}",
+                       transient=True)

@@ -1,0 +1,187 @@
+"""cgroup driver: v1 (memory/cpu/pids hierarchies), v2 (unified), or none.
+
+Sandboxes go under the control plane's own cgroup (read from /proc/self/cgroup):
+``<mount>/<own path>/hedgerow-<instance>/<sandbox>``. In containers the own path
+is often the only writable place (e.g. ``memory:/process_api/<id>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from apps.sandboxes.backends.base import BackendError
+
+from ._sys import kill_pids
+
+CONTROLLERS = ("memory", "cpu", "pids")
+CFS_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int
+    cpu_millis: int
+    pids: int
+
+
+def _mounts() -> tuple[dict[str, Path], Path | None]:
+    v1: dict[str, Path] = {}
+    v2: Path | None = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        fields, post_fields = pre.split(), post.split()
+        if len(post_fields) < 3:
+            continue
+        fstype, mountpoint = post_fields[0], Path(fields[4])
+        if fstype == "cgroup2":
+            v2 = mountpoint
+        elif fstype == "cgroup" and fields[3] == "/":
+            for opt in post_fields[2].split(","):
+                if opt in CONTROLLERS:
+                    v1.setdefault(opt, mountpoint)
+    return v1, v2
+
+
+def _own_paths() -> tuple[dict[str, str], str | None]:
+    v1: dict[str, str] = {}
+    v2: str | None = None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            v2 = path
+        for c in controllers.split(","):
+            if c in CONTROLLERS:
+                v1[c] = path
+    return v1, v2
+
+
+def _writable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+class CgroupDriver:
+    """Finds, per controller, the parent directory sandboxes are created under."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group  # "hedgerow-<instance>"
+        self.mode = "none"
+        self.parents: dict[str, Path] = {}  # controller (or "unified") → group dir
+        v1_mounts, v2_mount = _mounts()
+        v1_own, v2_own = _own_paths()
+        for c in CONTROLLERS:
+            if c in v1_mounts and c in v1_own:
+                base = v1_mounts[c] / v1_own[c].lstrip("/")
+                if _writable_dir(base) and (base / "cgroup.procs").exists():
+                    self.parents[c] = base / group
+        if self.parents:
+            self.mode = "v1"
+            return
+        if v2_mount is not None and v2_own is not None:
+            base = v2_mount / v2_own.lstrip("/")
+            avail = _read(base / "cgroup.controllers").split() if base.is_dir() else []
+            if _writable_dir(base) and set(CONTROLLERS) <= set(avail):
+                self.parents["unified"] = base / group
+                self.mode = "v2"
+
+    @classmethod
+    def disabled(cls) -> CgroupDriver:
+        driver = cls.__new__(cls)
+        driver.group, driver.mode, driver.parents = "", "none", {}
+        return driver
+
+    def paths(self, sandbox_id: str) -> dict[str, Path]:
+        return {c: parent / sandbox_id for c, parent in self.parents.items()}
+
+    def create(self, sandbox_id: str, limits: Limits) -> dict[str, Path]:
+        """Create the sandbox's cgroups with limits; returns controller → dir."""
+        created = self.paths(sandbox_id)
+        try:
+            for controller, path in created.items():
+                path.parent.mkdir(exist_ok=True)
+                if self.mode == "v2":
+                    # a cgroup with processes cannot delegate controllers (no internal
+                    # processes rule); the group dir we made holds none.
+                    _write(path.parent / "cgroup.subtree_control", "+memory +cpu +pids")
+                path.mkdir(exist_ok=True)
+                self._limit(controller, path, limits)
+        except OSError as exc:
+            raise BackendError(f"cgroup setup failed: {exc}") from exc
+        return created
+
+    def _limit(self, controller: str, path: Path, limits: Limits) -> None:
+        quota = max(1000, limits.cpu_millis * CFS_PERIOD_US // 1000)
+        if controller == "memory":
+            _write(path / "memory.limit_in_bytes", str(limits.memory_bytes))
+            # without this the kernel swaps instead of OOM-killing (where swap exists)
+            with contextlib.suppress(OSError):
+                _write(path / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        elif controller == "cpu":
+            _write(path / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(path / "cpu.cfs_quota_us", str(quota))
+        elif controller == "pids":
+            _write(path / "pids.max", str(limits.pids))
+        elif controller == "unified":
+            _write(path / "memory.max", str(limits.memory_bytes))
+            with contextlib.suppress(OSError):
+                _write(path / "memory.swap.max", "0")
+            _write(path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+            _write(path / "pids.max", str(limits.pids))
+
+    def listing(self) -> list[tuple[str, Path]]:
+        """(controller, sandbox cgroup dir) for every sandbox cgroup of this instance."""
+        found: list[tuple[str, Path]] = []
+        for controller, parent in self.parents.items():
+            try:
+                entries = sorted(p for p in parent.iterdir() if p.is_dir())
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise BackendError(f"cannot list {parent}: {exc}") from exc
+            found.extend((controller, p) for p in entries)
+        return found
+
+    def remove(self, path: Path, timeout: float = 10) -> None:
+        """Kill every task in the cgroup and rmdir it (retrying while tasks drain)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pids = [int(x) for x in _read(path / "cgroup.procs").split()]
+            except FileNotFoundError:
+                return
+            kill_pids(pids)
+            try:
+                path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise BackendError(f"cannot remove cgroup {path}: {exc}") from exc
+            time.sleep(0.05)
+
+    def remove_group(self) -> None:
+        for parent in self.parents.values():
+            with contextlib.suppress(FileNotFoundError):
+                for child in parent.iterdir():
+                    if child.is_dir():
+                        self.remove(child)
+                parent.rmdir()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        if not path.parent.exists():
+            raise
+        return ""
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)

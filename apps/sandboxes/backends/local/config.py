@@ -1,0 +1,116 @@
+"""Configuration and resource naming for the local backend.
+
+Every name carries the installation's instance id (readable where the kernel
+allows long names, hashed where it does not) so two installations on one machine
+never see or touch each other's resources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from apps.sandboxes.backends.base import BackendError
+
+Isolation = Literal["auto", "netns", "none"]
+
+_INSTANCE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,39}$")
+_SANDBOX_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+_IMAGE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+AGENT_MOUNT = "/opt/hedgerow/podagent"
+SECRET_MOUNT = "/run/hedgerow"
+
+
+@dataclass(frozen=True)
+class LocalBackendConfig:
+    state_dir: Path
+    instance: str
+    podagent_dir: Path  # the project's ``podagent/`` package directory
+    subnet: str | None = None  # e.g. "10.213.7.0/24"; None: allocate one in 10.213.0.0/16
+    agent_port: int = 7777
+    python: str = "/usr/bin/python3"
+    isolation: Isolation = "auto"  # auto: netns+bwrap when root, else none
+    claims_dir: Path = Path("/run/hedgerow/subnets")  # machine-wide subnet claims
+    subnet_pool: str = "10.213.0.0/16"
+
+
+def check_instance(instance: str) -> None:
+    # Sandbox ids have no dashes, so "hedgerow-<instance>-<sandbox>" parses back
+    # unambiguously: instance "a" never lists instance "a-b"'s netns.
+    if not _INSTANCE_RE.match(instance):
+        raise BackendError(f"invalid instance id {instance!r}: use [A-Za-z0-9_-]{{1,40}}")
+
+
+def check_sandbox_id(sandbox_id: str) -> None:
+    if not _SANDBOX_RE.match(sandbox_id):
+        raise BackendError(f"invalid sandbox id {sandbox_id!r}")
+
+
+def check_image_name(name: str) -> None:
+    if not _IMAGE_RE.match(name) or name.startswith("."):
+        raise BackendError(f"invalid image name {name!r}")
+
+
+def _hex(text: str, n: int) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:n]
+
+
+@dataclass(frozen=True)
+class Names:
+    """Deterministic names: destroy can compute them even without meta.json."""
+
+    instance: str
+
+    @property
+    def ihash(self) -> str:
+        return _hex(self.instance, 10)
+
+    @property
+    def bridge(self) -> str:
+        return "hb" + self.ihash  # 12 chars (IFNAMSIZ is 16 incl. NUL)
+
+    @property
+    def nft_table(self) -> str:
+        return "hedgerow_" + self.ihash
+
+    @property
+    def veth_prefix(self) -> str:
+        # host veths start with this so one static bridge rule covers all of them
+        return "v" + self.ihash[:4]
+
+    @property
+    def netns_prefix(self) -> str:
+        return f"hedgerow-{self.instance}-"
+
+    @property
+    def cgroup_group(self) -> str:
+        return f"hedgerow-{self.instance}"
+
+    def netns(self, sandbox_id: str) -> str:
+        return self.netns_prefix + sandbox_id
+
+    def host_veth(self, sandbox_id: str) -> str:
+        return self.veth_prefix + _hex(self.instance + sandbox_id, 10)  # 15 chars
+
+    def peer_veth(self, sandbox_id: str) -> str:
+        return "p" + self.ihash[:4] + _hex(self.instance + sandbox_id, 10)
+
+    def veth_alias(self, sandbox_id: str) -> str:
+        return f"hedgerow:{self.instance}:{sandbox_id}"
+
+    def sandbox_from_netns(self, name: str) -> str | None:
+        if not name.startswith(self.netns_prefix):
+            return None
+        rest = name[len(self.netns_prefix) :]
+        return rest if _SANDBOX_RE.match(rest) else None
+
+    def sandbox_from_alias(self, alias: str) -> str | None:
+        prefix = f"hedgerow:{self.instance}:"
+        if not alias.startswith(prefix):
+            return None
+        rest = alias[len(prefix) :]
+        return rest if _SANDBOX_RE.match(rest) else None

@@ -1,0 +1,319 @@
+"""Bridge, subnet and address claims, per-sandbox netns + veth, nftables.
+
+Isolation model (see docs/local-backend.md):
+* inside each netns: no default route and an output policy-drop table, loaded
+  before the agent starts (replies to the control plane pass as established);
+* host table ``inet hedgerow_<hash>``: nothing from the bridge may open a
+  connection to the host; forwarding only for sandboxes in the ``egress`` set;
+* host table ``bridge hedgerow_<hash>`` plus bridge port isolation: no frame is
+  bridged from one sandbox port to another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from apps.sandboxes.backends.base import BackendError
+
+from ._sys import run
+from .config import LocalBackendConfig, Names
+
+NETNS_DIR = Path("/run/netns")
+
+
+class Network:
+    def __init__(self, config: LocalBackendConfig, names: Names) -> None:
+        self.config = config
+        self.names = names
+        self.addr_dir = config.state_dir / "addresses"
+        self.subnet_file = config.state_dir / "subnet"
+        self._subnet: ipaddress.IPv4Network | None = None
+
+    # ---- instance-wide -------------------------------------------------------------
+
+    @property
+    def subnet(self) -> ipaddress.IPv4Network:
+        if self._subnet is None:
+            self._subnet = self._claim_subnet()
+        return self._subnet
+
+    @property
+    def gateway(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def _claim_file(self, net: ipaddress.IPv4Network) -> Path:
+        return self.config.claims_dir / str(net.network_address)
+
+    def _try_claim(self, net: ipaddress.IPv4Network) -> bool:
+        owner = f"{self.config.instance} {self.config.state_dir}\n"
+        path = self._claim_file(net)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                return path.read_text() == owner
+            except OSError:
+                return False
+        with os.fdopen(fd, "w") as f:
+            f.write(owner)
+        return True
+
+    def _claim_subnet(self) -> ipaddress.IPv4Network:
+        self.config.claims_dir.mkdir(parents=True, exist_ok=True)
+        if self.subnet_file.exists():
+            net = ipaddress.IPv4Network(self.subnet_file.read_text().strip())
+            if not self._try_claim(net):
+                raise BackendError(f"subnet {net} of this instance is claimed by another")
+            return net
+        if self.config.subnet:
+            candidates = [ipaddress.IPv4Network(self.config.subnet)]
+        else:
+            candidates = list(ipaddress.IPv4Network(self.config.subnet_pool).subnets(new_prefix=24))
+        used = self._routed_networks()
+        for net in candidates:
+            if any(net.overlaps(u) for u in used):
+                continue
+            if self._try_claim(net):
+                self.subnet_file.write_text(f"{net}\n")
+                return net
+        raise BackendError("no free subnet for this instance")
+
+    def _routed_networks(self) -> list[ipaddress.IPv4Network]:
+        out = run(["ip", "-j", "-4", "route", "show", "table", "all"]).stdout
+        nets = []
+        for route in json.loads(out or "[]"):
+            dst = route.get("dst", "")
+            if dst and dst != "default" and route.get("dev") != self.names.bridge:
+                with contextlib.suppress(ValueError):
+                    nets.append(ipaddress.IPv4Network(dst, strict=False))
+        return [n for n in nets if n.prefixlen > 0]
+
+    def ensure_instance(self) -> None:
+        """Create the bridge and host tables if missing (caller holds the instance lock)."""
+        br, gw = self.names.bridge, self.gateway
+        if run(["ip", "link", "show", "dev", br], check=False).returncode != 0:
+            run(["ip", "link", "add", br, "type", "bridge"])
+        run(["ip", "addr", "replace", f"{gw}/{self.subnet.prefixlen}", "dev", br])
+        run(["ip", "link", "set", br, "up"])
+        table = self.names.nft_table
+        if run(["nft", "list", "table", "inet", table], check=False).returncode != 0:
+            run(["nft", "-f", "-"], input=self._host_ruleset())
+
+    def _host_ruleset(self) -> str:
+        br, t, sub = self.names.bridge, self.names.nft_table, self.subnet
+        return f"""
+table inet {t} {{
+  set egress {{ type ipv4_addr; }}
+  chain input {{
+    type filter hook input priority -10; policy accept;
+    iifname "{br}" ct state established,related accept
+    iifname "{br}" drop
+  }}
+  chain forward {{
+    type filter hook forward priority -10; policy accept;
+    iifname "{br}" oifname "{br}" drop
+    iifname "{br}" ip saddr @egress ip daddr != {sub} accept
+    iifname "{br}" drop
+    oifname "{br}" ct state established,related accept
+    oifname "{br}" drop
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority 100; policy accept;
+    ip saddr @egress oifname != "{br}" masquerade
+  }}
+}}
+table bridge {t} {{
+  chain forward {{
+    type filter hook forward priority -10; policy accept;
+    iifname "{self.names.veth_prefix}*" drop
+    oifname "{self.names.veth_prefix}*" drop
+  }}
+}}
+"""
+
+    def teardown_instance(self) -> None:
+        for family in ("inet", "bridge"):
+            run(["nft", "delete", "table", family, self.names.nft_table], check=False)
+        run(["ip", "link", "del", self.names.bridge], check=False)
+        if self.subnet_file.exists():
+            net = ipaddress.IPv4Network(self.subnet_file.read_text().strip())
+            path = self._claim_file(net)
+            with contextlib.suppress(OSError):
+                if path.read_text().startswith(f"{self.config.instance} "):
+                    path.unlink()
+            self.subnet_file.unlink()
+        self._subnet = None
+
+    # ---- addresses -------------------------------------------------------------------
+
+    def claim_ip(self, sandbox_id: str) -> str:
+        self.addr_dir.mkdir(parents=True, exist_ok=True)
+        for host in list(self.subnet.hosts())[1:]:  # .1 is the bridge
+            try:
+                fd = os.open(self.addr_dir / str(host), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(sandbox_id)
+            return str(host)
+        raise BackendError("no free address in the instance subnet", transient=True)
+
+    def claims(self) -> list[tuple[str, str]]:
+        """(ip, sandbox_id) of every address claim."""
+        try:
+            files = sorted(self.addr_dir.iterdir())
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise BackendError(f"cannot list address claims: {exc}") from exc
+        found = []
+        for f in files:
+            if f.name.startswith("."):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                found.append((f.name, f.read_text().strip()))
+        return found
+
+    def release_ips(self, sandbox_id: str) -> None:
+        for ip, owner in self.claims():
+            if owner == sandbox_id:
+                self.release_ip(ip)
+
+    def release_ip(self, ip: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.addr_dir / ip).unlink()
+
+    # ---- per sandbox -----------------------------------------------------------------
+
+    def create(
+        self,
+        sandbox_id: str,
+        ip: str,
+        network_access: bool,
+        hook: Callable[[str], None],
+    ) -> None:
+        ns, hv = self.names.netns(sandbox_id), self.names.host_veth(sandbox_id)
+        pv = self.names.peer_veth(sandbox_id)
+        run(["ip", "netns", "add", ns])
+        hook("netns_created")
+        alias = self.names.veth_alias(sandbox_id)
+        run(["ip", "-b", "-"], input="\n".join([
+            f"link add {hv} type veth peer name {pv} netns {ns}",
+            f'link set dev {hv} alias "{alias}"',
+            f"link set dev {hv} master {self.names.bridge}",
+            f"link set dev {hv} type bridge_slave isolated on",
+            f"link set dev {hv} up",
+        ]) + "\n")
+        hook("veth_created")
+        inner = [
+            f"link set dev {pv} name eth0",
+            f"addr add {ip}/{self.subnet.prefixlen} dev eth0",
+            "link set dev eth0 up",
+            "link set dev lo up",
+        ]
+        if network_access:
+            inner.append(f"route add default via {self.gateway}")
+        run(["ip", "-n", ns, "-b", "-"], input="\n".join(inner) + "\n")
+        # the filter is in place before any sandbox process exists
+        run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=self._sandbox_ruleset(network_access))
+        if network_access:
+            _enable_forwarding()
+            run(["nft", "add", "element", "inet", self.names.nft_table, "egress", f"{{ {ip} }}"])
+
+    def _sandbox_ruleset(self, network_access: bool) -> str:
+        policy = "accept" if network_access else "drop"
+        return f"""
+table inet hedgerow {{
+  chain input {{
+    type filter hook input priority 0; policy drop;
+    iif "lo" accept
+    ct state established,related accept
+    ip saddr {self.gateway} tcp dport {self.config.agent_port} accept
+  }}
+  chain output {{
+    type filter hook output priority 0; policy {policy};
+    oif "lo" accept
+    ct state established,related accept
+  }}
+}}
+"""
+
+    def netns_pids(self, sandbox_id: str) -> list[int]:
+        ns = self.names.netns(sandbox_id)
+        if not (NETNS_DIR / ns).exists():
+            return []
+        out = run(["ip", "netns", "pids", ns], check=False).stdout
+        return [int(p) for p in out.split() if p.isdigit()]
+
+    def delete(self, sandbox_id: str, ip: str | None) -> None:
+        self.delete_veth(self.names.host_veth(sandbox_id))
+        self.delete_netns(self.names.netns(sandbox_id))
+        if ip:
+            self.delete_egress(ip)
+
+    def delete_veth(self, name: str) -> None:
+        proc = run(["ip", "link", "del", name], check=False)
+        if proc.returncode != 0 and "Cannot find device" not in proc.stderr:
+            raise BackendError(f"ip link del {name}: {proc.stderr.strip()}")
+
+    def delete_netns(self, name: str) -> None:
+        if not (NETNS_DIR / name).exists():
+            return
+        proc = run(["ip", "netns", "del", name], check=False)
+        if proc.returncode != 0 and (NETNS_DIR / name).exists():
+            raise BackendError(f"ip netns del {name}: {proc.stderr.strip()}")
+
+    def delete_egress(self, ip: str) -> None:
+        run(["nft", "delete", "element", "inet", self.names.nft_table, "egress", f"{{ {ip} }}"],
+            check=False)
+
+    # ---- listings (raise on failure: callers must never act on a partial view) -------
+
+    def list_netns(self) -> list[str]:
+        try:
+            entries = os.listdir(NETNS_DIR)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise BackendError(f"cannot list {NETNS_DIR}: {exc}") from exc
+        return sorted(e for e in entries if e.startswith(self.names.netns_prefix))
+
+    def list_veths(self) -> list[tuple[str, str | None]]:
+        """(host veth name, sandbox id from its alias)."""
+        out = run(["ip", "-j", "-d", "link", "show", "type", "veth"]).stdout
+        found = []
+        for link in json.loads(out or "[]"):
+            name, alias = link.get("ifname", ""), link.get("ifalias", "")
+            sid = self.names.sandbox_from_alias(alias)
+            if sid is not None or (name.startswith(self.names.veth_prefix) and not alias):
+                found.append((name, sid))
+        return found
+
+    def list_egress(self) -> list[str]:
+        proc = run(["nft", "-j", "list", "set", "inet", self.names.nft_table, "egress"],
+                   check=False)
+        if proc.returncode != 0:
+            if "No such file" in proc.stderr:
+                return []
+            raise BackendError(f"nft list set: {proc.stderr.strip()}")
+        ips: list[str] = []
+        for obj in json.loads(proc.stdout).get("nftables", []):
+            elems = obj.get("set", {}).get("elem", [])
+            ips.extend(e for e in elems if isinstance(e, str))
+        return ips
+
+
+def _enable_forwarding() -> None:
+    path = Path("/proc/sys/net/ipv4/ip_forward")
+    try:
+        if path.read_text().strip() != "1":
+            path.write_text("1\n")
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise BackendError(f"cannot enable forwarding: {exc}") from exc

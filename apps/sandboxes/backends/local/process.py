@@ -1,0 +1,159 @@
+"""Launching the pod agent: the bwrap command line and the detached start.
+
+Exec chain (one pid all along, recorded in meta.json as the supervising pid):
+``setsid → sh (join cgroups) → ip netns exec NS → bwrap``. The cgroups are joined
+before ``ip netns exec`` because it remounts /sys, hiding /sys/fs/cgroup.
+The chain is started from a throwaway ``sh`` that exits at once, so the sandbox
+is reparented to init: the Celery worker that provisioned it may die freely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from apps.sandboxes.backends.base import BackendError
+
+from ._sys import SYSTEM_PATH, proc_start_time
+from .config import AGENT_MOUNT, SECRET_MOUNT
+
+_LAUNCH = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
+_JOIN_CGROUPS = (
+    'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 97; shift; done; '
+    'shift; exec "$@"'
+)
+AGENT_ENV_RESTORE = json.dumps({"PYTHONPATH": None})
+_HOST_ETC = (
+    "passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "ld.so.cache",
+    "ld.so.conf", "localtime", "alternatives", "ssl", "ca-certificates", "mime.types",
+)
+_ROOTFS_SKIP = {"proc", "dev", "sys", "tmp", "workspace", "run", "opt"}
+
+
+def host_base_args() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+        target = Path("/") / link
+        if target.is_symlink():
+            args += ["--symlink", os.readlink(target), f"/{link}"]
+        elif target.is_dir():
+            args += ["--ro-bind", str(target), f"/{link}"]
+    for name in _HOST_ETC:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
+def rootfs_base_args(rootfs: Path) -> list[str]:
+    args: list[str] = []
+    for entry in sorted(rootfs.iterdir()):
+        dest = f"/{entry.name}"
+        if entry.is_symlink():
+            args += ["--symlink", os.readlink(entry), dest]
+        elif entry.name == "opt" and entry.is_dir():
+            # /opt/hedgerow must stay mountable: bind /opt's children instead
+            for child in sorted(entry.iterdir()):
+                if child.name != "hedgerow":
+                    args += ["--ro-bind", str(child), f"/opt/{child.name}"]
+        elif entry.is_dir() and entry.name not in _ROOTFS_SKIP:
+            args += ["--ro-bind", str(entry), dest]
+    return args
+
+
+def bwrap_argv(
+    *,
+    base_args: Sequence[str],
+    workspace: Path,
+    tmp: Path,
+    secret_dir: Path,
+    podagent_dir: Path,
+    python: str,
+    port: int,
+) -> list[str]:
+    return [
+        "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+        "--hostname", "sandbox",
+        "--cap-drop", "ALL",
+        "--clearenv",
+        "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--setenv", "HOME", "/workspace",
+        "--setenv", "LANG", "C.UTF-8",
+        "--setenv", "PYTHONPATH", str(Path(AGENT_MOUNT).parent),
+        "--setenv", "HEDGEROW_AGENT_ENV_RESTORE", AGENT_ENV_RESTORE,
+        "--tmpfs", "/",
+        *base_args,
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--bind", str(workspace), "/workspace",
+        "--bind", str(tmp), "/tmp",
+        "--ro-bind", str(podagent_dir), AGENT_MOUNT,
+        "--bind", str(secret_dir), SECRET_MOUNT,
+        "--remount-ro", "/",
+        "--chdir", "/workspace",
+        "--",
+        python, "-m", "podagent",
+        "--listen", f"0.0.0.0:{port}",
+        "--token-file", f"{SECRET_MOUNT}/token",
+        "--unlink-token",
+        "--workdir", "/workspace",
+    ]
+
+
+def write_token(secret_dir: Path, token: str) -> Path:
+    secret_dir.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(secret_dir, 0o700)
+    path = secret_dir / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, token.encode())
+    finally:
+        os.close(fd)
+    return path
+
+
+def launch_detached(
+    argv: Sequence[str],
+    *,
+    cgroup_dirs: Sequence[Path],
+    log_file: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[int, int]:
+    """Start ``argv`` detached (own session, reparented to init) inside ``cgroup_dirs``.
+
+    Returns (pid, start_time) of the process that ends up exec'ing ``argv[...]``.
+    """
+    chain: list[str] = list(argv)
+    if cgroup_dirs:
+        chain = ["/bin/sh", "-c", _JOIN_CGROUPS, "hedgerow-cgjoin",
+                 *map(str, cgroup_dirs), "--", *chain]
+    proc = subprocess.run(
+        ["/bin/sh", "-c", _LAUNCH, "hedgerow-launch", str(log_file), *chain],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env=env if env is not None else {"PATH": SYSTEM_PATH},
+        cwd=cwd,
+        check=False,
+    )
+    try:
+        pid = int(proc.stdout.strip())
+    except ValueError as exc:
+        raise BackendError(f"agent launch failed: {proc.stderr.strip()}") from exc
+    start = proc_start_time(pid)
+    if start is None:
+        raise BackendError(f"agent exited at once: {tail(log_file)}")
+    return pid, start
+
+
+def tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_bytes()[-n:].decode(errors="replace").strip()
+    except OSError:
+        return ""
