@@ -1,0 +1,33 @@
+"""JSON-lines log file. Request lines never go to stderr: per-request stderr
+writes are costly and nobody reads the agent's stderr inside a sandbox."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import IO, Any, Optional
+
+
+class JsonLog:
+    def __init__(self, path: Optional[str]) -> None:
+        self._lock = threading.Lock()
+        self._fh: Optional[IO[str]] = None
+        if path:
+            self._fh = open(path, "a", buffering=1, encoding="utf-8")
+
+    @property
+    def enabled(self) -> bool:
+        return self._fh is not None
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self._fh is None:
+            return
+        fields["ts"] = round(time.time(), 6)
+        fields["event"] = event
+        line = json.dumps(fields, separators=(",", ":"), default=str)
+        with self._lock:
+            try:
+                self._fh.write(line + "\n")
+            except (OSError, ValueError):
+                pass

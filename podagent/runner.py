@@ -1,0 +1,262 @@
+"""Runs one command to completion with bounded output and typed termination.
+
+The run happens on the calling thread: one selector multiplexes stdout,
+stderr, stdin and (when the platform has it) a pidfd for the exit, so an exec
+costs no extra threads, sleeps or polling.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from .output import StreamCapture
+from .procutil import signal_name, signal_session
+
+CHILDREN_GRACE_S = 0.5
+READ_SIZE = 65536
+_FALLBACK_POLL_S = 0.01
+
+OutputSink = Callable[[str, bytes], None]
+StartSink = Callable[[Optional[int]], None]
+
+
+class ExecSpec:
+    __slots__ = ("argv", "cwd", "env", "stdin", "timeout", "kill_grace", "window", "limit")
+
+    def __init__(
+        self,
+        argv: List[str],
+        cwd: str,
+        env: Dict[str, str],
+        stdin: Optional[bytes],
+        timeout: Optional[float],
+        kill_grace: float,
+        window: int,
+        limit: Optional[int],
+    ) -> None:
+        self.argv = argv
+        self.cwd = cwd
+        self.env = env
+        self.stdin = stdin
+        self.timeout = timeout
+        self.kill_grace = kill_grace
+        self.window = window
+        self.limit = limit
+
+
+class Control:
+    """Shared between the running exec and a concurrent cancel request."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid: Optional[int] = None
+        self.cancelled = False
+        self.finished = False
+
+    def cancel(self, grace: float, done: threading.Event) -> None:
+        """SIGTERM the session, SIGKILL after grace unless the run finished."""
+        with self.lock:
+            self.cancelled = True
+            pid = None if self.finished else self.pid
+        if pid is None:
+            return
+        signal_session(pid, signal.SIGTERM)
+        if not done.wait(grace):
+            signal_session(pid, signal.SIGKILL)
+
+
+def _usage(t0: float, started_at: float, ru: Any) -> Dict[str, Any]:
+    return {
+        "wall_s": round(time.monotonic() - t0, 6),
+        "user_cpu_s": round(ru.ru_utime, 6) if ru is not None else 0.0,
+        "sys_cpu_s": round(ru.ru_stime, 6) if ru is not None else 0.0,
+        "max_rss_kb": int(ru.ru_maxrss) if ru is not None else 0,
+        "started_at": started_at,
+        "ended_at": time.time(),
+    }
+
+
+def _termination(reason: str, status: Optional[int], message: Optional[str]) -> Dict[str, Any]:
+    exit_code: Optional[int] = None
+    sig: Optional[int] = None
+    if status is not None:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if reason == "exited":
+                reason = "signaled"
+                message = f"killed by {signal_name(sig)}"
+        elif os.WIFEXITED(status):
+            exit_code = os.WEXITSTATUS(status)
+    return {"reason": reason, "exit_code": exit_code, "signal": sig, "message": message}
+
+
+def run(
+    spec: ExecSpec, control: Control, on_start: StartSink, on_output: OutputSink
+) -> Dict[str, Any]:
+    started_at = time.time()
+    t0 = time.monotonic()
+    out = StreamCapture(spec.window)
+    err = StreamCapture(spec.window)
+    try:
+        proc = subprocess.Popen(
+            spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+            stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        on_start(None)
+        return {
+            "termination": _termination("agent_error", None, f"cannot start command: {exc}"),
+            "stdout": out.result(),
+            "stderr": err.result(),
+            "usage": _usage(t0, started_at, None),
+            "children_remained": False,
+        }
+    pid = proc.pid
+    with control.lock:
+        control.pid = pid
+        cancelled_early = control.cancelled
+    if cancelled_early:
+        signal_session(pid, signal.SIGKILL)
+    on_start(pid)
+
+    assert proc.stdout is not None and proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    captures = {"stdout": out, "stderr": err}
+    sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "stdout")
+    sel.register(proc.stderr.fileno(), selectors.EVENT_READ, "stderr")
+    pending = memoryview(spec.stdin or b"")
+    if proc.stdin is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+    pidfd: Optional[int] = None
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None:
+        try:
+            pidfd = pidfd_open(pid)
+            sel.register(pidfd, selectors.EVENT_READ, "exit")
+        except OSError:
+            pidfd = None
+
+    status: Optional[int] = None
+    rusage: Any = None
+    exited_at = 0.0
+    open_streams = 2
+    reason: Optional[str] = None
+    kill_at: Optional[float] = None
+    children_remained = False
+    deadline = t0 + spec.timeout if spec.timeout is not None else None
+
+    def reap(flags: int) -> None:
+        nonlocal status, rusage, exited_at
+        rpid, st, ru = os.wait4(pid, flags)
+        if rpid == pid:
+            status, rusage, exited_at = st, ru, time.monotonic()
+            proc.returncode = -1  # reaped by us; keeps Popen from waiting again
+
+    def terminate(why: str) -> None:
+        nonlocal reason, kill_at
+        reason = why
+        signal_session(pid, signal.SIGTERM)
+        kill_at = time.monotonic() + spec.kill_grace
+
+    try:
+        while open_streams or status is None:
+            now = time.monotonic()
+            wake: List[float] = []
+            if deadline is not None and reason is None:
+                if now >= deadline:
+                    terminate("timeout")
+                else:
+                    wake.append(deadline)
+            if kill_at is not None:
+                if now >= kill_at:
+                    signal_session(pid, signal.SIGKILL)
+                    kill_at = None
+                else:
+                    wake.append(kill_at)
+            if status is not None:
+                # Main process gone but a background child holds the pipes.
+                if now >= exited_at + CHILDREN_GRACE_S:
+                    children_remained = True
+                    break
+                wake.append(exited_at + CHILDREN_GRACE_S)
+            elif pidfd is None:
+                if not open_streams and not wake:
+                    reap(0)
+                    continue
+                wake.append(now + _FALLBACK_POLL_S)
+            timeout = max(0.0, min(wake) - now) if wake else None
+            for key, _ in sel.select(timeout):
+                tag = key.data
+                fd = int(key.fd)
+                if tag == "exit":
+                    sel.unregister(fd)
+                    reap(os.WNOHANG)
+                elif tag == "stdin":
+                    try:
+                        pending = pending[os.write(fd, pending[:READ_SIZE]) :]
+                    except (BrokenPipeError, OSError):
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(fd)
+                        assert proc.stdin is not None
+                        proc.stdin.close()
+                else:
+                    data = os.read(fd, READ_SIZE)
+                    if not data:
+                        sel.unregister(fd)
+                        open_streams -= 1
+                        continue
+                    cap = captures[tag]
+                    cap.feed(data)
+                    on_output(tag, data)
+                    if spec.limit is not None and cap.total > spec.limit and reason is None:
+                        terminate("output_limit")
+            if pidfd is None and status is None:
+                reap(os.WNOHANG)
+    finally:
+        sel.close()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        if pidfd is not None:
+            os.close(pidfd)
+        with control.lock:
+            control.finished = True
+            cancelled = control.cancelled
+        if reason is not None or cancelled:
+            # Timeout/cancel kill the command's whole tree, stragglers included.
+            signal_session(pid, signal.SIGKILL)
+            children_remained = False
+        if status is None:
+            reap(0)
+
+    if cancelled:
+        term = _termination("cancelled", status, "cancelled by request")
+    elif reason == "timeout":
+        term = _termination("timeout", status, f"timed out after {spec.timeout}s")
+    elif reason == "output_limit":
+        term = _termination("output_limit", status, f"output exceeded {spec.limit} bytes")
+    else:
+        term = _termination("exited", status, None)
+    return {
+        "termination": term,
+        "stdout": out.result(),
+        "stderr": err.result(),
+        "usage": _usage(t0, started_at, rusage),
+        "children_remained": children_remained,
+    }

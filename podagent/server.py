@@ -1,0 +1,351 @@
+"""HTTP/1.1 keep-alive server and request routing."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import socket
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from . import VERSION, files
+from .body import BodyReader
+from .errors import ApiError, bad_request
+from .exec_api import ExecService, parse_exec
+from .log import JsonLog
+from .operations import Registry
+
+MAX_JSON_BODY = 8 * 1024 * 1024
+MAX_WAIT_S = 600.0
+_RESPONSE_REASONS = {
+    200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+    404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
+    429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
+    505: "HTTP Version Not Supported", 507: "Insufficient Storage",
+}  # fmt: skip
+
+
+class AgentState:
+    def __init__(
+        self, token: str, base_env: Dict[str, str], shell: str, workdir: str, log: JsonLog,
+        max_pty: int = 8,
+    ) -> None:  # fmt: skip
+        self.token = token.encode()
+        self.base_env = base_env
+        self.shell = shell
+        self.workdir = workdir
+        self.log = log
+        self.registry = Registry()
+        self.execs = ExecService(self.registry)
+        self.started = time.monotonic()
+        self.pty_slots = threading.BoundedSemaphore(max_pty)
+
+
+class AgentServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def __init__(self, address: Tuple[str, int], state: AgentState) -> None:
+        self.state = state
+        super().__init__(address, Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A broken connection must not print tracebacks per request.
+        self.state.log.write("connection_error", error=traceback.format_exc(limit=3))
+
+
+Route = Callable[["Handler"], None]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Without TCP_NODELAY every keep-alive request stalls ~40 ms (Nagle + delayed ACK).
+    disable_nagle_algorithm = True
+    server_version = "hedgerow-podagent/" + VERSION
+    timeout = 900  # idle keep-alive connections are dropped eventually
+    server: AgentServer
+
+    request_id = ""
+    query: Dict[str, List[str]] = {}
+    body: Optional[BodyReader] = None
+    status = 0
+    upgraded = False
+
+    # --- plumbing -----------------------------------------------------------
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def send_error(
+        self, code: int, message: Optional[str] = None, explain: Optional[str] = None
+    ) -> None:
+        # Called by http.server for malformed request lines/headers.
+        self.close_connection = True
+        err = ApiError(code, "bad_request" if code < 500 else "agent_error", message or "error")
+        try:
+            self.send_json(code, err.body())
+        except OSError:
+            pass
+
+    def send_json(self, status: int, obj: Any, extra: Optional[Dict[str, str]] = None) -> None:
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        self.send_head(status, "application/json", len(body), extra, body)
+
+    def send_head(
+        self, status: int, ctype: str, length: Optional[int],
+        extra: Optional[Dict[str, str]] = None, body: bytes = b"",
+    ) -> None:  # fmt: skip
+        """Write status line + headers (+ small body) in one send: one packet."""
+        self.status = status
+        lines = [
+            f"HTTP/1.1 {status} {_RESPONSE_REASONS.get(status, 'Unknown')}",
+            f"Content-Type: {ctype}",
+        ]
+        lines.append(
+            "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
+        )
+        if self.request_id:
+            lines.append(f"X-Request-Id: {self.request_id}")
+        if self.body is not None and not self.body.finished:
+            # An unread request body would be parsed as the next request.
+            self.close_connection = True
+        if self.close_connection:
+            lines.append("Connection: close")
+        for key, value in (extra or {}).items():
+            lines.append(f"{key}: {value}")
+        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+
+    def write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def read_json(self) -> Any:
+        assert self.body is not None
+        raw = self.body.read_all(MAX_JSON_BODY)
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise bad_request(f"malformed JSON: {exc}") from None
+
+    def param(self, name: str) -> Optional[str]:
+        values = self.query.get(name)
+        return values[0] if values else None
+
+    # --- dispatch -----------------------------------------------------------
+    def do_GET(self) -> None:
+        self.dispatch("GET")
+
+    def do_POST(self) -> None:
+        self.dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self.dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self.dispatch("DELETE")
+
+    def do_PATCH(self) -> None:
+        self.dispatch("PATCH")
+
+    def do_HEAD(self) -> None:
+        self.dispatch("HEAD")
+
+    def do_OPTIONS(self) -> None:
+        self.dispatch("OPTIONS")
+
+    def dispatch(self, method: str) -> None:
+        t0 = time.monotonic()
+        self.status = 0
+        self.upgraded = False
+        rid = self.headers.get("X-Request-Id", "")
+        self.request_id = "".join(c for c in rid[:128] if c.isprintable() and c not in "\r\n")
+        state = self.server.state
+        try:
+            self.body = self._body_reader()
+            split = urlsplit(self.path)
+            path = unquote(split.path)
+            self.query = parse_qs(split.query)
+            routes = self.routes_for(path)
+            if routes is None:
+                raise ApiError(404, "not_found", f"no route for {path}")
+            handler = routes.get(method)
+            if handler is None:
+                raise ApiError(405, "method_not_allowed", f"{method} not allowed on {path}")
+            if path != "/health":
+                self.check_token()
+            handler(self)
+        except ApiError as exc:
+            if self.status:
+                self.close_connection = True
+            else:
+                extra = {"Allow": ", ".join(sorted(self._allowed()))} if exc.status == 405 else None
+                self.send_json(exc.status, exc.body(), extra)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the agent
+            state.log.write("error", request_id=self.request_id, error=traceback.format_exc())
+            if self.status:
+                self.close_connection = True
+            else:
+                self.send_json(500, ApiError(500, "agent_error", repr(exc)).body())
+        finally:
+            if state.log.enabled:
+                state.log.write(
+                    "request", request_id=self.request_id, method=method,
+                    path=self.path.split("?", 1)[0], status=self.status,
+                    ms=round((time.monotonic() - t0) * 1000, 3),
+                )  # fmt: skip
+
+    def _allowed(self) -> List[str]:
+        routes = self.routes_for(unquote(urlsplit(self.path).path))
+        return list(routes or {})
+
+    def _body_reader(self) -> BodyReader:
+        te = self.headers.get("Transfer-Encoding", "").lower()
+        raw_len = self.headers.get("Content-Length")
+        length: Optional[int] = None
+        if raw_len is not None:
+            try:
+                length = int(raw_len)
+            except ValueError:
+                length = -1
+            if length < 0:
+                self.close_connection = True
+                raise bad_request("invalid Content-Length")
+        return BodyReader(self.rfile, length, "chunked" in te)  # type: ignore[arg-type]
+
+    def check_token(self) -> None:
+        header = self.headers.get("Authorization", "")
+        token = header[7:].strip().encode() if header[:7].lower() == "bearer " else b""
+        if not hmac.compare_digest(token, self.server.state.token):
+            raise ApiError(401, "unauthorized", "missing or invalid bearer token")
+
+    def routes_for(self, path: str) -> Optional[Dict[str, Route]]:
+        exact = ROUTES.get(path)
+        if exact is not None:
+            return exact
+        if path.startswith("/operations/"):
+            rest = path[len("/operations/") :]
+            if rest.endswith("/cancel") and "/" not in rest[: -len("/cancel")]:
+                return {"POST": Handler.op_cancel}
+            if rest and "/" not in rest:
+                return {"GET": Handler.op_get}
+        return None
+
+    def op_id_from_path(self) -> str:
+        rest = unquote(urlsplit(self.path).path)[len("/operations/") :]
+        return rest[: -len("/cancel")] if rest.endswith("/cancel") else rest
+
+    # --- endpoints ----------------------------------------------------------
+    def health(self) -> None:
+        state = self.server.state
+        self.send_json(200, {
+            "status": "ok", "version": VERSION, "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - state.started, 3),
+            "running_ops": state.registry.running(),
+        })  # fmt: skip
+
+    def exec_(self) -> None:
+        state = self.server.state
+        req = parse_exec(self.read_json(), state.base_env, state.shell, state.workdir)
+        op, created = state.execs.claim(req)
+        if req.stream:
+            self.send_head(200, "application/x-ndjson", None)
+            if created:
+                state.log.write("exec", request_id=self.request_id, op=op.op_id, stream=True)
+                state.execs.execute(op, req, self.write_chunk)
+            else:
+                state.execs.stream_attached(op, self.write_chunk)
+            self.end_chunks()
+            return
+        if created:
+            state.log.write("exec", request_id=self.request_id, op=op.op_id, stream=False)
+            result = state.execs.execute(op, req, None)
+        else:
+            stored = op.wait(None)
+            assert stored is not None
+            result = dict(stored, replayed=True)
+        self.send_json(200, result)
+
+    def op_get(self) -> None:
+        op = self.server.state.registry.get(self.op_id_from_path())
+        if op is None:
+            raise ApiError(404, "not_found", "unknown operation")
+        try:
+            wait = min(float(self.param("wait") or 0), MAX_WAIT_S)
+        except ValueError:
+            raise bad_request("wait must be a number", "wait") from None
+        result = op.wait(max(wait, 0.0))
+        if result is None:
+            self.send_json(200, {"operation_id": op.op_id, "status": "running"})
+        else:
+            self.send_json(200, result)
+
+    def op_cancel(self) -> None:
+        op = self.server.state.registry.get(self.op_id_from_path())
+        if op is None:
+            raise ApiError(404, "not_found", "unknown operation")
+        if op.result is None:
+            op.control.cancel(op.kill_grace, op.done)
+        result = op.wait(op.kill_grace + 5.0)
+        if result is None:
+            self.send_json(200, {"operation_id": op.op_id, "status": "running"})
+        else:
+            self.send_json(200, result)
+
+    def file_put(self) -> None:
+        path = files.check_path(self.param("path"))
+        mode = files.parse_mode(self.param("mode"))
+        limit = files.DEFAULT_MAX_BYTES
+        raw_max = self.param("max_bytes")
+        if raw_max is not None:
+            try:
+                limit = min(int(raw_max), limit)
+            except ValueError:
+                raise bad_request("max_bytes must be an integer", "max_bytes") from None
+        assert self.body is not None
+        if self.body.length is not None and self.body.length > limit:
+            raise files.TooLarge(limit)
+        self.send_json(200, files.write_file(path, self.body.read, mode, limit))
+
+    def file_get(self) -> None:
+        path = files.check_path(self.param("path"))
+        fh, size = files.open_for_read(path)
+        with fh:
+            self.send_head(200, "application/octet-stream", size)
+            sent = self.connection.sendfile(fh, 0, size) if size else 0
+            if sent != size:
+                self.close_connection = True  # file shrank: the framing is broken
+
+    def file_delete(self) -> None:
+        path = files.check_path(self.param("path"))
+        recursive = (self.param("recursive") or "").lower() in ("1", "true", "yes")
+        self.send_json(200, files.delete_path(path, recursive))
+
+    def file_list(self) -> None:
+        self.send_json(200, files.list_dir(files.check_path(self.param("path"))))
+
+    def file_stat(self) -> None:
+        self.send_json(200, files.stat_path(files.check_path(self.param("path"))))
+
+    def pty(self) -> None:
+        from .pty_session import serve_pty
+
+        serve_pty(self)
+
+
+ROUTES: Dict[str, Dict[str, Route]] = {
+    "/health": {"GET": Handler.health},
+    "/exec": {"POST": Handler.exec_},
+    "/files": {"GET": Handler.file_get, "PUT": Handler.file_put, "DELETE": Handler.file_delete},
+    "/files/list": {"GET": Handler.file_list},
+    "/files/stat": {"GET": Handler.file_stat},
+    "/pty": {"POST": Handler.pty},
+}
