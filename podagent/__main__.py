@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import List, Optional, Tuple
@@ -57,10 +58,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     log.write("listening", address=str(server.server_address[:2]), pid=os.getpid())
     host, port = server.server_address[:2]
     print(f"podagent listening on {host!s}:{port}", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever(poll_interval=3600)
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -3,6 +3,7 @@ never sit in memory whole; every OSError maps to a typed ApiError."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -100,10 +101,8 @@ def write_file(path: str, read: Reader, mode: Optional[int], max_bytes: int) -> 
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException as exc:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(exc, OSError):
             raise os_error(exc, path) from None
         raise
@@ -162,7 +161,7 @@ def list_dir(path: str) -> Dict[str, Any]:
 
 def open_for_read(path: str) -> "tuple[Any, int]":
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - the caller closes it after streaming
     except OSError as exc:
         raise os_error(exc, path) from None
     st = os.fstat(fh.fileno())

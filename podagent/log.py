@@ -3,6 +3,7 @@ writes are costly and nobody reads the agent's stderr inside a sandbox."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -14,7 +15,7 @@ class JsonLog:
         self._lock = threading.Lock()
         self._fh: Optional[IO[str]] = None
         if path:
-            self._fh = open(path, "a", buffering=1, encoding="utf-8")
+            self._fh = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
     @property
     def enabled(self) -> bool:
@@ -26,8 +27,5 @@ class JsonLog:
         fields["ts"] = round(time.time(), 6)
         fields["event"] = event
         line = json.dumps(fields, separators=(",", ":"), default=str)
-        with self._lock:
-            try:
-                self._fh.write(line + "\n")
-            except (OSError, ValueError):
-                pass
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            self._fh.write(line + "\n")

@@ -13,7 +13,7 @@ from typing import Any, Dict
 
 
 class StreamCapture:
-    __slots__ = ("_half", "_head", "_tail", "_hash", "total")
+    __slots__ = ("_half", "_hash", "_head", "_tail", "total")
 
     def __init__(self, window: int) -> None:
         self._half = max(window // 2, 1)

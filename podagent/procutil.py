@@ -8,6 +8,7 @@ we also scan /proc for every group whose session is the command's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from typing import Set
@@ -39,10 +40,8 @@ def signal_session(sid: int, sig: int) -> None:
     groups = {sid}
     groups.update(_session_groups(sid))
     for pgid in groups:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def signal_number(name: str) -> int:

@@ -7,6 +7,7 @@ costs no extra threads, sleeps or polling.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -27,7 +28,7 @@ StartSink = Callable[[Optional[int]], None]
 
 
 class ExecSpec:
-    __slots__ = ("argv", "cwd", "env", "stdin", "timeout", "kill_grace", "window", "limit")
+    __slots__ = ("argv", "cwd", "env", "kill_grace", "limit", "stdin", "timeout", "window")
 
     def __init__(
         self,
@@ -229,10 +230,8 @@ def run(
         sel.close()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
         if pidfd is not None:
             os.close(pidfd)
         with control.lock:

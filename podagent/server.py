@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -87,10 +88,8 @@ class Handler(BaseHTTPRequestHandler):
         # Called by http.server for malformed request lines/headers.
         self.close_connection = True
         err = ApiError(code, "bad_request" if code < 500 else "agent_error", message or "error")
-        try:
+        with contextlib.suppress(OSError):
             self.send_json(code, err.body())
-        except OSError:
-            pass
 
     def send_json(self, status: int, obj: Any, extra: Optional[Dict[str, str]] = None) -> None:
         body = json.dumps(obj, separators=(",", ":")).encode()

@@ -52,7 +52,8 @@ class Agent:
                     return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(self.proc.stderr.read().decode() if self.proc.stderr else "")
+                    err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                    raise RuntimeError(err) from None
                 time.sleep(0.02)
         raise RuntimeError("agent did not start")
 
