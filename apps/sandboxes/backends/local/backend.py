@@ -37,6 +37,7 @@ from ._sys import (
 )
 from .cgroups import CgroupDriver, Limits
 from .config import (
+    ISOLATION_MODES,
     LocalBackendConfig,
     Names,
     check_image_name,
@@ -57,6 +58,8 @@ class LocalBackend:
         check_instance(config.instance)
         self.config = config
         self.names = Names(config.instance)
+        if config.isolation not in ISOLATION_MODES:
+            raise BackendError(f"isolation must be one of {ISOLATION_MODES}")
         root = os.geteuid() == 0
         if config.isolation == "netns" and not root:
             raise BackendError("isolation='netns' needs root")
@@ -99,8 +102,20 @@ class LocalBackend:
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "rootfs").mkdir(parents=True)
         try:
-            run(["tar", "-x", "--numeric-owner", "-f", str(tarball), "-C",
-                 str(staging / "rootfs"), "--exclude=./dev/*", "--exclude=dev/*"], timeout=600)
+            run(
+                [
+                    "tar",
+                    "-x",
+                    "--numeric-owner",
+                    "-f",
+                    str(tarball),
+                    "-C",
+                    str(staging / "rootfs"),
+                    "--exclude=./dev/*",
+                    "--exclude=dev/*",
+                ],
+                timeout=600,
+            )
             (staging / "digest").write_text(f"sha256:{h.hexdigest()}\n")
             final = self.images_dir / name
             if final.exists():
@@ -155,9 +170,13 @@ class LocalBackend:
         base_args, python = self._base_args(spec.image)
         with self._lock(spec.sandbox_id):
             meta = self._meta(spec.sandbox_id)
-            if meta and meta.get("generation") == spec.generation and meta.get("state") == "started":
-                if self._alive(meta):
-                    return self._endpoint_of(meta)
+            if (
+                meta is not None
+                and meta.get("generation") == spec.generation
+                and meta.get("state") == "started"
+                and self._alive(meta)
+            ):
+                return self._endpoint_of(meta)  # adopt: same generation, still running
             if meta or self._dir(spec.sandbox_id).exists():
                 self._destroy_locked(spec.sandbox_id)
             try:
@@ -178,7 +197,7 @@ class LocalBackend:
         d = self._dir(sid)
         for sub in ("workspace", "tmp"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(d / "tmp", 0o1777)
+        os.chmod(d / "tmp", 0o1777)  # noqa: S103 - a /tmp must be world-writable + sticky
         meta: dict[str, Any] = {
             "sandbox_id": sid,
             "tenant_id": spec.tenant_id,
@@ -197,8 +216,13 @@ class LocalBackend:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
             ip = self.network.claim_ip(sid)
-            meta.update(ip=ip, port=self.config.agent_port, netns=self.names.netns(sid),
-                        host_veth=self.names.host_veth(sid), bridge=self.names.bridge)
+            meta.update(
+                ip=ip,
+                port=self.config.agent_port,
+                netns=self.names.netns(sid),
+                host_veth=self.names.host_veth(sid),
+                bridge=self.names.bridge,
+            )
             self._save_meta(sid, meta)
             self.network.create(sid, ip, spec.network_access, self._hook)
         else:
@@ -211,16 +235,22 @@ class LocalBackend:
         process.write_token(d / "secret", spec.agent_token)
         if self.isolated:
             argv = process.bwrap_argv(
-                base_args=base_args, workspace=d / "workspace", tmp=d / "tmp",
-                secret_dir=d / "secret", podagent_dir=self.config.podagent_dir,
-                python=python, port=self.config.agent_port,
+                base_args=base_args,
+                workspace=d / "workspace",
+                tmp=d / "tmp",
+                secret_dir=d / "secret",
+                podagent_dir=self.config.podagent_dir,
+                python=python,
+                port=self.config.agent_port,
             )
             argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]
             pid, start = process.launch_detached(
-                argv, cgroup_dirs=list(cgroup_dirs.values()), log_file=d / "agent.log")
+                argv, cgroup_dirs=list(cgroup_dirs.values()), log_file=d / "agent.log"
+            )
         else:
-            pid, start = self._launch_unisolated(spec, d, int(meta["port"]), limits,
-                                                 list(cgroup_dirs.values()))
+            pid, start = self._launch_unisolated(
+                spec, d, int(meta["port"]), limits, list(cgroup_dirs.values())
+            )
         meta.update(pid=pid, start_time=start, state="started")
         self._save_meta(sid, meta)
         self._hook("started")
@@ -229,9 +259,18 @@ class LocalBackend:
     def _launch_unisolated(
         self, spec: SandboxSpec, d: Path, port: int, limits: Limits, cgroup_dirs: list[Path]
     ) -> tuple[int, int]:
-        argv = [self.config.python, "-m", "podagent", "--listen", f"127.0.0.1:{port}",
-                "--token-file", str(d / "secret" / "token"), "--unlink-token",
-                "--workdir", str(d / "workspace")]
+        argv = [
+            self.config.python,
+            "-m",
+            "podagent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--token-file",
+            str(d / "secret" / "token"),
+            "--unlink-token",
+            "--workdir",
+            str(d / "workspace"),
+        ]
         if not cgroup_dirs and shutil.which("prlimit", path=SYSTEM_PATH):
             # no cgroups: address-space rlimit as the memory guard (RLIMIT_NPROC
             # is per-uid, so it would count the whole user's processes: not used)
@@ -243,8 +282,9 @@ class LocalBackend:
             "PYTHONPATH": str(self.config.podagent_dir.resolve().parent),
             "HEDGEROW_AGENT_ENV_RESTORE": process.AGENT_ENV_RESTORE,
         }
-        return process.launch_detached(argv, cgroup_dirs=cgroup_dirs,
-                                       log_file=d / "agent.log", env=env, cwd=d / "workspace")
+        return process.launch_detached(
+            argv, cgroup_dirs=cgroup_dirs, log_file=d / "agent.log", env=env, cwd=d / "workspace"
+        )
 
     def destroy(self, sandbox_id: str) -> None:
         check_sandbox_id(sandbox_id)
@@ -309,11 +349,13 @@ class LocalBackend:
 
         claims = self.network.claims()
         for ip, owner_id in claims:
-            items.append(InventoryItem("address", ip, owner_id or None, gen_of(owner_id),
-                                       self.node))
-        for controller, path in self.cgroups.listing():
-            items.append(InventoryItem("cgroup", str(path), path.name, gen_of(path.name),
-                                       self.node))
+            items.append(
+                InventoryItem("address", ip, owner_id or None, gen_of(owner_id), self.node)
+            )
+        for _controller, path in self.cgroups.listing():
+            items.append(
+                InventoryItem("cgroup", str(path), path.name, gen_of(path.name), self.node)
+            )
         if self.isolated or self.network.list_netns():
             for ns in self.network.list_netns():
                 ns_sid = self.names.sandbox_from_netns(ns)
@@ -323,8 +365,9 @@ class LocalBackend:
             owner = dict(claims)
             for ip in self.network.list_egress():
                 rule_sid = owner.get(ip)
-                items.append(InventoryItem("nft_rule", f"egress:{ip}", rule_sid,
-                                           gen_of(rule_sid), self.node))
+                items.append(
+                    InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
+                )
         return items
 
     def reclaim(self, item: InventoryItem) -> None:
@@ -410,5 +453,6 @@ def wait_healthy(endpoint: Endpoint, token: str = "", timeout: float = 15) -> di
             conn.close()
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
-    raise BackendError(f"agent at {endpoint.host}:{endpoint.port} not healthy: {last}",
-                       transient=True)
+    raise BackendError(
+        f"agent at {endpoint.host}:{endpoint.port} not healthy: {last}", transient=True
+    )

@@ -11,11 +11,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from apps.sandboxes.backends.base import BackendError
 
-Isolation = Literal["auto", "netns", "none"]
+ISOLATION_MODES = ("auto", "netns", "none")
 
 _INSTANCE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,39}$")
 _SANDBOX_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
@@ -33,7 +32,9 @@ class LocalBackendConfig:
     subnet: str | None = None  # e.g. "10.213.7.0/24"; None: allocate one in 10.213.0.0/16
     agent_port: int = 7777
     python: str = "/usr/bin/python3"
-    isolation: Isolation = "auto"  # auto: netns+bwrap when root, else none
+    # "auto": netns+bwrap when root, else "none" (plain processes on loopback).
+    # A str rather than a Literal so settings can pass their value straight in.
+    isolation: str = "auto"
     claims_dir: Path = Path("/run/hedgerow/subnets")  # machine-wide subnet claims
     subnet_pool: str = "10.213.0.0/16"
 
@@ -56,7 +57,8 @@ def check_image_name(name: str) -> None:
 
 
 def _hex(text: str, n: int) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:n]
+    # names, not security: short and stable is all that matters
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:n]
 
 
 @dataclass(frozen=True)

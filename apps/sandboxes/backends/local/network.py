@@ -203,13 +203,19 @@ table bridge {t} {{
         run(["ip", "netns", "add", ns])
         hook("netns_created")
         alias = self.names.veth_alias(sandbox_id)
-        run(["ip", "-b", "-"], input="\n".join([
-            f"link add {hv} type veth peer name {pv} netns {ns}",
-            f'link set dev {hv} alias "{alias}"',
-            f"link set dev {hv} master {self.names.bridge}",
-            f"link set dev {hv} type bridge_slave isolated on",
-            f"link set dev {hv} up",
-        ]) + "\n")
+        run(
+            ["ip", "-b", "-"],
+            input="\n".join(
+                [
+                    f"link add {hv} type veth peer name {pv} netns {ns}",
+                    f'link set dev {hv} alias "{alias}"',
+                    f"link set dev {hv} master {self.names.bridge}",
+                    f"link set dev {hv} type bridge_slave isolated on",
+                    f"link set dev {hv} up",
+                ]
+            )
+            + "\n",
+        )
         hook("veth_created")
         inner = [
             f"link set dev {pv} name eth0",
@@ -221,7 +227,8 @@ table bridge {t} {{
             inner.append(f"route add default via {self.gateway}")
         run(["ip", "-n", ns, "-b", "-"], input="\n".join(inner) + "\n")
         # the filter is in place before any sandbox process exists
-        run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=self._sandbox_ruleset(network_access))
+        ruleset = self._sandbox_ruleset(network_access)
+        run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=ruleset)
         if network_access:
             _enable_forwarding()
             run(["nft", "add", "element", "inet", self.names.nft_table, "egress", f"{{ {ip} }}"])
@@ -270,8 +277,10 @@ table inet hedgerow {{
             raise BackendError(f"ip netns del {name}: {proc.stderr.strip()}")
 
     def delete_egress(self, ip: str) -> None:
-        run(["nft", "delete", "element", "inet", self.names.nft_table, "egress", f"{{ {ip} }}"],
-            check=False)
+        run(
+            ["nft", "delete", "element", "inet", self.names.nft_table, "egress", f"{{ {ip} }}"],
+            check=False,
+        )
 
     # ---- listings (raise on failure: callers must never act on a partial view) -------
 
@@ -296,8 +305,9 @@ table inet hedgerow {{
         return found
 
     def list_egress(self) -> list[str]:
-        proc = run(["nft", "-j", "list", "set", "inet", self.names.nft_table, "egress"],
-                   check=False)
+        proc = run(
+            ["nft", "-j", "list", "set", "inet", self.names.nft_table, "egress"], check=False
+        )
         if proc.returncode != 0:
             if "No such file" in proc.stderr:
                 return []

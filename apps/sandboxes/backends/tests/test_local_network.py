@@ -1,0 +1,151 @@
+"""Network isolation of the local backend, proven with real connection attempts.
+
+Every target is on this machine: the host's own addresses, loopback, sandboxes,
+or a namespace this test creates. No traffic ever leaves the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from apps.sandboxes.backends.local import LocalBackend, wait_healthy
+
+from .conftest import Sandbox, host_ipv4_addresses, needs_root, probe
+
+pytestmark = needs_root
+
+
+@pytest.fixture
+def host_listener() -> Iterator[int]:
+    """A TCP service on 0.0.0.0 like Postgres/Redis/web: sandboxes must not reach it."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield int(srv.getsockname()[1])
+    stop.set()
+    t.join()
+    srv.close()
+
+
+OUTSIDE_SERVER = (
+    "import socket\n"
+    "s=socket.socket(); s.bind(('0.0.0.0',8080)); s.listen(16); print('ok',flush=True)\n"
+    "while True:\n"
+    "    c,_=s.accept(); c.close()\n"
+)
+
+
+@pytest.fixture
+def outside() -> Iterator[str]:
+    """A stand-in for 'the internet': a netns of our own on a private /30, with a listener."""
+    tag = f"hro{os.getpid() % 100000}"
+    third = os.getpid() % 250
+    host_ip, ns_ip = f"10.214.{third}.1", f"10.214.{third}.2"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    ip("netns", "add", tag)
+    server = None
+    try:
+        ip("link", "add", f"{tag}a", "type", "veth", "peer", "name", f"{tag}b", "netns", tag)
+        ip("addr", "add", f"{host_ip}/30", "dev", f"{tag}a")
+        ip("link", "set", f"{tag}a", "up")
+        ip("-n", tag, "addr", "add", f"{ns_ip}/30", "dev", f"{tag}b")
+        ip("-n", tag, "link", "set", f"{tag}b", "up")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", tag, sys.executable, "-c", OUTSIDE_SERVER],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == "ok"
+        # the host reaches it: a failure from a sandbox is the sandbox's isolation
+        socket.create_connection((ns_ip, 8080), timeout=2).close()
+        yield f"{ns_ip}:8080"
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", tag], capture_output=True)
+
+
+def test_it_refuses_sandbox_connections_to_every_host_address(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, host_listener: int
+) -> None:
+    sb = sandbox_factory()
+    gateway = backend.network.gateway
+    targets = [f"{a}:{host_listener}" for a in {gateway, *host_ipv4_addresses()}]
+    # the listener really is up on those addresses (from the host)
+    for t in targets:
+        h, p = t.rsplit(":", 1)
+        socket.create_connection((h, int(p)), timeout=2).close()
+    results = probe(sb, [*targets, f"127.0.0.1:{host_listener}", f"{gateway}:22"])
+    assert results, "probe printed nothing"
+    assert all(v != "open" for v in results.values()), results
+
+
+def test_it_refuses_sandbox_to_sandbox_while_the_host_reaches_both(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    a, b = sandbox_factory(), sandbox_factory()
+    for sb in (a, b):
+        assert wait_healthy(sb.endpoint, sb.spec.agent_token, timeout=5)["status"] == "ok"
+    results = probe(a, [f"{b.endpoint.host}:{b.endpoint.port}"])
+    assert results == {f"{b.endpoint.host}:{b.endpoint.port}": "timed out"}, results
+    assert (
+        probe(b, [f"{a.endpoint.host}:{a.endpoint.port}"])[f"{a.endpoint.host}:{a.endpoint.port}"]
+        != "open"
+    )
+
+
+def test_it_denies_egress_without_network_access_and_allows_it_with(
+    sandbox_factory: Callable[..., Sandbox],
+    outside: str,
+    backend: LocalBackend,
+    host_listener: int,
+) -> None:
+    closed = sandbox_factory(network_access=False)
+    assert probe(closed, [outside])[outside] != "open"
+    # no default route inside: the kernel reports it before any packet is sent
+    _, out, _ = closed.sh("cat /proc/net/route")
+    destinations = [line.split()[1] for line in out.splitlines()[1:] if line.strip()]
+    assert destinations and "00000000" not in destinations, out
+
+    opened = sandbox_factory(network_access=True)
+    assert probe(opened, [outside])[outside] == "open"
+    # egress does not open the host itself
+    target = f"{backend.network.gateway}:{host_listener}"
+    assert probe(opened, [target])[target] != "open"
+
+
+def test_it_keeps_host_side_rules_in_one_table_per_instance(
+    backend: LocalBackend, sandbox_factory: Callable[..., Sandbox]
+) -> None:
+    sandbox_factory()
+    tables = subprocess.run(
+        ["nft", "list", "tables"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"table inet {backend.names.nft_table}" in tables
+    assert f"table bridge {backend.names.nft_table}" in tables
