@@ -50,7 +50,8 @@ class Endpoint:
 class InventoryItem:
     """One backend resource. ``sandbox_id`` is None when the name cannot be parsed."""
 
-    kind: str  # netns, process, cgroup, directory, nft_rule, veth, address, pod, network_policy, secret
+    # netns, process, cgroup, directory, nft_rule, veth, address, pod, network_policy, secret
+    kind: str
     name: str
     sandbox_id: str | None
     generation: int | None = None

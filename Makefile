@@ -1,0 +1,29 @@
+.PHONY: up down test lint typecheck check-migrations compose-config services bench
+
+up:
+	@scripts/stack.sh up
+
+down:
+	@scripts/stack.sh down
+
+services:
+	@scripts/stack.sh services
+
+test:
+	@scripts/test.sh
+
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+typecheck:
+	.venv/bin/mypy
+
+check-migrations:
+	.venv/bin/python manage.py makemigrations --check --dry-run
+
+compose-config:
+	docker-compose -f docker-compose.yml config -q
+
+bench:
+	.venv/bin/python bench/exec_latency.py

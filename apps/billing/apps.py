@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class BillingConfig(AppConfig):
+    name = "apps.billing"
+    label = "billing"
+    verbose_name = "Tenants, keys and billing"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,102 @@
+"""API authentication: tenant keys by header, or the browser session's current team."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from apps.billing.models import ApiKey, Membership, Role
+from apps.billing.principal import Principal
+from apps.billing.services import hash_secret
+
+ROLE_SCOPES: dict[str, frozenset[str]] = {
+    Role.VIEWER: frozenset({"read"}),
+    Role.MEMBER: frozenset({"read", "write"}),
+    Role.ADMIN: frozenset({"read", "write", "admin"}),
+    Role.OWNER: frozenset({"read", "write", "admin"}),
+}
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+class AuthFailed(exceptions.AuthenticationFailed):
+    default_code = "invalid_api_key"
+
+
+def extract_key(headers: Any) -> str | None:
+    """The key from ``Authorization: Bearer`` or ``X-API-Key`` (never from the URL)."""
+    header = headers.get("Authorization", "")
+    if header.lower().startswith("bearer "):
+        return str(header[7:].strip()) or None
+    api_key = headers.get("X-API-Key")
+    return str(api_key).strip() or None if api_key else None
+
+
+def principal_for_key(secret: str) -> Principal:
+    """Resolves a secret to a principal or raises AuthFailed with a reason."""
+    try:
+        key = ApiKey.objects.select_related("tenant").get(secret_hash=hash_secret(secret))
+    except ApiKey.DoesNotExist:
+        raise AuthFailed("invalid API key") from None
+    now = timezone.now()
+    if key.revoked_at is not None:
+        raise AuthFailed("this API key was revoked", code="api_key_revoked")
+    if key.expires_at is not None and key.expires_at <= now:
+        raise AuthFailed("this API key has expired", code="api_key_expired")
+    if not key.tenant.is_active:
+        raise AuthFailed("this team is disabled", code="tenant_disabled")
+    # Written at most once a minute so the hot path does not write on every request.
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return Principal(tenant=key.tenant, scopes=frozenset(key.scopes), api_key=key)
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[Principal, Principal] | None:
+        secret = extract_key(request.headers)
+        if secret is None:
+            return None
+        principal = principal_for_key(secret)
+        return principal, principal
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="hedgerow"'
+
+
+def principal_for_session(user: Any, tenant_id: str | None) -> Principal | None:
+    """The principal of a signed-in user acting for the session's current team."""
+    if user is None or not user.is_authenticated:
+        return None
+    memberships = Membership.objects.select_related("tenant").filter(
+        user=user, tenant__is_active=True
+    )
+    chosen = None
+    if tenant_id:
+        chosen = memberships.filter(tenant_id=tenant_id).first()
+    if chosen is None:
+        chosen = memberships.order_by("created_at").first()
+    if chosen is None:
+        return None
+    return Principal(
+        tenant=chosen.tenant,
+        scopes=ROLE_SCOPES.get(chosen.role, frozenset()),
+        user=user,
+        role=chosen.role,
+    )
+
+
+class TenantSessionAuthentication(authentication.SessionAuthentication):
+    """The browser: Django session + the team chosen in the team switcher (CSRF enforced)."""
+
+    def authenticate(self, request: Request) -> tuple[Principal, Principal] | None:
+        user = getattr(request._request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        self.enforce_csrf(request)
+        principal = principal_for_session(user, request._request.session.get("tenant_id"))
+        if principal is None:
+            return None
+        return principal, principal

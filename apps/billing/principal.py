@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.contrib.auth.models import User
+
+from apps.billing.models import ApiKey, Tenant
+
+
+@dataclass
+class Principal:
+    """Who is calling, for which tenant, with which scopes. ``request.user`` on the API."""
+
+    tenant: Tenant
+    scopes: frozenset[str]
+    api_key: ApiKey | None = None
+    user: User | None = None
+    role: str = ""
+    is_authenticated: bool = field(default=True)
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    @property
+    def actor(self) -> str:
+        """How the ledger names this caller."""
+        if self.api_key is not None:
+            return f"key:{self.api_key.prefix}"
+        if self.user is not None:
+            return f"user:{self.user.username}"
+        return "unknown"

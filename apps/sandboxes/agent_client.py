@@ -1,0 +1,160 @@
+"""The hot path: HTTP straight to a sandbox's pod agent over pooled keep-alive connections."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from controlplane.logging import request_id_var
+
+
+class AgentUnreachable(Exception):
+    """The agent did not answer (connection refused/reset, timeout before a response)."""
+
+
+class AgentError(Exception):
+    """The agent answered with an error."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+def agent_token(sandbox_id: str, generation: int) -> str:
+    """Derived, never stored: HMAC(secret key, sandbox:generation). A new generation
+    gets a new token, so an old pod cannot answer for a new one."""
+    message = f"agent:{sandbox_id}:{generation}".encode()
+    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+
+
+_local = threading.local()
+_limits = httpx.Limits(max_keepalive_connections=64, max_connections=256, keepalive_expiry=30)
+
+
+def _client() -> httpx.Client:
+    client: httpx.Client | None = getattr(_local, "client", None)
+    if client is None:
+        client = httpx.Client(limits=_limits, timeout=httpx.Timeout(10.0), trust_env=False)
+        _local.client = client
+    return client
+
+
+class AgentClient:
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.base = f"http://{host}:{port}"
+        self.headers = {"Authorization": f"Bearer {token}"}
+
+    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = dict(self.headers)
+        request_id = request_id_var.get()
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        if extra:
+            headers.update(extra)
+        return headers
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            err = response.json().get("error", {})
+        except (ValueError, AttributeError):
+            err = {}
+        raise AgentError(
+            response.status_code,
+            str(err.get("code", "agent_error")),
+            str(err.get("message", response.text[:200])),
+            err.get("field"),
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float = 10.0,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        content: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        try:
+            response = _client().request(
+                method,
+                self.base + path,
+                json=json_body,
+                params=params,
+                content=content,
+                headers=self._headers(headers),
+                timeout=timeout,
+            )
+        except httpx.TransportError as exc:
+            raise AgentUnreachable(f"agent at {self.base} unreachable: {exc}") from exc
+        self._raise_for(response)
+        return response
+
+    def health(self, timeout: float = 2.0) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", "/health", timeout=timeout).json()
+        return result
+
+    def exec(self, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+        result: dict[str, Any] = self.request(
+            "POST", "/exec", json_body=body, timeout=timeout
+        ).json()
+        return result
+
+    def operation(self, operation_id: str, *, wait: float = 0.0) -> dict[str, Any]:
+        response = self.request(
+            "GET", f"/operations/{operation_id}", params={"wait": wait}, timeout=wait + 10
+        )
+        result: dict[str, Any] = response.json()
+        return result
+
+    def exec_stream(self, body: dict[str, Any], *, timeout: float) -> Iterator[dict[str, Any]]:
+        """Yields the agent's NDJSON frames as they arrive."""
+        try:
+            with _client().stream(
+                "POST",
+                self.base + "/exec",
+                json={**body, "stream": True},
+                headers=self._headers(),
+                timeout=httpx.Timeout(10.0, read=timeout),
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for(response)
+                for line in response.iter_lines():
+                    if line:
+                        yield json.loads(line)
+        except httpx.TransportError as exc:
+            raise AgentUnreachable(f"agent at {self.base} unreachable: {exc}") from exc
+
+    def stream_download(self, path: str) -> tuple[httpx.Response, Any]:
+        """Opens a streamed download; the caller must close the returned context."""
+        try:
+            ctx = _client().stream(
+                "GET",
+                self.base + "/files",
+                params={"path": path},
+                headers=self._headers(),
+                timeout=httpx.Timeout(30.0),
+            )
+            response = ctx.__enter__()
+        except httpx.TransportError as exc:
+            raise AgentUnreachable(f"agent at {self.base} unreachable: {exc}") from exc
+        if response.status_code >= 400:
+            response.read()
+            ctx.__exit__(None, None, None)
+            self._raise_for(response)
+        return response, ctx

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.http import HttpRequest, StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.billing.permissions import principal_of
+from apps.sandboxes import selectors
+from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
+from apps.sandboxes.services import files
+
+PATH_PARAM = OpenApiParameter("path", str, required=True, description="absolute path")
+
+
+def _body_chunks(raw: HttpRequest) -> Iterator[bytes]:
+    while True:
+        chunk = raw.read(files.CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+class FilesView(APIView):
+    @extend_schema(
+        parameters=[PATH_PARAM],
+        responses={(200, "application/octet-stream"): bytes, **ERROR_RESPONSES},
+        description="Downloads a file as raw bytes, streamed.",
+    )
+    def get(self, request: Request, sandbox_id: str) -> StreamingHttpResponse:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        path = request.query_params.get("path")
+        stat = files.file_stat(sandbox=sandbox, path=path)
+        if stat.get("type") == "directory":
+            from controlplane.errors import ApiError
+
+            raise ApiError(f"{path} is a directory", code="is_a_directory", field="path")
+        assert path is not None
+        response = StreamingHttpResponse(
+            files.file_read_stream(sandbox=sandbox, path=path),
+            content_type="application/octet-stream",
+        )
+        response["Content-Length"] = str(stat.get("size", 0))
+        response["Content-Disposition"] = (
+            f'attachment; filename="{posixpath.basename(path) or "file"}"'
+        )
+        return response
+
+    @extend_schema(
+        parameters=[PATH_PARAM, OpenApiParameter("mode", str, description="octal, e.g. 0755")],
+        request={"application/octet-stream": bytes},
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Uploads raw bytes (streamed, atomic: temp file + rename; parents created).",
+    )
+    def put(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        length = request.headers.get("Content-Length")
+        result = files.file_write(
+            sandbox=sandbox,
+            path=request.query_params.get("path"),
+            chunks=_body_chunks(request._request),
+            size=int(length) if length and length.isdigit() else None,
+            max_bytes=int(settings.HEDGEROW_MAX_UPLOAD_BYTES),
+            mode=request.query_params.get("mode"),
+        )
+        return Response(result)
+
+    post = put
+
+
+class FileListView(APIView):
+    @extend_schema(parameters=[PATH_PARAM], responses={200: dict, **ERROR_RESPONSES})
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(files.file_list(sandbox=sandbox, path=request.query_params.get("path")))
+
+
+class FileStatView(APIView):
+    @extend_schema(parameters=[PATH_PARAM], responses={200: dict, **ERROR_RESPONSES})
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(files.file_stat(sandbox=sandbox, path=request.query_params.get("path")))

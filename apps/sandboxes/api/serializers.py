@@ -1,0 +1,277 @@
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.models import Operation, Sandbox, SandboxEvent
+from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
+from apps.sandboxes.services.lifecycle import (
+    SandboxRequest,
+    validate_external_id,
+    validate_labels,
+)
+from apps.sandboxes.services.operations import ExecRequest
+from controlplane.errors import ValidationFailed
+
+
+def _field_error(exc: ValidationFailed) -> serializers.ValidationError:
+    return serializers.ValidationError(exc.message, code=exc.code)
+
+
+class QuantityField(serializers.Field):  # type: ignore[type-arg]
+    """Accepts numbers or Kubernetes quantity strings."""
+
+    def __init__(self, parser: Any, **kwargs: Any) -> None:
+        self.parser = parser
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        try:
+            return int(self.parser(data))
+        except QuantityError as exc:
+            raise serializers.ValidationError(str(exc), code="invalid_quantity") from exc
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    image = serializers.CharField(max_length=200, default="host")
+    cpu = QuantityField(parse_cpu_millis, required=False, help_text="cores: 1, 0.5, '500m'")
+    memory = QuantityField(parse_memory_mib, required=False, help_text="MiB or '512Mi', '2Gi'")
+    network_access = serializers.BooleanField(default=False)
+    ttl_seconds = serializers.IntegerField(min_value=10, required=False)
+    heartbeat_timeout_s = serializers.IntegerField(min_value=5, required=False, allow_null=True)
+    labels = serializers.DictField(child=serializers.CharField(), required=False)
+    sandbox_id = serializers.CharField(max_length=63, required=False)
+    idempotency_key = serializers.CharField(max_length=128, required=False)
+
+    def validate_image(self, value: str) -> str:
+        names = {image.name for image in get_backend().images()}
+        if value not in names:
+            raise serializers.ValidationError(
+                f"unknown image {value!r}; available: {', '.join(sorted(names))}",
+                code="unknown_image",
+            )
+        return value
+
+    def validate_cpu(self, value: int) -> int:
+        if value > settings.HEDGEROW_MAX_CPU_MILLIS:
+            raise serializers.ValidationError(
+                f"at most {settings.HEDGEROW_MAX_CPU_MILLIS}m cpu", code="too_large"
+            )
+        return value
+
+    def validate_memory(self, value: int) -> int:
+        if value < 32:
+            raise serializers.ValidationError("at least 32Mi memory", code="too_small")
+        if value > settings.HEDGEROW_MAX_MEMORY_MIB:
+            raise serializers.ValidationError(
+                f"at most {settings.HEDGEROW_MAX_MEMORY_MIB}Mi memory", code="too_large"
+            )
+        return value
+
+    def validate_ttl_seconds(self, value: int) -> int:
+        if value > settings.HEDGEROW_MAX_TTL_S:
+            raise serializers.ValidationError(
+                f"at most {settings.HEDGEROW_MAX_TTL_S}s", code="too_large"
+            )
+        return value
+
+    def validate_sandbox_id(self, value: str) -> str:
+        try:
+            return validate_external_id(value)
+        except ValidationFailed as exc:
+            raise _field_error(exc) from exc
+
+    def validate_labels(self, value: dict[str, Any]) -> dict[str, str]:
+        try:
+            return validate_labels(value)
+        except ValidationFailed as exc:
+            raise _field_error(exc) from exc
+
+    def to_request(self) -> SandboxRequest:
+        data = self.validated_data
+        return SandboxRequest(
+            image=data["image"],
+            cpu_millis=data.get("cpu", 1000),
+            memory_mib=data.get("memory", 1024),
+            network_access=data["network_access"],
+            ttl_seconds=data.get("ttl_seconds") or settings.HEDGEROW_DEFAULT_TTL_S,
+            heartbeat_timeout_s=data.get("heartbeat_timeout_s"),
+            labels=data.get("labels") or {},
+            external_id=data.get("sandbox_id"),
+        )
+
+
+class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    id = serializers.CharField(source="external_id")
+    cpu = serializers.SerializerMethodField()
+    memory = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Sandbox
+        fields = [
+            "id",
+            "state",
+            "generation",
+            "image",
+            "cpu",
+            "cpu_millis",
+            "memory",
+            "memory_mib",
+            "network_access",
+            "isolation",
+            "backend",
+            "node",
+            "labels",
+            "ttl_seconds",
+            "expires_at",
+            "heartbeat_timeout_s",
+            "last_heartbeat_at",
+            "status_message",
+            "created_at",
+            "ready_at",
+            "terminated_at",
+        ]
+
+    def get_cpu(self, obj: Sandbox) -> str:
+        return f"{obj.cpu_millis}m"
+
+    def get_memory(self, obj: Sandbox) -> str:
+        return f"{obj.memory_mib}Mi"
+
+
+class SandboxEventSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    class Meta:
+        model = SandboxEvent
+        fields = [
+            "at",
+            "event",
+            "from_state",
+            "to_state",
+            "reason",
+            "message",
+            "actor",
+            "generation",
+        ]
+
+
+class ExecSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    command = serializers.JSONField(help_text="a shell string, or a list of argv strings")
+    cwd = serializers.CharField(required=False, allow_null=True)
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    timeout = serializers.FloatField(
+        min_value=0.01, max_value=86400, required=False, allow_null=True
+    )
+    stdin = serializers.CharField(required=False, allow_null=True, help_text="base64 bytes")
+    login_shell = serializers.BooleanField(default=False)
+    output_window = serializers.IntegerField(
+        min_value=256, max_value=64 * 1024 * 1024, required=False
+    )
+    output_limit = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    operation_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,128}$", required=False)
+    generation = serializers.IntegerField(min_value=0, required=False)
+    stream = serializers.BooleanField(default=False)
+
+    def validate_command(self, value: Any) -> str | list[str]:
+        if isinstance(value, str):
+            if not value.strip():
+                raise serializers.ValidationError("command is empty", code="blank")
+            return value
+        if isinstance(value, list) and value and all(isinstance(a, str) for a in value):
+            return value
+        raise serializers.ValidationError(
+            "command must be a non-empty string or a non-empty list of strings", code="invalid"
+        )
+
+    def validate_cwd(self, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise serializers.ValidationError(
+                "cwd must be an absolute path", code="path_not_absolute"
+            )
+        return value
+
+    def validate_stdin(self, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise serializers.ValidationError("stdin must be base64", code="invalid") from exc
+        return value
+
+    def to_request(self) -> ExecRequest:
+        data = self.validated_data
+        return ExecRequest(
+            command=data["command"],
+            cwd=data.get("cwd"),
+            env=data.get("env") or {},
+            timeout=data.get("timeout"),
+            stdin_b64=data.get("stdin"),
+            login_shell=data["login_shell"],
+            output_window=data.get("output_window"),
+            output_limit=data.get("output_limit"),
+        )
+
+
+def render_stream(meta: dict[str, Any]) -> str:
+    """The text a human or a model reads: whole stream, or head + marker + tail."""
+    if not meta:
+        return ""
+    if meta.get("encoding") == "base64":
+        head = base64.b64decode(meta.get("head", "")).decode("utf-8", "replace")
+        tail = base64.b64decode(meta.get("tail", "")).decode("utf-8", "replace")
+    else:
+        head, tail = meta.get("head", ""), meta.get("tail", "")
+    if not meta.get("truncated"):
+        return str(head)
+    omitted = int(meta.get("total_bytes", 0)) - len(head.encode()) - len(tail.encode())
+    return f"{head}\n[… {max(omitted, 0)} bytes omitted …]\n{tail}"
+
+
+class OperationSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    id = serializers.CharField(source="operation_id")
+    sandbox_id = serializers.CharField(source="sandbox.external_id")
+    timed_out = serializers.SerializerMethodField()
+    stdout = serializers.SerializerMethodField()
+    stderr = serializers.SerializerMethodField()
+    output = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Operation
+        fields = [
+            "id",
+            "sandbox_id",
+            "generation",
+            "kind",
+            "status",
+            "termination",
+            "exit_code",
+            "signal",
+            "timed_out",
+            "stdout",
+            "stderr",
+            "output",
+            "usage",
+            "children_remained",
+            "error",
+            "created_at",
+            "finished_at",
+        ]
+
+    def get_timed_out(self, obj: Operation) -> bool:
+        return obj.termination == "timeout"
+
+    def get_stdout(self, obj: Operation) -> str:
+        return render_stream(obj.stdout)
+
+    def get_stderr(self, obj: Operation) -> str:
+        return render_stream(obj.stderr)
+
+    def get_output(self, obj: Operation) -> dict[str, Any]:
+        return {"stdout": obj.stdout, "stderr": obj.stderr}

@@ -1,0 +1,41 @@
+from django.urls import path
+
+from apps.sandboxes.api import files, views
+
+urlpatterns = [
+    path("sandboxes", views.SandboxListCreateView.as_view(), name="sandbox-list"),
+    path("sandboxes/<str:sandbox_id>", views.SandboxDetailView.as_view(), name="sandbox-detail"),
+    path("sandboxes/<str:sandbox_id>/wait", views.SandboxWaitView.as_view(), name="sandbox-wait"),
+    path(
+        "sandboxes/<str:sandbox_id>/heartbeat",
+        views.SandboxHeartbeatView.as_view(),
+        name="sandbox-heartbeat",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/events",
+        views.SandboxEventsView.as_view(),
+        name="sandbox-events",
+    ),
+    path("sandboxes/<str:sandbox_id>/exec", views.ExecView.as_view(), name="sandbox-exec"),
+    path(
+        "sandboxes/<str:sandbox_id>/operations",
+        views.OperationListView.as_view(),
+        name="operation-list",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>",
+        views.OperationDetailView.as_view(),
+        name="operation-detail",
+    ),
+    path("sandboxes/<str:sandbox_id>/files", files.FilesView.as_view(), name="sandbox-files"),
+    path(
+        "sandboxes/<str:sandbox_id>/files/list",
+        files.FileListView.as_view(),
+        name="sandbox-files-list",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/stat",
+        files.FileStatView.as_view(),
+        name="sandbox-files-stat",
+    ),
+]

@@ -1,0 +1,185 @@
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.billing.permissions import principal_of
+from apps.sandboxes import selectors
+from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
+from apps.sandboxes.api.serializers import (
+    ExecSerializer,
+    OperationSerializer,
+    SandboxCreateSerializer,
+    SandboxEventSerializer,
+    SandboxSerializer,
+)
+from apps.sandboxes.models import State
+from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
+from apps.sandboxes.services.operations import operation_exec
+from apps.sandboxes.services.waiting import sandbox_wait_settled
+from controlplane.errors import ApiError
+
+
+class SandboxListCreateView(APIView):
+    @extend_schema(
+        responses={200: SandboxSerializer(many=True)},
+        parameters=[
+            OpenApiParameter("state", str, description="comma-separated states"),
+            OpenApiParameter("image", str),
+        ],
+    )
+    def get(self, request: Request) -> Response:
+        principal = principal_of(request)
+        qs = selectors.sandbox_list(
+            tenant=principal.tenant,
+            state=request.query_params.get("state"),
+            image=request.query_params.get("image"),
+        )
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response(SandboxSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=SandboxCreateSerializer,
+        responses={201: SandboxSerializer, 200: SandboxSerializer, **ERROR_RESPONSES},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+        description="Creates a sandbox (state `requested`; provisioning runs in a worker). "
+        "The same Idempotency-Key returns the same sandbox (200); a different body with "
+        "that key is a 409.",
+    )
+    def post(self, request: Request) -> Response:
+        principal = principal_of(request)
+        serializer = SandboxCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        key = request.headers.get("Idempotency-Key") or serializer.validated_data.get(
+            "idempotency_key"
+        )
+        sandbox, created = sandbox_create(
+            tenant=principal.tenant,
+            request=serializer.to_request(),
+            idempotency_key=key,
+            actor=principal.actor,
+        )
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(SandboxSerializer(sandbox).data, status=code)
+
+
+class SandboxDetailView(APIView):
+    @extend_schema(responses={200: SandboxSerializer, **ERROR_RESPONSES})
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(SandboxSerializer(sandbox).data)
+
+    @extend_schema(responses={202: SandboxSerializer, **ERROR_RESPONSES})
+    def delete(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        sandbox = sandbox_delete(sandbox=sandbox, actor=principal.actor)
+        return Response(SandboxSerializer(sandbox).data, status=status.HTTP_202_ACCEPTED)
+
+
+class SandboxWaitView(APIView):
+    @extend_schema(
+        responses={200: SandboxSerializer, **ERROR_RESPONSES},
+        parameters=[OpenApiParameter("timeout", float, description="seconds, ≤ 300")],
+        description="Blocks until the sandbox is ready (200), ends without becoming ready "
+        "(409 `sandbox_failed`…), or the timeout passes (408 `wait_timeout`). Event-driven.",
+    )
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        try:
+            timeout = min(max(float(request.query_params.get("timeout", 60)), 0.0), 300.0)
+        except ValueError:
+            raise ApiError("timeout must be a number", field="timeout") from None
+        sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=timeout)
+        if sandbox.state == State.READY:
+            return Response(SandboxSerializer(sandbox).data)
+        if sandbox.state in (State.REQUESTED, State.PROVISIONING):
+            raise ApiError(
+                f"sandbox not ready after {timeout:g}s (still {sandbox.state})",
+                code="wait_timeout",
+                status_code=408,
+                extra={"state": sandbox.state},
+            )
+        raise ApiError(
+            f"sandbox is {sandbox.state}: {sandbox.status_message}".rstrip(": "),
+            code=f"sandbox_{sandbox.state}",
+            status_code=409,
+            extra={"state": sandbox.state},
+        )
+
+    post = get
+
+
+class SandboxHeartbeatView(APIView):
+    @extend_schema(request=None, responses={200: SandboxSerializer, **ERROR_RESPONSES})
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        sandbox = sandbox_heartbeat(sandbox=sandbox)
+        return Response(SandboxSerializer(sandbox).data)
+
+
+class SandboxEventsView(APIView):
+    @extend_schema(responses={200: SandboxEventSerializer(many=True)})
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        events = selectors.sandbox_events(sandbox=sandbox)
+        return Response({"results": SandboxEventSerializer(events, many=True).data})
+
+
+class ExecView(APIView):
+    @extend_schema(
+        request=ExecSerializer,
+        responses={200: OperationSerializer, **ERROR_RESPONSES},
+        description="Runs a command and returns its operation record with a typed end "
+        "(`termination`: exited/signaled/timeout/output_limit/agent_error). Send an "
+        "`operation_id` to make retries safe: a replay returns the stored result.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        serializer = ExecSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        data: dict[str, Any] = serializer.validated_data
+        operation = operation_exec(
+            principal=principal,
+            sandbox=sandbox,
+            request=serializer.to_request(),
+            operation_id=data.get("operation_id"),
+            expected_generation=data.get("generation"),
+        )
+        return Response(OperationSerializer(operation).data)
+
+
+class OperationListView(APIView):
+    @extend_schema(responses={200: OperationSerializer(many=True)})
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        qs = selectors.operation_list(tenant=principal.tenant, sandbox=sandbox).select_related(
+            "sandbox"
+        )
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response(OperationSerializer(page, many=True).data)
+
+
+class OperationDetailView(APIView):
+    @extend_schema(responses={200: OperationSerializer, **ERROR_RESPONSES})
+    def get(self, request: Request, sandbox_id: str, operation_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        operation = selectors.operation_get(
+            tenant=principal.tenant, sandbox=sandbox, operation_id=operation_id
+        )
+        return Response(OperationSerializer(operation).data)

@@ -1,0 +1,36 @@
+"""Chooses the configured backend. Callers use ``get_backend()`` and the base types only."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from django.conf import settings
+
+from apps.sandboxes.backends.base import Backend
+
+
+@functools.cache
+def get_backend() -> Backend:
+    name = settings.HEDGEROW_BACKEND
+    if name == "local":
+        from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig
+
+        return LocalBackend(
+            LocalBackendConfig(
+                state_dir=Path(settings.STATE_DIR) / "sandboxes" / settings.HEDGEROW_INSTANCE,
+                instance=settings.HEDGEROW_INSTANCE,
+                subnet=settings.HEDGEROW_LOCAL_SUBNET or None,
+                podagent_dir=Path(settings.BASE_DIR) / "podagent",
+                python=settings.HEDGEROW_AGENT_PYTHON,
+                isolation=settings.HEDGEROW_LOCAL_ISOLATION,
+            )
+        )
+    if name == "kubernetes":
+        import importlib
+
+        # Imported by name: the kubernetes client is only needed when this backend is chosen.
+        module = importlib.import_module("apps.sandboxes.backends.kubernetes")
+        backend: Backend = module.build_kubernetes_backend()
+        return backend
+    raise ValueError(f"unknown HEDGEROW_BACKEND {name!r} (expected local or kubernetes)")

@@ -1,0 +1,163 @@
+"""Sandboxes as a state machine, their append-only lifecycle ledger, and operations."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.billing.models import Tenant
+
+
+class State(models.TextChoices):
+    REQUESTED = "requested"
+    PROVISIONING = "provisioning"
+    READY = "ready"
+    TERMINATING = "terminating"
+    DELETED = "deleted"
+    FAILED = "failed"  # never became ready
+    LOST = "lost"  # was ready; the backend resource vanished
+
+
+LIVE_STATES = (State.REQUESTED, State.PROVISIONING, State.READY, State.TERMINATING)
+FINAL_STATES = (State.DELETED, State.FAILED, State.LOST)
+
+
+class SandboxQuerySet(models.QuerySet["Sandbox"]):
+    def for_tenant(self, tenant: Tenant | None) -> SandboxQuerySet:
+        if tenant is None:
+            return self.none()
+        return self.filter(tenant=tenant)
+
+
+class Sandbox(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="sandboxes")
+    # The id clients see and may choose. Never used as a backend or Redis key (the UUID
+    # is), so a client id like "all" cannot collide with anything internal.
+    external_id = models.CharField(max_length=63)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.REQUESTED)
+    generation = models.PositiveIntegerField(default=0)
+    image = models.CharField(max_length=200)
+    cpu_millis = models.PositiveIntegerField()
+    memory_mib = models.PositiveIntegerField()
+    network_access = models.BooleanField(default=False)
+    labels = models.JSONField(default=dict, blank=True)
+    ttl_seconds = models.PositiveIntegerField()
+    expires_at = models.DateTimeField()
+    heartbeat_timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, blank=True)
+    backend = models.CharField(max_length=32)
+    isolation = models.CharField(max_length=32, blank=True)
+    endpoint_host = models.CharField(max_length=64, blank=True)
+    endpoint_port = models.PositiveIntegerField(null=True, blank=True)
+    node = models.CharField(max_length=128, blank=True)
+    status_message = models.TextField(blank=True)
+    created_by = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    provisioning_started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = SandboxQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "external_id"], name="uniq_sandbox_tenant_external_id"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="uniq_sandbox_tenant_idempotency_key",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "expires_at"], name="sandbox_state_expiry")]
+
+    def __str__(self) -> str:
+        return f"{self.external_id} ({self.state})"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+class SandboxEvent(models.Model):
+    """The lifecycle ledger: append-only; one row per transition or notable fact."""
+
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.PROTECT, related_name="events")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    event = models.CharField(max_length=32)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    reason = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)
+    actor = models.CharField(max_length=128, blank=True)
+    generation = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["tenant", "at"], name="sandboxevent_tenant_at")]
+
+    def __str__(self) -> str:
+        return f"{self.sandbox_id} {self.from_state}->{self.to_state} ({self.reason})"
+
+
+class OperationStatus(models.TextChoices):
+    RUNNING = "running"
+    COMPLETED = "completed"  # the command ran and ended (any exit, signal, timeout)
+    FAILED = "failed"  # the agent could not run it or could not be reached
+
+
+class OperationQuerySet(models.QuerySet["Operation"]):
+    def for_tenant(self, tenant: Tenant | None) -> OperationQuerySet:
+        if tenant is None:
+            return self.none()
+        return self.filter(tenant=tenant)
+
+
+class Operation(models.Model):
+    """One exec (or patch) in a sandbox. Unique per (sandbox, operation_id): a replay
+    finds this row instead of running the command again."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.PROTECT, related_name="operations")
+    operation_id = models.CharField(max_length=128)
+    kind = models.CharField(max_length=16, default="exec")
+    generation = models.PositiveIntegerField()
+    request = models.JSONField(default=dict)
+    request_hash = models.CharField(max_length=64)
+    status = models.CharField(
+        max_length=16, choices=OperationStatus.choices, default=OperationStatus.RUNNING
+    )
+    termination = models.CharField(max_length=16, blank=True)  # exited|signaled|timeout|…
+    exit_code = models.IntegerField(null=True, blank=True)
+    signal = models.IntegerField(null=True, blank=True)
+    stdout = models.JSONField(default=dict, blank=True)
+    stderr = models.JSONField(default=dict, blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+    children_remained = models.BooleanField(default=False)
+    error = models.JSONField(null=True, blank=True)
+    actor = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OperationQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["sandbox", "operation_id"], name="uniq_operation_sandbox_operation_id"
+            )
+        ]
+        indexes = [models.Index(fields=["status", "created_at"], name="operation_status_created")]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id} ({self.status})"

@@ -1,0 +1,1 @@
+"""Services: every write and lifecycle step of sandboxes and their operations."""

@@ -1,0 +1,278 @@
+"""Every sandbox state change. Transitions are compare-and-set and write the ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.billing.models import Tenant
+from apps.sandboxes.events import publish_sandbox_state
+from apps.sandboxes.models import LIVE_STATES, Sandbox, SandboxEvent, State
+from controlplane.errors import Conflict, ValidationFailed
+
+log = logging.getLogger(__name__)
+
+EXTERNAL_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# Words that read as commands or collections in URLs and UIs; refused as ids.
+RESERVED_IDS = frozenset({"all", "new", "list", "create", "health", "resources", "jobs", "me"})
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    image: str
+    cpu_millis: int
+    memory_mib: int
+    network_access: bool = False
+    ttl_seconds: int = 3600
+    heartbeat_timeout_s: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    external_id: str | None = None
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+
+
+def validate_external_id(value: str) -> str:
+    if not EXTERNAL_ID_RE.match(value):
+        raise ValidationFailed(
+            "sandbox ids are 1-63 lowercase letters, digits or '-', starting and ending "
+            "with a letter or digit",
+            field="sandbox_id",
+            code="invalid_sandbox_id",
+        )
+    if value in RESERVED_IDS:
+        raise ValidationFailed(
+            f"{value!r} is a reserved word", field="sandbox_id", code="invalid_sandbox_id"
+        )
+    return value
+
+
+def validate_labels(labels: dict[str, Any]) -> dict[str, str]:
+    if len(labels) > 32:
+        raise ValidationFailed("at most 32 labels", field="labels")
+    clean: dict[str, str] = {}
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY_RE.match(key):
+            raise ValidationFailed(f"invalid label key {key!r}", field="labels")
+        if not isinstance(value, str) or len(value) > 253:
+            raise ValidationFailed(f"label {key!r} must be a string ≤ 253 chars", field="labels")
+        clean[key] = value
+    return clean
+
+
+def _event(
+    sandbox: Sandbox,
+    *,
+    event: str,
+    from_state: str = "",
+    to_state: str = "",
+    reason: str = "",
+    message: str = "",
+    actor: str = "system",
+) -> SandboxEvent:
+    return SandboxEvent.objects.create(
+        sandbox=sandbox,
+        tenant_id=sandbox.tenant_id,
+        event=event,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+        message=message[:2000],
+        actor=actor,
+        generation=sandbox.generation,
+    )
+
+
+def sandbox_record_event(
+    *, sandbox: Sandbox, event: str, reason: str = "", message: str = "", actor: str = "system"
+) -> SandboxEvent:
+    """Appends a non-transition fact (a retry, a heartbeat expiry warning) to the ledger."""
+    return _event(sandbox, event=event, reason=reason, message=message, actor=actor)
+
+
+def sandbox_transition(
+    *,
+    sandbox: Sandbox,
+    from_states: tuple[str, ...],
+    to_state: str,
+    reason: str,
+    actor: str = "system",
+    message: str = "",
+    bump_generation: bool = False,
+    **fields: Any,
+) -> bool:
+    """Compare-and-set: moves the row only if it is still in one of ``from_states``.
+
+    Returns True if this caller made the transition (exactly one row changed), in
+    which case the ledger has the event and listeners are told after commit. On
+    False nothing was written and ``sandbox`` is refreshed from the database.
+    """
+    with transaction.atomic():
+        now = timezone.now()
+        current = (
+            Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
+            .values_list("state", "generation")
+            .first()
+        )
+        if current is None:
+            sandbox.refresh_from_db()
+            return False
+        from_state, generation = current
+        new_generation = generation + 1 if bump_generation else generation
+        updates: dict[str, Any] = {
+            "state": to_state,
+            "generation": new_generation,
+            "updated_at": now,
+            **fields,
+        }
+        if message or to_state in (State.FAILED, State.LOST):
+            updates["status_message"] = message
+        changed = Sandbox.objects.filter(
+            pk=sandbox.pk, state=from_state, generation=generation
+        ).update(**updates)
+        if changed != 1:
+            sandbox.refresh_from_db()
+            return False
+        sandbox.refresh_from_db()
+        _event(
+            sandbox,
+            event="transition",
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            message=message,
+            actor=actor,
+        )
+        publish_sandbox_state(sandbox)
+    log.info(
+        "sandbox %s: %s -> %s (%s)",
+        sandbox.external_id,
+        from_state,
+        to_state,
+        reason,
+        extra={"sandbox_id": str(sandbox.id), "event": "transition"},
+    )
+    return True
+
+
+def _new_external_id() -> str:
+    return f"sb-{secrets.token_hex(6)}"
+
+
+def sandbox_create(
+    *,
+    tenant: Tenant,
+    request: SandboxRequest,
+    idempotency_key: str | None,
+    actor: str,
+    backend_name: str | None = None,
+) -> tuple[Sandbox, bool]:
+    """Records a sandbox in ``requested`` and enqueues provisioning after commit.
+
+    Idempotent by ``idempotency_key``: the same key and body return the existing
+    sandbox (created=False); the same key with a different body is a 409. A taken
+    ``external_id`` is a 409. Never leaves a half-created row: the row, its ledger
+    event and the enqueue happen together or not at all.
+    """
+    from apps.sandboxes.admission import admission_check  # quotas live with billing
+    from apps.sandboxes.tasks import provision_sandbox
+
+    if idempotency_key is not None:
+        existing = Sandbox.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _replayed(existing, request), False
+    fingerprint = request.fingerprint()
+    external_id = request.external_id or _new_external_id()
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            admission_check(tenant=tenant, request=request)
+            sandbox = Sandbox.objects.create(
+                tenant=tenant,
+                external_id=external_id,
+                image=request.image,
+                cpu_millis=request.cpu_millis,
+                memory_mib=request.memory_mib,
+                network_access=request.network_access,
+                labels=request.labels,
+                ttl_seconds=request.ttl_seconds,
+                expires_at=now + timedelta(seconds=request.ttl_seconds),
+                heartbeat_timeout_s=request.heartbeat_timeout_s,
+                last_heartbeat_at=now,
+                idempotency_key=idempotency_key,
+                request_hash=fingerprint,
+                backend=backend_name or settings.HEDGEROW_BACKEND,
+                created_by=actor,
+                created_at=now,
+            )
+            _event(sandbox, event="created", to_state=State.REQUESTED, reason="api", actor=actor)
+            publish_sandbox_state(sandbox)
+            sandbox_id = str(sandbox.id)
+            transaction.on_commit(lambda: provision_sandbox.delay(sandbox_id))
+    except IntegrityError:
+        # A concurrent create with the same key or id won the race.
+        if idempotency_key is not None:
+            existing = Sandbox.objects.filter(
+                tenant=tenant, idempotency_key=idempotency_key
+            ).first()
+            if existing is not None:
+                return _replayed(existing, request), False
+        raise Conflict(
+            f"a sandbox with id {external_id!r} already exists",
+            field="sandbox_id",
+            code="sandbox_exists",
+        ) from None
+    return sandbox, True
+
+
+def _replayed(existing: Sandbox, request: SandboxRequest) -> Sandbox:
+    if request.fingerprint() != existing.request_hash:
+        raise Conflict(
+            "this idempotency key was used for a different sandbox request",
+            field="idempotency_key",
+            code="idempotency_mismatch",
+        )
+    return existing
+
+
+def sandbox_delete(*, sandbox: Sandbox, actor: str, reason: str = "deleted") -> Sandbox:
+    """Starts deletion. Idempotent: deleting a terminating or deleted sandbox is a no-op.
+
+    ``requested``/``provisioning``/``ready`` → ``terminating`` and a destroy task is
+    enqueued after commit. ``failed``/``lost`` sandboxes also get a destroy so any
+    residue is removed, but keep their final state.
+    """
+    from apps.sandboxes.tasks import destroy_sandbox
+
+    sandbox_id = str(sandbox.id)
+    moved = sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.REQUESTED, State.PROVISIONING, State.READY),
+        to_state=State.TERMINATING,
+        reason=reason,
+        actor=actor,
+    )
+    if moved or sandbox.state in (State.FAILED, State.LOST):
+        transaction.on_commit(lambda: destroy_sandbox.delay(sandbox_id))
+    return sandbox
+
+
+def sandbox_heartbeat(*, sandbox: Sandbox) -> Sandbox:
+    """Records liveness from the client; only live sandboxes accept heartbeats."""
+    if sandbox.state not in LIVE_STATES or sandbox.state == State.TERMINATING:
+        raise Conflict(f"sandbox is {sandbox.state}", code=f"sandbox_{sandbox.state}", field=None)
+    now = timezone.now()
+    Sandbox.objects.filter(pk=sandbox.pk).update(last_heartbeat_at=now)
+    sandbox.last_heartbeat_at = now
+    return sandbox

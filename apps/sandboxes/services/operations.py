@@ -1,0 +1,225 @@
+"""Exec on the hot path: web process → pod agent, recorded as an Operation row.
+
+The row is unique per (sandbox, operation_id), so a replayed id finds the stored
+result (or attaches to the running command) and never runs the command twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError
+from django.utils import timezone
+
+from apps.billing.principal import Principal
+from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
+from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from controlplane.errors import ApiError, Conflict
+
+log = logging.getLogger(__name__)
+
+
+class SandboxNotReady(Conflict):
+    code = "sandbox_not_ready"
+
+
+class AgentUnavailable(ApiError):
+    status_code = 502
+    code = "agent_unreachable"
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    command: str | list[str]
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    stdin_b64: str | None = None
+    login_shell: bool = False
+    output_window: int | None = None
+    output_limit: int | None = None
+    kill_grace: float | None = None
+
+    def fingerprint(self) -> str:
+        data = {k: v for k, v in asdict(self).items() if k not in ("output_window",)}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def agent_body(self, operation_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "operation_id": operation_id,
+            "command": self.command,
+            "login_shell": self.login_shell,
+            "env": self.env,
+            "timeout": self.timeout,
+            "output_window": self.output_window or settings.HEDGEROW_EXEC_OUTPUT_WINDOW,
+        }
+        if self.cwd is not None:
+            body["cwd"] = self.cwd
+        if self.stdin_b64 is not None:
+            body["stdin"] = self.stdin_b64
+        if self.output_limit is not None:
+            body["output_limit"] = self.output_limit
+        if self.kill_grace is not None:
+            body["kill_grace"] = self.kill_grace
+        return body
+
+
+def ensure_ready(sandbox: Sandbox, expected_generation: int | None = None) -> None:
+    """Only ``ready`` accepts work; a stale generation is a 409, never a silent retarget."""
+    if sandbox.state != State.READY:
+        code = "sandbox_terminating" if sandbox.state == State.TERMINATING else None
+        if sandbox.state in (State.DELETED, State.FAILED, State.LOST):
+            code = f"sandbox_{sandbox.state}"
+        raise SandboxNotReady(
+            f"sandbox {sandbox.external_id} is {sandbox.state}, not ready",
+            code=code,
+            extra={"state": sandbox.state},
+        )
+    if expected_generation is not None and expected_generation != sandbox.generation:
+        raise Conflict(
+            f"sandbox {sandbox.external_id} is at generation {sandbox.generation}, "
+            f"not {expected_generation}",
+            field="generation",
+            code="stale_generation",
+            extra={"generation": sandbox.generation},
+        )
+
+
+def agent_for(sandbox: Sandbox) -> AgentClient:
+    assert sandbox.endpoint_port is not None
+    return AgentClient(
+        sandbox.endpoint_host,
+        sandbox.endpoint_port,
+        agent_token(sandbox.id.hex, sandbox.generation),
+    )
+
+
+def _agent_timeout(request: ExecRequest) -> float:
+    command_timeout = (
+        request.timeout if request.timeout is not None else settings.HEDGEROW_EXEC_DEFAULT_TIMEOUT_S
+    )
+    return command_timeout + (request.kill_grace or 2.0) + 15.0
+
+
+def operation_start(
+    *,
+    principal: Principal,
+    sandbox: Sandbox,
+    request: ExecRequest,
+    operation_id: str | None,
+    kind: str = "exec",
+) -> tuple[Operation, bool]:
+    """Records the operation (``running``) or finds the replayed one.
+
+    Returns (operation, is_new). A replay with a different body is a 409.
+    """
+    op_id = operation_id or f"op-{uuid.uuid4().hex}"
+    fingerprint = request.fingerprint()
+    try:
+        operation = Operation.objects.create(
+            tenant_id=sandbox.tenant_id,
+            sandbox=sandbox,
+            operation_id=op_id,
+            kind=kind,
+            generation=sandbox.generation,
+            request=asdict(request),
+            request_hash=fingerprint,
+            actor=principal.actor,
+        )
+        return operation, True
+    except IntegrityError:
+        operation = Operation.objects.get(sandbox=sandbox, operation_id=op_id)
+        if operation.request_hash != fingerprint:
+            raise Conflict(
+                f"operation {op_id} was already used with a different request",
+                field="operation_id",
+                code="operation_conflict",
+            ) from None
+        return operation, False
+
+
+def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> Operation:
+    """Stores the agent's typed result. Only a ``running`` row is finished (CAS), so a
+    late or duplicate result never overwrites a stored one."""
+    termination = result.get("termination") or {}
+    reason = str(termination.get("reason", "agent_error"))
+    fields: dict[str, Any] = {
+        "status": OperationStatus.COMPLETED if reason != "agent_error" else OperationStatus.FAILED,
+        "termination": reason,
+        "exit_code": termination.get("exit_code"),
+        "signal": termination.get("signal"),
+        "stdout": result.get("stdout") or {},
+        "stderr": result.get("stderr") or {},
+        "usage": result.get("usage") or {},
+        "children_remained": bool(result.get("children_remained")),
+        "error": {"code": "agent_error", "message": termination.get("message")}
+        if reason == "agent_error"
+        else None,
+        "finished_at": timezone.now(),
+    }
+    Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(**fields)
+    operation.refresh_from_db()
+    return operation
+
+
+def operation_record_failure(*, operation: Operation, code: str, message: str) -> Operation:
+    Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(
+        status=OperationStatus.FAILED,
+        termination="agent_error",
+        error={"code": code, "message": message},
+        finished_at=timezone.now(),
+    )
+    operation.refresh_from_db()
+    return operation
+
+
+def operation_exec(
+    *,
+    principal: Principal,
+    sandbox: Sandbox,
+    request: ExecRequest,
+    operation_id: str | None = None,
+    expected_generation: int | None = None,
+) -> Operation:
+    """Runs a command in a ready sandbox and returns its finished Operation.
+
+    Exactly-once per (sandbox, operation_id): a replay returns the stored result; a
+    replay of a running operation attaches to it through the agent (which also keys
+    by operation id). Agent validation errors (e.g. ``cwd_not_found``) are stored on
+    the operation and raised as 400s; an unreachable agent is a 502 and the operation
+    ends ``failed`` — never stuck ``running``.
+    """
+    ensure_ready(sandbox, expected_generation)
+    operation, is_new = operation_start(
+        principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
+    )
+    if not is_new and operation.status != OperationStatus.RUNNING:
+        return operation
+    if operation.generation != sandbox.generation:
+        return operation_record_failure(
+            operation=operation,
+            code="stale_generation",
+            message="the sandbox was re-provisioned while this operation ran",
+        )
+    agent = agent_for(sandbox)
+    try:
+        result = agent.exec(
+            request.agent_body(operation.operation_id), timeout=_agent_timeout(request)
+        )
+    except AgentError as exc:
+        operation_record_failure(operation=operation, code=exc.code, message=exc.message)
+        status = exc.status if 400 <= exc.status < 500 else 502
+        raise ApiError(exc.message, code=exc.code, field=exc.field, status_code=status) from exc
+    except AgentUnreachable as exc:
+        operation_record_failure(operation=operation, code="agent_unreachable", message=str(exc))
+        raise AgentUnavailable(
+            f"the sandbox's agent did not answer: {exc}",
+            extra={"operation_id": operation.operation_id},
+        ) from exc
+    return operation_record_result(operation=operation, result=result)

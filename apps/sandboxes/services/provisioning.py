@@ -1,0 +1,200 @@
+"""The cold path: provisioning, destruction and reaping. Called from Celery tasks only."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec
+from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
+
+log = logging.getLogger(__name__)
+
+
+def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
+    return SandboxSpec(
+        sandbox_id=sandbox.id.hex,
+        tenant_id=str(sandbox.tenant_id),
+        generation=sandbox.generation,
+        image=sandbox.image,
+        cpu_millis=sandbox.cpu_millis,
+        memory_mib=sandbox.memory_mib,
+        network_access=sandbox.network_access,
+        agent_token=agent_token(sandbox.id.hex, sandbox.generation),
+        labels=dict(sandbox.labels),
+    )
+
+
+def wait_agent_healthy(endpoint: Endpoint, token: str, timeout_s: float) -> None:
+    """Polls the agent's /health until it answers; the agent is starting, so short backoff."""
+    client = AgentClient(endpoint.host, endpoint.port, token)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    last_error = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            client.health(timeout=1.0)
+            return
+        except (AgentUnreachable, AgentError) as exc:
+            last_error = str(exc)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    raise BackendError(f"agent not healthy after {timeout_s:.0f}s: {last_error}")
+
+
+def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
+    """Claims a ``requested`` sandbox (CAS → ``provisioning``, new generation), starts it
+    on the backend and marks it ``ready`` once its agent answers.
+
+    Idempotent and safe to redeliver: a sandbox already ``provisioning`` (its worker
+    died and the task came back) is resumed with the same generation — the backend
+    adopts what exists. Any failure destroys what was made and ends in ``failed``.
+    """
+    sandbox = Sandbox.objects.filter(pk=sandbox_id).first()
+    if sandbox is None:
+        return None
+    claimed = sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.REQUESTED,),
+        to_state=State.PROVISIONING,
+        reason="scheduled",
+        bump_generation=True,
+        provisioning_started_at=timezone.now(),
+    )
+    if not claimed:
+        if sandbox.state != State.PROVISIONING:
+            return sandbox  # already done, deleted, or failed: nothing to do
+        sandbox_record_event(sandbox=sandbox, event="provision_resumed", reason="task_redelivered")
+    backend = get_backend()
+    spec = sandbox_spec(sandbox)
+    try:
+        endpoint = backend.provision(spec)
+        wait_agent_healthy(endpoint, spec.agent_token, settings.HEDGEROW_READY_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - any failure must end in `failed`, not stuck
+        log.warning("provision of %s failed: %s", sandbox.external_id, exc)
+        _destroy_quietly(sandbox)
+        sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.PROVISIONING,),
+            to_state=State.FAILED,
+            reason="provision_error",
+            message=str(exc)[:1000],
+            terminated_at=timezone.now(),
+        )
+        return sandbox
+    became_ready = sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.PROVISIONING,),
+        to_state=State.READY,
+        reason="agent_healthy",
+        endpoint_host=endpoint.host,
+        endpoint_port=endpoint.port,
+        isolation=endpoint.isolation,
+        node=endpoint.node,
+        ready_at=timezone.now(),
+    )
+    if not became_ready and sandbox.state != State.READY:
+        # Deleted while we were provisioning: the delete path's destroy may have run
+        # before our resources existed, so remove them here too.
+        _destroy_quietly(sandbox)
+    return sandbox
+
+
+def _destroy_quietly(sandbox: Sandbox) -> None:
+    try:
+        get_backend().destroy(sandbox.id.hex)
+    except BackendError as exc:
+        sandbox_record_event(sandbox=sandbox, event="destroy_error", message=str(exc))
+
+
+def sandbox_destroy(*, sandbox_id: str) -> Sandbox | None:
+    """Removes backend resources of a ``terminating`` sandbox and marks it ``deleted``.
+
+    Idempotent. Also cleans residue of ``failed``/``lost`` sandboxes (state unchanged).
+    Raises BackendError on a transient failure so the task retries; the sandbox stays
+    ``terminating`` (never silently ``deleted`` with resources left).
+    """
+    sandbox = Sandbox.objects.filter(pk=sandbox_id).first()
+    if sandbox is None or sandbox.state == State.DELETED:
+        return sandbox
+    get_backend().destroy(sandbox.id.hex)
+    if sandbox.state == State.TERMINATING:
+        sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.TERMINATING,),
+            to_state=State.DELETED,
+            reason="destroyed",
+            terminated_at=timezone.now(),
+        )
+    return sandbox
+
+
+def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
+    """One pass of every reaper. Each removal is a ledger transition naming its reason.
+
+    * ``ttl_expired``: a ready/provisioning sandbox past ``expires_at``;
+    * ``heartbeat_expired``: no heartbeat within ``heartbeat_timeout_s``;
+    * ``pending_timeout``: requested/provisioning past the pending deadline (e.g. the
+      worker died mid-provision and the task was lost) → ``failed`` and destroyed;
+    * stuck ``terminating`` rows get their destroy re-enqueued.
+    """
+    from apps.sandboxes.tasks import destroy_sandbox
+
+    now = now or timezone.now()
+    counts = {"ttl_expired": 0, "heartbeat_expired": 0, "pending_timeout": 0, "redestroy": 0}
+    expired = Sandbox.objects.filter(
+        state__in=(State.READY, State.PROVISIONING, State.REQUESTED), expires_at__lt=now
+    )
+    for sandbox in expired:
+        if sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.READY, State.PROVISIONING, State.REQUESTED),
+            to_state=State.TERMINATING,
+            reason="ttl_expired",
+            actor="reaper",
+        ):
+            destroy_sandbox.delay(str(sandbox.id))
+            counts["ttl_expired"] += 1
+    for sandbox in Sandbox.objects.filter(state=State.READY, heartbeat_timeout_s__isnull=False):
+        assert sandbox.heartbeat_timeout_s is not None
+        last = sandbox.last_heartbeat_at or sandbox.created_at
+        if last + timedelta(seconds=sandbox.heartbeat_timeout_s) >= now:
+            continue
+        if sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.READY,),
+            to_state=State.TERMINATING,
+            reason="heartbeat_expired",
+            actor="reaper",
+        ):
+            destroy_sandbox.delay(str(sandbox.id))
+            counts["heartbeat_expired"] += 1
+    pending_deadline = now - timedelta(seconds=settings.HEDGEROW_PENDING_TIMEOUT_S)
+    for sandbox in Sandbox.objects.filter(
+        state__in=(State.REQUESTED, State.PROVISIONING), created_at__lt=pending_deadline
+    ):
+        if sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.REQUESTED, State.PROVISIONING),
+            to_state=State.FAILED,
+            reason="pending_timeout",
+            actor="reaper",
+            message="not ready before the pending deadline",
+            terminated_at=now,
+        ):
+            destroy_sandbox.delay(str(sandbox.id))
+            counts["pending_timeout"] += 1
+    stuck = Sandbox.objects.filter(
+        state=State.TERMINATING, updated_at__lt=now - timedelta(seconds=60)
+    )
+    for sandbox in stuck:
+        destroy_sandbox.delay(str(sandbox.id))
+        counts["redestroy"] += 1
+    return counts

@@ -1,0 +1,1 @@
+# Episodes and steps arrive with the trajectories issue.

@@ -1,0 +1,192 @@
+"""The one settings module. Everything that varies comes from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controlplane.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = Path(env_str("HEDGEROW_STATE_DIR", str(BASE_DIR / ".state")))
+
+SECRET_KEY = env_str("HEDGEROW_SECRET_KEY", "dev-insecure-change-me-hedgerow")
+DEBUG = env_bool("HEDGEROW_DEBUG", False)
+ALLOWED_HOSTS = env_list("HEDGEROW_ALLOWED_HOSTS", ["*"])
+CSRF_TRUSTED_ORIGINS = env_list("HEDGEROW_CSRF_TRUSTED_ORIGINS", [])
+
+# The installation's name: every backend resource and Redis key carries it so the
+# dev stack and concurrent test runs on one machine never touch each other's.
+HEDGEROW_INSTANCE = env_str("HEDGEROW_INSTANCE", "dev")
+
+INSTALLED_APPS = [
+    "daphne" if env_bool("HEDGEROW_USE_DAPHNE", False) else "channels",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "apps.billing",
+    "apps.sandboxes",
+    "apps.trajectories",
+    "frontend",
+]
+if INSTALLED_APPS[0] == "daphne":
+    INSTALLED_APPS.insert(1, "channels")
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "controlplane.middleware.RequestIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "frontend" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": env_str("HEDGEROW_DB_NAME", "hedgerow"),
+        "USER": env_str("HEDGEROW_DB_USER", "hedgerow"),
+        "PASSWORD": env_str("HEDGEROW_DB_PASSWORD", ""),
+        "HOST": env_str("HEDGEROW_DB_HOST", "127.0.0.1"),
+        "PORT": env_int("HEDGEROW_DB_PORT", 55432),
+        "CONN_MAX_AGE": env_int("HEDGEROW_DB_CONN_MAX_AGE", 60),
+        "CONN_HEALTH_CHECKS": True,
+        "TEST": {"NAME": env_str("HEDGEROW_TEST_DB_NAME", "test_hedgerow")},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("HEDGEROW_REDIS_URL", "redis://127.0.0.1:56379/0")
+REDIS_KEY_PREFIX = f"hedgerow:{HEDGEROW_INSTANCE}:"
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": REDIS_KEY_PREFIX,
+    }
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}asgi", "capacity": 2000},
+    }
+}
+
+# Celery: broker keys carry the instance prefix so concurrent installations and
+# test runs sharing one Redis never consume each other's tasks.
+CELERY_BROKER_URL = env_str("HEDGEROW_CELERY_BROKER_URL", REDIS_URL)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": REDIS_KEY_PREFIX, "visibility_timeout": 600}
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = f"{HEDGEROW_INSTANCE}.cold"
+CELERY_TASK_ALWAYS_EAGER = env_bool("HEDGEROW_CELERY_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+WHITENOISE_USE_FINDERS = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.billing.auth.ApiKeyAuthentication",
+        "apps.billing.auth.TenantSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.billing.permissions.HasTenantScope"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Hedgerow API",
+    "DESCRIPTION": "Sandboxes for agent training and evaluation. Authenticate with "
+    "`Authorization: Bearer <key>` or `X-API-Key: <key>`. Errors are "
+    '`{"error": {"code", "message", "field"}}`.',
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Sandboxes -----------------------------------------------------------------
+HEDGEROW_BACKEND = env_str("HEDGEROW_BACKEND", "local")  # local | kubernetes
+HEDGEROW_LOCAL_ISOLATION = env_str("HEDGEROW_LOCAL_ISOLATION", "auto")  # auto|netns|none
+HEDGEROW_LOCAL_SUBNET = env_str("HEDGEROW_LOCAL_SUBNET", "")
+HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
+HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
+HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
+HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)
+HEDGEROW_MAX_TTL_S = env_int("HEDGEROW_MAX_TTL_S", 24 * 3600)
+HEDGEROW_MAX_LIVE_SANDBOXES = env_int("HEDGEROW_MAX_LIVE_SANDBOXES", 0)  # 0 = unlimited
+HEDGEROW_REAPER_INTERVAL_S = env_float("HEDGEROW_REAPER_INTERVAL_S", 10.0)
+HEDGEROW_MAX_UPLOAD_BYTES = env_int("HEDGEROW_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
+HEDGEROW_EXEC_OUTPUT_WINDOW = env_int("HEDGEROW_EXEC_OUTPUT_WINDOW", 1024 * 1024)
+HEDGEROW_EXEC_DEFAULT_TIMEOUT_S = env_float("HEDGEROW_EXEC_DEFAULT_TIMEOUT_S", 600.0)
+HEDGEROW_MAX_CPU_MILLIS = env_int("HEDGEROW_MAX_CPU_MILLIS", 8000)
+HEDGEROW_MAX_MEMORY_MIB = env_int("HEDGEROW_MAX_MEMORY_MIB", 32768)
+HEDGEROW_PUBLIC_URL = env_str("HEDGEROW_PUBLIC_URL", "http://127.0.0.1:8000")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "controlplane.logging.JsonFormatter"}},
+    "filters": {"request_id": {"()": "controlplane.logging.RequestIdFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json",
+            "filters": ["request_id"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": env_str("HEDGEROW_LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
+
+CELERY_BEAT_SCHEDULE = {
+    "reap-sandboxes": {
+        "task": "apps.sandboxes.tasks.reap_sandboxes",
+        "schedule": HEDGEROW_REAPER_INTERVAL_S,
+    },
+}

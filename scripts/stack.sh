@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Brings the Hedgerow stack up and down on one machine, under .state/ (git-ignored),
+# on its own ports, never touching system services. Used by `make up/down/test`.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+STATE="${HEDGEROW_STATE_DIR:-$ROOT/.state}"
+RUN="$STATE/run"
+LOGS="$STATE/logs"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+PG_PORT="${HEDGEROW_DB_PORT:-55432}"
+REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
+WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
+PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
+APT_PACKAGES="postgresql redis-server bubblewrap nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm"
+
+export HEDGEROW_DB_PORT="$PG_PORT"
+export HEDGEROW_REDIS_URL="${HEDGEROW_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
+export HEDGEROW_STATE_DIR="$STATE"
+
+log() { printf '\033[1m[hedgerow]\033[0m %s\n' "$*"; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+install_system() {
+  local missing=()
+  command -v redis-server >/dev/null || missing+=(redis-server)
+  [ -n "$PG_BIN" ] || missing+=(postgresql)
+  command -v bwrap >/dev/null || missing+=(bubblewrap)
+  command -v nft >/dev/null || missing+=(nftables)
+  command -v iptables >/dev/null || missing+=(iptables)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v pkill >/dev/null || missing+=(procps)
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v docker-compose >/dev/null || missing+=(docker-compose)
+  command -v npm >/dev/null || missing+=(nodejs npm)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing system packages: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
+  fi
+}
+
+install_python() {
+  if [ ! -x "$PY" ]; then
+    log "creating virtualenv"
+    python3 -m venv "$VENV"
+  fi
+  local stamp="$VENV/.requirements-stamp"
+  local want
+  want="$( (cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" "$ROOT/sdk/pyproject.toml" 2>/dev/null || true) | sha256sum | cut -c1-16)"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    log "installing Python packages"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements-dev.txt"
+    if [ -f "$ROOT/sdk/pyproject.toml" ]; then
+      "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT/sdk"
+    fi
+    echo "$want" > "$stamp"
+  fi
+}
+
+build_frontend() {
+  if [ -f "$ROOT/frontend/package.json" ]; then
+    local stamp="$ROOT/frontend/node_modules/.hedgerow-stamp"
+    local want
+    want="$( (cat "$ROOT/frontend/package-lock.json" 2>/dev/null || true) | sha256sum | cut -c1-16)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+      log "installing frontend packages"
+      (cd "$ROOT/frontend" && npm ci --no-audit --no-fund --loglevel=error)
+      echo "$want" > "$stamp"
+    fi
+    log "building frontend assets"
+    (cd "$ROOT/frontend" && npm run --silent build >/dev/null)
+  fi
+}
+
+pg_up() {
+  mkdir -p "$STATE" "$RUN" "$LOGS"
+  local data="$STATE/postgres"
+  if [ ! -s "$data/PG_VERSION" ]; then
+    log "creating a private Postgres cluster in $data"
+    mkdir -p "$data"
+    chown -R postgres:postgres "$data"
+    runuser -u postgres -- "$PG_BIN/initdb" -A trust -U hedgerow -D "$data" >/dev/null
+  fi
+  chown postgres:postgres "$data"
+  if runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    return 0
+  fi
+  log "starting Postgres on 127.0.0.1:$PG_PORT"
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" -w -l "$data/server.log" \
+    -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" start >/dev/null
+  "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow -d postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname='hedgerow'" | grep -q 1 || \
+    "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow hedgerow
+}
+
+redis_up() {
+  mkdir -p "$STATE/redis" "$RUN"
+  if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return 0; fi
+  log "starting Redis on 127.0.0.1:$REDIS_PORT"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --save "" \
+    --appendonly no --dir "$STATE/redis" --pidfile "$RUN/redis.pid" \
+    --logfile "$STATE/redis/redis.log"
+  for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "Redis did not start" >&2; exit 1
+}
+
+services_up() { install_system; install_python; pg_up; redis_up; }
+
+start_bg() {  # name, command...
+  local name="$1"; shift
+  local pidfile="$RUN/$name.pid"
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then return 0; fi
+  (cd "$ROOT" && setsid nohup "$@" >>"$LOGS/$name.log" 2>&1 & echo $! >"$pidfile")
+}
+
+app_up() {
+  mkdir -p "$LOGS" "$RUN"
+  "$PY" "$ROOT/manage.py" migrate --noinput >/dev/null
+  "$PY" "$ROOT/manage.py" collectstatic --noinput >/dev/null
+  start_bg web "$VENV/bin/uvicorn" controlplane.asgi:application --host 0.0.0.0 --port "$WEB_PORT" \
+    --workers "${HEDGEROW_WEB_WORKERS:-2}" --no-access-log --timeout-keep-alive 30
+  start_bg worker "$VENV/bin/celery" -A controlplane worker -l info -c "${HEDGEROW_WORKER_CONCURRENCY:-4}" \
+    -Q "${HEDGEROW_INSTANCE:-dev}.cold" -n "worker-${HEDGEROW_INSTANCE:-dev}@%h"
+  start_bg beat "$VENV/bin/celery" -A controlplane beat -l info -s "$STATE/celerybeat-schedule"
+  start_bg watcher "$PY" "$ROOT/manage.py" hedgerow_watch
+  for _ in $(seq 100); do
+    curl -fsS "http://127.0.0.1:$WEB_PORT/healthz" >/dev/null 2>&1 && return 0; sleep 0.2
+  done
+  echo "the web process did not start; see $LOGS/web.log" >&2; exit 1
+}
+
+demo() {
+  local envfile="$STATE/demo.env"
+  local key=""
+  if [ -f "$envfile" ]; then
+    # shellcheck disable=SC1090
+    key="$(. "$envfile"; echo "${HEDGEROW_API_KEY:-}")"
+    if [ -n "$key" ] && ! curl -fsS -o /dev/null -H "Authorization: Bearer $key" \
+        "http://127.0.0.1:$WEB_PORT/api/v1/sandboxes?limit=1"; then key=""; fi
+  fi
+  if [ -z "$key" ]; then
+    key="$("$PY" "$ROOT/manage.py" hedgerow_create_tenant demo --name "Demo team" \
+      --key-name "make up" --owner demo --owner-password demo --quiet)"
+    umask 077
+    printf 'HEDGEROW_URL=http://127.0.0.1:%s\nHEDGEROW_API_KEY=%s\n' "$WEB_PORT" "$key" >"$envfile"
+  fi
+  cat <<MSG
+
+Hedgerow is up.
+  Dashboard:  http://127.0.0.1:$WEB_PORT/   (sign in as demo / demo)
+  API docs:   http://127.0.0.1:$WEB_PORT/api/docs/
+  Demo key:   $key      (also in $envfile)
+
+Try it:
+  export HEDGEROW_URL=http://127.0.0.1:$WEB_PORT HEDGEROW_API_KEY=$key
+  SB=\$(curl -s -H "Authorization: Bearer \$HEDGEROW_API_KEY" -H 'Content-Type: application/json' \\
+        -d '{"image":"host"}' \$HEDGEROW_URL/api/v1/sandboxes | python3 -c 'import json,sys;print(json.load(sys.stdin)["id"])')
+  curl -s -H "Authorization: Bearer \$HEDGEROW_API_KEY" "\$HEDGEROW_URL/api/v1/sandboxes/\$SB/wait?timeout=60"
+  curl -s -H "Authorization: Bearer \$HEDGEROW_API_KEY" -H 'Content-Type: application/json' \\
+       -d '{"command":"echo hello"}' \$HEDGEROW_URL/api/v1/sandboxes/\$SB/exec
+  echo 'some bytes' | curl -s -H "Authorization: Bearer \$HEDGEROW_API_KEY" -T - \\
+       "\$HEDGEROW_URL/api/v1/sandboxes/\$SB/files?path=/workspace/hello.txt"
+  curl -s -H "Authorization: Bearer \$HEDGEROW_API_KEY" "\$HEDGEROW_URL/api/v1/sandboxes/\$SB/files?path=/workspace/hello.txt"
+  curl -s -X DELETE -H "Authorization: Bearer \$HEDGEROW_API_KEY" \$HEDGEROW_URL/api/v1/sandboxes/\$SB
+
+Stop everything with: make down
+MSG
+}
+
+app_down() {
+  for name in watcher beat worker web; do
+    local pidfile="$RUN/$name.pid"
+    if [ -f "$pidfile" ]; then
+      local pid; pid="$(cat "$pidfile")"
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      rm -f "$pidfile"
+    fi
+  done
+}
+
+services_down() {
+  if [ -f "$RUN/redis.pid" ]; then kill "$(cat "$RUN/redis.pid")" 2>/dev/null || true; rm -f "$RUN/redis.pid"; fi
+  if [ -n "$PG_BIN" ] && [ -s "$STATE/postgres/PG_VERSION" ]; then
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$STATE/postgres" -m fast stop >/dev/null 2>&1 || true
+  fi
+}
+
+sandboxes_down() {
+  # Sandboxes run detached from the worker by design; `make down` removes them too.
+  "$PY" "$ROOT/manage.py" hedgerow_backend_cleanup >/dev/null 2>&1 || true
+}
+
+case "${1:-}" in
+  services) services_up ;;
+  up) services_up; build_frontend; app_up; demo ;;
+  down) sandboxes_down; app_down; services_down; log "stopped" ;;
+  app-down) app_down ;;
+  install) install_system; install_python; build_frontend ;;
+  *) echo "usage: $0 services|up|down|app-down|install" >&2; exit 2 ;;
+esac

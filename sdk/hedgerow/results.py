@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    total_bytes: int
+    sha256: str
+    truncated: bool
+    head: bytes
+    tail: bytes
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> StreamInfo:
+        if meta.get("encoding") == "base64":
+            head = base64.b64decode(meta.get("head", ""))
+            tail = base64.b64decode(meta.get("tail", ""))
+        else:
+            head = str(meta.get("head", "")).encode()
+            tail = str(meta.get("tail", "")).encode()
+        return cls(
+            total_bytes=int(meta.get("total_bytes", 0)),
+            sha256=str(meta.get("sha256", "")),
+            truncated=bool(meta.get("truncated", False)),
+            head=head,
+            tail=tail,
+        )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command ended, typed: exactly one of exit_code / signal / timed_out applies
+    (``termination`` says which: exited, signaled, timeout, output_limit, agent_error)."""
+
+    operation_id: str
+    status: str
+    termination: str
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_info: StreamInfo
+    stderr_info: StreamInfo
+    usage: dict[str, Any] = field(default_factory=dict)
+    children_remained: bool = False
+    generation: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def timed_out(self) -> bool:
+        return self.termination == "timeout"
+
+    @property
+    def ok(self) -> bool:
+        return self.termination == "exited" and self.exit_code == 0
+
+    @classmethod
+    def from_api(cls, body: dict[str, Any]) -> ExecResult:
+        output = body.get("output") or {}
+        return cls(
+            operation_id=str(body.get("id")),
+            status=str(body.get("status")),
+            termination=str(body.get("termination") or ""),
+            exit_code=body.get("exit_code"),
+            signal=body.get("signal"),
+            stdout=str(body.get("stdout", "")),
+            stderr=str(body.get("stderr", "")),
+            stdout_info=StreamInfo.from_meta(output.get("stdout") or {}),
+            stderr_info=StreamInfo.from_meta(output.get("stderr") or {}),
+            usage=dict(body.get("usage") or {}),
+            children_remained=bool(body.get("children_remained")),
+            generation=int(body.get("generation") or 0),
+            raw=body,
+        )
