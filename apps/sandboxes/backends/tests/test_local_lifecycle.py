@@ -195,11 +195,12 @@ def test_it_survives_the_death_of_the_provisioning_process(backend: LocalBackend
         print("provisioned", flush=True)
         time.sleep(60)
     """)
-    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    # the "worker" leads its own process group, like a Celery child killed by group
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
     try:
         assert worker.stdout is not None and worker.stdout.readline().strip() == "provisioned"
-        os.killpg(os.getpgid(worker.pid), 0)  # the worker's group exists…
-        worker.kill()
+        os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
         time.sleep(0.5)
         endpoint = backend.endpoint(spec.sandbox_id)
