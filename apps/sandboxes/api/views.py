@@ -147,9 +147,10 @@ class ExecView(APIView):
     )
     def post(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
+        # Look up first: another tenant's sandbox is a 404 whatever the body says.
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         serializer = ExecSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         data: dict[str, Any] = serializer.validated_data
         operation = operation_exec(
             principal=principal,
