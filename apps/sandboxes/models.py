@@ -161,3 +161,61 @@ class Operation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation_id} ({self.status})"
+
+
+class ReconcileRun(models.Model):
+    """One reconciler round: what the backend listed and what was done about it."""
+
+    started_at = models.DateTimeField(default=timezone.now, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    backend = models.CharField(max_length=32)
+    # A round is skipped when the inventory could not be listed completely (never act
+    # on a partial view) or another reconciler holds the lock.
+    skipped = models.BooleanField(default=False)
+    skip_reason = models.CharField(max_length=200, blank=True)
+    inventory_items = models.PositiveIntegerField(default=0)
+    actions = models.JSONField(default=dict, blank=True)  # reason -> count
+    details = models.JSONField(default=list, blank=True)  # [{sandbox_id, action, kinds}]
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"reconcile {self.started_at:%Y-%m-%d %H:%M:%S} {self.actions}"
+
+
+class AuditRun(models.Model):
+    """A stored reclaim-leak audit: the equation's terms for one period and slice."""
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    # Empty values mean "all"; the tenant is also a column so a tenant's history is a
+    # cheap indexed read for the dashboard.
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    image = models.CharField(max_length=200, blank=True)
+    node = models.CharField(max_length=128, blank=True)
+    backend = models.CharField(max_length=32, blank=True)
+    trigger = models.CharField(max_length=16, default="manual")  # scheduled | manual
+    created = models.PositiveIntegerField(default=0)
+    deleted = models.PositiveIntegerField(default=0)
+    reaped_ttl = models.PositiveIntegerField(default=0)
+    reaped_heartbeat = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    lost = models.PositiveIntegerField(default=0)
+    live = models.PositiveIntegerField(default=0)
+    leaked = models.PositiveIntegerField(default=0)
+    orphaned = models.PositiveIntegerField(default=0)
+    balanced = models.BooleanField(default=True)
+    ttl_share = models.FloatField(default=0.0)
+    reclaimed = models.PositiveIntegerField(default=0)
+    report = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "created_at"], name="auditrun_tenant_created")]
+
+    def __str__(self) -> str:
+        return f"audit {self.created_at:%Y-%m-%d %H:%M} leaked={self.leaked}"
