@@ -67,8 +67,11 @@ def _writable_dir(path: Path) -> bool:
 class CgroupDriver:
     """Finds, per controller, the parent directory sandboxes are created under."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, registry: Path | None = None) -> None:
         self.group = group  # "hedgerow-<instance>"
+        # Processes of one installation may sit in different cgroups (web, worker),
+        # so each group dir ever used is recorded here for listing and teardown.
+        self.registry = registry
         self.mode = "none"
         self.parents: dict[str, Path] = {}  # controller (or "unified") → group dir
         v1_mounts, v2_mount = _mounts()
@@ -91,7 +94,7 @@ class CgroupDriver:
     @classmethod
     def disabled(cls) -> CgroupDriver:
         driver = cls.__new__(cls)
-        driver.group, driver.mode, driver.parents = "", "none", {}
+        driver.group, driver.mode, driver.parents, driver.registry = "", "none", {}, None
         return driver
 
     def paths(self, sandbox_id: str) -> dict[str, Path]:
@@ -100,6 +103,7 @@ class CgroupDriver:
     def create(self, sandbox_id: str, limits: Limits) -> dict[str, Path]:
         """Create the sandbox's cgroups with limits; returns controller → dir."""
         created = self.paths(sandbox_id)
+        self._register()
         try:
             for controller, path in created.items():
                 path.parent.mkdir(exist_ok=True)
@@ -132,10 +136,30 @@ class CgroupDriver:
             _write(path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
             _write(path / "pids.max", str(limits.pids))
 
+    def _register(self) -> None:
+        if self.registry is None:
+            return
+        known = {str(p) for _, p in self.all_parents()}
+        new = sorted({str(p) for p in self.parents.values()} - known)
+        if new:
+            with open(self.registry, "a") as f:
+                f.write("".join(f"{p}\n" for p in new))
+
+    def all_parents(self) -> list[tuple[str, Path]]:
+        """This process's group dirs plus every one recorded by other processes."""
+        found = dict(self.parents)
+        if self.registry is not None and self.registry.exists():
+            for line in self.registry.read_text().splitlines():
+                path = Path(line.strip())
+                # only our own group dirs under a cgroup mount, whatever the file says
+                if path.name == self.group and str(path).startswith("/sys/fs/cgroup/"):
+                    found.setdefault(f"{path}", path)
+        return sorted(found.items())
+
     def listing(self) -> list[tuple[str, Path]]:
         """(controller, sandbox cgroup dir) for every sandbox cgroup of this instance."""
         found: list[tuple[str, Path]] = []
-        for controller, parent in self.parents.items():
+        for controller, parent in self.all_parents():
             try:
                 entries = sorted(p for p in parent.iterdir() if p.is_dir())
             except FileNotFoundError:
@@ -165,12 +189,14 @@ class CgroupDriver:
             time.sleep(0.05)
 
     def remove_group(self) -> None:
-        for parent in self.parents.values():
+        for _, parent in self.all_parents():
             with contextlib.suppress(FileNotFoundError):
                 for child in parent.iterdir():
                     if child.is_dir():
                         self.remove(child)
                 parent.rmdir()
+        if self.registry is not None:
+            self.registry.unlink(missing_ok=True)
 
 
 def _read(path: Path) -> str:
