@@ -12,6 +12,7 @@ from apps.billing.models import Tenant
 
 
 class State(models.TextChoices):
+    QUEUED = "queued"  # waiting in the admission queue; holds no resources, not billed
     REQUESTED = "requested"
     PROVISIONING = "provisioning"
     READY = "ready"
@@ -59,6 +60,9 @@ class Sandbox(models.Model):
     status_message = models.TextField(blank=True)
     created_by = models.CharField(max_length=128, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # When admission let it start (at create, or later out of the queue). Pending
+    # deadlines count from here, so time spent queued never fails a sandbox.
+    admitted_at = models.DateTimeField(null=True, blank=True)
     provisioning_started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
