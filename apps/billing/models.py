@@ -74,3 +74,161 @@ class ApiKey(models.Model):
     def is_active(self) -> bool:
         now = timezone.now()
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class TenantQuota(models.Model):
+    """A tenant's limits. One row per tenant; admission locks it (``select_for_update``) so
+    concurrent creates of one tenant are counted one at a time. Null means unlimited."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="quota")
+    max_concurrent_sandboxes = models.PositiveIntegerField(null=True, blank=True)
+    max_cpu_millis = models.PositiveIntegerField(
+        null=True, blank=True, help_text="total vCPU (millicores) of live sandboxes"
+    )
+    max_memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="total memory (MiB) of live sandboxes"
+    )
+    max_lifetime_s = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent_execs = models.PositiveIntegerField(null=True, blank=True)
+    exec_rate_per_s = models.FloatField(null=True, blank=True, help_text="token refill rate")
+    exec_burst = models.PositiveIntegerField(null=True, blank=True, help_text="bucket size")
+    max_upload_bytes = models.BigIntegerField(null=True, blank=True)
+    upload_bytes_per_day = models.BigIntegerField(null=True, blank=True)
+    max_pty_sessions = models.PositiveIntegerField(null=True, blank=True)
+    monthly_budget = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    queue_by_default = models.BooleanField(
+        default=False, help_text="creates over a limit wait in the admission queue"
+    )
+    max_queued = models.PositiveIntegerField(default=1000)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"quota of {self.tenant_id}"
+
+
+class ApiKeyLimits(models.Model):
+    """Optional per-key limits, tighter than the tenant's (e.g. one CI key that must not
+    take the whole team's concurrency)."""
+
+    api_key = models.OneToOneField(ApiKey, on_delete=models.CASCADE, related_name="limits")
+    max_concurrent_sandboxes = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent_execs = models.PositiveIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"limits of {self.api_key_id}"
+
+
+class CapacityType(models.TextChoices):
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+
+
+class PriceBook(models.Model):
+    """A versioned price list. The book in force at time t is the newest (highest
+    ``effective_from`` ≤ t) non-reference book; reference books are hosted list prices
+    used only for comparison."""
+
+    slug = models.SlugField(max_length=64)
+    name = models.CharField(max_length=200)
+    version = models.PositiveIntegerField(default=1)
+    is_reference = models.BooleanField(default=False)
+    effective_from = models.DateTimeField()
+    currency = models.CharField(max_length=3, default="USD")
+    notes = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["slug", "version"], name="uniq_pricebook_slug_version")
+        ]
+        ordering = ["slug", "-version"]
+
+    def __str__(self) -> str:
+        return f"{self.slug} v{self.version}"
+
+
+class PriceRate(models.Model):
+    """One row of a price book: per capacity type, money per vCPU-hour and GiB-hour and a
+    per-sandbox startup fee."""
+
+    price_book = models.ForeignKey(PriceBook, on_delete=models.CASCADE, related_name="rates")
+    capacity_type = models.CharField(
+        max_length=16, choices=CapacityType.choices, default=CapacityType.ON_DEMAND
+    )
+    vcpu_hour = models.DecimalField(max_digits=20, decimal_places=12)
+    gib_hour = models.DecimalField(max_digits=20, decimal_places=12)
+    startup_fee = models.DecimalField(max_digits=20, decimal_places=12, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["price_book", "capacity_type"], name="uniq_pricerate_book_capacity"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.price_book} {self.capacity_type}"
+
+
+class UsageRecord(models.Model):
+    """The usage ledger: one row per sandbox that held resources, written from the
+    lifecycle ledger (opened on → provisioning, closed on → deleted/failed/lost).
+
+    The price is captured when the record opens, so later price-book versions never
+    reprice past usage. Cost is linear in time, so the cost inside any window is
+    ``overlap_hours × hourly_rate`` (+ the startup fee if it started in the window).
+    """
+
+    sandbox = models.OneToOneField(
+        "sandboxes.Sandbox", on_delete=models.PROTECT, related_name="usage"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_records")
+    image = models.CharField(max_length=200)
+    backend = models.CharField(max_length=32)
+    node = models.CharField(max_length=128, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    capacity_type = models.CharField(
+        max_length=16, choices=CapacityType.choices, default=CapacityType.ON_DEMAND
+    )
+    cpu_millis = models.PositiveIntegerField()
+    memory_mib = models.PositiveIntegerField()
+    started_at = models.DateTimeField(db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    end_state = models.CharField(max_length=16, blank=True)
+    end_reason = models.CharField(max_length=64, blank=True)
+    price_book = models.ForeignKey(PriceBook, on_delete=models.PROTECT, related_name="+")
+    hourly_rate = models.DecimalField(max_digits=24, decimal_places=12)
+    startup_fee = models.DecimalField(max_digits=20, decimal_places=12)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "started_at"], name="usage_tenant_started")]
+
+    def __str__(self) -> str:
+        return f"usage of {self.sandbox_id}"
+
+
+class DailyUsage(models.Model):
+    """Roll-up per tenant and UTC day, sliced by ``dimension`` (``total``, ``image`` or
+    ``label``) and ``value`` (the image name or ``key=value``). Rebuilt idempotently."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_usage")
+    day = models.DateField()
+    dimension = models.CharField(max_length=16)
+    value = models.CharField(max_length=300, blank=True)
+    sandboxes = models.PositiveIntegerField(default=0)
+    sandbox_seconds = models.DecimalField(max_digits=20, decimal_places=3, default=0)
+    vcpu_seconds = models.DecimalField(max_digits=24, decimal_places=3, default=0)
+    gib_seconds = models.DecimalField(max_digits=24, decimal_places=3, default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    computed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "day", "dimension", "value"], name="uniq_dailyusage_slice"
+            )
+        ]
+        indexes = [models.Index(fields=["day"], name="dailyusage_day")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.day} {self.dimension}={self.value}"
