@@ -226,6 +226,10 @@ def run(
                         terminate("output_limit")
             if pidfd is None and status is None:
                 reap(os.WNOHANG)
+    except BaseException:
+        # Never leave a command running (and the reap below blocking) on an agent bug.
+        signal_session(pid, signal.SIGKILL)
+        raise
     finally:
         sel.close()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
