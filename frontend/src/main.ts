@@ -1,0 +1,114 @@
+// Every page: htmx (with CSRF), local times, copy buttons, confirmations, live tables.
+import "./styles.css";
+import htmx from "htmx.org";
+import { csrfToken } from "./api";
+import { hydrateTimes } from "./format";
+import { realtime } from "./realtime";
+
+declare global {
+  interface Window {
+    htmx: typeof htmx;
+  }
+}
+window.htmx = htmx;
+
+document.body.addEventListener("htmx:configRequest", (event) => {
+  const detail = (event as CustomEvent<{ headers: Record<string, string> }>).detail;
+  detail.headers["X-CSRFToken"] = csrfToken();
+});
+
+// Every swap brings new <time> elements and copy buttons into the page.
+document.body.addEventListener("htmx:afterSettle", (event) => {
+  hydrateTimes(event.target as ParentNode);
+});
+hydrateTimes();
+window.setInterval(() => hydrateTimes(), 15_000);
+
+async function copy(text: string): Promise<void> {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {
+    const area = document.createElement("textarea");
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    document.execCommand("copy");
+    area.remove();
+  }
+}
+
+document.addEventListener("click", (event) => {
+  const target = (event.target as Element).closest<HTMLElement>("[data-copy]");
+  if (!target) return;
+  event.preventDefault();
+  void copy(target.dataset.copy ?? "").then(() => {
+    target.classList.add("copied");
+    const label = target.getAttribute("aria-label");
+    target.setAttribute("aria-label", "Copied");
+    window.setTimeout(() => {
+      target.classList.remove("copied");
+      if (label) target.setAttribute("aria-label", label);
+    }, 1500);
+  });
+});
+
+// <form data-confirm="Delete sb-1?"> asks in an accessible <dialog> before submitting.
+const dialog = document.querySelector<HTMLDialogElement>("#confirm-dialog");
+document.addEventListener(
+  "submit",
+  (event) => {
+    const form = event.target as HTMLFormElement;
+    if (!form.dataset.confirm || !dialog || form.dataset.confirmed === "yes") return;
+    event.preventDefault();
+    event.stopImmediatePropagation();
+    dialog.querySelector(".confirm-message")!.textContent = form.dataset.confirm;
+    dialog.returnValue = "";
+    dialog.showModal();
+    dialog.addEventListener(
+      "close",
+      () => {
+        if (dialog.returnValue !== "confirm") return;
+        form.dataset.confirmed = "yes";
+        form.requestSubmit();
+        delete form.dataset.confirmed;
+      },
+      { once: true },
+    );
+  },
+  true,
+);
+
+// Live sandbox tables: re-read over htmx when any sandbox of the team changes state;
+// without a websocket (or while it reconnects), poll.
+const live = document.querySelectorAll<HTMLElement>("[data-live-sandboxes]");
+if (live.length) {
+  let pending: number | undefined;
+  const refresh = () => {
+    window.clearTimeout(pending);
+    pending = window.setTimeout(() => {
+      for (const el of live) htmx.trigger(el, "refresh");
+    }, 150);
+  };
+  const client = realtime();
+  let poll: number | undefined;
+  const startPolling = () => {
+    if (poll === undefined) poll = window.setInterval(refresh, 4000);
+  };
+  if (client) {
+    client.sandboxes((frame) => {
+      if (frame.type === "sandbox.state") refresh();
+    });
+    client.onStatus((connected) => {
+      document.body.classList.toggle("realtime-on", connected);
+      if (connected) {
+        window.clearInterval(poll);
+        poll = undefined;
+        refresh(); // state events are not replayed: re-read after (re)connecting
+      } else {
+        startPolling();
+      }
+    });
+  } else {
+    startPolling();
+  }
+}

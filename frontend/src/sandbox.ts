@@ -1,0 +1,137 @@
+// The sandbox detail page: live state, terminal, run-command box, file browser.
+import htmx from "htmx.org";
+import { csrfToken } from "./api";
+import { ExecBox } from "./exec";
+import { bytes } from "./format";
+import { realtime } from "./realtime";
+import { openTerminal, type TerminalHandle } from "./terminal";
+
+const page = document.querySelector<HTMLElement>("[data-sandbox-page]");
+if (page) setup(page);
+
+function setup(page: HTMLElement): void {
+  const sandboxId = page.dataset.sandboxId ?? "";
+  const client = realtime();
+  const refreshState = () => {
+    for (const el of document.querySelectorAll<HTMLElement>("[data-refresh-on-state]")) {
+      htmx.trigger(el, "refresh");
+    }
+  };
+  if (client) {
+    client.sandboxes((frame) => {
+      if (frame.type === "sandbox.state" && frame.sandbox_id === sandboxId) {
+        refreshState();
+        // A sandbox that just became ready gains its terminal/exec/files panels.
+        if (frame.state !== page.dataset.state && (frame.state === "ready" || page.dataset.state === "ready")) {
+          window.setTimeout(() => location.reload(), 300);
+        }
+      }
+    });
+  } else if (["requested", "provisioning", "terminating"].includes(page.dataset.state ?? "")) {
+    window.setInterval(refreshState, 4000);
+  }
+
+  setupTerminal(sandboxId);
+  setupExec(sandboxId, client);
+  setupUpload(sandboxId);
+}
+
+function setupTerminal(sandboxId: string): void {
+  const host = document.querySelector<HTMLElement>("#terminal");
+  const button = document.querySelector<HTMLButtonElement>("#terminal-toggle");
+  const status = document.querySelector<HTMLElement>("#terminal-status");
+  if (!host || !button || !status) return;
+  let handle: TerminalHandle | null = null;
+  button.addEventListener("click", () => {
+    if (handle) {
+      handle.close();
+      handle = null;
+      host.hidden = true;
+      button.textContent = "Open terminal";
+      status.textContent = "closed";
+      status.className = "badge badge-off";
+      return;
+    }
+    host.hidden = false;
+    button.textContent = "Close terminal";
+    handle = openTerminal(host, sandboxId, (text, kind) => {
+      status.textContent = text;
+      status.className = `badge badge-${kind}`;
+    });
+  });
+}
+
+function setupExec(sandboxId: string, client: ReturnType<typeof realtime>): void {
+  const form = document.querySelector<HTMLFormElement>("#exec-form");
+  const output = document.querySelector<HTMLElement>("#exec-output");
+  const status = document.querySelector<HTMLElement>("#exec-status");
+  if (!form || !output || !status) return;
+  const history = document.querySelector<HTMLElement>("#operations");
+  const box = new ExecBox(sandboxId, output, status, client, () => {
+    if (history) htmx.trigger(history, "refresh");
+    button.disabled = false;
+  });
+  const button = form.querySelector<HTMLButtonElement>("button[type=submit]")!;
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    const command = String(data.get("command") ?? "").trim();
+    if (!command) return;
+    const timeoutRaw = String(data.get("timeout") ?? "").trim();
+    button.disabled = true;
+    void box.run(command, timeoutRaw ? Number(timeoutRaw) : null).finally(() => {
+      if (status.classList.contains("badge-bad")) button.disabled = false;
+    });
+  });
+}
+
+function setupUpload(sandboxId: string): void {
+  const form = document.querySelector<HTMLFormElement>("#upload-form");
+  if (!form) return;
+  const input = form.querySelector<HTMLInputElement>("input[type=file]")!;
+  const progress = form.querySelector<HTMLProgressElement>("progress")!;
+  const message = form.querySelector<HTMLElement>(".upload-message")!;
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const file = input.files?.[0];
+    if (!file) {
+      message.textContent = "Choose a file first.";
+      return;
+    }
+    const dir = document.querySelector<HTMLElement>("[data-files-path]")?.dataset.filesPath ?? "/workspace";
+    const path = `${dir.replace(/\/$/, "")}/${file.name}`;
+    const xhr = new XMLHttpRequest();
+    xhr.open("PUT", `/api/v1/sandboxes/${encodeURIComponent(sandboxId)}/files?path=${encodeURIComponent(path)}`);
+    xhr.setRequestHeader("X-CSRFToken", csrfToken());
+    xhr.setRequestHeader("Content-Type", "application/octet-stream");
+    progress.hidden = false;
+    progress.value = 0;
+    message.textContent = `Uploading ${file.name}…`;
+    xhr.upload.addEventListener("progress", (e) => {
+      if (e.lengthComputable) progress.value = e.loaded / e.total;
+    });
+    xhr.addEventListener("load", () => {
+      if (xhr.status >= 200 && xhr.status < 300) {
+        progress.value = 1;
+        message.textContent = `Uploaded ${path} (${bytes(file.size)}).`;
+        form.reset();
+        const listing = document.querySelector<HTMLElement>("#files");
+        if (listing) htmx.trigger(listing, "refresh");
+      } else {
+        let text = `Upload failed (${xhr.status})`;
+        try {
+          text = (JSON.parse(xhr.responseText) as { error: { message: string } }).error.message;
+        } catch {
+          // keep the status line
+        }
+        message.textContent = text;
+      }
+      window.setTimeout(() => (progress.hidden = true), 1200);
+    });
+    xhr.addEventListener("error", () => {
+      message.textContent = "Upload failed: connection lost.";
+      progress.hidden = true;
+    });
+    xhr.send(file);
+  });
+}
