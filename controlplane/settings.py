@@ -197,3 +197,27 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": HEDGEROW_REAPER_INTERVAL_S,
     },
 }
+
+# --- Reconciliation, leak audit, metrics (operations) ---------------------------
+HEDGEROW_RECONCILE_INTERVAL_S = env_float("HEDGEROW_RECONCILE_INTERVAL_S", 30.0)
+HEDGEROW_AUDIT_INTERVAL_S = env_float("HEDGEROW_AUDIT_INTERVAL_S", 3600.0)
+HEDGEROW_AUDIT_PERIOD_S = env_float("HEDGEROW_AUDIT_PERIOD_S", 24 * 3600.0)
+# A TTL reap is a backstop: above this share of ended sandboxes the audit warns.
+HEDGEROW_AUDIT_TTL_WARN_SHARE = env_float("HEDGEROW_AUDIT_TTL_WARN_SHARE", 0.10)
+# Operations still `running` this long after the web process should have finished
+# them are asked for at the agent (recovered) or marked interrupted.
+HEDGEROW_OPERATION_RECOVERY_AFTER_S = env_float("HEDGEROW_OPERATION_RECOVERY_AFTER_S", 30.0)
+# Bearer token for Prometheus scrapes of /metrics (staff sessions work too); empty: staff only.
+HEDGEROW_METRICS_TOKEN = env_str("HEDGEROW_METRICS_TOKEN", "")
+CELERY_BEAT_SCHEDULE["reconcile-sandboxes"] = {
+    "task": "apps.sandboxes.tasks.reconcile_sandboxes",
+    "schedule": HEDGEROW_RECONCILE_INTERVAL_S,
+}
+CELERY_BEAT_SCHEDULE["audit-leaks"] = {
+    "task": "apps.sandboxes.tasks.audit_leaks",
+    "schedule": HEDGEROW_AUDIT_INTERVAL_S,
+}
+CELERY_BEAT_SCHEDULE["recover-operations"] = {
+    "task": "apps.sandboxes.tasks.recover_operations",
+    "schedule": HEDGEROW_OPERATION_RECOVERY_AFTER_S,
+}
