@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
-from apps.billing.models import ApiKey, Tenant
+from apps.billing.models import ApiKey, Membership, Tenant
 from controlplane.errors import NotFound
 
 
@@ -25,3 +26,29 @@ def _is_uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
+    return (
+        Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
+    )
+
+
+def membership_get(*, tenant: Tenant, membership_id: str) -> Membership:
+    membership = (
+        Membership.objects.filter(tenant=tenant, pk=int(membership_id)).first()
+        if membership_id.isdigit()
+        else None
+    )
+    if membership is None:
+        raise NotFound(f"no member {membership_id!r}", code="member_not_found")
+    return membership
+
+
+def teams_of_user(*, user: User) -> QuerySet[Membership]:
+    """The user's active teams, for the team switcher."""
+    return (
+        Membership.objects.filter(user=user, tenant__is_active=True)
+        .select_related("tenant")
+        .order_by("tenant__name")
+    )

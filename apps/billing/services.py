@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.billing.models import ApiKey, Membership, Role, Scope, Tenant
-from controlplane.errors import ValidationFailed
+from controlplane.errors import ApiError, Conflict, ValidationFailed
 
 KEY_PREFIX = "hr_"
 VALID_SCOPES = {s.value for s in Scope}
@@ -80,3 +80,48 @@ def membership_set_role(*, tenant: Tenant, user: User, role: str) -> Membership:
         tenant=tenant, user=user, defaults={"role": role}
     )
     return membership
+
+
+# --- Members (the dashboard's Members page) -------------------------------------------
+
+
+def membership_add(*, tenant: Tenant, username: str, role: str, by_role: str) -> Membership:
+    """Adds an existing user to the team. Only owners may make owners; a user who is
+    already a member is a 409 (change their role instead)."""
+    _check_role_change(role=role, by_role=by_role, previous=None)
+    user = User.objects.filter(username=username.strip(), is_active=True).first()
+    if user is None:
+        raise ValidationFailed(f"no user named {username.strip()!r}", field="username")
+    if Membership.objects.filter(tenant=tenant, user=user).exists():
+        raise Conflict(
+            f"{user.username} is already a member", field="username", code="member_exists"
+        )
+    return Membership.objects.create(tenant=tenant, user=user, role=role)
+
+
+def membership_change_role(*, membership: Membership, role: str, by_role: str) -> Membership:
+    """Changes a member's role. Transactional: the team always keeps at least one owner
+    (the row is locked so two concurrent demotions cannot both pass the check)."""
+    _check_role_change(role=role, by_role=by_role, previous=membership.role)
+    with transaction.atomic():
+        owners = list(
+            Membership.objects.select_for_update()
+            .filter(tenant_id=membership.tenant_id, role=Role.OWNER)
+            .values_list("pk", flat=True)
+        )
+        if role != Role.OWNER and owners == [membership.pk]:
+            raise ValidationFailed("a team needs at least one owner", field="role")
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+    membership.refresh_from_db()
+    return membership
+
+
+def _check_role_change(*, role: str, by_role: str, previous: str | None) -> None:
+    if role not in Role.values:
+        raise ValidationFailed(f"unknown role {role!r}", field="role")
+    if by_role not in (Role.OWNER, Role.ADMIN):
+        raise ApiError("only owners and admins manage members", code="forbidden", status_code=403)
+    if Role.OWNER in (role, previous) and by_role != Role.OWNER:
+        raise ApiError(
+            "only owners grant or remove the owner role", code="forbidden", status_code=403
+        )
