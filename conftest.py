@@ -27,7 +27,10 @@ def _stack_env(db_name: str) -> dict[str, str]:
     env = dict(os.environ)
     env["HEDGEROW_DB_NAME"] = db_name
     env["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
-    env.setdefault("HEDGEROW_INSTANCE", "test")
+    from django.conf import settings
+
+    # The stack must name resources exactly as this process does, or cleanup misses them.
+    env["HEDGEROW_INSTANCE"] = settings.HEDGEROW_INSTANCE
     return env
 
 
@@ -144,8 +147,10 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError("worker did not become ready:\n" + self.worker.tail())
 
-    def restart_worker(self) -> None:
+    def restart_worker(self, extra_env: dict[str, str] | None = None) -> None:
+        """Restarts the worker, optionally with extra environment (e.g. HEDGEROW_FAULTS)."""
         self.worker.stop()
+        self.worker.env = {**self.env, **(extra_env or {})}
         self.worker.log_path.write_text("")
         self.worker.start()
         self.wait_worker_ready()

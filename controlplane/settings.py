@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from controlplane.env import env_bool, env_float, env_int, env_list, env_str
@@ -16,7 +18,10 @@ CSRF_TRUSTED_ORIGINS = env_list("HEDGEROW_CSRF_TRUSTED_ORIGINS", [])
 
 # The installation's name: every backend resource and Redis key carries it so the
 # dev stack and concurrent test runs on one machine never touch each other's.
-HEDGEROW_INSTANCE = env_str("HEDGEROW_INSTANCE", "dev")
+# Under pytest the default is per process, so a test run can never touch the dev stack.
+HEDGEROW_INSTANCE = env_str(
+    "HEDGEROW_INSTANCE", f"pytest{os.getpid()}" if "pytest" in sys.modules else "dev"
+)
 
 INSTALLED_APPS = [
     "daphne" if env_bool("HEDGEROW_USE_DAPHNE", False) else "channels",
@@ -76,7 +81,7 @@ DATABASES = {
         "PORT": env_int("HEDGEROW_DB_PORT", 55432),
         "CONN_MAX_AGE": env_int("HEDGEROW_DB_CONN_MAX_AGE", 60),
         "CONN_HEALTH_CHECKS": True,
-        "TEST": {"NAME": env_str("HEDGEROW_TEST_DB_NAME", "test_hedgerow")},
+        "TEST": {"NAME": env_str("HEDGEROW_TEST_DB_NAME", f"test_hedgerow_{HEDGEROW_INSTANCE}")},
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

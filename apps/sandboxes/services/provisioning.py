@@ -12,6 +12,7 @@ from django.utils import timezone
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec
+from apps.sandboxes.faults import fault_point
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
 
@@ -76,6 +77,7 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
     spec = sandbox_spec(sandbox)
     try:
         endpoint = backend.provision(spec)
+        fault_point("provision.after_backend")
         wait_agent_healthy(endpoint, spec.agent_token, settings.HEDGEROW_READY_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - any failure must end in `failed`, not stuck
         log.warning("provision of %s failed: %s", sandbox.external_id, exc)
@@ -149,6 +151,23 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
 
     now = now or timezone.now()
     counts = {"ttl_expired": 0, "heartbeat_expired": 0, "pending_timeout": 0, "redestroy": 0}
+    # Pending first: a sandbox that never became ready failed to start; that is the
+    # truer reason even when its TTL has also run out.
+    pending_deadline = now - timedelta(seconds=settings.HEDGEROW_PENDING_TIMEOUT_S)
+    for sandbox in Sandbox.objects.filter(
+        state__in=(State.REQUESTED, State.PROVISIONING), created_at__lt=pending_deadline
+    ):
+        if sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.REQUESTED, State.PROVISIONING),
+            to_state=State.FAILED,
+            reason="pending_timeout",
+            actor="reaper",
+            message="not ready before the pending deadline",
+            terminated_at=now,
+        ):
+            destroy_sandbox.delay(str(sandbox.id))
+            counts["pending_timeout"] += 1
     expired = Sandbox.objects.filter(
         state__in=(State.READY, State.PROVISIONING, State.REQUESTED), expires_at__lt=now
     )
@@ -176,21 +195,6 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
         ):
             destroy_sandbox.delay(str(sandbox.id))
             counts["heartbeat_expired"] += 1
-    pending_deadline = now - timedelta(seconds=settings.HEDGEROW_PENDING_TIMEOUT_S)
-    for sandbox in Sandbox.objects.filter(
-        state__in=(State.REQUESTED, State.PROVISIONING), created_at__lt=pending_deadline
-    ):
-        if sandbox_transition(
-            sandbox=sandbox,
-            from_states=(State.REQUESTED, State.PROVISIONING),
-            to_state=State.FAILED,
-            reason="pending_timeout",
-            actor="reaper",
-            message="not ready before the pending deadline",
-            terminated_at=now,
-        ):
-            destroy_sandbox.delay(str(sandbox.id))
-            counts["pending_timeout"] += 1
     stuck = Sandbox.objects.filter(
         state=State.TERMINATING, updated_at__lt=now - timedelta(seconds=60)
     )
