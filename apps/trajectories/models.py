@@ -1,1 +1,221 @@
-# Episodes and steps arrive with the trajectories issue.
+"""Episodes (one rollout of one task), their steps, the sandboxes they used, and the
+audit trail of people relabeling their failure class.
+
+An episode is portable: every field a reader needs lives on the row or its steps,
+so an export is readable without the harness's prompt templates or this database's
+sandbox rows (those links are kept only as references).
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+from apps.billing.models import Tenant
+from apps.sandboxes.models import Operation, Sandbox
+
+
+class FailureClass(models.TextChoices):
+    STARTUP = "startup"  # a sandbox never became ready
+    ENVIRONMENT = "environment"  # sandbox lost, agent unreachable, infra error mid-episode
+    OBSERVATION = "observation"  # output truncated/lost before the model saw it
+    INFERENCE = "inference"  # the model endpoint failed (client-reported)
+    VERIFIER = "verifier"  # the verifier crashed or timed out
+    TASK = "task"  # all healthy, the verifier said no: the policy's failure
+    SUCCESS = "success"
+    UNDETERMINED = "undetermined"  # closed without any verdict (no verifier, no reward)
+
+
+# Episodes in these classes say nothing about the policy: η counts everything else.
+INVALID_CLASSES = frozenset(
+    {
+        FailureClass.STARTUP,
+        FailureClass.ENVIRONMENT,
+        FailureClass.VERIFIER,
+        FailureClass.OBSERVATION,
+    }
+)
+
+
+class EpisodeStatus(models.TextChoices):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class VerifierOutcome(models.TextChoices):
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"  # the verifier crashed
+    TIMEOUT = "timeout"
+
+
+TERMINATION_REASONS = (
+    "submitted",
+    "step_budget",
+    "wall_clock",
+    "token_budget",
+    "agent_gave_up",
+    "harness_crash",
+    "sandbox_lost",
+    "inference_error",
+    "verifier_error",
+    "cancelled",
+)
+
+
+class StepKind(models.TextChoices):
+    EXEC = "exec"  # a command in a sandbox (linked to its Operation)
+    MODEL = "model"  # a model call
+    TOOL = "tool"  # a tool call that is not an exec
+    VERIFIER = "verifier"  # the verifier's own command
+    OTHER = "other"
+
+
+class EpisodeQuerySet(models.QuerySet["Episode"]):
+    def for_tenant(self, tenant: Tenant | None) -> EpisodeQuerySet:
+        if tenant is None:
+            return self.none()
+        return self.filter(tenant=tenant)
+
+
+def new_episode_id() -> str:
+    return f"ep-{secrets.token_hex(8)}"
+
+
+def new_attempt_id() -> str:
+    return f"att-{secrets.token_hex(6)}"
+
+
+class Episode(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="episodes")
+    # The id clients see (kept across export/import, unique per tenant).
+    episode_id = models.CharField(max_length=64, default=new_episode_id)
+    status = models.CharField(
+        max_length=8, choices=EpisodeStatus.choices, default=EpisodeStatus.OPEN
+    )
+    task_id = models.CharField(max_length=200)
+    task_version = models.CharField(max_length=100, blank=True)
+    image = models.CharField(max_length=200, blank=True)
+    image_digest = models.CharField(max_length=100, blank=True)
+    initial_state = models.CharField(max_length=200, blank=True)  # id or hash
+    model = models.CharField(max_length=200, blank=True)
+    model_version = models.CharField(max_length=100, blank=True)
+    harness = models.CharField(max_length=200, blank=True)
+    harness_version = models.CharField(max_length=100, blank=True)
+    policy_version = models.CharField(max_length=200, blank=True)
+    attempt_id = models.CharField(max_length=100, default=new_attempt_id)
+    sampling = models.JSONField(default=dict, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(default=timezone.now, db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    termination_reason = models.CharField(max_length=32, blank=True)
+    reward = models.FloatField(null=True, blank=True)
+    reward_components = models.JSONField(default=dict, blank=True)
+    verifier_name = models.CharField(max_length=200, blank=True)
+    verifier_version = models.CharField(max_length=100, blank=True)
+    verifier_outcome = models.CharField(max_length=16, blank=True)
+    inference_error = models.JSONField(null=True, blank=True)  # client-reported
+    versions = models.JSONField(default=dict, blank=True)  # client, control_plane, agent
+    resources = models.JSONField(default=dict, blank=True)  # totals over steps
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    auto_failure_class = models.CharField(max_length=16, blank=True)
+    failure_class = models.CharField(max_length=16, blank=True, db_index=True)
+    failure_evidence = models.JSONField(default=list, blank=True)
+    imported = models.BooleanField(default=False)
+    created_by = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EpisodeQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "episode_id"], name="uniq_episode_tenant_episode_id"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "task_id"], name="episode_tenant_task"),
+            models.Index(fields=["tenant", "started_at"], name="episode_tenant_started"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.episode_id} ({self.task_id}, {self.failure_class or self.status})"
+
+    @property
+    def relabeled(self) -> bool:
+        return bool(self.failure_class) and self.failure_class != self.auto_failure_class
+
+    @property
+    def is_valid(self) -> bool:
+        return self.failure_class not in INVALID_CLASSES
+
+
+class EpisodeSandbox(models.Model):
+    """A sandbox generation an episode ran in. ``sandbox`` is empty for imported
+    episodes whose sandboxes live in another installation; the reference stays."""
+
+    episode = models.ForeignKey(Episode, on_delete=models.CASCADE, related_name="sandbox_links")
+    sandbox = models.ForeignKey(
+        Sandbox, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    sandbox_ref = models.CharField(max_length=63)
+    generation = models.PositiveIntegerField(null=True, blank=True)
+    attached_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["attached_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["episode", "sandbox_ref", "generation"], name="uniq_episode_sandbox_gen"
+            )
+        ]
+
+
+class Step(models.Model):
+    episode = models.ForeignKey(Episode, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=StepKind.choices, default=StepKind.EXEC)
+    action = models.JSONField(null=True, blank=True)  # raw, as the model produced it
+    request = models.JSONField(null=True, blank=True)  # normalized, as executed
+    observation = models.JSONField(default=dict, blank=True)  # as returned
+    shown = models.JSONField(null=True, blank=True)  # what the model saw, if different
+    diff = models.TextField(blank=True)
+    model_call = models.JSONField(default=dict, blank=True)  # tokens_in/out, latency_s…
+    sandbox_ref = models.CharField(max_length=63, blank=True)
+    generation = models.PositiveIntegerField(null=True, blank=True)
+    operation_id = models.CharField(max_length=128, blank=True)
+    operation_record = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    duration_s = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["index"]
+        constraints = [
+            models.UniqueConstraint(fields=["episode", "index"], name="uniq_step_episode_index")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.episode_id}#{self.index} ({self.kind})"
+
+
+class EpisodeRelabel(models.Model):
+    """Append-only: a person changed the failure class. The automatic label stays on
+    the episode (``auto_failure_class``)."""
+
+    episode = models.ForeignKey(Episode, on_delete=models.CASCADE, related_name="relabels")
+    from_class = models.CharField(max_length=16)
+    to_class = models.CharField(max_length=16)
+    reason = models.TextField()
+    actor = models.CharField(max_length=128)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["at", "id"]

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.sandboxes.api.serializers import SandboxEventSerializer
+from apps.trajectories.models import (
+    TERMINATION_REASONS,
+    Episode,
+    EpisodeRelabel,
+    FailureClass,
+    Step,
+    StepKind,
+    VerifierOutcome,
+)
+from apps.trajectories.services.episodes import EpisodeResult, StepInput
+
+
+class EpisodeOpenSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    episode_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,64}$", required=False)
+    task_id = serializers.CharField(max_length=200)
+    task_version = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    image = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    image_digest = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    initial_state = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    model = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    model_version = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    harness = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    harness_version = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    policy_version = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    attempt_id = serializers.CharField(max_length=100, required=False)
+    sampling = serializers.DictField(required=False)
+    labels = serializers.DictField(child=serializers.CharField(max_length=253), required=False)
+    versions = serializers.DictField(child=serializers.CharField(max_length=100), required=False)
+    sandbox_ids = serializers.ListField(
+        child=serializers.CharField(max_length=63), required=False, max_length=64
+    )
+    started_at = serializers.DateTimeField(required=False)
+
+    def episode_fields(self) -> dict[str, Any]:
+        skip = {"episode_id", "sandbox_ids", "started_at"}
+        return {k: v for k, v in self.validated_data.items() if k not in skip}
+
+
+class StepInputSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    kind = serializers.ChoiceField(choices=StepKind.choices, default=StepKind.EXEC)
+    index = serializers.IntegerField(min_value=0, required=False)
+    action = serializers.JSONField(required=False, allow_null=True)
+    request = serializers.JSONField(required=False, allow_null=True)
+    observation = serializers.DictField(required=False, allow_null=True)
+    shown = serializers.JSONField(required=False, allow_null=True)
+    diff = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    model_call = serializers.DictField(required=False)
+    sandbox_id = serializers.CharField(max_length=63, required=False, allow_blank=True)
+    operation_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    started_at = serializers.DateTimeField(required=False, allow_null=True)
+    ended_at = serializers.DateTimeField(required=False, allow_null=True)
+    duration_s = serializers.FloatField(required=False, allow_null=True, min_value=0)
+
+    def to_input(self, data: dict[str, Any]) -> StepInput:
+        return StepInput(**{k: v for k, v in data.items() if v is not None or k == "action"})
+
+
+class StepAppendSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    steps = StepInputSerializer(many=True, allow_empty=False)
+
+    def validate_steps(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(value) > 1000:
+            raise serializers.ValidationError("at most 1000 steps per call", code="too_many")
+        return value
+
+    def to_inputs(self) -> list[StepInput]:
+        item = StepInputSerializer()
+        return [item.to_input(data) for data in self.validated_data["steps"]]
+
+
+class EpisodeCloseSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    termination_reason = serializers.ChoiceField(
+        choices=[(r, r) for r in TERMINATION_REASONS], required=False, allow_blank=True
+    )
+    reward = serializers.FloatField(required=False, allow_null=True)
+    reward_components = serializers.DictField(required=False)
+    verifier_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    verifier_version = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    verifier_outcome = serializers.ChoiceField(
+        choices=VerifierOutcome.choices, required=False, allow_blank=True
+    )
+    inference_error = serializers.JSONField(required=False, allow_null=True)
+    ended_at = serializers.DateTimeField(required=False, allow_null=True)
+
+    def to_result(self) -> EpisodeResult:
+        return EpisodeResult(**{k: v for k, v in self.validated_data.items() if v is not None})
+
+
+class RelabelSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    failure_class = serializers.ChoiceField(choices=FailureClass.choices)
+    reason = serializers.CharField(max_length=10000)
+
+
+class RelabelRecordSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    class Meta:
+        model = EpisodeRelabel
+        fields = ["from_class", "to_class", "reason", "actor", "at"]
+
+
+class StepSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    sandbox_id = serializers.CharField(source="sandbox_ref")
+
+    class Meta:
+        model = Step
+        fields = [
+            "index",
+            "kind",
+            "action",
+            "request",
+            "observation",
+            "shown",
+            "diff",
+            "model_call",
+            "sandbox_id",
+            "generation",
+            "operation_id",
+            "started_at",
+            "ended_at",
+            "duration_s",
+        ]
+
+
+class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    id = serializers.CharField(source="episode_id")
+    valid = serializers.BooleanField(source="is_valid")
+    relabeled = serializers.SerializerMethodField()
+    sandboxes = serializers.SerializerMethodField()
+    cost = serializers.DecimalField(max_digits=14, decimal_places=6, coerce_to_string=True)
+
+    class Meta:
+        model = Episode
+        fields = [
+            "id",
+            "status",
+            "task_id",
+            "task_version",
+            "image",
+            "image_digest",
+            "initial_state",
+            "model",
+            "model_version",
+            "harness",
+            "harness_version",
+            "policy_version",
+            "attempt_id",
+            "sampling",
+            "labels",
+            "started_at",
+            "ended_at",
+            "termination_reason",
+            "reward",
+            "reward_components",
+            "verifier_name",
+            "verifier_version",
+            "verifier_outcome",
+            "inference_error",
+            "versions",
+            "resources",
+            "cost",
+            "failure_class",
+            "auto_failure_class",
+            "failure_evidence",
+            "valid",
+            "relabeled",
+            "imported",
+            "sandboxes",
+        ]
+
+    def get_relabeled(self, obj: Episode) -> bool:
+        return obj.relabels.exists()
+
+    def get_sandboxes(self, obj: Episode) -> list[dict[str, Any]]:
+        return [
+            {"sandbox_id": link.sandbox_ref, "generation": link.generation}
+            for link in obj.sandbox_links.all()
+        ]
+
+
+class TimelineItemSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    def to_representation(self, instance: dict[str, Any]) -> dict[str, Any]:
+        if instance["type"] == "step":
+            return {"type": "step", "at": instance["at"], **StepSerializer(instance["step"]).data}
+        return {
+            "type": "event",
+            "sandbox_id": instance["sandbox_id"],
+            **SandboxEventSerializer(instance["event"]).data,
+        }

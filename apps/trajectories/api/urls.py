@@ -1,0 +1,38 @@
+from django.urls import path
+
+from apps.trajectories.api import views
+
+urlpatterns = [
+    path("episodes", views.EpisodeListCreateView.as_view(), name="episode-list"),
+    path("episodes/stats", views.EpisodeStatsView.as_view(), name="episode-stats"),
+    path("episodes/export", views.EpisodeExportView.as_view(), name="episode-export"),
+    path("episodes/import", views.EpisodeImportView.as_view(), name="episode-import"),
+    path("episodes/compare", views.EpisodeCompareView.as_view(), name="episode-compare"),
+    path("episodes/<str:episode_id>", views.EpisodeDetailView.as_view(), name="episode-detail"),
+    path(
+        "episodes/<str:episode_id>/steps",
+        views.StepListAppendView.as_view(),
+        name="episode-steps",
+    ),
+    path(
+        "episodes/<str:episode_id>/sandboxes",
+        views.EpisodeSandboxView.as_view(),
+        name="episode-sandboxes",
+    ),
+    path("episodes/<str:episode_id>/close", views.EpisodeCloseView.as_view(), name="episode-close"),
+    path(
+        "episodes/<str:episode_id>/attribute",
+        views.EpisodeAttributeView.as_view(),
+        name="episode-attribute",
+    ),
+    path(
+        "episodes/<str:episode_id>/relabel",
+        views.EpisodeRelabelView.as_view(),
+        name="episode-relabel",
+    ),
+    path(
+        "episodes/<str:episode_id>/timeline",
+        views.EpisodeTimelineView.as_view(),
+        name="episode-timeline",
+    ),
+]

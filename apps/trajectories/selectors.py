@@ -1,0 +1,239 @@
+"""Tenant-scoped reads of episodes, their numbers (η, cost per valid episode, success
+raw and conditional, per-task success) and their timelines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from itertools import zip_longest
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils.dateparse import parse_datetime
+
+from apps.billing.models import Tenant
+from apps.sandboxes.models import SandboxEvent
+from apps.trajectories.models import (
+    INVALID_CLASSES,
+    Episode,
+    EpisodeStatus,
+    FailureClass,
+    Step,
+)
+from apps.trajectories.services.attribution import DETECTION_GRACE
+from controlplane.errors import Conflict, NotFound, ValidationFailed
+
+# Query parameter → model field, for exact-match filters (comma = any of).
+EXACT_FILTERS = {
+    "task": "task_id",
+    "task_version": "task_version",
+    "model": "model",
+    "harness": "harness",
+    "policy_version": "policy_version",
+    "status": "status",
+    "failure_class": "failure_class",
+    "auto_failure_class": "auto_failure_class",
+    "attempt": "attempt_id",
+}
+FILTER_PARAMS = (*EXACT_FILTERS, "since", "until", "label", "relabeled")
+
+
+def _when(value: str, name: str) -> datetime:
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise ValidationFailed(f"{name} must be an ISO 8601 time", field=name)
+    return parsed
+
+
+def episode_list(*, tenant: Tenant, filters: dict[str, str] | None = None) -> QuerySet[Episode]:
+    """Episodes of the tenant, newest first. ``label`` is ``key=value`` (or a bare key)
+    on the episode's labels; ``relabeled=true`` keeps episodes a person relabeled."""
+    qs = Episode.objects.for_tenant(tenant).order_by("-started_at", "-created_at")
+    for param, value in (filters or {}).items():
+        if not value:
+            continue
+        if param in EXACT_FILTERS:
+            qs = qs.filter(**{f"{EXACT_FILTERS[param]}__in": value.split(",")})
+        elif param == "since":
+            qs = qs.filter(started_at__gte=_when(value, param))
+        elif param == "until":
+            qs = qs.filter(started_at__lt=_when(value, param))
+        elif param == "label":
+            key, _, wanted = value.partition("=")
+            qs = (
+                qs.filter(**{f"labels__{key}": wanted})
+                if wanted
+                else qs.filter(labels__has_key=key)
+            )
+        elif param == "relabeled":
+            has = value.lower() in ("1", "true", "yes")
+            qs = qs.filter(relabels__isnull=not has).distinct()
+    return qs
+
+
+def episode_get(*, tenant: Tenant, episode_id: str) -> Episode:
+    episode = Episode.objects.for_tenant(tenant).filter(episode_id=episode_id).first()
+    if episode is None:
+        raise NotFound(f"no episode {episode_id!r}", code="episode_not_found")
+    return episode
+
+
+@dataclass
+class TaskSuccess:
+    task_id: str
+    rollouts: int
+    valid: int
+    successes: int
+
+    @property
+    def rate(self) -> float | None:
+        return self.successes / self.valid if self.valid else None
+
+
+@dataclass
+class EpisodeStats:
+    episodes: int  # closed episodes (N)
+    open_episodes: int
+    by_class: dict[str, int]
+    valid: int
+    eta: float | None  # valid / N
+    cost: Decimal
+    cost_per_valid: Decimal | None  # cost / (N·η)
+    successes: int
+    success_rate_raw: float | None  # successes / N
+    success_rate_valid: float | None  # successes / valid
+    tasks: int
+    tasks_with_valid: int
+    tasks_solved: int  # tasks with ≥ 1 successful rollout
+    task_success_rate: float | None  # tasks_solved / tasks_with_valid
+    mean_task_success: float | None  # mean over tasks of each task's valid success rate
+    per_task: list[TaskSuccess] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "episodes": self.episodes,
+            "open_episodes": self.open_episodes,
+            "by_class": self.by_class,
+            "valid": self.valid,
+            "eta": self.eta,
+            "cost": str(self.cost),
+            "cost_per_valid": None if self.cost_per_valid is None else str(self.cost_per_valid),
+            "successes": self.successes,
+            "success_rate_raw": self.success_rate_raw,
+            "success_rate_valid": self.success_rate_valid,
+            "tasks": self.tasks,
+            "tasks_with_valid": self.tasks_with_valid,
+            "tasks_solved": self.tasks_solved,
+            "task_success_rate": self.task_success_rate,
+            "mean_task_success": self.mean_task_success,
+            "per_task": [
+                {
+                    "task_id": t.task_id,
+                    "rollouts": t.rollouts,
+                    "valid": t.valid,
+                    "successes": t.successes,
+                    "success_rate": t.rate,
+                }
+                for t in self.per_task
+            ],
+        }
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def episode_stats(*, episodes: QuerySet[Episode]) -> EpisodeStats:
+    """The numbers over closed episodes, using each one's current (possibly relabeled)
+    class. Valid = not startup/environment/verifier/observation."""
+    open_count = episodes.filter(status=EpisodeStatus.OPEN).count()
+    closed = episodes.filter(status=EpisodeStatus.CLOSED).order_by()
+    by_class = {cls: 0 for cls in FailureClass.values}
+    for row in closed.values("failure_class").annotate(n=Count("pk")):
+        by_class[row["failure_class"] or FailureClass.UNDETERMINED] += int(row["n"])
+    n = sum(by_class.values())
+    valid = n - sum(by_class[cls] for cls in INVALID_CLASSES)
+    cost = closed.aggregate(c=Sum("cost"))["c"] or Decimal("0")
+    successes = by_class[FailureClass.SUCCESS]
+    invalid = list(INVALID_CLASSES)
+    per_task_rows = (
+        closed.values("task_id")
+        .annotate(
+            rollouts=Count("pk"),
+            valid=Count("pk", filter=~Q(failure_class__in=invalid)),
+            successes=Count("pk", filter=Q(failure_class=FailureClass.SUCCESS)),
+        )
+        .order_by("task_id")
+    )
+    per_task = [
+        TaskSuccess(r["task_id"], int(r["rollouts"]), int(r["valid"]), int(r["successes"]))
+        for r in per_task_rows
+    ]
+    with_valid = [t for t in per_task if t.valid]
+    solved = sum(1 for t in per_task if t.successes)
+    rates = [t.rate for t in with_valid if t.rate is not None]
+    return EpisodeStats(
+        episodes=n,
+        open_episodes=open_count,
+        by_class=by_class,
+        valid=valid,
+        eta=_ratio(valid, n),
+        cost=cost,
+        cost_per_valid=(cost / valid).quantize(Decimal("0.000001")) if valid else None,
+        successes=successes,
+        success_rate_raw=_ratio(successes, n),
+        success_rate_valid=_ratio(successes, valid),
+        tasks=len(per_task),
+        tasks_with_valid=len(with_valid),
+        tasks_solved=solved,
+        task_success_rate=_ratio(solved, len(with_valid)),
+        mean_task_success=sum(rates) / len(rates) if rates else None,
+        per_task=per_task,
+    )
+
+
+def episode_timeline(*, episode: Episode) -> list[dict[str, Any]]:
+    """Steps and the lifecycle events of the episode's sandboxes, in time order.
+    Events are those of the linked generations, from just before the episode started
+    until it ended (or now)."""
+    items: list[dict[str, Any]] = []
+    for step in episode.steps.all():
+        items.append({"type": "step", "at": step.started_at or step.created_at, "step": step})
+    for link in episode.sandbox_links.select_related("sandbox"):
+        if link.sandbox is None:
+            continue
+        events = SandboxEvent.objects.filter(sandbox=link.sandbox)
+        if link.generation is not None:
+            events = events.filter(generation__in=(0, link.generation))
+        if episode.ended_at is not None:
+            events = events.filter(at__lte=episode.ended_at + DETECTION_GRACE)
+        for event in events:
+            items.append(
+                {"type": "event", "at": event.at, "event": event, "sandbox_id": link.sandbox_ref}
+            )
+    items.sort(key=lambda item: (item["at"], 0 if item["type"] == "event" else 1))
+    return items
+
+
+def episode_relabels(*, episode: Episode) -> QuerySet[Any]:
+    return episode.relabels.all()
+
+
+def episode_compare(*, a: Episode, b: Episode) -> list[tuple[Step | None, Step | None]]:
+    """Steps of two episodes of the same task paired by index (409 for different tasks)."""
+    if a.task_id != b.task_id:
+        raise Conflict(
+            f"episodes are of different tasks ({a.task_id} vs {b.task_id})",
+            code="different_tasks",
+        )
+    return list(zip_longest(a.steps.all(), b.steps.all()))
+
+
+def task_ids(*, tenant: Tenant) -> list[str]:
+    return list(
+        Episode.objects.for_tenant(tenant)
+        .order_by("task_id")
+        .values_list("task_id", flat=True)
+        .distinct()
+    )

@@ -1,0 +1,1 @@
+"""Services: every write to episodes and steps."""

@@ -1,0 +1,392 @@
+"""Writes for episodes: open, attach sandboxes, append steps, close (attribute + cost),
+relabel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from apps.billing.models import Tenant
+from apps.sandboxes.models import Operation, Sandbox
+from apps.trajectories.cost import sandbox_window_cost
+from apps.trajectories.models import (
+    TERMINATION_REASONS,
+    Episode,
+    EpisodeRelabel,
+    EpisodeSandbox,
+    EpisodeStatus,
+    FailureClass,
+    Step,
+    StepKind,
+    VerifierOutcome,
+)
+from apps.trajectories.services.attribution import episode_attribution
+from controlplane.errors import Conflict, NotFound, ValidationFailed
+
+CONTROL_PLANE_VERSION = "hedgerow/1"
+EPISODE_FIELDS = (
+    "task_id",
+    "task_version",
+    "image",
+    "image_digest",
+    "initial_state",
+    "model",
+    "model_version",
+    "harness",
+    "harness_version",
+    "policy_version",
+    "attempt_id",
+    "sampling",
+    "labels",
+    "versions",
+)
+
+
+class EpisodeClosed(Conflict):
+    code = "episode_closed"
+
+
+@dataclass(frozen=True)
+class StepInput:
+    kind: str = StepKind.EXEC
+    index: int | None = None
+    action: Any = None
+    request: Any = None
+    observation: dict[str, Any] | None = None
+    shown: Any = None
+    diff: str = ""
+    model_call: dict[str, Any] = field(default_factory=dict)
+    sandbox_id: str = ""
+    operation_id: str = ""
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    termination_reason: str = ""
+    reward: float | None = None
+    reward_components: dict[str, Any] = field(default_factory=dict)
+    verifier_name: str = ""
+    verifier_version: str = ""
+    verifier_outcome: str = ""
+    inference_error: Any = None
+    ended_at: datetime | None = None
+
+
+def _sandbox_of(tenant: Tenant, sandbox_id: str) -> Sandbox:
+    sandbox = Sandbox.objects.for_tenant(tenant).filter(external_id=sandbox_id).first()
+    if sandbox is None:
+        raise NotFound(f"no sandbox {sandbox_id!r}", code="sandbox_not_found", field="sandbox_id")
+    return sandbox
+
+
+def episode_open(
+    *,
+    tenant: Tenant,
+    actor: str,
+    fields: dict[str, Any],
+    sandbox_ids: list[str],
+    episode_id: str | None = None,
+    started_at: datetime | None = None,
+) -> tuple[Episode, bool]:
+    """Records an ``open`` episode and attaches its sandboxes (current generations).
+
+    Idempotent by ``episode_id``: opening an existing id returns it (created=False)
+    when task and attempt match, else 409. Every sandbox must be the tenant's (404).
+    """
+    if not fields.get("task_id"):
+        raise ValidationFailed("task_id is required", field="task_id")
+    unknown = set(fields) - set(EPISODE_FIELDS)
+    if unknown:
+        raise ValidationFailed(f"unknown field(s) {sorted(unknown)}", field=sorted(unknown)[0])
+    sandboxes = [_sandbox_of(tenant, sid) for sid in sandbox_ids]
+    clean = {k: v for k, v in fields.items() if v is not None}
+    clean.setdefault("versions", {})
+    clean["versions"] = {**clean["versions"], "control_plane": CONTROL_PLANE_VERSION}
+    if episode_id:
+        existing = Episode.objects.for_tenant(tenant).filter(episode_id=episode_id).first()
+        if existing is not None:
+            return _replayed(existing, clean), False
+    try:
+        with transaction.atomic():
+            episode = Episode.objects.create(
+                tenant=tenant,
+                created_by=actor,
+                started_at=started_at or timezone.now(),
+                **({"episode_id": episode_id} if episode_id else {}),
+                **clean,
+            )
+            for sandbox in sandboxes:
+                episode_attach_sandbox(episode=episode, sandbox=sandbox)
+    except IntegrityError:
+        existing = Episode.objects.for_tenant(tenant).filter(episode_id=episode_id).first()
+        if existing is None:
+            raise
+        return _replayed(existing, clean), False
+    return episode, True
+
+
+def _replayed(existing: Episode, fields: dict[str, Any]) -> Episode:
+    for key in ("task_id", "attempt_id"):
+        if key in fields and fields[key] != getattr(existing, key):
+            raise Conflict(
+                f"episode {existing.episode_id} exists with a different {key}",
+                field=key,
+                code="episode_exists",
+            )
+    return existing
+
+
+def episode_attach_sandbox(
+    *, episode: Episode, sandbox: Sandbox, generation: int | None = None
+) -> EpisodeSandbox:
+    """Links a sandbox generation to the episode. Idempotent per (sandbox, generation).
+    A sandbox not yet provisioned (generation 0) is linked without a generation so the
+    ledger of the generation it gets is used."""
+    gen = generation if generation is not None else (sandbox.generation or None)
+    if gen is not None:
+        # The generation became known (first exec after provisioning): fill it in.
+        EpisodeSandbox.objects.filter(
+            episode=episode, sandbox=sandbox, generation__isnull=True
+        ).update(generation=gen)
+    link, _ = EpisodeSandbox.objects.get_or_create(
+        episode=episode,
+        sandbox_ref=sandbox.external_id,
+        generation=gen,
+        defaults={"sandbox": sandbox},
+    )
+    return link
+
+
+def _observation_of(op: Operation) -> dict[str, Any]:
+    return {
+        "status": op.status,
+        "termination": op.termination,
+        "exit_code": op.exit_code,
+        "signal": op.signal,
+        "stdout": op.stdout,
+        "stderr": op.stderr,
+        "usage": op.usage,
+        "children_remained": op.children_remained,
+        "error": op.error,
+    }
+
+
+def step_append(*, episode: Episode, steps: list[StepInput]) -> list[Step]:
+    """Appends steps in order to an open episode (409 ``episode_closed`` otherwise).
+
+    An exec step names its ``sandbox_id`` and ``operation_id``: the control plane's
+    Operation row is linked and its result becomes the observation (what the client
+    sends for those fields is ignored), and the sandbox is attached if it was not.
+    Missing indexes continue from the last step. Replaying a step with the same index
+    and operation id returns the stored one; a different step at a taken index is 409.
+    """
+    with transaction.atomic():
+        locked = Episode.objects.select_for_update().get(pk=episode.pk)
+        if locked.status != EpisodeStatus.OPEN:
+            raise EpisodeClosed(f"episode {locked.episode_id} is closed")
+        last = locked.steps.aggregate(m=Max("index"))["m"]
+        next_index = 0 if last is None else last + 1
+        stored: list[Step] = []
+        for item in steps:
+            index = item.index if item.index is not None else next_index
+            existing = locked.steps.filter(index=index).first()
+            if existing is not None:
+                if existing.operation_id == item.operation_id and existing.kind == item.kind:
+                    stored.append(existing)
+                    continue
+                raise Conflict(f"step {index} already exists", field="index", code="step_exists")
+            stored.append(_step_create(locked, index, item))
+            next_index = max(next_index, index + 1)
+    return stored
+
+
+def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
+    if item.kind not in StepKind.values:
+        raise ValidationFailed(f"unknown step kind {item.kind!r}", field="kind")
+    step = Step(
+        episode=episode,
+        index=index,
+        kind=item.kind,
+        action=item.action,
+        request=item.request,
+        observation=item.observation or {},
+        shown=item.shown,
+        diff=item.diff,
+        model_call=item.model_call,
+        operation_id=item.operation_id,
+        started_at=item.started_at,
+        ended_at=item.ended_at,
+        duration_s=item.duration_s,
+    )
+    if item.sandbox_id:
+        sandbox = _sandbox_of(episode.tenant, item.sandbox_id)
+        step.sandbox_ref = sandbox.external_id
+        if item.operation_id:
+            op = Operation.objects.filter(sandbox=sandbox, operation_id=item.operation_id).first()
+            if op is None:
+                raise NotFound(
+                    f"no operation {item.operation_id!r} in sandbox {sandbox.external_id}",
+                    code="operation_not_found",
+                    field="operation_id",
+                )
+            step.operation_record = op
+            step.generation = op.generation
+            step.observation = _observation_of(op)
+            step.request = item.request if item.request is not None else op.request
+            step.started_at = op.created_at
+            step.ended_at = op.finished_at
+            wall = (op.usage or {}).get("wall_s")
+            step.duration_s = float(wall) if wall is not None else None
+        episode_attach_sandbox(
+            episode=episode,
+            sandbox=sandbox,
+            generation=step.generation if step.generation is not None else None,
+        )
+    elif item.operation_id:
+        raise ValidationFailed("operation_id needs sandbox_id", field="sandbox_id")
+    step.save()
+    return step
+
+
+def _resources(episode: Episode) -> dict[str, Any]:
+    totals: dict[str, Any] = {
+        "steps": 0,
+        "exec_steps": 0,
+        "wall_s": 0.0,
+        "cpu_s": 0.0,
+        "max_rss_kb": 0,
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "stdout_bytes": 0,
+        "stderr_bytes": 0,
+    }
+    for step in episode.steps.all():
+        totals["steps"] += 1
+        usage = (step.observation or {}).get("usage") or {}
+        if step.operation_id:
+            totals["exec_steps"] += 1
+        totals["wall_s"] += float(usage.get("wall_s") or step.duration_s or 0.0)
+        totals["cpu_s"] += float(usage.get("user_cpu_s") or 0) + float(usage.get("sys_cpu_s") or 0)
+        totals["max_rss_kb"] = max(totals["max_rss_kb"], int(usage.get("max_rss_kb") or 0))
+        for key in ("tokens_in", "tokens_out"):
+            totals[key] += int((step.model_call or {}).get(key) or 0)
+        for name in ("stdout", "stderr"):
+            totals[f"{name}_bytes"] += int(
+                ((step.observation or {}).get(name) or {}).get("total_bytes") or 0
+            )
+    totals["wall_s"] = round(totals["wall_s"], 6)
+    totals["cpu_s"] = round(totals["cpu_s"], 6)
+    return totals
+
+
+def _episode_cost(episode: Episode) -> Decimal:
+    end = episode.ended_at or timezone.now()
+    total = Decimal("0")
+    sandboxes = {
+        link.sandbox.pk: link.sandbox
+        for link in episode.sandbox_links.select_related("sandbox")
+        if link.sandbox is not None
+    }
+    for sandbox in sandboxes.values():
+        total += sandbox_window_cost(sandbox=sandbox, start=episode.started_at, end=end)
+    return total
+
+
+def _validate_result(result: EpisodeResult) -> None:
+    if result.termination_reason and result.termination_reason not in TERMINATION_REASONS:
+        raise ValidationFailed(
+            f"unknown termination_reason {result.termination_reason!r}; "
+            f"one of {', '.join(TERMINATION_REASONS)}",
+            field="termination_reason",
+        )
+    if result.verifier_outcome and result.verifier_outcome not in VerifierOutcome.values:
+        raise ValidationFailed(
+            f"verifier outcome is one of {', '.join(VerifierOutcome.values)}",
+            field="verifier_outcome",
+        )
+
+
+def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
+    """Closes an open episode (CAS open → closed), stores the outcome, resource
+    totals and cost, and applies the decision procedure. Idempotent: closing a
+    closed episode returns it unchanged."""
+    _validate_result(result)
+    now = timezone.now()
+    with transaction.atomic():
+        changed = Episode.objects.filter(pk=episode.pk, status=EpisodeStatus.OPEN).update(
+            status=EpisodeStatus.CLOSED,
+            ended_at=result.ended_at or now,
+            termination_reason=result.termination_reason,
+            reward=result.reward,
+            reward_components=result.reward_components,
+            verifier_name=result.verifier_name,
+            verifier_version=result.verifier_version,
+            verifier_outcome=result.verifier_outcome,
+            inference_error=result.inference_error,
+        )
+        episode.refresh_from_db()
+        if changed != 1:
+            return episode
+        episode_attribute(episode=episode)
+    return episode
+
+
+def episode_attribute(*, episode: Episode) -> Episode:
+    """(Re)applies the decision procedure and recomputes resources and cost of a closed
+    episode. A person's label is never overwritten: only ``auto_failure_class``
+    changes under it. Imported episodes keep what they came with."""
+    if episode.status != EpisodeStatus.CLOSED or episode.imported:
+        return episode
+    verdict = episode_attribution(episode=episode)
+    relabeled = episode.relabels.exists()
+    episode.auto_failure_class = verdict.failure_class
+    if not relabeled:
+        episode.failure_class = verdict.failure_class
+    episode.failure_evidence = verdict.as_evidence()
+    episode.resources = _resources(episode)
+    episode.cost = _episode_cost(episode)
+    episode.save(
+        update_fields=[
+            "auto_failure_class",
+            "failure_class",
+            "failure_evidence",
+            "resources",
+            "cost",
+        ]
+    )
+    return episode
+
+
+def episode_relabel(*, episode: Episode, failure_class: str, reason: str, actor: str) -> Episode:
+    """A person sets the failure class of a closed episode. Appends to the audit trail
+    (from, to, reason, who, when); the automatic label is kept."""
+    if failure_class not in FailureClass.values:
+        raise ValidationFailed(
+            f"failure_class is one of {', '.join(FailureClass.values)}", field="failure_class"
+        )
+    if not reason.strip():
+        raise ValidationFailed("a relabel needs a reason", field="reason")
+    with transaction.atomic():
+        locked = Episode.objects.select_for_update().get(pk=episode.pk)
+        if locked.status != EpisodeStatus.CLOSED:
+            raise Conflict("only a closed episode can be relabeled", code="episode_open")
+        EpisodeRelabel.objects.create(
+            episode=locked,
+            from_class=locked.failure_class,
+            to_class=failure_class,
+            reason=reason.strip(),
+            actor=actor,
+        )
+        locked.failure_class = failure_class
+        locked.save(update_fields=["failure_class"])
+    episode.refresh_from_db()
+    return episode
