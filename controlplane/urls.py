@@ -3,6 +3,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.sandboxes.views_reports import metrics
+
 
 def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
@@ -10,9 +12,12 @@ def health(request: HttpRequest) -> JsonResponse:
 
 urlpatterns = [
     path("healthz", health, name="healthz"),
+    path("metrics", metrics, name="metrics"),
+    path("reports/", include("apps.sandboxes.urls_reports")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("apps.sandboxes.api.urls")),
     path("api/v1/", include("apps.billing.api.urls")),
+    path("api/v1/", include("apps.trajectories.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("frontend.urls")),
