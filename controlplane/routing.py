@@ -1,7 +1,19 @@
-"""Websocket routes (exec streams, PTY); filled by the data-path work."""
+"""Websocket routes (docs/realtime.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import path
+
+from apps.sandboxes.consumers.operations import OperationStreamConsumer, RealtimeConsumer
+from apps.sandboxes.consumers.pty import PtyConsumer
+
+websocket_urlpatterns: list[Any] = [
+    path("ws/realtime", RealtimeConsumer.as_asgi()),
+    path(
+        "ws/v1/sandboxes/<str:sandbox_id>/operations/<str:operation_id>/stream",
+        OperationStreamConsumer.as_asgi(),
+    ),
+    path("ws/v1/sandboxes/<str:sandbox_id>/pty", PtyConsumer.as_asgi()),
+]

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.billing.permissions import principal_of
+from apps.billing.principal import Principal
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.api.serializers import (
@@ -19,9 +20,10 @@ from apps.sandboxes.api.serializers import (
     SandboxEventSerializer,
     SandboxSerializer,
 )
-from apps.sandboxes.models import State
+from apps.sandboxes.models import OperationStatus, Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
 from apps.sandboxes.services.operations import operation_exec
+from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
 from apps.sandboxes.services.waiting import sandbox_wait_settled
 from controlplane.errors import ApiError
 
@@ -102,7 +104,7 @@ class SandboxWaitView(APIView):
         sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=timeout)
         if sandbox.state == State.READY:
             return Response(SandboxSerializer(sandbox).data)
-        if sandbox.state in (State.REQUESTED, State.PROVISIONING):
+        if sandbox.state in (State.QUEUED, State.REQUESTED, State.PROVISIONING):
             raise ApiError(
                 f"sandbox not ready after {timeout:g}s (still {sandbox.state})",
                 code="wait_timeout",
@@ -140,10 +142,12 @@ class SandboxEventsView(APIView):
 class ExecView(APIView):
     @extend_schema(
         request=ExecSerializer,
-        responses={200: OperationSerializer, **ERROR_RESPONSES},
+        responses={200: OperationSerializer, 202: OperationSerializer, **ERROR_RESPONSES},
         description="Runs a command and returns its operation record with a typed end "
         "(`termination`: exited/signaled/timeout/output_limit/agent_error). Send an "
-        "`operation_id` to make retries safe: a replay returns the stored result.",
+        "`operation_id` to make retries safe: a replay returns the stored result. With "
+        "`stream: true` it answers 202 at once with the running record and `stream_url`, "
+        "the websocket that streams its output (docs/realtime.md).",
     )
     def post(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
@@ -152,6 +156,8 @@ class ExecView(APIView):
         serializer = ExecSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data: dict[str, Any] = serializer.validated_data
+        if data.get("stream"):
+            return _exec_streamed(request, principal, sandbox, serializer)
         operation = operation_exec(
             principal=principal,
             sandbox=sandbox,
@@ -160,6 +166,26 @@ class ExecView(APIView):
             expected_generation=data.get("generation"),
         )
         return Response(OperationSerializer(operation).data)
+
+
+def _exec_streamed(
+    request: Request, principal: Principal, sandbox: Sandbox, serializer: ExecSerializer
+) -> Response:
+    """202 with the running record and the websocket path; 200 for a finished replay."""
+    data: dict[str, Any] = serializer.validated_data
+    operation, _started = operation_exec_stream(
+        principal=principal,
+        sandbox=sandbox,
+        request=serializer.to_request(),
+        operation_id=data.get("operation_id"),
+        expected_generation=data.get("generation"),
+    )
+    body = dict(OperationSerializer(operation).data)
+    body["stream_url"] = (
+        f"/ws/v1/sandboxes/{sandbox.external_id}/operations/{operation.operation_id}/stream"
+    )
+    running = operation.status == OperationStatus.RUNNING
+    return Response(body, status=status.HTTP_202_ACCEPTED if running else status.HTTP_200_OK)
 
 
 class OperationListView(APIView):
@@ -183,4 +209,7 @@ class OperationDetailView(APIView):
         operation = selectors.operation_get(
             tenant=principal.tenant, sandbox=sandbox, operation_id=operation_id
         )
+        if operation.status == OperationStatus.RUNNING:
+            # A relay that died must not leave the record running forever.
+            operation = operation_recover(operation=operation)
         return Response(OperationSerializer(operation).data)

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
+from apps.billing.limits import exec_admit_operation
 from apps.billing.principal import Principal
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
@@ -207,6 +208,16 @@ def operation_exec(
             code="stale_generation",
             message="the sandbox was re-provisioned while this operation ran",
         )
+    from apps.sandboxes.services.streaming import pumps  # imports this module
+
+    # Advertised like a stream's pump so recovery (operation_recover) leaves a
+    # command that this request is still waiting for alone.
+    pk = str(operation.pk)
+    pumps.claim(pk)
+    # Quotas (billing): concurrent execs, per-key concurrency and the exec rate; 429s.
+    lease = exec_admit_operation(
+        principal=principal, operation=operation, is_new=is_new, timeout_s=_agent_timeout(request)
+    )
     agent = agent_for(sandbox)
     try:
         result = agent.exec(
@@ -222,4 +233,8 @@ def operation_exec(
             f"the sandbox's agent did not answer: {exc}",
             extra={"operation_id": operation.operation_id},
         ) from exc
+    finally:
+        lease.release()
+        # The key expires on its own; deleting it would cost the hot path a round trip.
+        pumps.release(pk, delete=False)
     return operation_record_result(operation=operation, result=result)

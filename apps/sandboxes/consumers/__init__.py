@@ -1,0 +1,1 @@
+"""Websocket consumers: realtime state, exec streams, PTY (see docs/realtime.md)."""

@@ -1,0 +1,350 @@
+"""Streamed exec: the web process pumps the agent's NDJSON frames into a bounded
+replay buffer (a Redis stream per operation) and a Channels group per operation.
+
+Why a Redis stream *and* a group: the stream is the source of truth that late or
+reconnecting subscribers replay from (entry id ``0-<seq+1>``, so ranges by seq are
+exact), while the group wakes live subscribers without polling. channels_redis may
+drop group messages when a subscriber's channel is full, so subscribers detect a
+jump in ``seq`` and fill it from the stream: nothing is lost or sent twice.
+
+A pump advertises itself with an expiring Redis key (refreshed by one heartbeat
+thread per process). When no pump is alive for a ``running`` operation, the
+operation is recovered from the agent by operation id (``operation_recover``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from apps.billing.principal import Principal
+from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable
+from apps.sandboxes.events import redis_client
+from apps.sandboxes.models import Operation, OperationStatus, State
+from apps.sandboxes.services.operations import (
+    ExecRequest,
+    _agent_timeout,
+    agent_for,
+    ensure_ready,
+    operation_record_failure,
+    operation_record_result,
+    operation_start,
+)
+
+log = logging.getLogger(__name__)
+
+PUMP_TTL_S = 15
+HEARTBEAT_INTERVAL_S = 5.0
+RUNNING_BUFFER_TTL_S = 24 * 3600
+REATTACH_ATTEMPTS = 3
+
+
+def frames_key(operation_pk: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}opstream:{operation_pk}"
+
+
+def pump_key(operation_pk: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}oppump:{operation_pk}"
+
+
+def operation_group(operation_pk: str) -> str:
+    return f"op.{uuid.UUID(str(operation_pk)).hex}"
+
+
+def client_frame(agent_frame: dict[str, Any]) -> dict[str, Any]:
+    """Agent NDJSON frame → the websocket frame shape (without ids, added per subscriber)."""
+    kind = agent_frame.get("type")
+    frame: dict[str, Any] = {"type": f"exec.{kind}", "seq": int(agent_frame["seq"])}
+    if kind in ("stdout", "stderr"):
+        frame["data"] = agent_frame.get("data", "")
+    elif kind == "start":
+        frame["pid"] = agent_frame.get("pid")
+    return frame
+
+
+# -- pump liveness --------------------------------------------------------------
+class _PumpRegistry:
+    """The pumps this process runs; one daemon thread keeps their Redis keys alive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[str, str] = {}
+        self._thread: threading.Thread | None = None
+        self.owner = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    def claim(self, operation_pk: str) -> bool:
+        """Takes the pump role for an operation; False when another pump holds it."""
+        key = pump_key(operation_pk)
+        if not redis_client().set(key, self.owner, nx=True, ex=PUMP_TTL_S):
+            return False
+        with self._lock:
+            self._keys[key] = self.owner
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._beat, name="hedgerow-pump-heartbeat", daemon=True
+                )
+                self._thread.start()
+        return True
+
+    def release(self, operation_pk: str, *, delete: bool = True) -> None:
+        key = pump_key(operation_pk)
+        with self._lock:
+            self._keys.pop(key, None)
+        if delete:
+            try:
+                client = redis_client()
+                if client.get(key) == self.owner.encode():
+                    client.delete(key)
+            except redis.RedisError:
+                log.warning("could not release pump key", extra={"key": key})
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_INTERVAL_S)
+            with self._lock:
+                keys = list(self._keys)
+            if not keys:
+                continue
+            try:
+                pipe = redis_client().pipeline(transaction=False)
+                for key in keys:
+                    pipe.set(key, self.owner, xx=True, ex=PUMP_TTL_S)
+                pipe.execute()
+            except redis.RedisError:
+                log.warning("pump heartbeat failed")
+
+
+pumps = _PumpRegistry()
+
+
+def pump_alive(operation_pk: str) -> bool:
+    return bool(redis_client().exists(pump_key(operation_pk)))
+
+
+# -- the replay buffer ----------------------------------------------------------
+def buffer_append(*, operation_pk: str, frame: dict[str, Any]) -> None:
+    """Appends a frame (ids are ``0-<seq+1>``, so duplicates are refused by Redis) and
+    wakes the operation's group. Bounded: at most HEDGEROW_STREAM_REPLAY_FRAMES kept."""
+    data = json.dumps(frame, separators=(",", ":"))
+    key = frames_key(operation_pk)
+    pipe = redis_client().pipeline(transaction=False)
+    pipe.xadd(
+        key,
+        {"f": data},
+        id=f"0-{frame['seq'] + 1}",
+        maxlen=settings.HEDGEROW_STREAM_REPLAY_FRAMES,
+        approximate=True,
+    )
+    ttl = settings.HEDGEROW_STREAM_REPLAY_TTL_S if frame["type"] == "exec.exit" else None
+    pipe.expire(key, ttl or RUNNING_BUFFER_TTL_S)
+    try:
+        pipe.execute()
+    except redis.ResponseError:
+        return  # an id at or below the top: this frame is already stored
+    layer = get_channel_layer()
+    if layer is not None:
+        try:
+            async_to_sync(layer.group_send)(
+                operation_group(operation_pk),
+                {"type": "exec.frame", "op": operation_pk, "frame": data},
+            )
+        except Exception:  # noqa: BLE001 - subscribers fill gaps from the stream
+            log.warning("could not fan out exec frame", extra={"operation": operation_pk})
+
+
+def buffer_last_seq(operation_pk: str) -> int:
+    """The highest stored seq, or -1."""
+    entries: Any = redis_client().xrevrange(frames_key(operation_pk), count=1)
+    if not entries:
+        return -1
+    return int(entries[0][0].decode().split("-")[1]) - 1
+
+
+def _push_exit(operation_pk: str) -> None:
+    seq = buffer_last_seq(operation_pk) + 1
+    buffer_append(operation_pk=operation_pk, frame={"type": "exec.exit", "seq": seq})
+
+
+# -- starting and pumping -------------------------------------------------------
+@dataclass(frozen=True)
+class _PumpJob:
+    operation_pk: str
+    agent: AgentClient
+    body: dict[str, Any]
+    timeout: float
+
+
+def operation_exec_stream(
+    *,
+    principal: Principal,
+    sandbox: Any,
+    request: ExecRequest,
+    operation_id: str | None = None,
+    expected_generation: int | None = None,
+) -> tuple[Operation, bool]:
+    """Starts a streamed command and returns at once: (operation, started).
+
+    A new operation is recorded ``running`` and a pump thread in this process relays
+    its frames (after commit). A replayed id never runs again: a finished one is
+    returned as is, a running one is recovered if its pump died. Raises like
+    ``operation_exec`` for a sandbox that is not ready or a conflicting replay.
+    """
+    ensure_ready(sandbox, expected_generation)
+    operation, is_new = operation_start(
+        principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
+    )
+    if not is_new:
+        if operation.status == OperationStatus.RUNNING:
+            operation = operation_recover(operation=operation)
+        return operation, False
+    pk = str(operation.pk)
+    pumps.claim(pk)
+    job = _PumpJob(
+        operation_pk=pk,
+        agent=agent_for(sandbox),
+        body=request.agent_body(operation.operation_id),
+        timeout=_agent_timeout(request),
+    )
+    transaction.on_commit(lambda: _start_pump(job))
+    return operation, True
+
+
+def _start_pump(job: _PumpJob) -> None:
+    threading.Thread(
+        target=_pump, args=(job,), name=f"hedgerow-pump-{job.operation_pk[:8]}", daemon=True
+    ).start()
+
+
+def _pump(job: _PumpJob) -> None:
+    try:
+        _pump_frames(job)
+    except Exception:
+        log.exception("exec pump crashed", extra={"operation": job.operation_pk})
+        _finish_failed(job.operation_pk, "internal_error", "the stream relay failed")
+    finally:
+        pumps.release(job.operation_pk)
+        close_old_connections()
+
+
+def _pump_frames(job: _PumpJob) -> None:
+    last = buffer_last_seq(job.operation_pk)
+    for attempt in range(REATTACH_ATTEMPTS):
+        try:
+            # A replayed operation id attaches to the running command and streams it
+            # from frame 0, so a re-attach re-sends what we have: skip by seq.
+            for agent_frame in _frames(job):
+                seq = int(agent_frame["seq"])
+                if seq <= last:
+                    continue
+                if agent_frame.get("type") == "exit":
+                    _finish_with_result(job.operation_pk, agent_frame.get("result") or {}, seq)
+                    return
+                buffer_append(operation_pk=job.operation_pk, frame=client_frame(agent_frame))
+                last = seq
+        except AgentError as exc:
+            _finish_failed(job.operation_pk, exc.code, exc.message)
+            return
+        except AgentUnreachable as exc:
+            log.warning("agent stream broke; re-attaching", extra={"error": str(exc)})
+            if attempt + 1 < REATTACH_ATTEMPTS:
+                time.sleep(0.2 * (attempt + 1))
+        # The stream ended without an exit frame (or broke): re-attach by operation id.
+    _finish_failed(job.operation_pk, "agent_unreachable", "the agent's stream broke repeatedly")
+
+
+def _frames(job: _PumpJob) -> Iterator[dict[str, Any]]:
+    yield from job.agent.exec_stream(job.body, timeout=job.timeout)
+
+
+def _finish_with_result(operation_pk: str, result: dict[str, Any], seq: int) -> None:
+    operation = Operation.objects.get(pk=operation_pk)
+    operation_record_result(operation=operation, result=result)
+    # The row is final before the exit frame is visible, so a subscriber that sees
+    # exec.exit always reads the finished record.
+    buffer_append(operation_pk=operation_pk, frame={"type": "exec.exit", "seq": seq})
+
+
+def _finish_failed(operation_pk: str, code: str, message: str) -> None:
+    operation = Operation.objects.filter(pk=operation_pk).first()
+    if operation is None:
+        return
+    operation_record_failure(operation=operation, code=code, message=message)
+    _push_exit(operation_pk)
+
+
+# -- recovery -------------------------------------------------------------------
+def operation_recover(*, operation: Operation) -> Operation:
+    """Brings a ``running`` operation whose relay died back to a live or final state.
+
+    Safe to call anytime and from anywhere (API reads, websocket subscribes, a
+    reconciler): it does nothing while a pump is alive or the operation is final.
+    Otherwise it asks the agent by operation id: a finished result is recorded; a
+    running command is re-attached by a new pump in this process (the agent never
+    runs it twice); an id the agent does not know, or a sandbox that is gone or
+    re-provisioned, ends the operation ``failed``. An unreachable agent leaves it
+    ``running`` for a later attempt (the sandbox's own health decides its fate).
+    """
+    if operation.status != OperationStatus.RUNNING:
+        return operation
+    pk = str(operation.pk)
+    if pump_alive(pk):
+        return operation
+    sandbox = operation.sandbox
+    if sandbox.state != State.READY or sandbox.generation != operation.generation:
+        code = "stale_generation" if sandbox.state == State.READY else "sandbox_gone"
+        _finish_failed(
+            pk, code, f"the sandbox is {sandbox.state} (generation {sandbox.generation})"
+        )
+        operation.refresh_from_db()
+        return operation
+    if not pumps.claim(pk):
+        return operation
+    agent = agent_for(sandbox)
+    try:
+        result = agent.operation(operation.operation_id, wait=0)
+    except AgentUnreachable:
+        pumps.release(pk)
+        return operation
+    except AgentError as exc:
+        pumps.release(pk)
+        if exc.status == 404:
+            _finish_failed(pk, "operation_lost", "the agent no longer knows this operation")
+        else:
+            _finish_failed(pk, exc.code, exc.message)
+        operation.refresh_from_db()
+        return operation
+    if result.get("status") == "running":
+        request = ExecRequest(**_request_fields(operation.request))
+        _start_pump(
+            _PumpJob(
+                operation_pk=pk,
+                agent=agent,
+                body=request.agent_body(operation.operation_id),
+                timeout=_agent_timeout(request),
+            )
+        )
+        return operation
+    try:
+        _finish_with_result(pk, result, buffer_last_seq(pk) + 1)
+    finally:
+        pumps.release(pk)
+    operation.refresh_from_db()
+    return operation
+
+
+def _request_fields(stored: dict[str, Any]) -> dict[str, Any]:
+    allowed = ExecRequest.__dataclass_fields__
+    return {k: v for k, v in stored.items() if k in allowed}

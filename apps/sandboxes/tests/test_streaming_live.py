@@ -1,0 +1,192 @@
+"""Streamed exec through the real stack: REST starts it, websockets carry the frames."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from apps.sandboxes.agent_client import AgentUnreachable
+from apps.sandboxes.models import Operation, OperationStatus
+from apps.sandboxes.services.operations import agent_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _http(live: Any, secret: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=live.url + "/api/v1",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=90,
+        trust_env=False,
+    )
+
+
+def _ready(http: httpx.Client) -> str:
+    created = http.post("/sandboxes", json={"image": "host"})
+    assert created.status_code == 201, created.text
+    sandbox_id = str(created.json()["id"])
+    waited = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
+    assert waited.status_code == 200, waited.text
+    return sandbox_id
+
+
+def _ws(live: Any, path: str, secret: str | None) -> ClientConnection:
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    return connect(
+        live.url.replace("http://", "ws://") + path,
+        additional_headers=headers,
+        open_timeout=20,
+        max_size=None,
+    )
+
+
+def _frames(ws: ClientConnection, limit: int | None = None) -> list[dict[str, Any]]:
+    """Frames until the server closes (or ``limit`` frames)."""
+    out: list[dict[str, Any]] = []
+    try:
+        while limit is None or len(out) < limit:
+            out.append(json.loads(ws.recv(timeout=60)))
+    except ConnectionClosed:
+        pass
+    return out
+
+
+def _stdout(frames: list[dict[str, Any]]) -> bytes:
+    return b"".join(base64.b64decode(f["data"]) for f in frames if f["type"] == "exec.stdout")
+
+
+SCRIPT = "for i in $(seq 1 40); do echo line-$i; sleep 0.02; done; echo err >&2; exit 3"
+EXPECTED = "".join(f"line-{i}\n" for i in range(1, 41)).encode()
+
+
+def test_it_streams_frames_in_order_across_a_forced_reconnect(live, make_tenant):
+    _, secret = make_tenant()
+    http = _http(live, secret)
+    sandbox_id = _ready(http)
+    started = http.post(
+        f"/sandboxes/{sandbox_id}/exec",
+        json={"command": SCRIPT, "stream": True, "operation_id": "op-stream-1"},
+    )
+    assert started.status_code == 202, started.text
+    body = started.json()
+    assert (body["id"], body["status"]) == ("op-stream-1", "running")
+    path = body["stream_url"]
+
+    with _ws(live, path, secret) as first:
+        head = _frames(first, limit=6)
+    # The socket was dropped mid-stream; reconnect after the last seq we saw.
+    last = head[-1]["seq"]
+    with _ws(live, f"{path}?after_seq={last}", secret) as second:
+        tail = _frames(second)
+
+    frames = head + tail
+    seqs = [f["seq"] for f in frames]
+    assert seqs == list(range(len(frames))), seqs  # contiguous: no loss, no duplicate
+    assert frames[0]["type"] == "exec.start"
+    assert _stdout(frames) == EXPECTED
+    exit_frame = frames[-1]
+    assert exit_frame["type"] == "exec.exit"
+    assert exit_frame["operation_id"] == "op-stream-1"
+    assert exit_frame["result"]["termination"] == "exited"
+    assert exit_frame["result"]["exit_code"] == 3
+    assert exit_frame["result"]["stderr"] == "err\n"
+    op = Operation.objects.get(operation_id="op-stream-1")
+    assert (op.status, op.exit_code) == (OperationStatus.COMPLETED, 3)
+
+
+def test_it_replays_everything_to_a_late_subscriber_and_a_replay_runs_once(live, make_tenant):
+    _, secret = make_tenant()
+    http = _http(live, secret)
+    sandbox_id = _ready(http)
+    command = "echo $$ >> /workspace/runs; printf 'a\\xc3'; printf '\\xa9b'"
+    body = {"command": command, "stream": True, "operation_id": "op-late"}
+    assert http.post(f"/sandboxes/{sandbox_id}/exec", json=body).status_code == 202
+    done = http.get(f"/sandboxes/{sandbox_id}/operations/op-late")
+    for _ in range(100):
+        if done.json()["status"] != "running":
+            break
+        done = http.get(f"/sandboxes/{sandbox_id}/operations/op-late")
+    assert done.json()["status"] == "completed"
+
+    with _ws(live, f"/ws/v1/sandboxes/{sandbox_id}/operations/op-late/stream", secret) as ws:
+        frames = _frames(ws)
+    assert [f["seq"] for f in frames] == list(range(len(frames)))
+    assert _stdout(frames).decode() == "aéb"  # a UTF-8 character split across chunks
+    assert frames[-1]["result"]["exit_code"] == 0
+
+    replay = http.post(f"/sandboxes/{sandbox_id}/exec", json=body)
+    assert replay.status_code == 200, replay.text  # finished replay: the stored record
+    runs = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "wc -l < /workspace/runs"})
+    assert runs.json()["stdout"].strip() == "1"
+
+
+def test_it_recovers_an_operation_whose_relay_died(live, make_tenant):
+    """The web process that pumped the stream is gone: a GET asks the agent by id."""
+    from apps.billing.principal import Principal
+    from apps.sandboxes.models import Sandbox
+    from apps.sandboxes.services.operations import ExecRequest, operation_start
+
+    tenant, secret = make_tenant()
+    http = _http(live, secret)
+    sandbox_id = _ready(http)
+    sandbox = Sandbox.objects.get(external_id=sandbox_id)
+    request = ExecRequest(command="sleep 1; echo recovered")
+    # A running record with no pump, and the command running in the agent: exactly
+    # what a web process that died mid-stream leaves behind.
+    operation, _ = operation_start(
+        principal=Principal(tenant=tenant, scopes=frozenset({"write"})),
+        sandbox=sandbox,
+        request=request,
+        operation_id="op-orphan",
+    )
+    with pytest.raises(AgentUnreachable):
+        agent_for(sandbox).exec(request.agent_body("op-orphan"), timeout=0.3)
+
+    with _ws(live, f"/ws/v1/sandboxes/{sandbox_id}/operations/op-orphan/stream", secret) as ws:
+        frames = _frames(ws)
+    assert frames[-1]["type"] == "exec.exit"
+    assert frames[-1]["result"]["stdout"] == "recovered\n"
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.COMPLETED
+    assert operation.stdout["head"] == "recovered\n"
+
+
+def test_it_never_streams_another_tenants_operation(live, make_tenant):
+    _, secret = make_tenant()
+    _, outsider = make_tenant()
+    http = _http(live, secret)
+    sandbox_id = _ready(http)
+    started = http.post(
+        f"/sandboxes/{sandbox_id}/exec",
+        json={"command": "echo private", "stream": True, "operation_id": "op-mine"},
+    )
+    path = started.json()["stream_url"]
+    with _ws(live, path, outsider) as ws:
+        frames = _frames(ws)
+        assert ws.close_code == 4404
+    assert [(f["type"], f["code"]) for f in frames] == [("error", "not_found")]
+    with _ws(live, "/ws/realtime", outsider) as ws:
+        ws.send(
+            json.dumps(
+                {
+                    "type": "subscribe",
+                    "topic": "operation",
+                    "sandbox_id": sandbox_id,
+                    "operation_id": "op-mine",
+                }
+            )
+        )
+        reply = json.loads(ws.recv(timeout=20))
+        assert (reply["type"], reply["code"]) == ("error", "not_found")
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=20)) == {"type": "pong"}  # still open, nothing leaked
+    with _ws(live, path, None) as ws:
+        frames = _frames(ws)
+        assert ws.close_code == 4401
+    assert frames[0]["code"] == "not_authenticated"
