@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import httpx
 
+from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.results import ExecResult
 
@@ -227,10 +228,24 @@ class Sandbox:
         if stdin is not None:
             body["stdin"] = base64.b64encode(stdin).decode()
         http_timeout = (timeout or 600.0) + 30.0
-        response = self._client.request(
-            "POST", f"/sandboxes/{self.id}/exec", json=body, timeout=http_timeout
-        )
+        episode = current_episode()  # trajectories hook: see hedgerow/episode.py
+        try:
+            response = self._client.request(
+                "POST", f"/sandboxes/{self.id}/exec", json=body, timeout=http_timeout
+            )
+        except HedgerowError as exc:
+            if episode is not None:
+                episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], command)
         return ExecResult.from_api(response.json())
+
+    # -- trajectories hook ------------------------------------------------------------
+    def episode(self, *, task_id: str, **fields: Any) -> Episode:
+        """A recorded episode in this sandbox: ``with sandbox.episode(task_id=...) as ep:``.
+        Execs made inside the block become steps (see hedgerow.episode)."""
+        return Episode(self._client, [self], task_id=task_id, **fields)
 
     def write_file(
         self, path: str, data: bytes | Iterator[bytes], *, mode: str | None = None

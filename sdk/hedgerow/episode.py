@@ -1,0 +1,204 @@
+"""Episodes: a portable record of one rollout.
+
+    with sandbox.episode(task_id="fix-bug-12", harness="my-harness", model="m-1") as ep:
+        out = sandbox.exec("pytest -x")           # recorded as a step automatically
+        ep.step(action=model_text, observation={"text": prompt}, kind="model",
+                model_call={"tokens_in": 812, "tokens_out": 64, "latency_s": 1.9})
+        ep.verify("python verify.py", timeout=60)  # the verifier's verdict, as a step
+    # closed on exit: an exception closes it as ``harness_crash`` (and is re-raised)
+
+The control plane links exec steps to its own operation records and decides the
+failure class from its own ledger when the episode closes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from hedgerow.errors import HedgerowError, SandboxLost
+
+if TYPE_CHECKING:
+    from hedgerow.client import Client, Command, Sandbox
+    from hedgerow.results import ExecResult
+
+_current: contextvars.ContextVar[Episode | None] = contextvars.ContextVar(
+    "hedgerow_episode", default=None
+)
+FLUSH_EVERY = 16
+
+
+def current_episode() -> Episode | None:
+    return _current.get()
+
+
+class Episode:
+    def __init__(
+        self,
+        client: Client,
+        sandboxes: list[Sandbox],
+        *,
+        task_id: str,
+        episode_id: str | None = None,
+        **fields: Any,
+    ) -> None:
+        self._client = client
+        self._sandboxes = {s.id for s in sandboxes}
+        self._open_body: dict[str, Any] = {
+            "task_id": task_id,
+            "sandbox_ids": sorted(self._sandboxes),
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        if episode_id:
+            self._open_body["episode_id"] = episode_id
+        self._open_body.setdefault("versions", {})
+        self._open_body["versions"].setdefault("client", "hedgerow-python/0.1")
+        self.data: dict[str, Any] = {}
+        self._pending: list[dict[str, Any]] = []
+        self._next_index = 0
+        self._result: dict[str, Any] = {}
+        self._token: contextvars.Token[Episode | None] | None = None
+
+    @property
+    def id(self) -> str:
+        return str(self.data["id"])
+
+    @property
+    def failure_class(self) -> str:
+        return str(self.data.get("failure_class") or "")
+
+    def open(self) -> Episode:
+        self.data = self._client.request("POST", "/episodes", json=self._open_body).json()
+        return self
+
+    # -- steps ----------------------------------------------------------------
+    def _add(self, step: dict[str, Any]) -> None:
+        step["index"] = self._next_index
+        self._next_index += 1
+        self._pending.append(step)
+        if len(self._pending) >= FLUSH_EVERY:
+            self.flush()
+
+    def step(
+        self,
+        *,
+        action: Any = None,
+        observation: dict[str, Any] | None = None,
+        kind: str = "model",
+        shown: Any = None,
+        diff: str | None = None,
+        model_call: dict[str, Any] | None = None,
+        request: Any = None,
+    ) -> None:
+        """Adds a model/tool step that is not an exec (execs are recorded for you)."""
+        step: dict[str, Any] = {"kind": kind, "action": action}
+        for key, value in (
+            ("observation", observation),
+            ("shown", shown),
+            ("diff", diff),
+            ("model_call", model_call),
+            ("request", request),
+        ):
+            if value is not None:
+                step[key] = value
+        self._add(step)
+
+    def record_exec(
+        self,
+        sandbox: Sandbox,
+        operation_id: str,
+        command: Command,
+        *,
+        error: HedgerowError | None = None,
+        kind: str = "exec",
+    ) -> None:
+        if sandbox.id not in self._sandboxes and self.data:
+            self._sandboxes.add(sandbox.id)
+        step: dict[str, Any] = {"kind": kind, "action": command, "sandbox_id": sandbox.id}
+        if error is None or error.status >= 500:
+            # The control plane has the operation (a 502 leaves a failed row): link it.
+            step["operation_id"] = operation_id
+        else:
+            step["observation"] = {"error": {"code": error.code, "message": error.message}}
+        self._add(step)
+
+    def flush(self) -> None:
+        if not self._pending or not self.data:
+            return
+        batch, self._pending = self._pending, []
+        self._client.request("POST", f"/episodes/{self.id}/steps", json={"steps": batch})
+
+    # -- outcome ----------------------------------------------------------------
+    def verify(
+        self,
+        command: Command,
+        *,
+        sandbox: Sandbox | None = None,
+        timeout: float | None = None,
+        name: str | None = None,
+        version: str | None = None,
+    ) -> ExecResult:
+        """Runs the verifier as a step. Exit 0 = pass, other exits = fail; a timeout or
+        a kill is a broken verifier (the control plane reads its operation record)."""
+        target = sandbox or self._only_sandbox()
+        token = _current.set(None)  # recorded below as a verifier step, not an exec
+        try:
+            result = target.exec(command, timeout=timeout)
+        finally:
+            _current.reset(token)
+        self.record_exec(target, result.operation_id, command, kind="verifier")
+        if result.timed_out:
+            outcome = "timeout"
+        elif result.termination != "exited":
+            outcome = "error"
+        else:
+            outcome = "pass" if result.exit_code == 0 else "fail"
+        self.set_result(verifier_outcome=outcome, verifier_name=name, verifier_version=version)
+        return result
+
+    def _only_sandbox(self) -> Sandbox:
+        from hedgerow.client import Sandbox
+
+        if len(self._sandboxes) != 1:
+            raise HedgerowError("verify() needs sandbox= when the episode has several")
+        return Sandbox(self._client, {"id": next(iter(self._sandboxes))})
+
+    def set_result(self, **result: Any) -> None:
+        """termination_reason, reward, reward_components, verifier_name/version/outcome,
+        inference_error — sent when the episode closes."""
+        self._result.update({k: v for k, v in result.items() if v is not None})
+
+    def close(self, **result: Any) -> dict[str, Any]:
+        self.set_result(**result)
+        self.flush()
+        body = dict(self._result)
+        body.setdefault("termination_reason", "submitted")
+        self.data = self._client.request("POST", f"/episodes/{self.id}/close", json=body).json()
+        return self.data
+
+    def __enter__(self) -> Episode:
+        if not self.data:
+            self.open()
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _current.reset(self._token)
+            self._token = None
+        if exc is not None and "termination_reason" not in self._result:
+            reason = "sandbox_lost" if isinstance(exc, SandboxLost) else "harness_crash"
+            self._result["termination_reason"] = reason
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except HedgerowError:
+            pass  # the harness's own exception is the one to see
