@@ -226,3 +226,26 @@ CELERY_BEAT_SCHEDULE["recover-operations"] = {
     "task": "apps.sandboxes.tasks.recover_operations",
     "schedule": HEDGEROW_OPERATION_RECOVERY_AFTER_S,
 }
+
+# --- Kubernetes backend (HEDGEROW_BACKEND=kubernetes; docs/deploy-kubernetes.md) -----
+# Empty kubeconfig: in-cluster config (the control plane runs in the cluster).
+HEDGEROW_K8S_KUBECONFIG = env_str("HEDGEROW_K8S_KUBECONFIG", "")
+HEDGEROW_K8S_CONTEXT = env_str("HEDGEROW_K8S_CONTEXT", "")
+HEDGEROW_K8S_NAMESPACE = env_str("HEDGEROW_K8S_NAMESPACE", "hedgerow-sandboxes")
+HEDGEROW_K8S_CONTROLPLANE_NAMESPACE = env_str("HEDGEROW_K8S_CONTROLPLANE_NAMESPACE", "hedgerow")
+HEDGEROW_K8S_INJECTOR_IMAGE = env_str(
+    "HEDGEROW_K8S_INJECTOR_IMAGE", "hedgerow-agent-injector:latest"
+)
+HEDGEROW_K8S_IMAGES = env_list(
+    "HEDGEROW_K8S_IMAGES", ["python:3.12-slim", "debian:bookworm-slim", "ubuntu:24.04"]
+)
+HEDGEROW_K8S_DEFAULT_IMAGE = env_str("HEDGEROW_K8S_DEFAULT_IMAGE", "python:3.12-slim")
+HEDGEROW_K8S_RUNTIME_CLASS = env_str("HEDGEROW_K8S_RUNTIME_CLASS", "")  # gvisor, kata, …
+HEDGEROW_K8S_NODE_SELECTOR = env_str("HEDGEROW_K8S_NODE_SELECTOR", "{}")  # JSON object
+HEDGEROW_K8S_TOLERATIONS = env_str("HEDGEROW_K8S_TOLERATIONS", "[]")  # JSON list
+HEDGEROW_K8S_IMAGE_PULL_SECRETS = env_list("HEDGEROW_K8S_IMAGE_PULL_SECRETS", [])
+HEDGEROW_K8S_CAPABILITIES = env_list("HEDGEROW_K8S_CAPABILITIES", [])  # [] = the default set
+HEDGEROW_K8S_EGRESS_EXCEPT = env_list("HEDGEROW_K8S_EGRESS_EXCEPT", [])  # [] = the default set
+HEDGEROW_K8S_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_READY_TIMEOUT_S", 120.0)
+HEDGEROW_K8S_MAX_CONCURRENCY = env_int("HEDGEROW_K8S_MAX_CONCURRENCY", 8)
+HEDGEROW_K8S_API_RETRIES = env_int("HEDGEROW_K8S_API_RETRIES", 5)
