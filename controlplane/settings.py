@@ -249,3 +249,22 @@ HEDGEROW_K8S_EGRESS_EXCEPT = env_list("HEDGEROW_K8S_EGRESS_EXCEPT", [])  # [] = 
 HEDGEROW_K8S_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_READY_TIMEOUT_S", 120.0)
 HEDGEROW_K8S_MAX_CONCURRENCY = env_int("HEDGEROW_K8S_MAX_CONCURRENCY", 8)
 HEDGEROW_K8S_API_RETRIES = env_int("HEDGEROW_K8S_API_RETRIES", 5)
+
+# --- Quotas, admission queue and metering (apps/billing) ----------------------------
+# A queued sandbox not admitted within this long fails with reason `queue_timeout`.
+HEDGEROW_QUEUE_TIMEOUT_S = env_int("HEDGEROW_QUEUE_TIMEOUT_S", 3600)
+# Backstop for the drain that runs on every sandbox end (a drain racing another can skip).
+HEDGEROW_ADMISSION_SWEEP_S = env_float("HEDGEROW_ADMISSION_SWEEP_S", 5.0)
+HEDGEROW_USAGE_ROLLUP_S = env_float("HEDGEROW_USAGE_ROLLUP_S", 600.0)
+CELERY_BEAT_SCHEDULE["admission-sweep"] = {
+    "task": "apps.billing.tasks.admission_sweep",
+    "schedule": HEDGEROW_ADMISSION_SWEEP_S,
+}
+CELERY_BEAT_SCHEDULE["usage-sweep"] = {
+    "task": "apps.billing.tasks.usage_sweep",
+    "schedule": 60.0,
+}
+CELERY_BEAT_SCHEDULE["usage-rollup"] = {
+    "task": "apps.billing.tasks.usage_rollup",
+    "schedule": HEDGEROW_USAGE_ROLLUP_S,
+}
