@@ -40,3 +40,18 @@ def destroy_sandbox(self: Any, sandbox_id: str) -> None:
 @shared_task(soft_time_limit=60, time_limit=90)
 def reap_sandboxes() -> dict[str, int]:
     return provisioning.sandbox_reap()
+
+
+@shared_task(soft_time_limit=120, time_limit=180)
+def reconcile_sandboxes() -> dict[str, int]:
+    from apps.sandboxes.services.reconcile import sandbox_reconcile
+
+    run = sandbox_reconcile()
+    return {"skipped": int(run.skipped), **run.actions}
+
+
+@shared_task(soft_time_limit=300, time_limit=400)
+def audit_leaks() -> list[int]:
+    from apps.sandboxes.services.audit import audit_scheduled
+
+    return [run.pk for run in audit_scheduled()]

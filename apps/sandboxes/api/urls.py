@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.sandboxes.api import files, views
+from apps.sandboxes.api import audits, files, views
 
 urlpatterns = [
     path("sandboxes", views.SandboxListCreateView.as_view(), name="sandbox-list"),
@@ -38,4 +38,5 @@ urlpatterns = [
         files.FileStatView.as_view(),
         name="sandbox-files-stat",
     ),
+    path("audits", audits.AuditListView.as_view(), name="audit-list"),
 ]

@@ -1,0 +1,404 @@
+"""The reclaim-leak audit: where did every sandbox created in a period go?
+
+For a period (by creation time) and a slice (tenant, image, node, backend)::
+
+    created = deleted + reaped_ttl + reaped_heartbeat + failed + lost + live + leaked
+
+* ``created`` counts the ledger's ``created`` events — independently of the table, so
+  a row whose ledger is missing or contradicts it shows up as an imbalance;
+* ``deleted`` / ``reaped_ttl`` / ``reaped_heartbeat``: ended ``deleted``, split by
+  the reason of the move to ``terminating`` (a user delete, ``ttl_expired``,
+  ``heartbeat_expired``);
+* ``failed`` (never became ready: ``provision_error``, ``pending_timeout``,
+  ``provision_deadline``) and ``lost`` (was ready, the resource vanished) are their
+  own terms, broken down by reason in the report;
+* ``live``: still requested/provisioning/ready/terminating;
+* ``leaked``: ended (any final state) but the backend still holds resources for it.
+  A leaked sandbox is counted here *instead of* its final-state term.
+
+Resources outside the period's cohort that no live record owns (``orphaned``: no
+record at all, or a sandbox created earlier that has ended) cannot be attributed to
+this period's equation; unsliced audits list them and they make the audit fail. A ready record
+whose running resource is missing (``ghost``) is also flagged: the reconciler turns it
+into ``lost``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.billing.models import Tenant
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.backends.base import BackendError
+from apps.sandboxes.models import (
+    FINAL_STATES,
+    LIVE_STATES,
+    AuditRun,
+    Sandbox,
+    SandboxEvent,
+    State,
+)
+from apps.sandboxes.services.reconcile import (
+    RUNNING_KINDS,
+    InventoryView,
+    inventory_view,
+    leak_reclaim,
+)
+
+log = logging.getLogger(__name__)
+
+TERMS = ("deleted", "reaped_ttl", "reaped_heartbeat", "failed", "lost", "live", "leaked")
+REAP_TERMS = {"ttl_expired": "reaped_ttl", "heartbeat_expired": "reaped_heartbeat"}
+MAX_IDS = 200  # ids listed per flag; the counts stay exact
+
+
+@dataclass(frozen=True)
+class AuditSlice:
+    tenant: Tenant | None = None
+    image: str = ""
+    node: str = ""
+    backend: str = ""
+
+    @property
+    def is_global(self) -> bool:
+        return self.tenant is None and not self.image
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "tenant": self.tenant.slug if self.tenant else "",
+            "image": self.image,
+            "node": self.node,
+            "backend": self.backend,
+        }
+
+
+@dataclass
+class AuditReport:
+    period_start: datetime
+    period_end: datetime
+    slice: dict[str, str]
+    created: int = 0
+    terms: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TERMS, 0))
+    reasons: dict[str, dict[str, int]] = field(default_factory=dict)
+    orphaned: list[str] = field(default_factory=list)
+    residual_by_kind: dict[str, int] = field(default_factory=dict)
+    live_resources_by_kind: dict[str, int] = field(default_factory=dict)
+    leaked_ids: list[str] = field(default_factory=list)
+    imbalance: dict[str, list[str]] = field(default_factory=dict)
+    ghosts: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    inventory_error: str = ""
+
+    @property
+    def accounted(self) -> int:
+        return sum(self.terms.values())
+
+    @property
+    def balanced(self) -> bool:
+        return (
+            not self.inventory_error
+            and self.created == self.accounted
+            and not any(self.imbalance.values())
+        )
+
+    @property
+    def ttl_share(self) -> float:
+        ended = self.terms["deleted"] + self.terms["reaped_ttl"] + self.terms["reaped_heartbeat"]
+        return self.terms["reaped_ttl"] / ended if ended else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["period_start"] = self.period_start.isoformat()
+        data["period_end"] = self.period_end.isoformat()
+        data.update(accounted=self.accounted, balanced=self.balanced, ttl_share=self.ttl_share)
+        data["equation"] = self.equation()
+        return data
+
+    def equation(self) -> str:
+        rhs = " + ".join(f"{t} {self.terms[t]}" for t in TERMS)
+        sign = "=" if self.created == self.accounted else "≠"
+        return f"created {self.created} {sign} {rhs}"
+
+
+def _slice_filter(prefix: str, sl: AuditSlice) -> Q:
+    q = Q()
+    if sl.tenant is not None:
+        q &= Q(**{f"{prefix}tenant": sl.tenant})
+    if sl.image:
+        q &= Q(**{f"{prefix}image": sl.image})
+    if sl.node:
+        q &= Q(**{f"{prefix}node": sl.node})
+    if sl.backend:
+        q &= Q(**{f"{prefix}backend": sl.backend})
+    return q
+
+
+def audit_compute(
+    *,
+    period_start: datetime,
+    period_end: datetime,
+    audit_slice: AuditSlice | None = None,
+    view: InventoryView | None = None,
+) -> AuditReport:
+    """Computes the equation for sandboxes created in [period_start, period_end).
+
+    Read-only. Lists the backend once unless ``view`` is given; a failed listing is
+    reported (``inventory_error``) and the audit is not balanced, never guessed.
+    """
+    sl = audit_slice or AuditSlice()
+    report = AuditReport(period_start, period_end, sl.describe())
+    # Records first, one snapshot, then the listing: a sandbox ended before the
+    # snapshot cannot grow resources afterwards, so whatever the listing still shows
+    # for it is a real leak (the reverse order would count in-flight deletes).
+    with transaction.atomic():
+        if len(connection.atomic_blocks) == 1:  # not inside a caller's transaction
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        rows, created_ids, facts, known = _read_records(period_start, period_end, sl)
+    if view is None:
+        try:
+            view = inventory_view(get_backend())
+        except BackendError as exc:
+            report.inventory_error = str(exc)
+            view = InventoryView()
+    report.created = len(created_ids)
+    last_to, exit_reason, end_reason = facts
+    reasons: dict[str, Counter[str]] = {t: Counter() for t in ("failed", "lost", "deleted")}
+    residual: Counter[str] = Counter()
+    live_kinds: Counter[str] = Counter()
+    imbalance: dict[str, list[str]] = {"no_created_event": [], "ledger_disagrees": []}
+    for sid, state in rows:
+        items = view.by_sandbox.get(sid, [])
+        if sid not in created_ids:
+            imbalance["no_created_event"].append(str(sid))
+        if last_to.get(sid, State.REQUESTED) != state:
+            imbalance["ledger_disagrees"].append(str(sid))
+        if state in FINAL_STATES and items:
+            term = "leaked"
+            report.leaked_ids.append(str(sid))
+            residual.update(item.kind for item in items)
+        elif state in LIVE_STATES:
+            term = "live"
+            live_kinds.update(item.kind for item in items)
+            running = {item.kind for item in items} & RUNNING_KINDS
+            if state == State.READY and not running and not report.inventory_error:
+                report.ghosts.append(str(sid))
+        elif state == State.DELETED:
+            reason = exit_reason.get(sid, "")
+            term = REAP_TERMS.get(reason, "deleted")
+            reasons["deleted"][reason or "unknown"] += 1
+        else:
+            term = state  # failed | lost
+            reasons[state][end_reason.get(sid, "unknown")] += 1
+        report.terms[term] += 1
+    if sl.is_global:
+        row_ids = {sid for sid, _ in rows}
+        for sid, items in view.by_sandbox.items():
+            matching = [i for i in items if not sl.node or i.node == sl.node]
+            if sid not in known and sid not in row_ids and matching:
+                report.orphaned.append(sid.hex)
+                residual.update(item.kind for item in matching)
+        for item in view.unowned:
+            if not sl.node or item.node == sl.node:
+                report.orphaned.append(f"{item.kind}:{item.name}")
+                residual[item.kind] += 1
+    report.reasons = {k: dict(v) for k, v in reasons.items() if v}
+    report.residual_by_kind = dict(residual)
+    report.live_resources_by_kind = dict(live_kinds)
+    report.imbalance = {k: v[:MAX_IDS] for k, v in imbalance.items() if v}
+    if report.created != report.accounted:
+        report.imbalance.setdefault("unexplained", _unexplained(created_ids, rows))
+    report.leaked_ids = report.leaked_ids[:MAX_IDS]
+    report.warnings = _warnings(report, sl)
+    return report
+
+
+def _read_records(
+    period_start: datetime, period_end: datetime, sl: AuditSlice
+) -> tuple[
+    list[tuple[uuid.UUID, str]],
+    set[uuid.UUID],
+    tuple[dict[uuid.UUID, str], dict[uuid.UUID, str], dict[uuid.UUID, str]],
+    set[uuid.UUID],
+]:
+    in_window = Q(created_at__gte=period_start, created_at__lt=period_end)
+    rows = list(
+        Sandbox.objects.filter(in_window & _slice_filter("", sl)).values_list("id", "state")
+    )
+    created_ids = set(
+        SandboxEvent.objects.filter(
+            Q(event="created")
+            & Q(sandbox__created_at__gte=period_start, sandbox__created_at__lt=period_end)
+            & _slice_filter("sandbox__", sl)
+        ).values_list("sandbox_id", flat=True)
+    )
+    facts = _ledger_facts([sid for sid, _ in rows])
+    # Records anywhere in time (not just this window): a resource of a sandbox created
+    # earlier is not an orphan.
+    known: set[uuid.UUID] = set()
+    if sl.is_global:
+        known = set(Sandbox.objects.filter(state__in=LIVE_STATES).values_list("id", flat=True))
+    return rows, created_ids, facts, known
+
+
+def _ledger_facts(
+    ids: list[uuid.UUID],
+) -> tuple[dict[uuid.UUID, str], dict[uuid.UUID, str], dict[uuid.UUID, str]]:
+    """Per sandbox: the ledger's last to_state, the reason it went ``terminating`` and
+    the reason it reached its final state."""
+    last_to: dict[uuid.UUID, str] = {}
+    exit_reason: dict[uuid.UUID, str] = {}
+    end_reason: dict[uuid.UUID, str] = {}
+    events = (
+        SandboxEvent.objects.filter(sandbox_id__in=ids, event="transition")
+        .order_by("at", "id")
+        .values_list("sandbox_id", "to_state", "reason")
+    )
+    for sid, to_state, reason in events.iterator(chunk_size=5000):
+        last_to[sid] = to_state
+        if to_state == State.TERMINATING and sid not in exit_reason:
+            exit_reason[sid] = reason
+        if to_state in FINAL_STATES:
+            end_reason[sid] = reason
+    return last_to, exit_reason, end_reason
+
+
+def _unexplained(created_ids: set[uuid.UUID], rows: list[tuple[uuid.UUID, str]]) -> list[str]:
+    row_ids = {sid for sid, _ in rows}
+    return sorted(str(s) for s in created_ids ^ row_ids)[:MAX_IDS]
+
+
+def _warnings(report: AuditReport, sl: AuditSlice) -> list[str]:
+    warnings: list[str] = []
+    if report.inventory_error:
+        warnings.append(f"inventory unavailable: {report.inventory_error}")
+    share = report.ttl_share
+    limit = settings.HEDGEROW_AUDIT_TTL_WARN_SHARE
+    if share > limit:
+        warnings.append(
+            f"{share:.0%} of ended sandboxes were reaped by TTL (warning above {limit:.0%}): "
+            "clients are not deleting what they create"
+        )
+    previous = AuditRun.objects.filter(
+        tenant=sl.tenant, image=sl.image, node=sl.node, backend=sl.backend
+    ).first()
+    if previous is not None and share > previous.ttl_share + 0.05:
+        warnings.append(f"TTL reap share is rising: {previous.ttl_share:.0%} → {share:.0%}")
+    if report.ghosts:
+        warnings.append(f"{len(report.ghosts)} ready sandbox(es) have no running resource")
+    return warnings
+
+
+def audit_run(
+    *,
+    period_start: datetime | None = None,
+    period_end: datetime | None = None,
+    audit_slice: AuditSlice | None = None,
+    reclaim: bool = False,
+    trigger: str = "manual",
+    view: InventoryView | None = None,
+) -> AuditRun:
+    """Computes and stores an audit (default period: the last 24 hours).
+
+    With ``reclaim`` the leaked and orphaned resources found are removed afterwards
+    (``leak_reclaimed`` in each sandbox's ledger); the stored terms are those found,
+    ``reclaimed`` says how many sandboxes' resources were removed.
+    """
+    end = period_end or timezone.now()
+    start = period_start or end - timedelta(hours=24)
+    sl = audit_slice or AuditSlice()
+    report = audit_compute(period_start=start, period_end=end, audit_slice=sl, view=view)
+    reclaimed = audit_reclaim(report=report, view=view) if reclaim else 0
+    run = AuditRun.objects.create(
+        period_start=start,
+        period_end=end,
+        tenant=sl.tenant,
+        image=sl.image,
+        node=sl.node,
+        backend=sl.backend,
+        trigger=trigger,
+        created=report.created,
+        orphaned=len(report.orphaned),
+        balanced=report.balanced and not report.orphaned,
+        ttl_share=report.ttl_share,
+        reclaimed=reclaimed,
+        report=report.as_dict(),
+        **{term: report.terms[term] for term in TERMS},
+    )
+    if not run.balanced or run.leaked:
+        log.error(
+            "leak audit: %s; leaked=%s orphaned=%s",
+            report.equation(),
+            run.leaked,
+            run.orphaned,
+            extra={"event": "audit_imbalance"},
+        )
+    return run
+
+
+def audit_reclaim(*, report: AuditReport, view: InventoryView | None = None) -> int:
+    """Removes the resources of the report's leaked and orphaned sandboxes. Returns how
+    many were reclaimed; a resource that cannot be removed is logged and skipped."""
+    backend = get_backend()
+    view = view or inventory_view(backend)
+    targets: list[tuple[uuid.UUID | None, str]] = [
+        (uuid.UUID(sid), "audit_leak") for sid in report.leaked_ids
+    ]
+    targets += [
+        (uuid.UUID(hex=o), "audit_orphan") for o in report.orphaned if ":" not in o and len(o) == 32
+    ]
+    count = 0
+    for sid, reason in targets:
+        items = view.by_sandbox.get(sid, []) if sid else []
+        try:
+            leak_reclaim(backend=backend, sandbox_uuid_=sid, items=items, reason=reason)
+            count += 1
+        except BackendError as exc:
+            log.warning("could not reclaim %s: %s", sid, exc)
+    if any(":" in o for o in report.orphaned):
+        try:
+            leak_reclaim(backend=backend, sandbox_uuid_=None, items=view.unowned, reason="orphan")
+            count += 1
+        except BackendError as exc:
+            log.warning("could not reclaim unowned resources: %s", exc)
+    return count
+
+
+def audit_scheduled(*, now: datetime | None = None) -> list[AuditRun]:
+    """The beat task's work: one installation-wide audit over the last period, plus one
+    per tenant that created sandboxes in it (the dashboard's history). Shares one
+    inventory listing. Never reclaims: that is the reconciler's job, so an audit shows
+    what the reconciler missed."""
+    end = now or timezone.now()
+    start = end - timedelta(seconds=settings.HEDGEROW_AUDIT_PERIOD_S)
+    try:
+        view: InventoryView | None = inventory_view(get_backend())
+    except BackendError:
+        view = None  # each audit reports the error itself
+    runs = [audit_run(period_start=start, period_end=end, trigger="scheduled", view=view)]
+    tenant_ids = (
+        Sandbox.objects.filter(created_at__gte=start, created_at__lt=end)
+        .values_list("tenant_id", flat=True)
+        .distinct()
+    )
+    for tenant in Tenant.objects.filter(pk__in=list(tenant_ids)):
+        runs.append(
+            audit_run(
+                period_start=start,
+                period_end=end,
+                audit_slice=AuditSlice(tenant=tenant),
+                trigger="scheduled",
+                view=view,
+            )
+        )
+    return runs

@@ -1,0 +1,77 @@
+"""Operator-facing pages and endpoints: /metrics, the leak report (staff) and a
+tenant's own leak history. Views only call services and selectors."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from apps.billing.auth import principal_for_session
+from apps.sandboxes import reports
+from apps.sandboxes.metrics import render_metrics
+from apps.sandboxes.services.audit import audit_run
+from apps.sandboxes.services.reconcile import sandbox_reconcile
+
+CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _token_ok(request: HttpRequest) -> bool:
+    expected = settings.HEDGEROW_METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if not expected or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header.removeprefix("Bearer ").encode(), expected.encode())
+
+
+def _is_staff(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape target: a staff session or ``Bearer HEDGEROW_METRICS_TOKEN``."""
+    if not (_token_ok(request) or _is_staff(request)):
+        return HttpResponse("metrics need a staff session or the metrics token\n", status=401)
+    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
+
+
+@staff_member_required
+@require_http_methods(["GET"])
+def leak_report(request: HttpRequest) -> HttpResponse:
+    context: dict[str, Any] = reports.leak_report_context(tenant_slug=request.GET.get("tenant", ""))
+    return render(request, "reports/leak_report.html", context)
+
+
+@staff_member_required
+@require_POST
+def leak_report_run(request: HttpRequest) -> HttpResponse:
+    """Runs a reconciler round (if asked) and an installation-wide audit now."""
+    if request.POST.get("reconcile"):
+        sandbox_reconcile()
+    audit_run(reclaim=bool(request.POST.get("reclaim")), trigger="manual")
+    return redirect("leak-report")
+
+
+def leak_report_json(request: HttpRequest) -> HttpResponse:
+    """The leak report for machines: staff session or the metrics token."""
+    if not (_token_ok(request) or _is_staff(request)):
+        return JsonResponse({"error": {"code": "forbidden", "message": "staff only"}}, status=403)
+    return JsonResponse(reports.leak_report_json(tenant_slug=request.GET.get("tenant", "")))
+
+
+@login_required
+@require_http_methods(["GET"])
+def tenant_leaks(request: HttpRequest) -> HttpResponse:
+    """The signed-in user's current team: its audits over time and its live sandboxes."""
+    principal = principal_for_session(request.user, request.session.get("tenant_id"))
+    if principal is None:
+        return HttpResponseForbidden("you are not a member of any team")
+    context = reports.tenant_leaks_context(tenant=principal.tenant)
+    return render(request, "reports/tenant_leaks.html", context)
