@@ -1,5 +1,28 @@
 from django.urls import path
 
-from frontend import views
+from frontend import team_views, views
 
-urlpatterns = [path("", views.home, name="home")]
+app_name = "frontend"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("login/", team_views.LoginView.as_view(), name="login"),
+    path("logout/", team_views.LogoutView.as_view(), name="logout"),
+    path("team/switch", team_views.team_switch, name="team-switch"),
+    path("sandboxes/", views.sandbox_list, name="sandboxes"),
+    path("sandboxes/table", views.sandbox_table, name="sandbox-table"),
+    path("sandboxes/new", views.sandbox_create_view, name="sandbox-create"),
+    path("sandboxes/<str:sandbox_id>/", views.sandbox_detail, name="sandbox"),
+    path("sandboxes/<str:sandbox_id>/header", views.sandbox_header, name="sandbox-header"),
+    path("sandboxes/<str:sandbox_id>/timeline", views.sandbox_timeline, name="sandbox-timeline"),
+    path(
+        "sandboxes/<str:sandbox_id>/operations",
+        views.sandbox_operations,
+        name="sandbox-operations",
+    ),
+    path("sandboxes/<str:sandbox_id>/files", views.sandbox_files, name="sandbox-files"),
+    path("sandboxes/<str:sandbox_id>/delete", views.sandbox_delete_view, name="sandbox-delete"),
+    path("keys/", team_views.keys, name="keys"),
+    path("keys/<str:key_id>/revoke", team_views.key_revoke, name="key-revoke"),
+    path("members/", team_views.members, name="members"),
+]

@@ -1,8 +1,208 @@
+"""Sandbox pages. Reads go through selectors, writes through services, as in the API."""
+
 from __future__ import annotations
 
+import posixpath
+from typing import Any
+
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.billing.principal import Principal
+from apps.sandboxes import selectors
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.models import State
+from apps.sandboxes.services import files
+from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
+from controlplane.errors import ApiError
+from frontend.access import is_htmx, page, render_page, websocket_paths
+from frontend.forms import sandbox_form_errors
+
+PAGE_SIZE = 100
+FORM_DEFAULTS = {"image": "host", "cpu": "1", "memory": "1Gi", "ttl_seconds": "3600"}
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "frontend/home.html", {})
+    return redirect("frontend:sandboxes")
+
+
+def _filters(request: HttpRequest) -> dict[str, str]:
+    return {
+        "state": request.GET.get("state", "").strip(),
+        "image": request.GET.get("image", "").strip(),
+    }
+
+
+def _table_context(principal: Principal, filters: dict[str, str]) -> dict[str, Any]:
+    qs = selectors.sandbox_list(
+        tenant=principal.tenant, state=filters["state"] or None, image=filters["image"] or None
+    )
+    rows = list(qs[: PAGE_SIZE + 1])
+    return {
+        "sandboxes": rows[:PAGE_SIZE],
+        "more": len(rows) > PAGE_SIZE,
+        "filters": filters,
+        "filtered": any(filters.values()),
+    }
+
+
+def _images() -> list[str]:
+    return sorted(image.name for image in get_backend().images())
+
+
+@require_GET
+@page()
+def sandbox_list(request: HttpRequest, principal: Principal) -> HttpResponse:
+    filters = _filters(request)
+    return render_page(
+        request,
+        principal,
+        "frontend/sandboxes/list.html",
+        {
+            **_table_context(principal, filters),
+            "states": [s.value for s in State],
+            "images": _images(),
+            "form": FORM_DEFAULTS,
+            "errors": {},
+            "nav_section": "sandboxes",
+        },
+    )
+
+
+@require_GET
+@page()
+def sandbox_table(request: HttpRequest, principal: Principal) -> HttpResponse:
+    context = _table_context(principal, _filters(request))
+    return render_page(request, principal, "frontend/sandboxes/_table.html", context)
+
+
+@require_POST
+@page("write")
+def sandbox_create_view(request: HttpRequest, principal: Principal) -> HttpResponse:
+    serializer, errors = sandbox_form_errors(request.POST)
+    created = None
+    if not errors:
+        try:
+            created, _ = sandbox_create(
+                tenant=principal.tenant,
+                request=serializer.to_request(),
+                idempotency_key=request.POST.get("idempotency_key") or None,
+                actor=principal.actor,
+            )
+        except ApiError as exc:
+            errors[exc.field or "__all__"] = exc.message
+    if created is not None and not is_htmx(request):
+        return redirect("frontend:sandbox", sandbox_id=created.external_id)
+    context = {
+        "form": FORM_DEFAULTS if created else request.POST,
+        "errors": errors,
+        "created": created,
+        "images": _images(),
+    }
+    response = render_page(
+        request,
+        principal,
+        "frontend/sandboxes/_create_form.html",
+        context,
+        status=200 if not errors else 400,
+    )
+    if created is not None:
+        response["HX-Trigger"] = "sandboxes-changed"
+    if errors:
+        # htmx only swaps 2xx by default; the form re-renders in place with its errors.
+        response["HX-Reswap"] = "outerHTML"
+        response.status_code = 200 if is_htmx(request) else 400
+    return response
+
+
+@require_POST
+@page("write")
+def sandbox_delete_view(
+    request: HttpRequest, principal: Principal, sandbox_id: str
+) -> HttpResponse:
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    sandbox_delete(sandbox=sandbox, actor=principal.actor)
+    if is_htmx(request):
+        response = HttpResponse(status=204)
+        response["HX-Trigger"] = "sandboxes-changed"
+        return response
+    return redirect(request.POST.get("next") or reverse("frontend:sandboxes"))
+
+
+def _detail_context(principal: Principal, sandbox_id: str) -> dict[str, Any]:
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    return {"sandbox": sandbox, "events": list(selectors.sandbox_events(sandbox=sandbox))}
+
+
+@require_GET
+@page()
+def sandbox_detail(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    context = _detail_context(principal, sandbox_id)
+    sandbox = context["sandbox"]
+    paths = websocket_paths()
+    context.update(
+        operations=list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20]),
+        pty_available=any("pty" in p for p in paths),
+        nav_section="sandboxes",
+    )
+    return render_page(request, principal, "frontend/sandboxes/detail.html", context)
+
+
+@require_GET
+@page()
+def sandbox_header(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    context = _detail_context(principal, sandbox_id)
+    return render_page(request, principal, "frontend/sandboxes/_header.html", context)
+
+
+@require_GET
+@page()
+def sandbox_timeline(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    context = _detail_context(principal, sandbox_id)
+    return render_page(request, principal, "frontend/sandboxes/_timeline.html", context)
+
+
+@require_GET
+@page()
+def sandbox_operations(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    operations = list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20])
+    return render_page(
+        request,
+        principal,
+        "frontend/sandboxes/_operations.html",
+        {"sandbox": sandbox, "operations": operations},
+    )
+
+
+@require_GET
+@page()
+def sandbox_files(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    path = request.GET.get("path") or "/workspace"
+    listing: dict[str, Any] = {}
+    error = ""
+    try:
+        listing = files.file_list(sandbox=sandbox, path=path)
+    except ApiError as exc:
+        error = exc.message
+    entries = sorted(
+        listing.get("entries", []), key=lambda e: (e.get("type") != "directory", e.get("name", ""))
+    )
+    parts = [p for p in path.split("/") if p]
+    crumbs = [{"name": p, "path": "/" + "/".join(parts[: i + 1])} for i, p in enumerate(parts)]
+    return render_page(
+        request,
+        principal,
+        "frontend/sandboxes/_files.html",
+        {
+            "sandbox": sandbox,
+            "path": path,
+            "parent": posixpath.dirname(path.rstrip("/")) if path != "/" else "",
+            "crumbs": crumbs,
+            "entries": entries,
+            "error": error,
+        },
+    )

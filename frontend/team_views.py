@@ -1,0 +1,160 @@
+"""Sign in/out, the team switcher, API keys and members."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_http_methods, require_POST
+
+from apps.billing import selectors, services
+from apps.billing.auth import principal_for_session
+from apps.billing.models import Role, Scope
+from apps.billing.principal import Principal
+from controlplane.errors import ApiError
+from frontend.access import page, render_page
+
+EXPIRY_CHOICES = [("", "Never"), ("7", "7 days"), ("30", "30 days"), ("90", "90 days")]
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "frontend/login.html"
+    redirect_authenticated_user = True
+
+
+class LogoutView(auth_views.LogoutView):
+    pass
+
+
+@require_POST
+def team_switch(request: HttpRequest) -> HttpResponse:
+    """Stores the chosen team in the session if the user is a member of it."""
+    if not request.user.is_authenticated:
+        return redirect("frontend:login")
+    tenant_id = request.POST.get("tenant_id", "")
+    principal = principal_for_session(request.user, tenant_id)
+    if principal is not None and str(principal.tenant.pk) == tenant_id:
+        request.session["tenant_id"] = tenant_id
+    target = request.POST.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = "/"
+    # Object pages of the old team would be 404s in the new one.
+    if target.startswith("/sandboxes/") and target != "/sandboxes/":
+        target = "/sandboxes/"
+    return redirect(target)
+
+
+def _keys_context(principal: Principal) -> dict[str, Any]:
+    return {
+        "keys": list(selectors.api_key_list(tenant=principal.tenant)),
+        "scopes": [s.value for s in Scope],
+        "expiry_choices": EXPIRY_CHOICES,
+        "now": timezone.now(),
+        "checked_scopes": ["read", "write"],
+        "nav_section": "keys",
+    }
+
+
+@require_http_methods(["GET", "POST"])
+@page("admin")
+def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """Lists keys; POST issues one and shows its secret on this response only."""
+    context = _keys_context(principal)
+    if request.method == "POST":
+        name = request.POST.get("name", "").strip()
+        scopes = request.POST.getlist("scopes")
+        errors: dict[str, str] = {}
+        if not name:
+            errors["name"] = "Give the key a name, e.g. the job or person that uses it."
+        if not scopes:
+            errors["scopes"] = "Choose at least one scope."
+        expires_at: datetime | None = None
+        days = request.POST.get("expires_in_days", "")
+        if days:
+            if not days.isdigit() or not 1 <= int(days) <= 3650:
+                errors["expires_in_days"] = "Choose an expiry."
+            else:
+                expires_at = timezone.now() + timedelta(days=int(days))
+        if not errors:
+            try:
+                issued = services.api_key_create(
+                    tenant=principal.tenant,
+                    name=name,
+                    scopes=scopes,
+                    expires_at=expires_at,
+                    created_by=request.user,  # type: ignore[arg-type]
+                )
+            except ApiError as exc:
+                errors[exc.field or "__all__"] = exc.message
+            else:
+                context = _keys_context(principal)
+                context.update(issued=issued)
+                return render_page(request, principal, "frontend/keys.html", context, status=201)
+        context.update(errors=errors, form=request.POST, checked_scopes=scopes)
+        return render_page(request, principal, "frontend/keys.html", context, status=400)
+    return render_page(request, principal, "frontend/keys.html", context)
+
+
+@require_POST
+@page("admin")
+def key_revoke(request: HttpRequest, principal: Principal, key_id: str) -> HttpResponse:
+    key = selectors.api_key_get(tenant=principal.tenant, key_id=key_id)
+    services.api_key_revoke(key=key)
+    messages.success(request, f"Revoked {key.name} ({key.prefix}…). Requests with it now fail.")
+    return redirect("frontend:keys")
+
+
+def _members_context(principal: Principal) -> dict[str, Any]:
+    roles = [r.value for r in Role]
+    grantable = roles if principal.role == Role.OWNER else [r for r in roles if r != Role.OWNER]
+    return {
+        "members": list(selectors.membership_list(tenant=principal.tenant)),
+        "roles": roles,
+        "grantable": grantable,
+        "can_manage": principal.role in (Role.OWNER, Role.ADMIN),
+        "nav_section": "members",
+    }
+
+
+@require_http_methods(["GET", "POST"])
+@page()
+def members(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """Everyone sees the team; owners/admins add users and change roles (server-checked)."""
+    context = _members_context(principal)
+    if request.method == "GET":
+        return render_page(request, principal, "frontend/members.html", context)
+    errors: dict[str, str] = {}
+    message = ""
+    try:
+        if request.POST.get("action") == "add":
+            added = services.membership_add(
+                tenant=principal.tenant,
+                username=request.POST.get("username", ""),
+                role=request.POST.get("role", Role.MEMBER),
+                by_role=principal.role,
+            )
+            message = f"Added {added.user.username} as {added.role}."
+        else:
+            membership = selectors.membership_get(
+                tenant=principal.tenant, membership_id=request.POST.get("membership_id", "")
+            )
+            changed = services.membership_change_role(
+                membership=membership, role=request.POST.get("role", ""), by_role=principal.role
+            )
+            message = f"{changed.user.username} is now {changed.role}."
+    except ApiError as exc:
+        if exc.status_code == 403:
+            context.update(error=exc.message)
+            return render_page(request, principal, "frontend/members.html", context, status=403)
+        errors[exc.field or "__all__"] = exc.message
+    if not errors:
+        messages.success(request, message)
+        return redirect("frontend:members")
+    context.update(errors=errors, form=request.POST)
+    return render_page(request, principal, "frontend/members.html", context, status=400)

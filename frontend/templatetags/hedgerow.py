@@ -1,0 +1,112 @@
+"""Small presentation helpers: shortened ids with copy, times the browser localises."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+register = template.Library()
+
+COPY_ICON = (
+    '<svg viewBox="0 0 16 16" aria-hidden="true"><path fill="currentColor" d="M5 2h7a2 2 0 0 1 '
+    "2 2v7h-1.5V4a.5.5 0 0 0-.5-.5H5V2Zm-2 3h7a2 2 0 0 1 2 2v6a2 2 0 0 1-2 2H3a2 2 0 0 1-2-2V7a2 "
+    "2 0 0 1 2-2Zm0 1.5a.5.5 0 0 0-.5.5v6a.5.5 0 0 0 .5.5h7a.5.5 0 0 0 .5-.5V7a.5.5 0 0 0"
+    '-.5-.5H3Z"/></svg>'
+)
+
+
+def shorten(value: str, keep: int = 14) -> str:
+    return value if len(value) <= keep + 1 else f"{value[: keep - 4]}…{value[-4:]}"
+
+
+@register.simple_tag
+def short_id(value: object, href: str = "", keep: int = 14) -> SafeString:
+    """The id shortened, the full id on hover, and a copy button."""
+    full = str(value)
+    label = shorten(full, keep)
+    inner = (
+        format_html('<a href="{}" title="{}">{}</a>', href, full, label)
+        if href
+        else format_html('<span title="{}">{}</span>', full, label)
+    )
+    return format_html(
+        '<span class="id">{}<button type="button" class="copy" data-copy="{}" '
+        'aria-label="Copy {}" title="Copy">{}</button></span>',
+        inner,
+        full,
+        full,
+        SafeString(COPY_ICON),
+    )
+
+
+@register.simple_tag
+def reltime(value: datetime | None, empty: str = "—") -> SafeString:
+    """A <time> the browser renders as a relative age, with the local time on hover."""
+    if value is None:
+        return format_html('<span class="muted">{}</span>', empty)
+    return format_html(
+        '<time datetime="{}" data-rel>{}</time>',
+        value.isoformat(),
+        value.strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+@register.simple_tag
+def localtime_tag(value: datetime | None, empty: str = "—") -> SafeString:
+    if value is None:
+        return format_html('<span class="muted">{}</span>', empty)
+    return format_html(
+        '<time datetime="{}" data-local>{}</time>',
+        value.isoformat(),
+        value.strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+@register.simple_tag
+def until(value: datetime | None, empty: str = "—") -> SafeString:
+    """Time left until a deadline (TTL), counted down in the browser."""
+    if value is None:
+        return format_html('<span class="muted">{}</span>', empty)
+    return format_html(
+        '<time datetime="{}" data-until>{}</time>',
+        value.isoformat(),
+        value.strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+@register.simple_tag
+def state_badge(state: str) -> SafeString:
+    return format_html(
+        '<span class="badge state-{}" data-state="{}">{}</span>', state, state, state
+    )
+
+
+@register.filter
+def cpu_cores(millis: int) -> str:
+    cores = millis / 1000
+    return f"{cores:g} vCPU"
+
+
+@register.filter
+def mem_human(mib: int) -> str:
+    return f"{mib / 1024:g} GiB" if mib >= 1024 and mib % 256 == 0 else f"{mib} MiB"
+
+
+@register.filter
+def filesize(size: int | None) -> str:
+    if size is None:
+        return ""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+@register.filter
+def epoch(value: float | int | str) -> datetime:
+    return datetime.fromtimestamp(float(value), tz=UTC)
