@@ -62,7 +62,8 @@ def _startup_facts(link: EpisodeSandbox) -> list[dict[str, Any]]:
     events = SandboxEvent.objects.filter(sandbox=sandbox, event="transition").filter(
         _gen_filter(link)
     )
-    if events.filter(to_state=State.READY).exists():
+    same_generation = link.generation in (None, sandbox.generation)
+    if events.filter(to_state=State.READY).exists() or (same_generation and sandbox.ready_at):
         return []
     failed = events.filter(to_state=State.FAILED).first()
     base = {"sandbox_id": sandbox.external_id, "generation": link.generation}

@@ -320,7 +320,8 @@ def episodes_import(
                 {"line": number, "field": exc.field or None, "message": exc.message}
             )
             continue
-        if Episode.objects.filter(tenant=tenant, episode_id=episode.episode_id).exists():
+        taken = episode.episode_id in report.imported
+        if taken or Episode.objects.filter(tenant=tenant, episode_id=episode.episode_id).exists():
             report.errors.append(
                 {
                     "line": number,
