@@ -268,3 +268,7 @@ CELERY_BEAT_SCHEDULE["usage-rollup"] = {
     "task": "apps.billing.tasks.usage_rollup",
     "schedule": HEDGEROW_USAGE_ROLLUP_S,
 }
+
+# A `requested` sandbox no worker picked up after this long (its task was lost with the
+# broker) is enqueued again by the reconciler.
+HEDGEROW_REQUEUE_AFTER_S = env_float("HEDGEROW_REQUEUE_AFTER_S", 30.0)
