@@ -1,0 +1,171 @@
+"""Orchard file calls (base64 in JSON) and apply_patch, over the Hedgerow file and
+exec services."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from typing import Any
+
+from django.conf import settings
+
+from apps.billing.principal import Principal
+from apps.sandboxes.agent_client import AgentError, AgentUnreachable
+from apps.sandboxes.api.serializers import render_stream
+from apps.sandboxes.models import Sandbox
+from apps.sandboxes.services import files
+from apps.sandboxes.services.operations import (
+    AgentUnavailable,
+    ExecRequest,
+    agent_for,
+    ensure_ready,
+    operation_exec,
+)
+from controlplane.errors import ApiError, ValidationFailed
+
+# Base64 in a JSON body is held in memory on both sides; bigger files go through
+# Hedgerow's streamed /api/v1 files endpoints.
+MAX_JSON_FILE_BYTES = 64 * 1024 * 1024
+PATCH_DIR = "/tmp"
+
+# git apply works outside a repository too and handles renames and binary hunks;
+# patch(1) is the fallback. -p1 first (a/ b/ prefixes), then -p0.
+PATCH_SCRIPT = r"""
+p="$ORCHARD_PATCH_FILE"
+applied=""
+rc=1
+for strip in 1 0; do
+  if command -v git >/dev/null 2>&1 && git apply --check -p"$strip" "$p" >/dev/null 2>&1; then
+    git apply --whitespace=nowarn -p"$strip" "$p"; rc=$?; applied=1; break
+  fi
+  if command -v patch >/dev/null 2>&1 &&
+     patch --dry-run --batch --forward -p"$strip" < "$p" >/dev/null 2>&1; then
+    patch --batch --forward -p"$strip" < "$p"; rc=$?; applied=1; break
+  fi
+done
+if [ -z "$applied" ]; then
+  # Nothing applies cleanly: run it for real so the tool's own message says why.
+  if command -v git >/dev/null 2>&1; then git apply -p1 "$p"; else
+    patch --batch --forward -p1 < "$p"; fi
+  rc=$?
+fi
+rm -f "$p"
+exit "$rc"
+"""
+
+
+def _decode(content: Any) -> bytes:
+    if not isinstance(content, str):
+        raise ValidationFailed("content must be a base64 string", field="content")
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValidationFailed("content is not valid base64", field="content") from exc
+
+
+def _path(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationFailed("path is required", field="path")
+    return value
+
+
+def file_upload(*, sandbox: Sandbox, path: Any, content: Any) -> dict[str, Any]:
+    data = _decode(content)
+    limit = min(int(settings.HEDGEROW_MAX_UPLOAD_BYTES), MAX_JSON_FILE_BYTES)
+    result = files.file_write(
+        sandbox=sandbox, path=_path(path), chunks=iter([data]), size=len(data), max_bytes=limit
+    )
+    return {"success": True, "path": result.get("path", path), "size": result.get("size")}
+
+
+def file_download(*, sandbox: Sandbox, path: Any) -> dict[str, Any]:
+    target = _path(path)
+    stat = files.file_stat(sandbox=sandbox, path=target)
+    if stat.get("type") == "directory":
+        raise ApiError(f"{target} is a directory", code="is_a_directory", field="path")
+    if int(stat.get("size") or 0) > MAX_JSON_FILE_BYTES:
+        raise ApiError(
+            f"{target} is larger than {MAX_JSON_FILE_BYTES} bytes; download it from "
+            "/api/v1/sandboxes/<id>/files (streamed)",
+            code="too_large",
+            status_code=413,
+        )
+    try:
+        data = agent_for(sandbox).request("GET", "/files", params={"path": target}, timeout=120)
+    except AgentError as exc:
+        raise ApiError(exc.message, code=exc.code, field="path", status_code=exc.status) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    body = data.content
+    return {"path": target, "content": base64.b64encode(body).decode(), "size": len(body)}
+
+
+def file_listing(*, sandbox: Sandbox, path: Any) -> dict[str, Any]:
+    listing = files.file_list(sandbox=sandbox, path=path if isinstance(path, str) else None)
+    entries = []
+    for entry in listing.get("entries", []):
+        kind = entry.get("type")
+        entries.append(
+            {
+                "name": entry.get("name"),
+                "path": entry.get("path"),
+                # Orchard knows files and directories; a symlink is listed as a file
+                # (not followed), with its target.
+                "type": "directory" if kind == "directory" else "file",
+                "size": int(entry.get("size") or 0),
+                "modified": entry.get("modified"),
+                "mode": entry.get("mode"),
+                "target": entry.get("target"),
+            }
+        )
+    return {"path": listing.get("path", path), "files": entries}
+
+
+def patch_apply(
+    *, principal: Principal, sandbox: Sandbox, patch: Any, timeout: Any, cwd: Any
+) -> dict[str, Any]:
+    """Writes the patch to a temporary file in the sandbox and applies it with
+    ``git apply`` (or ``patch``) in ``cwd`` (default /workspace), as a recorded
+    operation. A patch that does not apply is ``success: false`` with the tool's
+    output, not an HTTP error."""
+    if not isinstance(patch, str) or not patch.strip():
+        raise ValidationFailed("patch must be a non-empty string", field="patch")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
+        raise ValidationFailed("cwd must be an absolute path", field="cwd")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise ValidationFailed("timeout_seconds must be a positive number", field="timeout_seconds")
+    ensure_ready(sandbox)
+    data = patch.encode() if patch.endswith("\n") else (patch + "\n").encode()
+    target = f"{PATCH_DIR}/.hedgerow-patch-{uuid.uuid4().hex}.diff"
+    files.file_write(
+        sandbox=sandbox, path=target, chunks=iter([data]), size=len(data), max_bytes=len(data)
+    )
+    try:
+        operation = operation_exec(
+            principal=principal,
+            sandbox=sandbox,
+            request=ExecRequest(
+                command=PATCH_SCRIPT,
+                cwd=cwd or "/workspace",
+                env={"ORCHARD_PATCH_FILE": target},
+                timeout=float(timeout or 60),
+            ),
+            operation_id=f"patch-{uuid.uuid4().hex}",
+        )
+    except ApiError as exc:
+        return {"success": False, "stdout": "", "stderr": "", "exit_code": None, "error": str(exc)}
+    ok = operation.termination == "exited" and operation.exit_code == 0
+    error = None
+    if not ok:
+        error = operation.termination if operation.termination != "exited" else "patch failed"
+    return {
+        "success": ok,
+        "stdout": render_stream(operation.stdout),
+        "stderr": render_stream(operation.stderr),
+        "exit_code": operation.exit_code,
+        "error": error,
+        "operation_id": operation.operation_id,
+    }
