@@ -6,6 +6,7 @@ from typing import Any
 
 from django.urls import path
 
+from apps.orchard.consumers import OrchardPtyConsumer
 from apps.sandboxes.consumers.operations import OperationStreamConsumer, RealtimeConsumer
 from apps.sandboxes.consumers.pty import PtyConsumer
 
@@ -16,4 +17,5 @@ websocket_urlpatterns: list[Any] = [
         OperationStreamConsumer.as_asgi(),
     ),
     path("ws/v1/sandboxes/<str:sandbox_id>/pty", PtyConsumer.as_asgi()),
+    path("orchard/sandboxes/<str:sandbox_id>/exec/pty", OrchardPtyConsumer.as_asgi()),
 ]

@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "apps.billing",
     "apps.sandboxes",
     "apps.trajectories",
+    "apps.orchard",
     "frontend",
 ]
 if INSTALLED_APPS[0] == "daphne":
@@ -172,6 +173,13 @@ HEDGEROW_EXEC_DEFAULT_TIMEOUT_S = env_float("HEDGEROW_EXEC_DEFAULT_TIMEOUT_S", 6
 HEDGEROW_MAX_CPU_MILLIS = env_int("HEDGEROW_MAX_CPU_MILLIS", 8000)
 HEDGEROW_MAX_MEMORY_MIB = env_int("HEDGEROW_MAX_MEMORY_MIB", 32768)
 HEDGEROW_PUBLIC_URL = env_str("HEDGEROW_PUBLIC_URL", "http://127.0.0.1:8000")
+
+# --- Orchard Env compatibility (/orchard, docs/orchard.md) -------------------------
+# Longest a `wait: true` exec holds its request before answering `running` (the client
+# then polls): kept below common client HTTP timeouts so none times out and resubmits.
+HEDGEROW_ORCHARD_EXEC_WAIT_S = env_float("HEDGEROW_ORCHARD_EXEC_WAIT_S", 25.0)
+# Stands in for container images the backend does not have ("" = refuse them).
+HEDGEROW_ORCHARD_DEFAULT_IMAGE = env_str("HEDGEROW_ORCHARD_DEFAULT_IMAGE", "host")
 
 # --- Realtime: exec streams and PTY (docs/realtime.md) --------------------------
 HEDGEROW_STREAM_REPLAY_FRAMES = env_int("HEDGEROW_STREAM_REPLAY_FRAMES", 512)
