@@ -1,0 +1,77 @@
+"""The Kubernetes backend: one pod per sandbox, the agent injected from a bundle,
+NetworkPolicies for isolation, readiness from a LIST+WATCH informer.
+
+``build_kubernetes_backend()`` is what ``apps.sandboxes.backends.get_backend`` calls
+when ``HEDGEROW_BACKEND=kubernetes``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from kubernetes import client
+from kubernetes import config as kube_config
+
+from .api import KubeApi
+from .backend import KubernetesBackend
+from .config import DEFAULT_CAPABILITIES, DEFAULT_EGRESS_EXCEPT_V4, DEFAULT_EGRESS_EXCEPT_V6
+from .config import KubernetesConfig as KubernetesConfig
+
+__all__ = ["KubeApi", "KubernetesBackend", "KubernetesConfig", "build_kubernetes_backend"]
+
+
+def _json_setting(name: str, expected: type) -> Any:
+    raw = getattr(settings, name)
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be JSON: {exc}") from exc
+    if not isinstance(value, expected):
+        raise ImproperlyConfigured(f"{name} must be a JSON {expected.__name__}")
+    return value
+
+
+def config_from_settings() -> KubernetesConfig:
+    return KubernetesConfig(
+        instance=settings.HEDGEROW_INSTANCE,
+        namespace=settings.HEDGEROW_K8S_NAMESPACE,
+        controlplane_namespace=settings.HEDGEROW_K8S_CONTROLPLANE_NAMESPACE,
+        injector_image=settings.HEDGEROW_K8S_INJECTOR_IMAGE,
+        images=tuple(settings.HEDGEROW_K8S_IMAGES),
+        default_image=settings.HEDGEROW_K8S_DEFAULT_IMAGE,
+        runtime_class=settings.HEDGEROW_K8S_RUNTIME_CLASS,
+        node_selector=_json_setting("HEDGEROW_K8S_NODE_SELECTOR", dict),
+        tolerations=_json_setting("HEDGEROW_K8S_TOLERATIONS", list),
+        image_pull_secrets=tuple(settings.HEDGEROW_K8S_IMAGE_PULL_SECRETS),
+        capabilities=tuple(settings.HEDGEROW_K8S_CAPABILITIES) or DEFAULT_CAPABILITIES,
+        egress_except=tuple(settings.HEDGEROW_K8S_EGRESS_EXCEPT)
+        or DEFAULT_EGRESS_EXCEPT_V4 + DEFAULT_EGRESS_EXCEPT_V6,
+        ready_timeout_s=settings.HEDGEROW_K8S_READY_TIMEOUT_S,
+        max_concurrency=settings.HEDGEROW_K8S_MAX_CONCURRENCY,
+        api_retries=settings.HEDGEROW_K8S_API_RETRIES,
+    )
+
+
+def api_client_from_settings(max_concurrency: int) -> client.ApiClient:
+    """In-cluster service account when no kubeconfig is configured, else the file."""
+    configuration = client.Configuration()
+    if settings.HEDGEROW_K8S_KUBECONFIG:
+        kube_config.load_kube_config(
+            config_file=settings.HEDGEROW_K8S_KUBECONFIG,
+            context=settings.HEDGEROW_K8S_CONTEXT or None,
+            client_configuration=configuration,
+        )
+    else:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    # one pooled connection per concurrent call, plus the informer's watch
+    configuration.connection_pool_maxsize = max_concurrency + 2
+    return client.ApiClient(configuration)
+
+
+def build_kubernetes_backend() -> KubernetesBackend:
+    config = config_from_settings()
+    api = KubeApi(api_client_from_settings(config.max_concurrency), config)
+    return KubernetesBackend(config, api)

@@ -1,0 +1,330 @@
+"""KubernetesBackend: one pod per sandbox in a dedicated namespace."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from apps.sandboxes.backends.base import (
+    BackendError,
+    BackendEvent,
+    Endpoint,
+    ImageInfo,
+    InventoryItem,
+    SandboxSpec,
+    UnknownImage,
+)
+
+from .api import KubeApi, is_status
+from .config import (
+    L_SANDBOX,
+    KubernetesConfig,
+    check_image_ref,
+    check_sandbox_id,
+    generation_of,
+    identity,
+    object_name,
+)
+from .informer import PodInformer
+from .specs import build_egress_policy, build_namespace_policy, build_pod, build_secret
+
+log = logging.getLogger(__name__)
+
+HOST_ALIAS = "host"  # the API's default image name; mapped to config.default_image
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """How to create/read/delete/list one kind of object."""
+
+    name: str  # inventory kind
+    create: Callable[..., Any]
+    read: Callable[..., Any]
+    delete: Callable[..., Any]
+    listing: Callable[..., Any]
+    delete_collection: Callable[..., Any]
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+
+    def __init__(self, config: KubernetesConfig, api: KubeApi) -> None:
+        self.config = config
+        self.api = api
+        core, net = api.core, api.net
+        self.pods = Kind(
+            "pod",
+            core.create_namespaced_pod,
+            core.read_namespaced_pod,
+            core.delete_namespaced_pod,
+            core.list_namespaced_pod,
+            core.delete_collection_namespaced_pod,
+        )
+        self.secrets = Kind(
+            "secret",
+            core.create_namespaced_secret,
+            core.read_namespaced_secret,
+            core.delete_namespaced_secret,
+            core.list_namespaced_secret,
+            core.delete_collection_namespaced_secret,
+        )
+        self.policies = Kind(
+            "network_policy",
+            net.create_namespaced_network_policy,
+            net.read_namespaced_network_policy,
+            net.delete_namespaced_network_policy,
+            net.list_namespaced_network_policy,
+            net.delete_collection_namespaced_network_policy,
+        )
+        self.isolation = f"pod+{config.runtime_class}" if config.runtime_class else "pod"
+        self.informer = PodInformer(api, config, self.isolation)
+        self._namespace_policy_ok = False
+
+    # ---- images ------------------------------------------------------------------
+
+    def images(self) -> list[ImageInfo]:
+        found = [ImageInfo(HOST_ALIAS, f"alias of {self.config.default_image}")]
+        found += [ImageInfo(name, "container image") for name in self.config.images]
+        return found
+
+    def resolve_image(self, image: str) -> str:
+        if image == HOST_ALIAS:
+            return self.config.default_image
+        if image not in self.config.images:
+            raise UnknownImage(f"unknown image {image!r}")
+        check_image_ref(image)
+        return image
+
+    # ---- provision ---------------------------------------------------------------
+
+    def provision(self, spec: SandboxSpec) -> Endpoint:
+        check_sandbox_id(spec.sandbox_id)
+        spec = dataclasses.replace(spec, image=self.resolve_image(spec.image))
+        self.informer.unsilence(spec.sandbox_id)
+        self.ensure_namespace_policy()
+        self.informer.ensure_started()
+        # A new generation replaces the old pod: nothing of an older one may answer.
+        self._delete_generations(spec.sandbox_id, keep=spec.generation)
+        try:
+            self._create_or_adopt(self.secrets, build_secret(self.config, spec))
+            if spec.network_access:
+                self._create_or_adopt(self.policies, build_egress_policy(self.config, spec))
+            pod = build_pod(self.config, spec)
+            self._create_or_adopt(self.pods, pod)
+            return self._wait_started(pod.metadata.name)
+        except Exception as exc:
+            try:
+                self._delete_generations(spec.sandbox_id, keep=None, only=spec.generation)
+            except Exception as cleanup_exc:  # noqa: BLE001 - report both
+                raise BackendError(
+                    f"provision failed ({exc}); rollback failed too: {cleanup_exc}"
+                ) from exc
+            if isinstance(exc, BackendError):
+                raise
+            raise BackendError(f"provision failed: {exc}") from exc
+
+    def ensure_namespace_policy(self) -> None:
+        """The default-deny policy exists before any sandbox pod does (idempotent)."""
+        if self._namespace_policy_ok:
+            return
+        body = build_namespace_policy(self.config)
+        try:
+            self.api.call(self.policies.create, self.config.namespace, body)
+        except ApiException as exc:
+            if not is_status(exc, 409):
+                raise BackendError(f"cannot create the namespace policy: {exc.reason}") from exc
+            existing = self.api.call(self.policies.read, body.metadata.name, self.config.namespace)
+            if (existing.metadata.labels or {}) != body.metadata.labels:
+                raise BackendError(
+                    f"network policy {body.metadata.name} exists but is not this "
+                    "installation's; refusing to run sandboxes without it"
+                ) from exc
+        self._namespace_policy_ok = True
+
+    def _create_or_adopt(self, kind: Kind, body: Any) -> Any:
+        """Creates ``body``; an existing object of that name is adopted only when its
+        labels name the same installation, tenant, sandbox and generation."""
+        name = body.metadata.name
+        try:
+            return self.api.call(kind.create, self.config.namespace, body)
+        except ApiException as exc:
+            if not is_status(exc, 409):
+                raise BackendError(
+                    f"cannot create {kind.name} {name}: {exc.status} {exc.reason}",
+                    transient=exc.status in (409, 429) or exc.status >= 500,
+                ) from exc
+        existing = self.api.call(kind.read, name, self.config.namespace)
+        if identity(existing.metadata.labels) != identity(body.metadata.labels):
+            raise BackendError(
+                f"{kind.name} {name} already exists with other owner labels "
+                f"{identity(existing.metadata.labels)}: refusing to share it"
+            )
+        if existing.metadata.deletion_timestamp is not None:
+            raise BackendError(f"{kind.name} {name} is being deleted", transient=True)
+        log.info("adopted existing %s %s", kind.name, name)
+        return existing
+
+    def _wait_started(self, pod_name: str) -> Endpoint:
+        view = self.informer.wait(pod_name, self.config.ready_timeout_s)
+        if view is None:
+            raise BackendError(f"pod {pod_name} never appeared in the watch", transient=True)
+        if view.running and view.ip and not view.deleting:
+            return Endpoint(view.ip, self.config.agent_port, self.isolation, view.node)
+        if view.problem or view.terminal:
+            raise BackendError(f"pod {pod_name} failed: {view.problem or view.phase}")
+        if view.deleting:
+            raise BackendError(f"pod {pod_name} was deleted while starting")
+        waiting = view.pending_reason or f"phase {view.phase}"
+        raise BackendError(
+            f"pod {pod_name} not started after {self.config.ready_timeout_s:.0f}s ({waiting})"
+        )
+
+    # ---- destroy -------------------------------------------------------------------
+
+    def destroy(self, sandbox_id: str) -> None:
+        check_sandbox_id(sandbox_id)
+        self.informer.silence(sandbox_id)
+        self._delete_generations(sandbox_id, keep=None)
+
+    def _delete_generations(
+        self, sandbox_id: str, *, keep: int | None, only: int | None = None
+    ) -> None:
+        """Deletes the sandbox's pods first (the agent stops answering), then its
+        policies and secrets. ``keep``: a generation to spare; ``only``: just that one."""
+        selector = self.config.sandbox_selector(sandbox_id)
+        for kind in (self.pods, self.policies, self.secrets):
+            if keep is None and only is None:
+                # one request per kind, whatever the number of generations
+                self.api.call(
+                    kind.delete_collection,
+                    self.config.namespace,
+                    label_selector=selector,
+                    **_grace(kind),
+                )
+                continue
+            listing = self.api.call(kind.listing, self.config.namespace, label_selector=selector)
+            for obj in listing.items:
+                generation = generation_of(obj.metadata.labels)
+                if generation == keep or (only is not None and generation != only):
+                    continue
+                self._delete(kind, obj.metadata.name)
+
+    def _delete(self, kind: Kind, name: str) -> None:
+        try:
+            self.api.call(kind.delete, name, self.config.namespace, **_grace(kind))
+        except ApiException as exc:
+            if not is_status(exc, 404):
+                raise BackendError(
+                    f"cannot delete {kind.name} {name}: {exc.status} {exc.reason}",
+                    transient=True,
+                ) from exc
+
+    # ---- endpoint, inventory, reclaim ----------------------------------------------
+
+    def endpoint(self, sandbox_id: str) -> Endpoint | None:
+        check_sandbox_id(sandbox_id)
+        self.informer.ensure_started()
+        live = [
+            p
+            for p in self.informer.for_sandbox(sandbox_id)
+            if p.running and p.ip and not p.deleting and not p.terminal
+        ]
+        if not live:
+            return None
+        best = max(live, key=lambda p: p.generation or 0)
+        return Endpoint(best.ip, self.config.agent_port, self.isolation, best.node)
+
+    def inventory(self) -> list[InventoryItem]:
+        """Pods, network policies and secrets of this installation, listed afresh
+        (not from the informer's cache). A pod whose containers ended is
+        ``pod_exited``: it holds no running agent but is still a resource to remove.
+        A pod deleted less than ``terminating_grace_s`` ago is a deletion in progress,
+        not a leak, and is left out."""
+        items: list[InventoryItem] = []
+        selector = self.config.sandbox_selector()
+        now = datetime.now(UTC)
+        for kind in (self.pods, self.policies, self.secrets):
+            try:
+                listing = self.api.call(
+                    kind.listing, self.config.namespace, label_selector=selector
+                )
+            except ApiException as exc:
+                raise BackendError(f"cannot list {kind.name}s: {exc.status} {exc.reason}") from exc
+            for obj in listing.items:
+                meta = obj.metadata
+                labels = meta.labels or {}
+                name = kind.name
+                node = ""
+                if kind is self.pods:
+                    if meta.deletion_timestamp is not None:
+                        age = (now - meta.deletion_timestamp).total_seconds()
+                        if age < self.config.terminating_grace_s:
+                            continue
+                    if obj.status and obj.status.phase in ("Failed", "Succeeded"):
+                        name = "pod_exited"
+                    node = (obj.spec.node_name if obj.spec else None) or ""
+                sid = labels.get(L_SANDBOX) or None
+                valid = sid is not None and _valid_id(sid)
+                items.append(
+                    InventoryItem(
+                        name,
+                        meta.name,
+                        sid if valid else None,
+                        generation_of(labels),
+                        node,
+                    )
+                )
+        return items
+
+    def reclaim(self, item: InventoryItem) -> None:
+        kinds = {"pod": self.pods, "pod_exited": self.pods}
+        kinds.update({"network_policy": self.policies, "secret": self.secrets})
+        kind = kinds.get(item.kind)
+        if kind is None:
+            raise BackendError(f"unknown inventory kind {item.kind!r}")
+        self._delete(kind, item.name)
+
+    # ---- events --------------------------------------------------------------------
+
+    def watch(self, timeout_s: float) -> Iterator[BackendEvent]:
+        self.informer.ensure_started()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                yield self.informer.events.get(timeout=remaining)
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        self.informer.stop()
+
+
+def _grace(kind: Kind) -> dict[str, Any]:
+    # a sandbox needs no graceful shutdown; 1 s lets the runtime stop it cleanly
+    return {"grace_period_seconds": 1} if kind.name == "pod" else {}
+
+
+def _valid_id(sandbox_id: str) -> bool:
+    try:
+        check_sandbox_id(sandbox_id)
+    except BackendError:
+        return False
+    return True
+
+
+def pod_name(sandbox_id: str, generation: int) -> str:
+    return object_name(sandbox_id, generation)
+
+
+__all__ = ["KubernetesBackend", "client", "pod_name"]

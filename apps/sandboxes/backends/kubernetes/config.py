@@ -1,0 +1,156 @@
+"""Configuration, object names and labels for the Kubernetes backend.
+
+Every object the backend makes carries the same labels (managed-by, instance, tenant,
+sandbox, generation, component): they are how the informer, the inventory and the
+adoption rule find and recognise them. Names embed the sandbox id and generation, so
+a replacement pod (new generation) never collides with one still terminating.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.sandboxes.backends.base import BackendError
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "hedgerow"
+L_INSTANCE = "hedgerow.dev/instance"
+L_TENANT = "hedgerow.dev/tenant"
+L_SANDBOX = "hedgerow.dev/sandbox"
+L_GENERATION = "hedgerow.dev/generation"
+L_COMPONENT = "hedgerow.dev/component"
+A_LABELS = "hedgerow.dev/labels"
+A_PIDS_LIMIT = "hedgerow.dev/pids-limit"
+AGENT_CLIENT_LABEL = "hedgerow.dev/agent-client"
+
+COMPONENT_SANDBOX = "sandbox"
+COMPONENT_NAMESPACE_POLICY = "namespace-policy"
+
+BUNDLE_SOURCE = "/hedgerow-bundle"  # where Dockerfile.agent-injector puts the bundle
+BUNDLE_MOUNT = "/opt/hedgerow"  # emptyDir in the pod; the bundle is BUNDLE_MOUNT/bundle
+TOKEN_MOUNT = "/run/hedgerow"  # memory-backed emptyDir the agent unlinks its token from
+SECRET_MOUNT = "/var/run/hedgerow-secret"  # the Secret, mounted in the init container only
+WORKSPACE = "/workspace"
+
+# Cluster-internal and link-local ranges a sandbox with network access must still not
+# reach: pod/service CIDRs of every common distribution sit inside the RFC 1918 and
+# CGNAT blocks, and 169.254.0.0/16 holds the cloud metadata service (169.254.169.254).
+DEFAULT_EGRESS_EXCEPT_V4 = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "127.0.0.0/8",
+)
+DEFAULT_EGRESS_EXCEPT_V6 = ("fc00::/7", "fe80::/10", "::1/128")
+# As root, package managers need these; everything else (NET_RAW, MKNOD, SYS_CHROOT,
+# SETFCAP, NET_BIND_SERVICE, AUDIT_WRITE, SETPCAP) is dropped.
+DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_SANDBOX_ID = re.compile(r"^[0-9a-f]{32}$")
+_IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    instance: str
+    namespace: str = "hedgerow-sandboxes"
+    controlplane_namespace: str = "hedgerow"
+    injector_image: str = "hedgerow-agent-injector:latest"
+    images: tuple[str, ...] = ("python:3.12-slim", "debian:bookworm-slim", "ubuntu:24.04")
+    default_image: str = "python:3.12-slim"  # what the API's default image "host" maps to
+    agent_port: int = 7777
+    runtime_class: str = ""  # "gvisor", "kata", … ; "" = the cluster default
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    image_pull_secrets: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
+    egress_except: tuple[str, ...] = DEFAULT_EGRESS_EXCEPT_V4 + DEFAULT_EGRESS_EXCEPT_V6
+    dns_namespace: str = "kube-system"  # where cluster DNS runs (egress to it on port 53)
+    dns_pod_labels: dict[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    ready_timeout_s: float = 120.0  # pod scheduled + image pulled + agent started
+    max_concurrency: int = 8  # API calls in flight per process
+    api_retries: int = 5  # attempts on 429/5xx/connection errors, exponential backoff
+    api_timeout_s: float = 30.0
+    watch_timeout_s: int = 240  # server-side timeout of one WATCH request; then resume
+    terminating_grace_s: float = 60.0  # a deleting pod younger than this is not a leak
+
+    def __post_init__(self) -> None:
+        if not _LABEL_VALUE.match(self.instance) or not self.instance:
+            raise BackendError(f"instance {self.instance!r} is not a valid Kubernetes label")
+        for ns in (self.namespace, self.controlplane_namespace):
+            if not _DNS_LABEL.match(ns):
+                raise BackendError(f"namespace {ns!r} is not a DNS label")
+        if self.max_concurrency < 1 or self.api_retries < 1:
+            raise BackendError("max_concurrency and api_retries must be >= 1")
+
+    # ---- names and labels ---------------------------------------------------------
+
+    def selector(self, **extra: str) -> str:
+        """Label selector for this installation's sandbox objects."""
+        parts = {MANAGED_BY: MANAGED_BY_VALUE, L_INSTANCE: self.instance}
+        parts.update(extra)
+        return ",".join(f"{k}={v}" for k, v in parts.items())
+
+    def sandbox_selector(self, sandbox_id: str | None = None) -> str:
+        extra = {L_COMPONENT: COMPONENT_SANDBOX}
+        if sandbox_id is not None:
+            extra[L_SANDBOX] = sandbox_id
+        return self.selector(**extra)
+
+    @property
+    def namespace_policy_name(self) -> str:
+        return f"hedgerow-{self.instance.lower().replace('_', '-')}-default"[:63].rstrip("-")
+
+
+def object_name(sandbox_id: str, generation: int, suffix: str = "") -> str:
+    check_sandbox_id(sandbox_id)
+    return f"hr-{sandbox_id}-{generation}{suffix}"
+
+
+def check_sandbox_id(sandbox_id: str) -> None:
+    if not _SANDBOX_ID.match(sandbox_id):
+        raise BackendError(f"invalid sandbox id {sandbox_id!r} (32 lowercase hex digits)")
+
+
+def check_image_ref(image: str) -> None:
+    if not _IMAGE_REF.match(image):
+        raise BackendError(f"invalid image reference {image!r}")
+
+
+def sandbox_labels(
+    config: KubernetesConfig, *, tenant_id: str, sandbox_id: str, generation: int
+) -> dict[str, str]:
+    tenant = tenant_id if _LABEL_VALUE.match(tenant_id) else ""
+    if not tenant:
+        raise BackendError(f"tenant id {tenant_id!r} cannot be a label value")
+    return {
+        MANAGED_BY: MANAGED_BY_VALUE,
+        L_INSTANCE: config.instance,
+        L_TENANT: tenant,
+        L_SANDBOX: sandbox_id,
+        L_GENERATION: str(generation),
+        L_COMPONENT: COMPONENT_SANDBOX,
+    }
+
+
+def identity(labels: dict[str, str] | None) -> tuple[str, str, str, str, str]:
+    """What must match for an existing object to be adopted rather than refused."""
+    labels = labels or {}
+    return (
+        labels.get(MANAGED_BY, ""),
+        labels.get(L_INSTANCE, ""),
+        labels.get(L_TENANT, ""),
+        labels.get(L_SANDBOX, ""),
+        labels.get(L_GENERATION, ""),
+    )
+
+
+def generation_of(labels: dict[str, str] | None) -> int | None:
+    raw = (labels or {}).get(L_GENERATION, "")
+    return int(raw) if raw.isdigit() else None

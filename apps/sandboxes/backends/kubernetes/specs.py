@@ -1,0 +1,338 @@
+"""The objects one sandbox is made of, built with the official client's models.
+
+* a Secret holding the agent token (never in the pod spec);
+* a Pod: the user's image unmodified, an init container that copies the agent bundle
+  (and the token) into emptyDirs, the main container starting the agent from the
+  bundle through the launcher, probes on the agent's /health, requests = limits;
+* a per-sandbox egress NetworkPolicy when network access is requested;
+* one namespace-wide NetworkPolicy (per installation) that denies all egress and all
+  ingress except from the control plane's pods to the agent port.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from kubernetes import client
+
+from apps.sandboxes.backends.base import SandboxSpec
+
+from .config import (
+    A_LABELS,
+    A_PIDS_LIMIT,
+    AGENT_CLIENT_LABEL,
+    BUNDLE_MOUNT,
+    BUNDLE_SOURCE,
+    COMPONENT_NAMESPACE_POLICY,
+    L_COMPONENT,
+    L_GENERATION,
+    L_INSTANCE,
+    L_SANDBOX,
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
+    SECRET_MOUNT,
+    TOKEN_MOUNT,
+    WORKSPACE,
+    KubernetesConfig,
+    check_image_ref,
+    object_name,
+    sandbox_labels,
+)
+
+BUNDLE_VOLUME = "hedgerow-agent"
+TOKEN_VOLUME = "hedgerow-token"
+SECRET_VOLUME = "hedgerow-secret"
+WORKSPACE_VOLUME = "workspace"
+TOKEN_KEY = "token"
+BUNDLE_DIR = f"{BUNDLE_MOUNT}/bundle"
+
+
+def launcher_argv(bundle: str, *args: str) -> list[str]:
+    """Starts the bundled interpreter through the bundled loader: works with no shell,
+    no Python and any libc in the image (see bundle/hedgerow_launcher.py)."""
+    return [
+        f"{bundle}/lib/ld.so",
+        "--library-path",
+        f"{bundle}/lib",
+        f"{bundle}/bin/python3",
+        "-I",
+        "-m",
+        "hedgerow_launcher",
+        *args,
+    ]
+
+
+def _meta(config: KubernetesConfig, spec: SandboxSpec, suffix: str = "") -> client.V1ObjectMeta:
+    return client.V1ObjectMeta(
+        name=object_name(spec.sandbox_id, spec.generation, suffix),
+        namespace=config.namespace,
+        labels=sandbox_labels(
+            config,
+            tenant_id=spec.tenant_id,
+            sandbox_id=spec.sandbox_id,
+            generation=spec.generation,
+        ),
+    )
+
+
+def secret_name(spec: SandboxSpec) -> str:
+    return object_name(spec.sandbox_id, spec.generation, "-token")
+
+
+def egress_policy_name(spec: SandboxSpec) -> str:
+    return object_name(spec.sandbox_id, spec.generation, "-egress")
+
+
+def build_secret(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Secret:
+    meta = _meta(config, spec, "-token")
+    return client.V1Secret(
+        api_version="v1",
+        kind="Secret",
+        metadata=meta,
+        type="Opaque",
+        immutable=True,
+        data={TOKEN_KEY: base64.b64encode(spec.agent_token.encode()).decode()},
+    )
+
+
+def _resources(spec: SandboxSpec) -> client.V1ResourceRequirements:
+    # requests = limits: Guaranteed QoS, so a sandbox is never squeezed by a neighbour
+    # and its cost is exactly what it asked for.
+    amounts = {
+        "cpu": f"{spec.cpu_millis}m",
+        "memory": f"{spec.memory_mib}Mi",
+        "ephemeral-storage": f"{spec.disk_mib}Mi",
+    }
+    return client.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
+
+
+def _probe(config: KubernetesConfig, *, period: int, failures: int) -> client.V1Probe:
+    return client.V1Probe(
+        http_get=client.V1HTTPGetAction(path="/health", port="agent", scheme="HTTP"),
+        period_seconds=period,
+        timeout_seconds=2,
+        failure_threshold=failures,
+        success_threshold=1,
+    )
+
+
+def _security(config: KubernetesConfig, *, add: tuple[str, ...]) -> client.V1SecurityContext:
+    return client.V1SecurityContext(
+        allow_privilege_escalation=False,
+        privileged=False,
+        capabilities=client.V1Capabilities(drop=["ALL"], add=list(add) or None),
+        seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
+    check_image_ref(spec.image)
+    meta = _meta(config, spec)
+    meta.annotations = {
+        A_LABELS: json.dumps(spec.labels, sort_keys=True),
+        # Kubernetes has no per-pod pids field: the node's kubelet podPidsLimit applies
+        # (docs/deploy-kubernetes.md); the request is recorded for operators.
+        A_PIDS_LIMIT: str(spec.pids_limit),
+    }
+    init = client.V1Container(
+        name="hedgerow-agent-inject",
+        image=config.injector_image,
+        image_pull_policy="IfNotPresent",
+        command=launcher_argv(
+            BUNDLE_SOURCE,
+            "inject",
+            "--to",
+            BUNDLE_DIR,
+            "--token-from",
+            f"{SECRET_MOUNT}/{TOKEN_KEY}",
+            "--token-to",
+            f"{TOKEN_MOUNT}/{TOKEN_KEY}",
+        ),
+        resources=client.V1ResourceRequirements(
+            requests={"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "16Mi"},
+            limits={"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "16Mi"},
+        ),
+        security_context=client.V1SecurityContext(
+            allow_privilege_escalation=False,
+            privileged=False,
+            read_only_root_filesystem=True,
+            # root without capabilities: can read the root-owned 0400 Secret file and
+            # write into the emptyDirs, nothing more
+            run_as_user=0,
+            run_as_non_root=False,
+            capabilities=client.V1Capabilities(drop=["ALL"]),
+            seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+        ),
+        volume_mounts=[
+            client.V1VolumeMount(name=BUNDLE_VOLUME, mount_path=BUNDLE_MOUNT),
+            client.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT),
+            client.V1VolumeMount(name=SECRET_VOLUME, mount_path=SECRET_MOUNT, read_only=True),
+        ],
+    )
+    main = client.V1Container(
+        name="sandbox",
+        image=spec.image,
+        image_pull_policy="IfNotPresent",
+        # The image's ENTRYPOINT/CMD are replaced by the launcher (an init that keeps
+        # the pod alive as long as the agent lives); `env` is deliberately unset so the
+        # image's own environment is what commands see.
+        command=launcher_argv(
+            BUNDLE_DIR,
+            "run",
+            "--",
+            "--listen",
+            f"0.0.0.0:{config.agent_port}",
+            "--token-file",
+            f"{TOKEN_MOUNT}/{TOKEN_KEY}",
+            "--unlink-token",
+            "--workdir",
+            WORKSPACE,
+        ),
+        args=[],
+        ports=[client.V1ContainerPort(name="agent", container_port=config.agent_port)],
+        resources=_resources(spec),
+        startup_probe=_probe(config, period=1, failures=max(int(config.ready_timeout_s), 1)),
+        readiness_probe=_probe(config, period=5, failures=3),
+        security_context=_security(config, add=config.capabilities),
+        volume_mounts=[
+            client.V1VolumeMount(name=BUNDLE_VOLUME, mount_path=BUNDLE_MOUNT, read_only=True),
+            client.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT),
+            client.V1VolumeMount(name=WORKSPACE_VOLUME, mount_path=WORKSPACE),
+        ],
+        working_dir=WORKSPACE,
+    )
+    pod_spec = client.V1PodSpec(
+        init_containers=[init],
+        containers=[main],
+        restart_policy="Never",  # a dead agent ends the pod: the watcher marks it lost
+        automount_service_account_token=False,
+        enable_service_links=False,
+        host_network=False,
+        host_pid=False,
+        host_ipc=False,
+        share_process_namespace=False,
+        termination_grace_period_seconds=2,
+        security_context=client.V1PodSecurityContext(
+            seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+        ),
+        runtime_class_name=config.runtime_class or None,
+        node_selector=dict(config.node_selector) or None,
+        tolerations=[client.V1Toleration(**t) for t in config.tolerations] or None,
+        image_pull_secrets=[
+            client.V1LocalObjectReference(name=n) for n in config.image_pull_secrets
+        ]
+        or None,
+        volumes=[
+            client.V1Volume(
+                name=BUNDLE_VOLUME, empty_dir=client.V1EmptyDirVolumeSource(size_limit="256Mi")
+            ),
+            client.V1Volume(
+                name=TOKEN_VOLUME,
+                empty_dir=client.V1EmptyDirVolumeSource(medium="Memory", size_limit="1Mi"),
+            ),
+            client.V1Volume(
+                name=SECRET_VOLUME,
+                secret=client.V1SecretVolumeSource(
+                    secret_name=secret_name(spec), default_mode=0o400, optional=False
+                ),
+            ),
+            client.V1Volume(
+                name=WORKSPACE_VOLUME,
+                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{spec.disk_mib}Mi"),
+            ),
+        ],
+    )
+    return client.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
+
+
+def build_egress_policy(config: KubernetesConfig, spec: SandboxSpec) -> client.V1NetworkPolicy:
+    """Allows this sandbox (this generation) to reach the internet and cluster DNS only."""
+    meta = _meta(config, spec, "-egress")
+    v4 = [c for c in config.egress_except if ":" not in c]
+    v6 = [c for c in config.egress_except if ":" in c]
+    dns_ports = [
+        client.V1NetworkPolicyPort(protocol="UDP", port=53),
+        client.V1NetworkPolicyPort(protocol="TCP", port=53),
+    ]
+    return client.V1NetworkPolicy(
+        api_version="networking.k8s.io/v1",
+        kind="NetworkPolicy",
+        metadata=meta,
+        spec=client.V1NetworkPolicySpec(
+            pod_selector=client.V1LabelSelector(
+                match_labels={
+                    L_INSTANCE: config.instance,
+                    L_SANDBOX: spec.sandbox_id,
+                    L_GENERATION: str(spec.generation),
+                }
+            ),
+            policy_types=["Egress"],
+            egress=[
+                client.V1NetworkPolicyEgressRule(
+                    to=[
+                        client.V1NetworkPolicyPeer(
+                            ip_block=client.V1IPBlock(cidr="0.0.0.0/0", _except=v4 or None)
+                        ),
+                        client.V1NetworkPolicyPeer(
+                            ip_block=client.V1IPBlock(cidr="::/0", _except=v6 or None)
+                        ),
+                    ]
+                ),
+                client.V1NetworkPolicyEgressRule(
+                    to=[
+                        client.V1NetworkPolicyPeer(
+                            namespace_selector=client.V1LabelSelector(
+                                match_labels={"kubernetes.io/metadata.name": config.dns_namespace}
+                            ),
+                            pod_selector=client.V1LabelSelector(
+                                match_labels=dict(config.dns_pod_labels)
+                            ),
+                        )
+                    ],
+                    ports=dns_ports,
+                ),
+            ],
+        ),
+    )
+
+
+def build_namespace_policy(config: KubernetesConfig) -> client.V1NetworkPolicy:
+    """Every pod in the sandbox namespace: no egress at all, and ingress only from the
+    control plane's agent clients to the agent port — one sandbox can never reach
+    another's agent, whatever egress policy it has."""
+    return client.V1NetworkPolicy(
+        api_version="networking.k8s.io/v1",
+        kind="NetworkPolicy",
+        metadata=client.V1ObjectMeta(
+            name=config.namespace_policy_name,
+            namespace=config.namespace,
+            labels={
+                MANAGED_BY: MANAGED_BY_VALUE,
+                L_INSTANCE: config.instance,
+                L_COMPONENT: COMPONENT_NAMESPACE_POLICY,
+            },
+        ),
+        spec=client.V1NetworkPolicySpec(
+            pod_selector=client.V1LabelSelector(),  # {} = every pod in the namespace
+            policy_types=["Ingress", "Egress"],
+            ingress=[
+                client.V1NetworkPolicyIngressRule(
+                    _from=[
+                        client.V1NetworkPolicyPeer(
+                            namespace_selector=client.V1LabelSelector(
+                                match_labels={
+                                    "kubernetes.io/metadata.name": config.controlplane_namespace
+                                }
+                            ),
+                            pod_selector=client.V1LabelSelector(
+                                match_labels={AGENT_CLIENT_LABEL: "true"}
+                            ),
+                        )
+                    ],
+                    ports=[client.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)],
+                )
+            ],
+            egress=[],
+        ),
+    )
