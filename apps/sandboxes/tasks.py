@@ -55,3 +55,10 @@ def audit_leaks() -> list[int]:
     from apps.sandboxes.services.audit import audit_scheduled
 
     return [run.pk for run in audit_scheduled()]
+
+
+@shared_task(soft_time_limit=120, time_limit=180)
+def recover_operations() -> dict[str, int]:
+    from apps.sandboxes.services.recovery import operation_recover_stale
+
+    return operation_recover_stale()

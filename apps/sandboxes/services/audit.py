@@ -10,9 +10,9 @@ For a period (by creation time) and a slice (tenant, image, node, backend)::
   the reason of the move to ``terminating`` (a user delete, ``ttl_expired``,
   ``heartbeat_expired``);
 * ``failed`` (never became ready: ``provision_error``, ``pending_timeout``,
-  ``provision_deadline``) and ``lost`` (was ready, the resource vanished) are their
-  own terms, broken down by reason in the report;
-* ``live``: still requested/provisioning/ready/terminating;
+  ``provision_deadline``, ``queue_timeout``, ``budget_exhausted``) and ``lost`` (was
+  ready, the resource vanished) are their own terms, broken down by reason;
+* ``live``: not ended yet (queued, requested, provisioning, ready, terminating);
 * ``leaked``: ended (any final state) but the backend still holds resources for it.
   A leaked sandbox is counted here *instead of* its final-state term.
 
@@ -57,6 +57,8 @@ from apps.sandboxes.services.reconcile import (
 
 log = logging.getLogger(__name__)
 
+# ``queued`` (waiting for admission, no resources yet) counts as live: not ended.
+PENDING_OR_LIVE = (State.QUEUED, *LIVE_STATES)
 TERMS = ("deleted", "reaped_ttl", "reaped_heartbeat", "failed", "lost", "live", "leaked")
 REAP_TERMS = {"ttl_expired": "reaped_ttl", "heartbeat_expired": "reaped_heartbeat"}
 MAX_IDS = 200  # ids listed per flag; the counts stay exact
@@ -181,13 +183,13 @@ def audit_compute(
         items = view.by_sandbox.get(sid, [])
         if sid not in created_ids:
             imbalance["no_created_event"].append(str(sid))
-        if last_to.get(sid, State.REQUESTED) != state:
+        if last_to.get(sid) != state:
             imbalance["ledger_disagrees"].append(str(sid))
         if state in FINAL_STATES and items:
             term = "leaked"
             report.leaked_ids.append(str(sid))
             residual.update(item.kind for item in items)
-        elif state in LIVE_STATES:
+        elif state in PENDING_OR_LIVE:
             term = "live"
             live_kinds.update(item.kind for item in items)
             running = {item.kind for item in items} & RUNNING_KINDS
@@ -247,7 +249,7 @@ def _read_records(
     # earlier is not an orphan.
     known: set[uuid.UUID] = set()
     if sl.is_global:
-        known = set(Sandbox.objects.filter(state__in=LIVE_STATES).values_list("id", flat=True))
+        known = set(Sandbox.objects.filter(state__in=PENDING_OR_LIVE).values_list("id", flat=True))
     return rows, created_ids, facts, known
 
 
@@ -260,7 +262,7 @@ def _ledger_facts(
     exit_reason: dict[uuid.UUID, str] = {}
     end_reason: dict[uuid.UUID, str] = {}
     events = (
-        SandboxEvent.objects.filter(sandbox_id__in=ids, event="transition")
+        SandboxEvent.objects.filter(sandbox_id__in=ids, event__in=("created", "transition"))
         .order_by("at", "id")
         .values_list("sandbox_id", "to_state", "reason")
     )

@@ -201,7 +201,10 @@ def operation_exec(
         principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
     )
     if not is_new and operation.status != OperationStatus.RUNNING:
-        return operation
+        from apps.sandboxes.services.recovery import operation_recover_answer
+
+        # A retry after a lost answer: the agent may hold the real result.
+        return operation_recover_answer(operation=operation, sandbox=sandbox)
     if operation.generation != sandbox.generation:
         return operation_record_failure(
             operation=operation,
@@ -224,10 +227,12 @@ def operation_exec(
             request.agent_body(operation.operation_id), timeout=_agent_timeout(request)
         )
     except AgentError as exc:
+        _raise_if_terminating(sandbox, operation)
         operation_record_failure(operation=operation, code=exc.code, message=exc.message)
         status = exc.status if 400 <= exc.status < 500 else 502
         raise ApiError(exc.message, code=exc.code, field=exc.field, status_code=status) from exc
     except AgentUnreachable as exc:
+        _raise_if_terminating(sandbox, operation)
         operation_record_failure(operation=operation, code="agent_unreachable", message=str(exc))
         raise AgentUnavailable(
             f"the sandbox's agent did not answer: {exc}",
@@ -238,3 +243,18 @@ def operation_exec(
         # The key expires on its own; deleting it would cost the hot path a round trip.
         pumps.release(pk, delete=False)
     return operation_record_result(operation=operation, result=result)
+
+
+def _raise_if_terminating(sandbox: Sandbox, operation: Operation) -> None:
+    """The agent vanished because the sandbox is being deleted: that is the command's
+    typed end (409 ``sandbox_terminating``), not an infrastructure error."""
+    state = Sandbox.objects.filter(pk=sandbox.pk).values_list("state", flat=True).first()
+    if state not in (State.TERMINATING, State.DELETED):
+        return
+    message = f"sandbox {sandbox.external_id} was deleted while the command ran"
+    operation_record_failure(operation=operation, code="sandbox_terminating", message=message)
+    raise SandboxNotReady(
+        message,
+        code="sandbox_terminating",
+        extra={"state": state, "operation_id": operation.operation_id},
+    )

@@ -5,7 +5,9 @@
 * a ``ready`` record whose process/pod is gone becomes ``lost`` (reason
   ``resource_missing``);
 * a ``provisioning`` record past its deadline becomes ``failed`` (reason
-  ``provision_deadline``) and its resources are destroyed.
+  ``provision_deadline``) and its resources are destroyed;
+* a ``requested`` record no worker picked up (task lost with the broker) is enqueued
+  again (``provision_requeued``).
 
 A round whose inventory listing fails is skipped: a transient error must never look
 like "everything vanished". Rounds are serialized by a Postgres advisory lock, so any
@@ -168,6 +170,7 @@ def sandbox_reconcile(*, now: datetime | None = None, reclaim: bool = True) -> R
                 _reclaim_counted(backend, None, view.unowned, "unparseable_name", actions, details)
         _mark_lost(view, listed_at, actions, details)
         _fail_overdue(listed_at, actions, details)
+        _requeue_stalled(listed_at, actions, details)
     run.details = details
     return _finish(run, actions=dict(actions))
 
@@ -238,6 +241,36 @@ def _fail_overdue(
             _destroy_residue(sandbox)
             actions["provision_deadline"] += 1
             details.append({"sandbox_id": str(sandbox.id), "action": "failed"})
+
+
+def _requeue_stalled(
+    listed_at: datetime, actions: dict[str, int], details: list[dict[str, Any]]
+) -> None:
+    """A ``requested`` sandbox nobody picked up (its task was lost with the broker, or
+    the enqueue after commit failed) is enqueued again. Provisioning claims by
+    compare-and-set, so a duplicate task is harmless."""
+    from apps.sandboxes.tasks import provision_sandbox
+
+    cutoff = listed_at - timedelta(seconds=settings.HEDGEROW_REQUEUE_AFTER_S)
+    for sandbox in Sandbox.objects.filter(state=State.REQUESTED, updated_at__lt=cutoff):
+        try:
+            provision_sandbox.delay(str(sandbox.id))
+        except Exception as exc:  # noqa: BLE001 - the broker may be what is down
+            actions["requeue_error"] += 1
+            details.append(
+                {"sandbox_id": str(sandbox.id), "action": "requeue_error"}
+                | {"error": str(exc)[:200]}
+            )
+            return
+        # Touch updated_at so the next round waits again before re-enqueueing.
+        Sandbox.objects.filter(pk=sandbox.pk, state=State.REQUESTED).update(
+            updated_at=timezone.now()
+        )
+        sandbox_record_event(
+            sandbox=sandbox, event="provision_requeued", reason="stalled_request", actor=ACTOR
+        )
+        actions["provision_requeued"] += 1
+        details.append({"sandbox_id": str(sandbox.id), "action": "provision_requeued"})
 
 
 def _destroy_residue(sandbox: Sandbox) -> None:

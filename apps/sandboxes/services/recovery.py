@@ -1,0 +1,103 @@
+"""Operations whose answer went missing: the web process died mid-exec, or the agent's
+response was lost on the way back.
+
+The agent keys every command by operation id and keeps its result, so the control
+plane can always ask it what happened instead of guessing; only when the agent cannot
+know (sandbox gone, agent restarted) does an operation end ``interrupted``-style
+(``failed`` with a typed code), never stuck ``running``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.sandboxes.agent_client import AgentError, AgentUnreachable
+from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from apps.sandboxes.services.operations import agent_for
+
+log = logging.getLogger(__name__)
+
+# Failures that may hide a command which did run: the answer, not the command, was lost.
+ANSWER_LOST_CODES = ("agent_unreachable",)
+
+
+def operation_recover_answer(*, operation: Operation, sandbox: Sandbox) -> Operation:
+    """For an operation stored ``failed`` because the agent's answer never arrived:
+    asks the agent by operation id and, if the command finished, stores its real
+    result (compare-and-set from that exact failure, so it happens at most once).
+
+    Never runs the command again. Leaves the row unchanged when the agent does not
+    know the id, is unreachable, or the sandbox moved on.
+    """
+    error = operation.error or {}
+    if operation.status != OperationStatus.FAILED or error.get("code") not in ANSWER_LOST_CODES:
+        return operation
+    if sandbox.state != State.READY or sandbox.generation != operation.generation:
+        return operation
+    try:
+        result = agent_for(sandbox).operation(operation.operation_id, wait=0)
+    except (AgentUnreachable, AgentError):
+        return operation
+    if result.get("status") == "running" or not result.get("termination"):
+        return operation
+    fields = _result_fields(result)
+    changed = Operation.objects.filter(
+        pk=operation.pk, status=OperationStatus.FAILED, error__code=error.get("code")
+    ).update(**fields)
+    if changed:
+        log.info(
+            "recovered the lost answer of %s from the agent",
+            operation.operation_id,
+            extra={"operation_id": operation.operation_id, "event": "operation_recovered"},
+        )
+    operation.refresh_from_db()
+    return operation
+
+
+def _result_fields(result: dict[str, Any]) -> dict[str, Any]:
+    termination = result.get("termination") or {}
+    reason = str(termination.get("reason", "agent_error"))
+    failed = reason == "agent_error"
+    return {
+        "status": OperationStatus.FAILED if failed else OperationStatus.COMPLETED,
+        "termination": reason,
+        "exit_code": termination.get("exit_code"),
+        "signal": termination.get("signal"),
+        "stdout": result.get("stdout") or {},
+        "stderr": result.get("stderr") or {},
+        "usage": result.get("usage") or {},
+        "children_remained": bool(result.get("children_remained")),
+        "error": {"code": "agent_error", "message": termination.get("message")} if failed else None,
+        "finished_at": timezone.now(),
+    }
+
+
+def operation_recover_stale(*, now: datetime | None = None, limit: int = 500) -> dict[str, int]:
+    """The periodic sweep: every operation still ``running`` after
+    ``HEDGEROW_OPERATION_RECOVERY_AFTER_S`` goes through the streaming layer's
+    ``operation_recover`` (which leaves alone anything a live process still relays,
+    records a finished result from the agent, re-attaches a running command, or ends
+    it typed when the sandbox is gone). Returns counts by resulting status."""
+    from apps.sandboxes.services.streaming import operation_recover
+
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.HEDGEROW_OPERATION_RECOVERY_AFTER_S)
+    stale = (
+        Operation.objects.filter(status=OperationStatus.RUNNING, created_at__lt=cutoff)
+        .select_related("sandbox")
+        .order_by("created_at")[:limit]
+    )
+    counts: dict[str, int] = {}
+    for operation in stale:
+        try:
+            recovered = operation_recover(operation=operation)
+        except Exception:  # one bad row must not stop the sweep
+            log.exception("recovery of %s failed", operation.operation_id)
+            continue
+        counts[recovered.status] = counts.get(recovered.status, 0) + 1
+    return counts
