@@ -155,6 +155,19 @@ class Stack:
         self.worker.start()
         self.wait_worker_ready()
 
+    def restart_web(self) -> None:
+        """Starts the web process again (after a test killed it) on the same port."""
+        self.web.stop()
+        self.web.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("web did not restart:\n" + self.web.tail())
+
     def stop(self) -> None:
         self.web.stop()
         self.worker.stop()
