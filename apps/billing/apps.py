@@ -6,3 +6,17 @@ class BillingConfig(AppConfig):
     label = "billing"
     verbose_name = "Tenants, keys and billing"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_save
+
+        from apps.billing.usage import on_sandbox_event
+        from apps.sandboxes.models import SandboxEvent
+
+        def _metered(sender: object, instance: SandboxEvent, created: bool, **_: object) -> None:
+            # The usage ledger follows the lifecycle ledger row by row, inside the same
+            # transaction, so a transition and its metering commit together.
+            if created:
+                on_sandbox_event(instance)
+
+        post_save.connect(_metered, sender=SandboxEvent, weak=False, dispatch_uid="billing-usage")

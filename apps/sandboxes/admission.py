@@ -1,35 +1,34 @@
-"""Admission: may this tenant start one more sandbox now?
+"""Admission: may this tenant start one more sandbox now, or must it wait?
 
-Runs inside the create transaction. The cluster-wide cap is enforced here; per-tenant
-quotas plug in through ``apps.billing.quotas`` when that module exists.
+Runs inside the create transaction. The rules (cluster cap, per-tenant and per-key
+quotas, budget, the admission queue) live with billing in ``apps.billing.quotas`` and
+``apps.billing.admission_queue``; this is the one hook the create path calls.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.conf import settings
-
+from apps.billing.admission_queue import admission_decide
 from apps.billing.models import Tenant
-from apps.sandboxes.models import LIVE_STATES, Sandbox
-from controlplane.errors import ApiError
+from apps.billing.quotas import Ask, QuotaExceeded
 
 if TYPE_CHECKING:
     from apps.sandboxes.services.lifecycle import SandboxRequest
 
-
-class QuotaExceeded(ApiError):
-    status_code = 429
-    code = "quota_exceeded"
+__all__ = ["QuotaExceeded", "admission_check"]
 
 
-def admission_check(*, tenant: Tenant, request: SandboxRequest) -> None:
-    limit = getattr(settings, "HEDGEROW_MAX_LIVE_SANDBOXES", 0)
-    if limit:
-        live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
-        if live >= limit:
-            raise QuotaExceeded(
-                f"the cluster runs its maximum of {limit} live sandboxes ({live} now)",
-                headers={"Retry-After": "5"},
-                extra={"limit": "cluster_live_sandboxes", "value": limit, "current": live},
-            )
+def admission_check(*, tenant: Tenant, request: SandboxRequest, actor: str = "") -> bool:
+    """True: start now. False: wait in the admission queue (state ``queued``).
+
+    Raises QuotaExceeded (429 + Retry-After), QuotaForbidden or BudgetExhausted (403),
+    each naming the limit, its value and the current use.
+    """
+    ask = Ask(
+        cpu_millis=request.cpu_millis,
+        memory_mib=request.memory_mib,
+        ttl_seconds=request.ttl_seconds,
+        actor=actor,
+    )
+    return admission_decide(tenant=tenant, ask=ask, queue=request.queue)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -50,6 +51,13 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     sandbox_id = serializers.CharField(max_length=63, required=False)
     idempotency_key = serializers.CharField(max_length=128, required=False)
+    queue = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="over a quota, wait in the admission queue (state `queued`) instead of "
+        "a 429; omitted: the team's default",
+    )
 
     def validate_image(self, value: str) -> str:
         names = {image.name for image in get_backend().images()}
@@ -106,6 +114,7 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
             heartbeat_timeout_s=data.get("heartbeat_timeout_s"),
             labels=data.get("labels") or {},
             external_id=data.get("sandbox_id"),
+            queue=data.get("queue"),
         )
 
 
@@ -113,6 +122,13 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     id = serializers.CharField(source="external_id")
     cpu = serializers.SerializerMethodField()
     memory = serializers.SerializerMethodField()
+    queue_position = serializers.SerializerMethodField(
+        help_text="1-based place in the admission queue while `queued`, else null"
+    )
+    cost = serializers.SerializerMethodField(
+        help_text="cost so far (running sandboxes accrue), USD as a decimal string; null "
+        "if it never held resources"
+    )
 
     class Meta:
         model = Sandbox
@@ -138,7 +154,20 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "created_at",
             "ready_at",
             "terminated_at",
+            "queue_position",
+            "cost",
         ]
+
+    def get_queue_position(self, obj: Sandbox) -> int | None:
+        from apps.billing.admission_queue import queue_position
+
+        return queue_position(sandbox=obj)
+
+    def get_cost(self, obj: Sandbox) -> str | None:
+        from apps.billing.usage import sandbox_cost
+
+        cost = sandbox_cost(sandbox=obj)
+        return None if cost is None else str(cost.quantize(Decimal("0.000001")))
 
     def get_cpu(self, obj: Sandbox) -> str:
         return f"{obj.cpu_millis}m"

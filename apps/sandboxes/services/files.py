@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from apps.billing.limits import upload_admit, upload_record
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services.operations import AgentUnavailable, agent_for, ensure_ready
@@ -39,6 +40,8 @@ def file_write(
     """Streams bytes to an atomic write in the sandbox. Over ``max_bytes`` → 413, no file."""
     ensure_ready(sandbox)
     target = _check_path(path)
+    # Quotas (billing): the team's per-upload maximum and bytes per day (413 / 429).
+    max_bytes = upload_admit(tenant_id=str(sandbox.tenant_id), size=size, max_bytes=max_bytes)
     if size is not None and size > max_bytes:
         raise ApiError(
             f"upload of {size} bytes exceeds the limit of {max_bytes}",
@@ -59,6 +62,8 @@ def file_write(
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
+    if size is None:  # a streamed upload of unknown length counts once its size is known
+        upload_record(tenant_id=str(sandbox.tenant_id), nbytes=int(result.get("size") or 0))
     return result
 
 

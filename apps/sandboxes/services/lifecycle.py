@@ -38,6 +38,8 @@ class SandboxRequest:
     heartbeat_timeout_s: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     external_id: str | None = None
+    # Over a limit: wait in the admission queue (True) or get a 429; None: team default.
+    queue: bool | None = None
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
@@ -178,7 +180,8 @@ def sandbox_create(
     actor: str,
     backend_name: str | None = None,
 ) -> tuple[Sandbox, bool]:
-    """Records a sandbox in ``requested`` and enqueues provisioning after commit.
+    """Records a sandbox in ``requested`` and enqueues provisioning after commit, or in
+    ``queued`` when admission says it must wait (provisioned later by the queue).
 
     Idempotent by ``idempotency_key``: the same key and body return the existing
     sandbox (created=False); the same key with a different body is a 409. A taken
@@ -197,8 +200,10 @@ def sandbox_create(
     now = timezone.now()
     try:
         with transaction.atomic():
-            admission_check(tenant=tenant, request=request)
+            admitted = admission_check(tenant=tenant, request=request, actor=actor)
             sandbox = Sandbox.objects.create(
+                state=State.REQUESTED if admitted else State.QUEUED,
+                admitted_at=now if admitted else None,
                 tenant=tenant,
                 external_id=external_id,
                 image=request.image,
@@ -216,10 +221,11 @@ def sandbox_create(
                 created_by=actor,
                 created_at=now,
             )
-            _event(sandbox, event="created", to_state=State.REQUESTED, reason="api", actor=actor)
+            _event(sandbox, event="created", to_state=sandbox.state, reason="api", actor=actor)
             publish_sandbox_state(sandbox)
             sandbox_id = str(sandbox.id)
-            transaction.on_commit(lambda: provision_sandbox.delay(sandbox_id))
+            if admitted:  # a queued sandbox is provisioned when the queue admits it
+                transaction.on_commit(lambda: provision_sandbox.delay(sandbox_id))
     except IntegrityError:
         # A concurrent create with the same key or id won the race.
         if idempotency_key is not None:
@@ -258,7 +264,7 @@ def sandbox_delete(*, sandbox: Sandbox, actor: str, reason: str = "deleted") -> 
     sandbox_id = str(sandbox.id)
     moved = sandbox_transition(
         sandbox=sandbox,
-        from_states=(State.REQUESTED, State.PROVISIONING, State.READY),
+        from_states=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY),
         to_state=State.TERMINATING,
         reason=reason,
         actor=actor,

@@ -7,6 +7,7 @@ import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
@@ -154,9 +155,10 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
     # Pending first: a sandbox that never became ready failed to start; that is the
     # truer reason even when its TTL has also run out.
     pending_deadline = now - timedelta(seconds=settings.HEDGEROW_PENDING_TIMEOUT_S)
-    for sandbox in Sandbox.objects.filter(
-        state__in=(State.REQUESTED, State.PROVISIONING), created_at__lt=pending_deadline
-    ):
+    # Counted from admission (time spent in the admission queue is not pending time).
+    for sandbox in Sandbox.objects.annotate(
+        pending_since=Coalesce("admitted_at", "created_at")
+    ).filter(state__in=(State.REQUESTED, State.PROVISIONING), pending_since__lt=pending_deadline):
         if sandbox_transition(
             sandbox=sandbox,
             from_states=(State.REQUESTED, State.PROVISIONING),

@@ -1,0 +1,194 @@
+"""The admission queue: creates that asked to wait start in order when capacity frees.
+
+Order is round-robin by tenant: the queue is ranked by (position within the tenant,
+time queued), so a tenant with 500 queued rollouts cannot starve one with 5 — each
+tenant's n-th sandbox goes before anyone's (n+1)-th. Within a tenant it is FIFO.
+Draining runs on every sandbox end (a task enqueued after commit from the ledger
+hook) and periodically; one drain at a time (a Postgres session advisory lock).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
+from django.utils import timezone
+
+from apps.billing.models import Tenant
+from apps.billing.quotas import (
+    Ask,
+    BudgetExhausted,
+    QuotaExceeded,
+    capacity_shortfall,
+    check_budget,
+    check_request_fits,
+    limit_error,
+    quota_lock,
+)
+from apps.sandboxes.models import Sandbox, State
+
+log = logging.getLogger(__name__)
+DRAIN_LOCK_KEY = 0x48455251  # "HERQ"
+
+
+def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None) -> bool:
+    """Inside the create transaction: True = start now, False = wait in the queue.
+
+    Raises a typed error for a request that can never fit, an exhausted budget, or
+    (without queueing) any limit in the way. With queueing, a tenant's new create
+    waits behind its already queued ones, so its queue stays FIFO.
+    """
+    quota = quota_lock(tenant=tenant)
+    check_request_fits(quota=quota, ask=ask)
+    check_budget(quota=quota)
+    wants_queue = quota.queue_by_default if queue is None else queue
+    queued = Sandbox.objects.filter(tenant=tenant, state=State.QUEUED).count()
+    shortfall = None if (wants_queue and queued) else capacity_shortfall(quota=quota, ask=ask)
+    if not (wants_queue and queued) and shortfall is None:
+        return True
+    if not wants_queue:
+        assert shortfall is not None
+        raise shortfall
+    if queued >= quota.max_queued:
+        raise limit_error(
+            QuotaExceeded,
+            limit="max_queued",
+            value=quota.max_queued,
+            current=queued,
+            message=f"this team already has {queued} sandboxes waiting in the queue",
+            retry=30,
+        )
+    return False
+
+
+def queue_order(*, limit: int = 5000) -> list[tuple[str, str]]:
+    """(sandbox pk, tenant pk) of queued sandboxes in admission order."""
+    rows = (
+        Sandbox.objects.filter(state=State.QUEUED)
+        .annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("tenant_id")],
+                order_by=[F("created_at").asc(), F("id").asc()],
+            )
+        )
+        .order_by("rank", "created_at", "id")
+        .values_list("pk", "tenant_id")[:limit]
+    )
+    return [(str(pk), str(tenant_id)) for pk, tenant_id in rows]
+
+
+def queue_position(*, sandbox: Sandbox) -> int | None:
+    """1-based place in the global admission order; None unless queued."""
+    if sandbox.state != State.QUEUED:
+        return None
+    for index, (pk, _) in enumerate(queue_order()):
+        if pk == str(sandbox.pk):
+            return index + 1
+    return None
+
+
+def _try_admit(sandbox_pk: str) -> str:
+    """One queued sandbox, in its own transaction: 'admitted', 'tenant_full',
+    'cluster_full', 'failed' (budget) or 'gone'."""
+    from apps.sandboxes.services.lifecycle import sandbox_transition
+    from apps.sandboxes.tasks import provision_sandbox
+
+    with transaction.atomic():
+        sandbox = Sandbox.objects.select_related("tenant").filter(pk=sandbox_pk).first()
+        if sandbox is None or sandbox.state != State.QUEUED:
+            return "gone"
+        quota = quota_lock(tenant=sandbox.tenant)
+        try:
+            check_budget(quota=quota)
+        except BudgetExhausted as exc:
+            sandbox_transition(
+                sandbox=sandbox,
+                from_states=(State.QUEUED,),
+                to_state=State.FAILED,
+                reason="budget_exhausted",
+                actor="admission",
+                message=exc.message,
+                terminated_at=timezone.now(),
+            )
+            return "failed"
+        ask = Ask(
+            cpu_millis=sandbox.cpu_millis,
+            memory_mib=sandbox.memory_mib,
+            ttl_seconds=sandbox.ttl_seconds,
+            actor=sandbox.created_by,
+        )
+        shortfall = capacity_shortfall(quota=quota, ask=ask)
+        if shortfall is not None:
+            full = shortfall.extra.get("limit") == "cluster_live_sandboxes"
+            return "cluster_full" if full else "tenant_full"
+        now = timezone.now()
+        moved = sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.QUEUED,),
+            to_state=State.REQUESTED,
+            reason="admitted",
+            actor="admission",
+            admitted_at=now,
+            expires_at=now + timedelta(seconds=sandbox.ttl_seconds),
+        )
+        if not moved:
+            return "gone"
+        transaction.on_commit(lambda: provision_sandbox.delay(sandbox_pk))
+        return "admitted"
+
+
+def admission_queue_drain() -> int:
+    """Admits queued sandboxes in fair order while capacity allows. Returns how many.
+
+    A tenant at its limit is skipped (its later sandboxes too, keeping its FIFO); a
+    full cluster stops the pass. If another drain holds the lock this one returns 0:
+    that drain, or the periodic sweep, will see the capacity freed meanwhile.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [DRAIN_LOCK_KEY])
+        got = cursor.fetchone()
+    if not got or not got[0]:
+        return 0
+    admitted = 0
+    try:
+        blocked: set[str] = set()
+        for sandbox_pk, tenant_pk in queue_order():
+            if tenant_pk in blocked:
+                continue
+            outcome = _try_admit(sandbox_pk)
+            if outcome == "admitted":
+                admitted += 1
+            elif outcome == "tenant_full":
+                blocked.add(tenant_pk)
+            elif outcome == "cluster_full":
+                break
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [DRAIN_LOCK_KEY])
+    return admitted
+
+
+def admission_queue_expire() -> int:
+    """Fails sandboxes queued longer than HEDGEROW_QUEUE_TIMEOUT_S (reason
+    ``queue_timeout``) so a forgotten queue does not start work hours later."""
+    from apps.sandboxes.services.lifecycle import sandbox_transition
+
+    deadline = timezone.now() - timedelta(seconds=settings.HEDGEROW_QUEUE_TIMEOUT_S)
+    expired = 0
+    for sandbox in Sandbox.objects.filter(state=State.QUEUED, created_at__lt=deadline):
+        if sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.QUEUED,),
+            to_state=State.FAILED,
+            reason="queue_timeout",
+            actor="admission",
+            message="not admitted before the queue timeout",
+            terminated_at=timezone.now(),
+        ):
+            expired += 1
+    return expired

@@ -1,0 +1,82 @@
+"""Price books: which prices apply when, and the cost formula. Money is Decimal only.
+
+cost = billable_hours × (vCPU × price_vcpu_hour + GiB × price_gib_hour) + startup_fee
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+
+from apps.billing.models import CapacityType, PriceBook, PriceRate
+from controlplane.errors import ServiceUnavailable
+
+CENT = Decimal("0.01")
+HOUR = Decimal(3600)
+REFERENCE_SLUGS = ("e2b", "daytona", "modal")
+
+
+def money(value: Decimal) -> Decimal:
+    """Rounds to the cent, half up (what an invoice shows)."""
+    return value.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def seconds_of(delta: timedelta) -> Decimal:
+    """Exact seconds of a timedelta (no float on the way)."""
+    return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 10**6
+
+
+def vcpus(cpu_millis: int) -> Decimal:
+    return Decimal(cpu_millis) / 1000
+
+
+def gibs(memory_mib: int) -> Decimal:
+    return Decimal(memory_mib) / 1024
+
+
+def price_book_in_force(*, at: datetime) -> PriceBook:
+    """The newest non-reference book whose ``effective_from`` ≤ ``at``."""
+    book = (
+        PriceBook.objects.filter(is_reference=False, effective_from__lte=at)
+        .order_by("-effective_from", "-version")
+        .first()
+    )
+    if book is None:
+        raise ServiceUnavailable(
+            f"no price book is in force at {at.isoformat()}", code="no_price_book"
+        )
+    return book
+
+
+def price_rate(*, book: PriceBook, capacity_type: str) -> PriceRate:
+    """The book's row for the capacity type; books without a spot row bill spot on demand."""
+    rates = {rate.capacity_type: rate for rate in book.rates.all()}
+    rate = rates.get(capacity_type) or rates.get(CapacityType.ON_DEMAND)
+    if rate is None:
+        raise ServiceUnavailable(f"price book {book} has no on-demand row", code="no_price_book")
+    return rate
+
+
+def hourly_rate(*, cpu_millis: int, memory_mib: int, rate: PriceRate) -> Decimal:
+    return vcpus(cpu_millis) * rate.vcpu_hour + gibs(memory_mib) * rate.gib_hour
+
+
+def cost_of(*, cpu_millis: int, memory_mib: int, seconds: Decimal, rate: PriceRate) -> Decimal:
+    """Unrounded cost of one sandbox that ran ``seconds`` at ``rate`` (incl. startup fee)."""
+    per_hour = hourly_rate(cpu_millis=cpu_millis, memory_mib=memory_mib, rate=rate)
+    return seconds / HOUR * per_hour + rate.startup_fee
+
+
+def reference_books(*, at: datetime) -> list[PriceBook]:
+    """The newest version of each hosted reference book in force at ``at``."""
+    books: list[PriceBook] = []
+    for slug in REFERENCE_SLUGS:
+        book = (
+            PriceBook.objects.filter(slug=slug, is_reference=True, effective_from__lte=at)
+            .order_by("-effective_from", "-version")
+            .prefetch_related("rates")
+            .first()
+        )
+        if book is not None:
+            books.append(book)
+    return books

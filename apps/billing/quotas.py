@@ -1,0 +1,242 @@
+"""Sandbox admission: per-tenant, per-key and cluster limits, enforced atomically.
+
+Every admission decision runs inside the create (or queue-admit) transaction with the
+tenant's quota row locked (``select_for_update``), after the cluster lock when a
+cluster cap is set. Use is counted from Postgres under that lock, so concurrent
+creates of one tenant are decided one at a time against committed rows — a burst of
+200 creates against a limit of 50 admits exactly 50 — and nothing needs reconciling
+after a restart: the database is the counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Sum
+
+from apps.billing.models import ApiKeyLimits, Tenant, TenantQuota
+from apps.billing.pricing import money
+from apps.billing.usage import tenant_month_cost
+from apps.sandboxes.models import LIVE_STATES, Sandbox, State
+from controlplane.errors import ApiError
+
+# Any constant unique to this lock; pg advisory locks are per database.
+CLUSTER_LOCK_KEY = 0x48454447  # "HEDG"
+
+
+class QuotaExceeded(ApiError):
+    """Over a limit that frees up by itself (429 + Retry-After)."""
+
+    status_code = 429
+    code = "quota_exceeded"
+
+
+class QuotaForbidden(ApiError):
+    """Over a limit that waiting will not fix (the request itself is too big)."""
+
+    status_code = 403
+    code = "quota_exceeded"
+
+
+class BudgetExhausted(ApiError):
+    status_code = 403
+    code = "budget_exhausted"
+
+
+def limit_error(
+    cls: type[ApiError], *, limit: str, value: Any, current: Any, message: str, retry: int = 5
+) -> ApiError:
+    headers = {"Retry-After": str(retry)} if cls.status_code == 429 else None
+    return cls(
+        message,
+        headers=headers,
+        extra={"limit": limit, "value": value, "current": current},
+    )
+
+
+def quota_get(*, tenant: Tenant) -> TenantQuota:
+    """The tenant's quota row, created with defaults on first use (race-free)."""
+    quota = TenantQuota.objects.filter(tenant=tenant).first()
+    if quota is None:
+        TenantQuota.objects.bulk_create([TenantQuota(tenant=tenant)], ignore_conflicts=True)
+        quota = TenantQuota.objects.get(tenant=tenant)
+    return quota
+
+
+def quota_lock(*, tenant: Tenant) -> TenantQuota:
+    """Locks the cluster (if capped) and then the tenant's quota row, always in that
+    order so two admissions can never deadlock. Must run inside a transaction."""
+    if settings.HEDGEROW_MAX_LIVE_SANDBOXES:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CLUSTER_LOCK_KEY])
+    quota_get(tenant=tenant)
+    return TenantQuota.objects.select_for_update().get(tenant=tenant)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one sandbox needs from admission."""
+
+    cpu_millis: int
+    memory_mib: int
+    ttl_seconds: int
+    actor: str
+
+
+def check_request_fits(*, quota: TenantQuota, ask: Ask) -> None:
+    """Limits that waiting cannot fix: a single sandbox bigger than the whole quota."""
+    if quota.max_lifetime_s is not None and ask.ttl_seconds > quota.max_lifetime_s:
+        raise limit_error(
+            QuotaForbidden,
+            limit="max_lifetime_s",
+            value=quota.max_lifetime_s,
+            current=ask.ttl_seconds,
+            message=f"ttl_seconds {ask.ttl_seconds} exceeds this team's maximum sandbox "
+            f"lifetime of {quota.max_lifetime_s}s",
+        )
+    if quota.max_cpu_millis is not None and ask.cpu_millis > quota.max_cpu_millis:
+        raise limit_error(
+            QuotaForbidden,
+            limit="max_cpu_millis",
+            value=quota.max_cpu_millis,
+            current=ask.cpu_millis,
+            message=f"one sandbox of {ask.cpu_millis}m cpu is over the team's total of "
+            f"{quota.max_cpu_millis}m",
+        )
+    if quota.max_memory_mib is not None and ask.memory_mib > quota.max_memory_mib:
+        raise limit_error(
+            QuotaForbidden,
+            limit="max_memory_mib",
+            value=quota.max_memory_mib,
+            current=ask.memory_mib,
+            message=f"one sandbox of {ask.memory_mib}Mi is over the team's total of "
+            f"{quota.max_memory_mib}Mi",
+        )
+
+
+def check_budget(*, quota: TenantQuota) -> None:
+    if quota.monthly_budget is None:
+        return
+    spent = tenant_month_cost(tenant=quota.tenant)
+    if spent >= quota.monthly_budget:
+        raise limit_error(
+            BudgetExhausted,
+            limit="monthly_budget",
+            value=str(quota.monthly_budget),
+            current=str(money(spent)),
+            message=f"this team has spent {money(spent)} of its monthly budget of "
+            f"{quota.monthly_budget}; new sandboxes start next month or when staff raise it",
+        )
+
+
+def _key_limits(actor: str, tenant: Tenant) -> ApiKeyLimits | None:
+    if not actor.startswith("key:"):
+        return None
+    return (
+        ApiKeyLimits.objects.filter(api_key__tenant=tenant, api_key__prefix=actor[4:])
+        .select_related("api_key")
+        .first()
+    )
+
+
+def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
+    """The first limit one more sandbox would break right now, or None. Counts live
+    sandboxes from the database; call with the quota row locked."""
+    cluster_cap = settings.HEDGEROW_MAX_LIVE_SANDBOXES
+    if cluster_cap:
+        live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
+        if live >= cluster_cap:
+            return limit_error(
+                QuotaExceeded,
+                limit="cluster_live_sandboxes",
+                value=cluster_cap,
+                current=live,
+                message=f"the cluster runs its maximum of {cluster_cap} live sandboxes",
+            )
+    use = Sandbox.objects.filter(tenant_id=quota.tenant_id, state__in=LIVE_STATES).aggregate(
+        n=Count("pk"), cpu=Sum("cpu_millis"), mem=Sum("memory_mib")
+    )
+    count, cpu, mem = use["n"] or 0, use["cpu"] or 0, use["mem"] or 0
+    if quota.max_concurrent_sandboxes is not None and count >= quota.max_concurrent_sandboxes:
+        return limit_error(
+            QuotaExceeded,
+            limit="max_concurrent_sandboxes",
+            value=quota.max_concurrent_sandboxes,
+            current=count,
+            message=f"this team runs its maximum of {quota.max_concurrent_sandboxes} "
+            "concurrent sandboxes",
+        )
+    if quota.max_cpu_millis is not None and cpu + ask.cpu_millis > quota.max_cpu_millis:
+        return limit_error(
+            QuotaExceeded,
+            limit="max_cpu_millis",
+            value=quota.max_cpu_millis,
+            current=cpu,
+            message=f"{ask.cpu_millis}m more cpu would exceed the team's {quota.max_cpu_millis}m "
+            f"({cpu}m in use)",
+        )
+    if quota.max_memory_mib is not None and mem + ask.memory_mib > quota.max_memory_mib:
+        return limit_error(
+            QuotaExceeded,
+            limit="max_memory_mib",
+            value=quota.max_memory_mib,
+            current=mem,
+            message=f"{ask.memory_mib}Mi more memory would exceed the team's "
+            f"{quota.max_memory_mib}Mi ({mem}Mi in use)",
+        )
+    key_limits = _key_limits(ask.actor, quota.tenant)
+    if key_limits is not None and key_limits.max_concurrent_sandboxes is not None:
+        mine = Sandbox.objects.filter(
+            tenant_id=quota.tenant_id, state__in=LIVE_STATES, created_by=ask.actor
+        ).count()
+        if mine >= key_limits.max_concurrent_sandboxes:
+            return limit_error(
+                QuotaExceeded,
+                limit="key_max_concurrent_sandboxes",
+                value=key_limits.max_concurrent_sandboxes,
+                current=mine,
+                message=f"this API key runs its maximum of "
+                f"{key_limits.max_concurrent_sandboxes} concurrent sandboxes",
+            )
+    return None
+
+
+def queued_count(*, tenant: Tenant) -> int:
+    return Sandbox.objects.filter(tenant=tenant, state=State.QUEUED).count()
+
+
+def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
+    """Limits next to current use, for the API and the quota bars."""
+    quota = quota_get(tenant=tenant)
+    use = Sandbox.objects.filter(tenant=tenant, state__in=LIVE_STATES).aggregate(
+        n=Count("pk"), cpu=Sum("cpu_millis"), mem=Sum("memory_mib")
+    )
+    from apps.billing.limits import limits_current
+
+    hot = limits_current(tenant_id=str(tenant.pk))
+    spent = tenant_month_cost(tenant=tenant)
+    budget: Decimal | None = quota.monthly_budget
+    return {
+        "concurrent_sandboxes": {"limit": quota.max_concurrent_sandboxes, "current": use["n"]},
+        "cpu_millis": {"limit": quota.max_cpu_millis, "current": use["cpu"] or 0},
+        "memory_mib": {"limit": quota.max_memory_mib, "current": use["mem"] or 0},
+        "lifetime_s": {"limit": quota.max_lifetime_s, "current": None},
+        "concurrent_execs": {"limit": quota.max_concurrent_execs, "current": hot["execs"]},
+        "exec_rate_per_s": {"limit": quota.exec_rate_per_s, "burst": quota.exec_burst},
+        "upload_bytes": {"limit": quota.max_upload_bytes, "current": None},
+        "upload_bytes_per_day": {
+            "limit": quota.upload_bytes_per_day,
+            "current": hot["upload_bytes_today"],
+        },
+        "pty_sessions": {"limit": quota.max_pty_sessions, "current": hot["pty_sessions"]},
+        "monthly_budget": {
+            "limit": str(budget) if budget is not None else None,
+            "current": str(money(spent)),
+        },
+        "queued": {"limit": quota.max_queued, "current": queued_count(tenant=tenant)},
+        "queue_by_default": quota.queue_by_default,
+    }

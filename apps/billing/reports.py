@@ -1,0 +1,238 @@
+"""Roll-ups and reports over the usage ledger: per day, per tenant, image and label,
+next to what the same usage would cost at hosted list prices."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.billing.models import DailyUsage, PriceBook, Tenant, TenantQuota, UsageRecord
+from apps.billing.pricing import (
+    HOUR,
+    money,
+    price_book_in_force,
+    price_rate,
+    reference_books,
+)
+from apps.billing.usage import Totals, month_start, record_window, records_overlapping
+
+
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    return start, start + timedelta(days=1)
+
+
+def _slices(record: UsageRecord) -> list[tuple[str, str]]:
+    slices = [("total", ""), ("image", record.image)]
+    slices += [("label", f"{k}={v}"[:300]) for k, v in sorted(record.labels.items())]
+    return slices
+
+
+def daily_usage_rebuild(*, day: date) -> int:
+    """Recomputes every roll-up row of ``day`` from the usage ledger (live sandboxes
+    accrued to now). Idempotent: the day's rows are replaced in one transaction."""
+    start, end = day_bounds(day)
+    now = timezone.now()
+    acc: dict[tuple[str, str, str], Totals] = defaultdict(Totals)
+    for record in records_overlapping(start=start, end=end).iterator():
+        share = record_window(record, start=start, end=end, now=now)
+        if share.seconds == 0 and not share.started_inside:
+            continue
+        for dimension, value in _slices(record):
+            acc[(str(record.tenant_id), dimension, value)].add(record, share)
+    rows = [
+        DailyUsage(
+            tenant_id=tenant_id,
+            day=day,
+            dimension=dimension,
+            value=value,
+            sandboxes=t.sandboxes,
+            sandbox_seconds=t.sandbox_seconds.quantize(Decimal("0.001")),
+            vcpu_seconds=t.vcpu_seconds.quantize(Decimal("0.001")),
+            gib_seconds=t.gib_seconds.quantize(Decimal("0.001")),
+            cost=t.cost.quantize(Decimal("0.0000000001")),
+            computed_at=now,
+        )
+        for (tenant_id, dimension, value), t in acc.items()
+    ]
+    with transaction.atomic():
+        DailyUsage.objects.filter(day=day).delete()
+        DailyUsage.objects.bulk_create(rows)
+    return len(rows)
+
+
+def reference_costs(
+    *, vcpu_seconds: Decimal, gib_seconds: Decimal, sandboxes: int, at: datetime
+) -> list[dict[str, Any]]:
+    """What the same vCPU-seconds and GiB-seconds cost at each hosted list price."""
+    out = []
+    for book in reference_books(at=at):
+        rate = price_rate(book=book, capacity_type="on_demand")
+        cost = (
+            vcpu_seconds / HOUR * rate.vcpu_hour
+            + gib_seconds / HOUR * rate.gib_hour
+            + sandboxes * rate.startup_fee
+        )
+        out.append({"slug": book.slug, "name": book.name, "cost": money(cost)})
+    return out
+
+
+@dataclass
+class TenantReport:
+    tenant: Tenant
+    start: datetime
+    end: datetime
+    totals: Totals
+    days: list[dict[str, Any]] = field(default_factory=list)
+    by_image: list[dict[str, Any]] = field(default_factory=list)
+    by_label: list[dict[str, Any]] = field(default_factory=list)
+    references: list[dict[str, Any]] = field(default_factory=list)
+    budget: Decimal | None = None
+    month_cost: Decimal = Decimal(0)
+    price_books: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        t = self.totals
+        return {
+            "tenant": self.tenant.slug,
+            "start": self.start.isoformat(),
+            "end": self.end.isoformat(),
+            "totals": _totals_dict(t),
+            "days": self.days,
+            "by_image": self.by_image,
+            "by_label": self.by_label,
+            "hosted_comparison": [{**r, "cost": str(r["cost"])} for r in self.references],
+            "month_to_date": {
+                "cost": str(money(self.month_cost)),
+                "budget": str(self.budget) if self.budget is not None else None,
+            },
+            "price_books": self.price_books,
+        }
+
+
+def _totals_dict(t: Totals) -> dict[str, Any]:
+    return {
+        "sandboxes": t.sandboxes,
+        "sandbox_hours": str((t.sandbox_seconds / HOUR).quantize(Decimal("0.0001"))),
+        "vcpu_hours": str((t.vcpu_seconds / HOUR).quantize(Decimal("0.0001"))),
+        "gib_hours": str((t.gib_seconds / HOUR).quantize(Decimal("0.0001"))),
+        "cost": str(money(t.cost)),
+    }
+
+
+def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantReport:
+    """Usage of one tenant in [start, end), per UTC day and sliced by image and label,
+    computed from the ledger directly (exact, includes live accrual)."""
+    now = timezone.now()
+    totals = Totals()
+    per_day: dict[date, Totals] = defaultdict(Totals)
+    per_slice: dict[tuple[str, str], Totals] = defaultdict(Totals)
+    books: set[int] = set()
+    for record in records_overlapping(start=start, end=end, tenant=tenant).iterator():
+        share = record_window(record, start=start, end=end, now=now)
+        totals.add(record, share)
+        books.add(record.price_book_id)
+        for dimension, value in _slices(record)[1:]:
+            per_slice[(dimension, value)].add(record, share)
+        day = max(record.started_at, start).date()
+        while datetime.combine(day, time.min, tzinfo=UTC) < min(record.ended_at or now, end):
+            lo, hi = day_bounds(day)
+            per_day[day].add(record, record_window(record, start=lo, end=hi, now=now))
+            day += timedelta(days=1)
+    days = []
+    day = start.date()
+    while datetime.combine(day, time.min, tzinfo=UTC) < end:
+        days.append({"day": day.isoformat(), **_totals_dict(per_day.get(day, Totals()))})
+        day += timedelta(days=1)
+    slices = sorted(per_slice.items(), key=lambda kv: kv[1].cost, reverse=True)
+    quota = TenantQuota.objects.filter(tenant=tenant).first()
+    month_cost = Totals()
+    for record in records_overlapping(start=month_start(now), end=None, tenant=tenant):
+        month_cost.add(record, record_window(record, start=month_start(now), end=None, now=now))
+    return TenantReport(
+        tenant=tenant,
+        start=start,
+        end=end,
+        totals=totals,
+        days=days,
+        by_image=[{"image": v, **_totals_dict(t)} for (d, v), t in slices if d == "image"],
+        by_label=[{"label": v, **_totals_dict(t)} for (d, v), t in slices if d == "label"],
+        references=reference_costs(
+            vcpu_seconds=totals.vcpu_seconds,
+            gib_seconds=totals.gib_seconds,
+            sandboxes=totals.sandboxes,
+            at=end,
+        ),
+        budget=quota.monthly_budget if quota else None,
+        month_cost=month_cost.cost,
+        price_books=[str(b) for b in PriceBook.objects.filter(pk__in=books).order_by("slug")],
+    )
+
+
+COST_REPORT_COLUMNS = [
+    "tenant",
+    "sandboxes",
+    "sandbox_hours",
+    "vcpu_hours",
+    "gib_hours",
+    "cost",
+    "e2b",
+    "daytona",
+    "modal",
+    "price_books",
+]
+
+
+def cost_report(*, start: datetime, end: datetime, sort: str = "-cost") -> list[dict[str, Any]]:
+    """All tenants with usage in [start, end): one row each, sortable by any column
+    (prefix ``-`` for descending). Money as Decimal rounded to the cent."""
+    now = timezone.now()
+    per_tenant: dict[str, Totals] = defaultdict(Totals)
+    books: dict[str, set[int]] = defaultdict(set)
+    for record in records_overlapping(start=start, end=end).iterator():
+        per_tenant[str(record.tenant_id)].add(
+            record, record_window(record, start=start, end=end, now=now)
+        )
+        books[str(record.tenant_id)].add(record.price_book_id)
+    names = {str(t.pk): t.slug for t in Tenant.objects.filter(pk__in=list(per_tenant))}
+    book_names = {b.pk: str(b) for b in PriceBook.objects.all()}
+    rows = []
+    for tenant_id, t in per_tenant.items():
+        refs = {
+            r["slug"]: r["cost"]
+            for r in reference_costs(
+                vcpu_seconds=t.vcpu_seconds,
+                gib_seconds=t.gib_seconds,
+                sandboxes=t.sandboxes,
+                at=end,
+            )
+        }
+        rows.append(
+            {
+                "tenant": names.get(tenant_id, tenant_id),
+                "sandboxes": t.sandboxes,
+                "sandbox_hours": (t.sandbox_seconds / HOUR).quantize(Decimal("0.0001")),
+                "vcpu_hours": (t.vcpu_seconds / HOUR).quantize(Decimal("0.0001")),
+                "gib_hours": (t.gib_seconds / HOUR).quantize(Decimal("0.0001")),
+                "cost": money(t.cost),
+                "e2b": refs.get("e2b", Decimal(0)),
+                "daytona": refs.get("daytona", Decimal(0)),
+                "modal": refs.get("modal", Decimal(0)),
+                "price_books": ", ".join(sorted(book_names[b] for b in books[tenant_id])),
+            }
+        )
+    key = sort.lstrip("-")
+    if key not in COST_REPORT_COLUMNS:
+        key = "cost"
+    rows.sort(key=lambda r: r[key], reverse=sort.startswith("-"))
+    return rows
+
+
+def current_price_book() -> PriceBook:
+    return price_book_in_force(at=timezone.now())

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def no_enqueue(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """Records cold-path enqueues instead of sending them (no worker in unit tests)."""
+    from apps.billing import tasks as billing_tasks
+    from apps.sandboxes import tasks as sandbox_tasks
+
+    sent: dict[str, list[Any]] = {"provision": [], "drain": [], "destroy": []}
+    monkeypatch.setattr(
+        sandbox_tasks.provision_sandbox, "delay", lambda *a: sent["provision"].append(a)
+    )
+    monkeypatch.setattr(
+        sandbox_tasks.destroy_sandbox, "delay", lambda *a: sent["destroy"].append(a)
+    )
+    monkeypatch.setattr(billing_tasks.admission_drain, "delay", lambda *a: sent["drain"].append(a))
+    return sent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_limits_cache() -> None:
+    from apps.billing.limits import limits_cache_clear
+
+    limits_cache_clear()

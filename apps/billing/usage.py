@@ -1,0 +1,221 @@
+"""The usage ledger, derived from the lifecycle ledger, and costs over any window.
+
+A record opens at the sandbox's first ``→ provisioning`` transition (the moment it
+starts to hold resources) and closes at its first ``→ deleted/failed/lost``. A sandbox
+that failed while provisioning is billed for the time it held resources; one deleted
+while still requested or queued never held any and has no record.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from apps.billing.models import CapacityType, Tenant, UsageRecord
+from apps.billing.pricing import HOUR, gibs, hourly_rate, price_book_in_force, price_rate
+from apps.billing.pricing import seconds_of as _seconds_of
+from apps.billing.pricing import vcpus as _vcpus
+from apps.sandboxes.models import FINAL_STATES, Sandbox, SandboxEvent, State
+
+log = logging.getLogger(__name__)
+SPOT_LABEL = "capacity"  # labels {"capacity": "spot"} bill at the spot row
+
+
+def _capacity_type(labels: dict[str, Any]) -> str:
+    return CapacityType.SPOT if labels.get(SPOT_LABEL) == "spot" else CapacityType.ON_DEMAND
+
+
+def usage_record_sync(*, sandbox_id: uuid.UUID | str) -> UsageRecord | None:
+    """Makes the sandbox's usage record agree with its lifecycle ledger. Idempotent.
+
+    Opens the record (pricing it with the book in force at the start), fills in the
+    node once known and closes it at the terminal transition. Never reprices.
+    """
+    sandbox = Sandbox.objects.filter(pk=sandbox_id).first()
+    if sandbox is None:
+        return None
+    transitions = SandboxEvent.objects.filter(sandbox_id=sandbox.pk, event="transition")
+    started = transitions.filter(to_state=State.PROVISIONING).order_by("at", "id").first()
+    if started is None:
+        return None
+    ended = transitions.filter(to_state__in=FINAL_STATES).order_by("at", "id").first()
+    record = UsageRecord.objects.filter(sandbox_id=sandbox.pk).first()
+    if record is None:
+        capacity = _capacity_type(sandbox.labels)
+        book = price_book_in_force(at=started.at)
+        rate = price_rate(book=book, capacity_type=capacity)
+        record = UsageRecord(
+            sandbox=sandbox,
+            tenant_id=sandbox.tenant_id,
+            image=sandbox.image,
+            backend=sandbox.backend,
+            labels=dict(sandbox.labels),
+            capacity_type=capacity,
+            cpu_millis=sandbox.cpu_millis,
+            memory_mib=sandbox.memory_mib,
+            started_at=started.at,
+            price_book=book,
+            hourly_rate=hourly_rate(
+                cpu_millis=sandbox.cpu_millis, memory_mib=sandbox.memory_mib, rate=rate
+            ),
+            startup_fee=rate.startup_fee,
+        )
+    record.node = sandbox.node or record.node
+    if ended is not None and record.ended_at is None:
+        record.ended_at = ended.at
+        record.end_state = ended.to_state
+        record.end_reason = ended.reason
+    record.save()
+    return record
+
+
+def on_sandbox_event(event: SandboxEvent) -> None:
+    """Ledger hook (post_save of SandboxEvent, inside the transition's transaction)."""
+    if event.event != "transition":
+        return
+    if event.to_state in (State.PROVISIONING, State.READY, *FINAL_STATES):
+        # A savepoint: a metering bug must never roll back a lifecycle transition; the
+        # periodic sweep repairs whatever was skipped.
+        try:
+            with transaction.atomic():
+                usage_record_sync(sandbox_id=event.sandbox_id)
+        except Exception:
+            log.exception("usage record sync failed", extra={"sandbox_id": str(event.sandbox_id)})
+    if event.to_state in FINAL_STATES:
+        from apps.billing.tasks import admission_drain
+
+        transaction.on_commit(lambda: admission_drain.delay())
+
+
+def usage_sweep(*, limit: int = 2000) -> int:
+    """Repairs records the hook missed: billable sandboxes without a record, and open
+    records whose sandbox has ended. Returns how many it synced."""
+    missing = Sandbox.objects.filter(
+        provisioning_started_at__isnull=False, usage__isnull=True
+    ).values_list("pk", flat=True)[:limit]
+    stale = UsageRecord.objects.filter(
+        ended_at__isnull=True, sandbox__state__in=FINAL_STATES
+    ).values_list("sandbox_id", flat=True)[:limit]
+    synced = 0
+    for sandbox_id in [*missing, *stale]:
+        with transaction.atomic():
+            if usage_record_sync(sandbox_id=sandbox_id) is not None:
+                synced += 1
+    return synced
+
+
+@dataclass(frozen=True)
+class WindowUsage:
+    """One record's share of a window."""
+
+    seconds: Decimal
+    cost: Decimal
+    started_inside: bool
+
+
+def record_window(
+    record: UsageRecord, *, start: datetime | None, end: datetime | None, now: datetime
+) -> WindowUsage:
+    """Billable seconds and cost of ``record`` inside [start, end); open records accrue
+    up to ``now``."""
+    lo = max(record.started_at, start) if start else record.started_at
+    stop = record.ended_at or now
+    hi = min(stop, end) if end else stop
+    seconds = _seconds_of(hi - lo) if hi > lo else Decimal(0)
+    started_inside = (start is None or record.started_at >= start) and (
+        end is None or record.started_at < end
+    )
+    cost = seconds / HOUR * record.hourly_rate
+    if started_inside:
+        cost += record.startup_fee
+    return WindowUsage(seconds=seconds, cost=cost, started_inside=started_inside)
+
+
+def records_overlapping(
+    *, start: datetime | None, end: datetime | None, tenant: Tenant | None = None
+) -> QuerySet[UsageRecord]:
+    qs = UsageRecord.objects.all()
+    if tenant is not None:
+        qs = qs.filter(tenant=tenant)
+    if end is not None:
+        qs = qs.filter(started_at__lt=end)
+    if start is not None:
+        qs = qs.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
+    return qs
+
+
+@dataclass
+class Totals:
+    sandboxes: int = 0
+    sandbox_seconds: Decimal = Decimal(0)
+    vcpu_seconds: Decimal = Decimal(0)
+    gib_seconds: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+
+    def add(self, record: UsageRecord, share: WindowUsage) -> None:
+        self.sandboxes += 1 if share.started_inside else 0
+        self.sandbox_seconds += share.seconds
+        self.vcpu_seconds += share.seconds * _vcpus(record.cpu_millis)
+        self.gib_seconds += share.seconds * gibs(record.memory_mib)
+        self.cost += share.cost
+
+
+def tenant_window_totals(*, tenant: Tenant, start: datetime, end: datetime | None = None) -> Totals:
+    """Usage and cost of one tenant in [start, end), live sandboxes accrued to now."""
+    now = timezone.now()
+    totals = Totals()
+    for record in records_overlapping(start=start, end=end, tenant=tenant).iterator():
+        totals.add(record, record_window(record, start=start, end=end, now=now))
+    return totals
+
+
+def month_start(at: datetime) -> datetime:
+    return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def tenant_month_cost(*, tenant: Tenant, at: datetime | None = None) -> Decimal:
+    """Month-to-date cost (UTC calendar month), including live accrual."""
+    at = at or timezone.now()
+    return tenant_window_totals(tenant=tenant, start=month_start(at), end=None).cost
+
+
+def sandbox_cost(*, sandbox: Sandbox, now: datetime | None = None) -> Decimal | None:
+    """Cost so far of one sandbox (live ones accrue); None if it never held resources."""
+    record = UsageRecord.objects.filter(sandbox_id=sandbox.pk).first()
+    if record is None:
+        return None
+    return record_window(record, start=None, end=None, now=now or timezone.now()).cost
+
+
+def sandbox_window_cost(*, sandbox: Sandbox, start: datetime, end: datetime) -> Decimal:
+    """Cost of ``sandbox`` inside [start, end) (startup fee if it started inside).
+    The API the trajectories area uses for cost per episode."""
+    record = UsageRecord.objects.filter(sandbox_id=sandbox.pk).first()
+    if record is None:
+        return Decimal(0)
+    return record_window(record, start=start, end=end, now=timezone.now()).cost
+
+
+def cost_for_sandboxes(
+    *,
+    sandbox_ids: Iterable[uuid.UUID | str],
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> dict[str, Decimal]:
+    """Unrounded cost per sandbox (keyed by str(Sandbox.pk)) inside an optional window;
+    sandboxes that never held resources cost 0. One query."""
+    ids = [str(i) for i in sandbox_ids]
+    now = timezone.now()
+    costs = dict.fromkeys(ids, Decimal(0))
+    for record in UsageRecord.objects.filter(sandbox_id__in=ids):
+        costs[str(record.sandbox_id)] = record_window(record, start=start, end=end, now=now).cost
+    return costs
