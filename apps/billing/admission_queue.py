@@ -1,8 +1,7 @@
 """The admission queue: creates that asked to wait start in order when capacity frees.
 
-Order is round-robin by tenant: the queue is ranked by (position within the tenant,
-time queued), so a tenant with 500 queued rollouts cannot starve one with 5 — each
-tenant's n-th sandbox goes before anyone's (n+1)-th. Within a tenant it is FIFO.
+Order is round-robin by tenant (see ``queue_order``), so a tenant with 500 queued
+rollouts cannot starve one with 5. Within a tenant it is FIFO.
 Draining runs on every sandbox end (a task enqueued after commit from the ledger
 hook) and periodically; one drain at a time (a Postgres session advisory lock).
 """
@@ -10,12 +9,12 @@ hook) and periodically; one drain at a time (a Postgres session advisory lock).
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import uuid
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Max
 from django.utils import timezone
 
 from apps.billing.models import Tenant
@@ -29,7 +28,7 @@ from apps.billing.quotas import (
     limit_error,
     quota_lock,
 )
-from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.models import Sandbox, SandboxEvent, State
 
 log = logging.getLogger(__name__)
 DRAIN_LOCK_KEY = 0x48455251  # "HERQ"
@@ -66,20 +65,41 @@ def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None) -> bool:
 
 
 def queue_order(*, limit: int = 5000) -> list[tuple[str, str]]:
-    """(sandbox pk, tenant pk) of queued sandboxes in admission order."""
-    rows = (
+    """(sandbox pk, tenant pk) of queued sandboxes in admission order.
+
+    Tenants take turns, least recently served by the queue first (never served: by
+    their oldest waiting sandbox); each turn admits a tenant's oldest waiting one. The
+    turn order remembers past admissions (the ledger's ``admitted`` events), so a
+    tenant with a long queue cannot win every turn just by having queued first.
+    """
+    rows = list(
         Sandbox.objects.filter(state=State.QUEUED)
-        .annotate(
-            rank=Window(
-                RowNumber(),
-                partition_by=[F("tenant_id")],
-                order_by=[F("created_at").asc(), F("id").asc()],
-            )
-        )
-        .order_by("rank", "created_at", "id")
-        .values_list("pk", "tenant_id")[:limit]
+        .order_by("created_at", "id")
+        .values_list("pk", "tenant_id", "created_at")[:limit]
     )
-    return [(str(pk), str(tenant_id)) for pk, tenant_id in rows]
+    per_tenant: dict[str, list[str]] = {}
+    heads: dict[str, datetime] = {}
+    for pk, tenant_id, created_at in rows:
+        per_tenant.setdefault(str(tenant_id), []).append(str(pk))
+        heads.setdefault(str(tenant_id), created_at)
+    served = dict(
+        SandboxEvent.objects.filter(
+            event="transition", reason="admitted", tenant_id__in=list(per_tenant)
+        )
+        .values("tenant_id")
+        .annotate(last=Max("at"))
+        .values_list("tenant_id", "last")
+    )
+    never = datetime.min.replace(tzinfo=UTC)
+    turns = sorted(per_tenant, key=lambda t: (served.get(uuid.UUID(t), never) or never, heads[t]))
+    order: list[tuple[str, str]] = []
+    depth = max((len(v) for v in per_tenant.values()), default=0)
+    for round_ in range(depth):
+        for tenant_id in turns:
+            waiting = per_tenant[tenant_id]
+            if round_ < len(waiting):
+                order.append((waiting[round_], tenant_id))
+    return order
 
 
 def queue_position(*, sandbox: Sandbox) -> int | None:
