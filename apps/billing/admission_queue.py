@@ -95,10 +95,10 @@ def queue_order(*, limit: int = 5000) -> list[tuple[str, str]]:
     order: list[tuple[str, str]] = []
     depth = max((len(v) for v in per_tenant.values()), default=0)
     for round_ in range(depth):
-        for tenant_id in turns:
-            waiting = per_tenant[tenant_id]
+        for turn in turns:
+            waiting = per_tenant[turn]
             if round_ < len(waiting):
-                order.append((waiting[round_], tenant_id))
+                order.append((waiting[round_], turn))
     return order
 
 

@@ -132,7 +132,8 @@ def test_it_refuses_to_queue_past_the_queue_limit_and_expires_old_entries(make_t
     assert admission_queue_expire() == 1
     q1 = Sandbox.objects.get(external_id="q1")
     assert q1.state == State.FAILED
-    assert q1.events.last().reason == "queue_timeout"
+    last = q1.events.last()
+    assert last is not None and last.reason == "queue_timeout"
 
 
 def test_it_deletes_a_queued_sandbox_without_ever_provisioning_it(make_tenant, no_enqueue):
