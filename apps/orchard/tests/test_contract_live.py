@@ -4,6 +4,7 @@ calls, with real sandboxes, in the order a rollout uses them."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import httpx
 import pytest
@@ -30,7 +31,7 @@ def ready_sandbox(http: httpx.Client, **body) -> str:
     return str(sandbox_id)
 
 
-def run(http: httpx.Client, sandbox_id: str, **body) -> dict:
+def run(http: httpx.Client, sandbox_id: str, **body: Any) -> dict[str, Any]:
     response = http.post(f"/sandboxes/{sandbox_id}/exec", json={"wait": True, **body})
     assert response.status_code == 200, response.text
     job = response.json()

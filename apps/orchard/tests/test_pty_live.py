@@ -26,7 +26,14 @@ class Pty:
         self.frames: list[dict[str, Any]] = []
 
     def init(self, **init: Any) -> dict[str, Any]:
-        frame = {"type": "init", "cmd": None, "env": {}, "cwd": None, "rows": 24, "cols": 80}
+        frame: dict[str, Any] = {
+            "type": "init",
+            "cmd": None,
+            "env": {},
+            "cwd": None,
+            "rows": 24,
+            "cols": 80,
+        }
         self.send(**{**frame, **init})
         return self.next()
 
