@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+
+from apps.sandboxes.api.serializers import render_stream
+
+register = template.Library()
+
+
+@register.filter
+def stream_text(meta: Any) -> str:
+    """A stdout/stderr record as a reader sees it: whole, or head + marker + tail."""
+    return render_stream(meta) if isinstance(meta, dict) else ""
+
+
+@register.filter
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f} %"
+
+
+@register.filter
+def pretty(value: Any) -> str:
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def money(value: Any) -> str:
+    return "—" if value is None else f"${float(value):.4f}"

@@ -1,0 +1,128 @@
+"""Trajectory pages: the list with its numbers, one episode's timeline, and a side by
+side comparison. Reads go through selectors, the relabel form through the service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.billing.principal import Principal
+from apps.trajectories import selectors
+from apps.trajectories.models import INVALID_CLASSES, EpisodeStatus, FailureClass
+from apps.trajectories.services.episodes import episode_relabel
+from controlplane.errors import ApiError
+from frontend.access import page, render_page
+
+PAGE_SIZE = 100
+CLASS_ORDER = [c.value for c in FailureClass]
+
+
+def _chart(by_class: dict[str, int]) -> list[dict[str, Any]]:
+    """Bars for the per-class chart, widths relative to the biggest class."""
+    top = max(by_class.values(), default=0) or 1
+    return [
+        {
+            "name": cls,
+            "count": by_class.get(cls, 0),
+            "pct": round(100 * by_class.get(cls, 0) / top, 1),
+            "invalid": cls in INVALID_CLASSES,
+        }
+        for cls in CLASS_ORDER
+    ]
+
+
+@require_GET
+@page()
+def episode_list_page(request: HttpRequest, principal: Principal) -> HttpResponse:
+    filters = {k: request.GET.get(k, "") for k in selectors.FILTER_PARAMS}
+    try:
+        qs = selectors.episode_list(tenant=principal.tenant, filters=filters)
+        stats = selectors.episode_stats(episodes=qs)
+        episodes = list(qs.prefetch_related("sandbox_links")[:PAGE_SIZE])
+        error = ""
+    except ApiError as exc:
+        qs, stats, episodes, error = None, None, [], exc.message
+    return render_page(
+        request,
+        principal,
+        "trajectories/list.html",
+        {
+            "nav_section": "trajectories",
+            "filters": filters,
+            "filter_error": error,
+            "stats": stats,
+            "chart": _chart(stats.by_class) if stats else [],
+            "episodes": episodes,
+            "classes": CLASS_ORDER,
+            "statuses": [s.value for s in EpisodeStatus],
+            "tasks": selectors.task_ids(tenant=principal.tenant),
+            "page_size": PAGE_SIZE,
+        },
+    )
+
+
+@require_GET
+@page()
+def episode_detail_page(
+    request: HttpRequest, principal: Principal, episode_id: str
+) -> HttpResponse:
+    episode = selectors.episode_get(tenant=principal.tenant, episode_id=episode_id)
+    siblings = (
+        selectors.episode_list(tenant=principal.tenant, filters={"task": episode.task_id})
+        .exclude(pk=episode.pk)
+        .values_list("episode_id", flat=True)[:20]
+    )
+    return render_page(
+        request,
+        principal,
+        "trajectories/detail.html",
+        {
+            "nav_section": "trajectories",
+            "episode": episode,
+            "timeline": selectors.episode_timeline(episode=episode),
+            "relabels": list(selectors.episode_relabels(episode=episode)),
+            "classes": CLASS_ORDER,
+            "siblings": list(siblings),
+        },
+    )
+
+
+@require_POST
+@page("write")
+def episode_relabel_page(
+    request: HttpRequest, principal: Principal, episode_id: str
+) -> HttpResponse:
+    episode = selectors.episode_get(tenant=principal.tenant, episode_id=episode_id)
+    try:
+        episode_relabel(
+            episode=episode,
+            failure_class=request.POST.get("failure_class", ""),
+            reason=request.POST.get("reason", ""),
+            actor=principal.actor,
+        )
+        messages.success(request, f"Relabeled {episode.episode_id} as {episode.failure_class}.")
+    except ApiError as exc:
+        messages.error(request, exc.message)
+    return redirect("trajectories:episode", episode_id=episode.episode_id)
+
+
+@require_GET
+@page()
+def episode_compare_page(request: HttpRequest, principal: Principal) -> HttpResponse:
+    a = selectors.episode_get(tenant=principal.tenant, episode_id=request.GET.get("a", ""))
+    b = selectors.episode_get(tenant=principal.tenant, episode_id=request.GET.get("b", ""))
+    try:
+        pairs = selectors.episode_compare(a=a, b=b)
+        error = ""
+    except ApiError as exc:
+        pairs, error = [], exc.message
+    return render_page(
+        request,
+        principal,
+        "trajectories/compare.html",
+        {"nav_section": "trajectories", "a": a, "b": b, "pairs": pairs, "error": error},
+    )
