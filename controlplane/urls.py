@@ -21,5 +21,6 @@ urlpatterns = [
     path("orchard/", include("apps.orchard.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("trajectories/", include("apps.trajectories.urls")),
     path("", include("frontend.urls")),
 ]
