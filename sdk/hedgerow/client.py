@@ -1,67 +1,102 @@
-"""The synchronous client. ``HEDGEROW_URL`` and ``HEDGEROW_API_KEY`` configure it."""
+"""The synchronous client. ``HEDGEROW_URL`` and ``HEDGEROW_API_KEY`` (or ``hedgerow
+login``) configure it::
+
+    from hedgerow import Client
+
+    with Client() as hr, hr.create_sandbox() as sandbox:
+        print(sandbox.exec("echo hello").stdout)
+
+Every call is safe to retry and is retried on connection errors and on 429/503 with
+``Retry-After`` (exponential backoff + jitter): creates carry an idempotency key
+generated per logical call, execs an operation id, so a retry never creates or runs
+anything twice. ``AsyncClient`` (``hedgerow.aio``) has the same surface.
+"""
 
 from __future__ import annotations
 
 import base64
 import builtins
-import os
-import random
+import threading
 import time
-import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Union
 
 import httpx
 
+from hedgerow import _common as common
+from hedgerow._common import Command as Command  # re-exported: episode.py imports it
+from hedgerow.cleanup import registry
 from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.results import ExecResult
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-Command = Union[str, list[str]]
+DEFAULT_URL = common.DEFAULT_URL
+FileData = Union[bytes, str, Iterator[bytes], IO[bytes]]
+Progress = Optional[Callable[[int], None]]
 
 
 class Client:
+    """A connection to one Hedgerow installation with one API key.
+
+    ``cleanup=True`` (default): sandboxes created through this client are deleted
+    when the client's ``with`` block ends, when the interpreter exits, and on
+    SIGINT/SIGTERM (``handle_signals=False`` leaves signals alone)."""
+
     def __init__(
         self,
-        url: str | None = None,
-        api_key: str | None = None,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
         *,
         timeout: float = 30.0,
         max_retries: int = 4,
+        cleanup: bool = True,
+        handle_signals: bool = True,
     ) -> None:
-        self.url = (url or os.environ.get("HEDGEROW_URL") or DEFAULT_URL).rstrip("/")
-        key = api_key or os.environ.get("HEDGEROW_API_KEY")
+        self.url, key = common.resolve(url, api_key)
         if not key:
             raise HedgerowError(
-                "no API key: pass api_key= or set HEDGEROW_API_KEY", code="no_api_key"
+                "no API key: pass api_key=, set HEDGEROW_API_KEY or run `hedgerow login`",
+                code="no_api_key",
             )
+        self.api_key: str = key
         self.max_retries = max_retries
+        self.cleanup = cleanup
+        self.handle_signals = handle_signals
+        self._created: Dict[str, Sandbox] = {}
         self._http = httpx.Client(
             base_url=self.url + "/api/v1",
-            headers={"Authorization": f"Bearer {key}", "User-Agent": "hedgerow-python/0.1"},
+            headers={"Authorization": f"Bearer {key}", "User-Agent": common.USER_AGENT},
             timeout=timeout,
             trust_env=False,
         )
 
     # -- plumbing ---------------------------------------------------------------
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """Retries connection errors and 429/503 with Retry-After, with backoff + jitter.
-        Only idempotent calls reach here with retries on: creates carry an idempotency
-        key and execs an operation id, so a retry can never act twice."""
+    def request(
+        self, method: str, path: str, *, retry: bool = True, **kwargs: Any
+    ) -> httpx.Response:
+        """One API call. Retries connection errors and 429/503 with Retry-After with
+        backoff + jitter (``retry=False`` for bodies that cannot be sent twice, such
+        as streamed uploads); raises a typed ``HedgerowError`` for any other error."""
         attempt = 0
         while True:
             try:
                 response = self._http.request(method, path, **kwargs)
-            except httpx.TransportError:
-                if attempt >= self.max_retries:
-                    raise
-                self._sleep(attempt, None)
+            except httpx.TransportError as exc:
+                if not retry or attempt >= self.max_retries:
+                    raise HedgerowError(
+                        f"{method} {path}: {exc!r}", code="connection_error"
+                    ) from exc
+                time.sleep(common.backoff(attempt, None))
                 attempt += 1
                 continue
-            if response.status_code in (429, 503) and attempt < self.max_retries:
-                self._sleep(attempt, response.headers.get("Retry-After"))
+            if (
+                retry
+                and attempt < self.max_retries
+                and common.retryable_status(response.status_code, response.headers)
+            ):
+                time.sleep(common.backoff(attempt, response.headers.get("Retry-After")))
                 attempt += 1
                 continue
             if response.status_code >= 400:
@@ -72,87 +107,132 @@ class Client:
                 raise error_from_response(response.status_code, body, response.text)
             return response
 
-    @staticmethod
-    def _sleep(attempt: int, retry_after: str | None) -> None:
-        base = min(0.25 * (2**attempt), 8.0)
-        if retry_after:
-            try:
-                base = max(base, float(retry_after))
-            except ValueError:
-                pass
-        time.sleep(base + random.uniform(0, base / 2))
-
     def close(self) -> None:
+        """Closes connections (does not delete sandboxes; leaving ``with`` does)."""
         self._http.close()
+
+    def cleanup_sandboxes(self) -> None:
+        """Deletes every sandbox this client created and has not deleted yet."""
+        for sandbox in builtins.list(self._created.values()):
+            try:
+                sandbox.delete()
+            except HedgerowError:
+                continue
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(
         self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
     ) -> None:
+        if self.cleanup:
+            self.cleanup_sandboxes()
         self.close()
+
+    def _forget(self, sandbox_id: str) -> None:
+        self._created.pop(sandbox_id, None)
+        registry.discard(self.url, sandbox_id)
 
     # -- sandboxes --------------------------------------------------------------
     def create_sandbox(
         self,
         image: str = "host",
         *,
-        cpu: str | float | None = None,
-        memory: str | int | None = None,
+        cpu: Optional[Union[str, float]] = None,
+        memory: Optional[Union[str, int]] = None,
         network_access: bool = False,
-        ttl_seconds: int | None = None,
-        labels: dict[str, str] | None = None,
-        sandbox_id: str | None = None,
+        ttl_seconds: Optional[int] = None,
+        heartbeat_timeout_s: Optional[int] = None,
+        labels: Optional[Dict[str, str]] = None,
+        sandbox_id: Optional[str] = None,
         wait: bool = True,
         wait_timeout: float = 120.0,
-        idempotency_key: str | None = None,
+        idempotency_key: Optional[str] = None,
+        heartbeat: bool = True,
     ) -> Sandbox:
-        body: dict[str, Any] = {"image": image, "network_access": network_access}
-        if cpu is not None:
-            body["cpu"] = cpu
-        if memory is not None:
-            body["memory"] = memory
-        if ttl_seconds is not None:
-            body["ttl_seconds"] = ttl_seconds
-        if labels:
-            body["labels"] = labels
-        if sandbox_id:
-            body["sandbox_id"] = sandbox_id
-        key = idempotency_key or f"sdk-{uuid.uuid4().hex}"
+        """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
+        context manager that deletes it. One idempotency key covers all retries of this
+        call, so a lost response never creates a second sandbox. With
+        ``heartbeat_timeout_s`` and ``heartbeat=True`` a background thread keeps it alive."""
+        body = common.create_body(
+            image,
+            cpu=cpu,
+            memory=memory,
+            network_access=network_access,
+            ttl_seconds=ttl_seconds,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            labels=labels,
+            sandbox_id=sandbox_id,
+        )
+        key = idempotency_key or common.new_idempotency_key()
         data = self.request(
             "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
         ).json()
         sandbox = Sandbox(self, data)
+        if self.cleanup:
+            self._created[sandbox.id] = sandbox
+            registry.add(self.url, self.api_key, sandbox.id, handle_signals=self.handle_signals)
         if wait:
             try:
                 sandbox.wait(timeout=wait_timeout)
             except BaseException:
                 sandbox.delete()
                 raise
+        if heartbeat_timeout_s and heartbeat:
+            sandbox.start_heartbeats(max(heartbeat_timeout_s / 3.0, 1.0))
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox:
         return Sandbox(self, self.request("GET", f"/sandboxes/{sandbox_id}").json())
 
-    def list(self, *, state: str | None = None, limit: int = 50) -> builtins.list[Sandbox]:
-        params: dict[str, Any] = {"limit": limit}
+    def list(
+        self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
+    ) -> List[Sandbox]:
+        params: Dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = state
+        if image:
+            params["image"] = image
         body = self.request("GET", "/sandboxes", params=params).json()
         return [Sandbox(self, item) for item in body["results"]]
 
     def delete(self, sandbox_id: str) -> None:
+        """Deletes a sandbox (idempotent: deleting a deleted sandbox succeeds)."""
         self.request("DELETE", f"/sandboxes/{sandbox_id}")
+        self._forget(sandbox_id)
+
+    def operation(self, sandbox_id: str, operation_id: str) -> ExecResult:
+        """A recorded exec, by its operation id."""
+        path = f"/sandboxes/{sandbox_id}/operations/{operation_id}"
+        return ExecResult.from_api(self.request("GET", path).json())
+
+    # -- keys -------------------------------------------------------------------
+    def list_keys(self) -> List[Dict[str, Any]]:
+        return builtins.list(self.request("GET", "/keys").json()["results"])
+
+    def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> Dict[str, Any]:
+        """Issues a key; the returned ``secret`` is shown once."""
+        body: Dict[str, Any] = {"name": name}
+        if scopes:
+            body["scopes"] = scopes
+        result: Dict[str, Any] = self.request("POST", "/keys", json=body, retry=False).json()
+        return result
+
+    def revoke_key(self, key_id: str) -> Dict[str, Any]:
+        result: Dict[str, Any] = self.request("DELETE", f"/keys/{key_id}").json()
+        return result
 
 
 class Sandbox:
-    def __init__(self, client: Client, data: dict[str, Any]) -> None:
+    """A sandbox. ``with`` deletes it at the end of the block."""
+
+    def __init__(self, client: Client, data: Dict[str, Any]) -> None:
         self._client = client
         self.data = data
+        self._heartbeat_stop: Optional[threading.Event] = None
 
     @property
     def id(self) -> str:
@@ -180,7 +260,8 @@ class Sandbox:
         return self
 
     def wait(self, timeout: float = 120.0) -> Sandbox:
-        """Server-side, event-driven wait (long-polls in ≤60 s slices)."""
+        """Server-side, event-driven wait (long-polls in ≤60 s slices). Raises
+        ``SandboxNotReady`` if it fails and ``WaitTimeout`` at the deadline."""
         deadline = time.monotonic() + timeout
         while True:
             slice_s = max(0.0, min(60.0, deadline - time.monotonic()))
@@ -197,41 +278,67 @@ class Sandbox:
                     raise
 
     def delete(self) -> None:
+        self.stop_heartbeats()
         self._client.delete(self.id)
 
     def heartbeat(self) -> None:
         self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")
 
+    def start_heartbeats(self, interval: float) -> None:
+        """Heartbeats from a daemon thread every ``interval`` s until deleted/stopped."""
+        self.stop_heartbeats()
+        stop = threading.Event()
+        self._heartbeat_stop = stop
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    self.heartbeat()
+                except HedgerowError as exc:
+                    if exc.status in (404, 409):
+                        return  # gone or terminating: nothing left to keep alive
+
+        threading.Thread(target=beat, name=f"hedgerow-heartbeat-{self.id}", daemon=True).start()
+
+    def stop_heartbeats(self) -> None:
+        if self._heartbeat_stop is not None:
+            self._heartbeat_stop.set()
+            self._heartbeat_stop = None
+
+    # -- exec -------------------------------------------------------------------
     def exec(
         self,
         command: Command,
         *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout: float | None = None,
-        stdin: bytes | None = None,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
         login_shell: bool = False,
-        operation_id: str | None = None,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
     ) -> ExecResult:
-        """Runs a command. The operation id makes retries safe: never runs twice."""
-        body: dict[str, Any] = {
-            "command": command,
-            "login_shell": login_shell,
-            "operation_id": operation_id or f"op-{uuid.uuid4().hex}",
-        }
-        if cwd is not None:
-            body["cwd"] = cwd
-        if env:
-            body["env"] = env
-        if timeout is not None:
-            body["timeout"] = timeout
-        if stdin is not None:
-            body["stdin"] = base64.b64encode(stdin).decode()
-        http_timeout = (timeout or 600.0) + 30.0
+        """Runs a command and returns its typed result (``exit_code`` / ``signal`` /
+        ``timed_out``, output with truncation info, timings). The operation id (one is
+        generated) makes retries safe: the command never runs twice. ``on_stdout`` /
+        ``on_stderr`` receive the output (live when streaming is available)."""
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
         episode = current_episode()  # trajectories hook: see hedgerow/episode.py
         try:
             response = self._client.request(
-                "POST", f"/sandboxes/{self.id}/exec", json=body, timeout=http_timeout
+                "POST",
+                f"/sandboxes/{self.id}/exec",
+                json=body,
+                timeout=common.exec_http_timeout(timeout),
             )
         except HedgerowError as exc:
             if episode is not None:
@@ -239,7 +346,15 @@ class Sandbox:
             raise
         if episode is not None:
             episode.record_exec(self, body["operation_id"], command)
-        return ExecResult.from_api(response.json())
+        result = ExecResult.from_api(response.json())
+        if on_stdout is not None and result.stdout:
+            on_stdout(result.stdout)
+        if on_stderr is not None and result.stderr:
+            on_stderr(result.stderr)
+        return result
+
+    def operation(self, operation_id: str) -> ExecResult:
+        return self._client.operation(self.id, operation_id)
 
     # -- trajectories hook ------------------------------------------------------------
     def episode(self, *, task_id: str, **fields: Any) -> Episode:
@@ -247,28 +362,114 @@ class Sandbox:
         Execs made inside the block become steps (see hedgerow.episode)."""
         return Episode(self._client, [self], task_id=task_id, **fields)
 
+    # -- files ------------------------------------------------------------------
     def write_file(
-        self, path: str, data: bytes | Iterator[bytes], *, mode: str | None = None
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"path": path}
+        self, path: str, data: FileData, *, mode: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """Writes a file atomically (parents created). ``data`` may be bytes, text, an
+        iterator of byte chunks or a binary file object; non-bytes are streamed."""
+        params: Dict[str, Any] = {"path": path}
         if mode:
             params["mode"] = mode
-        result: dict[str, Any] = self._client.request(
+        if isinstance(data, str):
+            data = data.encode()
+        replayable = isinstance(data, bytes)
+        if hasattr(data, "read"):
+            stream: Any = data
+
+            def chunks() -> Iterator[bytes]:
+                while True:
+                    chunk = stream.read(common.CHUNK)
+                    if not chunk:
+                        return
+                    yield chunk
+
+            data = chunks()
+        result: Dict[str, Any] = self._client.request(
             "PUT",
             f"/sandboxes/{self.id}/files",
             params=params,
             content=data,
             headers={"Content-Type": "application/octet-stream"},
+            retry=replayable,
+            timeout=600,
         ).json()
         return result
 
     def read_file(self, path: str) -> bytes:
-        return self._client.request(
-            "GET", f"/sandboxes/{self.id}/files", params={"path": path}
-        ).content
+        """The whole file in memory; use ``iter_file`` or ``download`` for big files."""
+        return b"".join(self.iter_file(path))
 
-    def list_files(self, path: str = "/workspace") -> list[dict[str, Any]]:
+    def iter_file(self, path: str) -> Iterator[bytes]:
+        """Streams a file's bytes in chunks (constant memory, any size)."""
+        http = self._client._http
+        with http.stream(
+            "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                try:
+                    body = response.json()
+                except ValueError:
+                    body = None
+                raise error_from_response(response.status_code, body, response.text)
+            yield from response.iter_bytes(common.CHUNK)
+
+    def stat(self, path: str) -> Dict[str, Any]:
+        result: Dict[str, Any] = self._client.request(
+            "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+        ).json()
+        return result
+
+    def list_files(self, path: str = "/workspace") -> List[Dict[str, Any]]:
         body = self._client.request(
             "GET", f"/sandboxes/{self.id}/files/list", params={"path": path}
         ).json()
-        return list(body.get("entries", []))
+        return builtins.list(body.get("entries", []))
+
+    def upload(self, local: Union[str, Path], remote: str, *, progress: Progress = None) -> int:
+        """Uploads a local file or directory tree to ``remote``; returns bytes sent.
+        ``progress(n)`` is called with each chunk's size."""
+        source = Path(local)
+        if source.is_dir():
+            total = 0
+            for path, relative in common.local_files(source):
+                total += self._upload_file(path, f"{remote.rstrip('/')}/{relative}", progress)
+            return total
+        return self._upload_file(source, remote, progress)
+
+    def _upload_file(self, path: Path, remote: str, progress: Progress) -> int:
+        self.write_file(remote, common.file_chunks(path, progress))
+        return path.stat().st_size
+
+    def download(self, remote: str, local: Union[str, Path], *, progress: Progress = None) -> int:
+        """Downloads a file or directory tree to ``local``; returns bytes received."""
+        target = Path(local)
+        if self.stat(remote).get("type") == "directory":
+            total = 0
+            for entry in self.list_files(remote):
+                child = f"{remote.rstrip('/')}/{entry['name']}"
+                if entry.get("type") in ("file", "directory"):
+                    total += self.download(child, target / str(entry["name"]), progress=progress)
+            target.mkdir(parents=True, exist_ok=True)
+            return total
+        target.parent.mkdir(parents=True, exist_ok=True)
+        size = 0
+        with open(target, "wb") as handle:
+            for chunk in self.iter_file(remote):
+                handle.write(chunk)
+                size += len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+        return size
+
+    def apply_patch(
+        self, patch: str, *, cwd: str = "/workspace", timeout: float = 60.0
+    ) -> ExecResult:
+        """Applies a unified diff in ``cwd`` (git apply, or patch(1)); ``result.ok``
+        says whether it applied, stdout/stderr say why not."""
+        target = common.patch_target()
+        self.write_file(target, patch if patch.endswith("\n") else patch + "\n")
+        return self.exec(
+            common.PATCH_SCRIPT, cwd=cwd, env={"HR_PATCH_FILE": target}, timeout=timeout
+        )

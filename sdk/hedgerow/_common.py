@@ -1,0 +1,172 @@
+"""What the sync and async clients share: configuration, retry policy, request bodies."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+USER_AGENT = "hedgerow-python/0.2"
+Command = Union[str, List[str]]
+
+# Statuses retried only when the server says when (Retry-After): "overloaded, try
+# again". A 429 without it (e.g. a quota that will not free itself) raises at once.
+RETRY_STATUSES = (429, 503)
+CHUNK = 256 * 1024
+
+# Applies a unified diff in the sandbox: git apply (works outside a repository) or
+# patch(1); -p1 (a/ b/ prefixes) first, then -p0. The patch file is removed after.
+PATCH_SCRIPT = r"""
+p="$HR_PATCH_FILE"
+applied=""
+rc=1
+for strip in 1 0; do
+  if command -v git >/dev/null 2>&1 && git apply --check -p"$strip" "$p" >/dev/null 2>&1; then
+    git apply --whitespace=nowarn -p"$strip" "$p"; rc=$?; applied=1; break
+  fi
+  if command -v patch >/dev/null 2>&1 &&
+     patch --dry-run --batch --forward -p"$strip" < "$p" >/dev/null 2>&1; then
+    patch --batch --forward -p"$strip" < "$p"; rc=$?; applied=1; break
+  fi
+done
+if [ -z "$applied" ]; then
+  if command -v git >/dev/null 2>&1; then git apply -p1 "$p"; else
+    patch --batch --forward -p1 < "$p"; fi
+  rc=$?
+fi
+rm -f "$p"
+exit "$rc"
+"""
+
+
+def config_path() -> Path:
+    """Where ``hedgerow login`` stores the URL and key (``HEDGEROW_CONFIG`` overrides)."""
+    explicit = os.environ.get("HEDGEROW_CONFIG")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "hedgerow" / "config.json"
+
+
+def load_config() -> Dict[str, Any]:
+    try:
+        data = json.loads(config_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def resolve(url: Optional[str], api_key: Optional[str]) -> Tuple[str, Optional[str]]:
+    """Arguments win, then ``HEDGEROW_URL`` / ``HEDGEROW_API_KEY``, then the login file."""
+    stored = load_config()
+    chosen_url = url or os.environ.get("HEDGEROW_URL") or stored.get("url") or DEFAULT_URL
+    key = api_key or os.environ.get("HEDGEROW_API_KEY") or stored.get("api_key")
+    return str(chosen_url).rstrip("/"), key
+
+
+def backoff(attempt: int, retry_after: Optional[str], *, base: float = 0.25) -> float:
+    """Exponential backoff with jitter, never shorter than the server's Retry-After."""
+    delay = min(base * (2**attempt), 8.0)
+    if retry_after:
+        try:
+            delay = max(delay, float(retry_after))
+        except ValueError:
+            pass
+    return float(delay + random.uniform(0, delay / 2))
+
+
+def retryable_status(status: int, headers: Any) -> bool:
+    return status in RETRY_STATUSES and bool(headers.get("Retry-After"))
+
+
+def new_idempotency_key() -> str:
+    return f"sdk-{uuid.uuid4().hex}"
+
+
+def new_operation_id() -> str:
+    return f"op-{uuid.uuid4().hex}"
+
+
+def create_body(
+    image: str,
+    *,
+    cpu: Optional[Union[str, float]],
+    memory: Optional[Union[str, int]],
+    network_access: bool,
+    ttl_seconds: Optional[int],
+    heartbeat_timeout_s: Optional[int],
+    labels: Optional[Dict[str, str]],
+    sandbox_id: Optional[str],
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"image": image, "network_access": network_access}
+    optional = {
+        "cpu": cpu,
+        "memory": memory,
+        "ttl_seconds": ttl_seconds,
+        "heartbeat_timeout_s": heartbeat_timeout_s,
+        "sandbox_id": sandbox_id,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if labels:
+        body["labels"] = labels
+    return body
+
+
+def exec_body(
+    command: Command,
+    *,
+    cwd: Optional[str],
+    env: Optional[Dict[str, str]],
+    timeout: Optional[float],
+    stdin_b64: Optional[str],
+    login_shell: bool,
+    operation_id: Optional[str],
+) -> Dict[str, Any]:
+    """The exec request. It always carries an operation id, which is what makes a
+    retried exec safe: the server replays the stored (or running) result."""
+    body: Dict[str, Any] = {
+        "command": command,
+        "login_shell": login_shell,
+        "operation_id": operation_id or new_operation_id(),
+    }
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = env
+    if timeout is not None:
+        body["timeout"] = timeout
+    if stdin_b64 is not None:
+        body["stdin"] = stdin_b64
+    return body
+
+
+def exec_http_timeout(timeout: Optional[float]) -> float:
+    return (timeout if timeout is not None else 600.0) + 30.0
+
+
+def patch_target() -> str:
+    return f"/tmp/.hedgerow-patch-{uuid.uuid4().hex}.diff"
+
+
+def local_files(root: Path) -> List[Tuple[Path, str]]:
+    """(local file, path relative to root with '/') for every file under a directory."""
+    found: List[Tuple[Path, str]] = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            found.append((path, path.relative_to(root).as_posix()))
+    return found
+
+
+def file_chunks(path: Path, progress: Any = None) -> Any:
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(CHUNK)
+            if not chunk:
+                return
+            if progress is not None:
+                progress(len(chunk))
+            yield chunk

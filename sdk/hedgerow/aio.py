@@ -1,0 +1,408 @@
+"""``AsyncClient``: the same surface as ``Client``, for asyncio::
+
+    async with AsyncClient() as hr:
+        async with await hr.create_sandbox() as sandbox:
+            result = await sandbox.exec("echo hi")
+
+Retries, idempotency keys, operation ids and cleanup behave exactly as in the sync
+client (interpreter exit and signals are handled by the same registry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Callable, Dict, List, Optional, Union
+
+import httpx
+
+from hedgerow import _common as common
+from hedgerow._common import Command
+from hedgerow.cleanup import registry
+from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.results import ExecResult
+
+AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
+Progress = Optional[Callable[[int], None]]
+
+
+class AsyncClient:
+    """See ``hedgerow.Client``; every method is a coroutine."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 4,
+        cleanup: bool = True,
+        handle_signals: bool = True,
+        max_connections: int = 200,
+    ) -> None:
+        self.url, key = common.resolve(url, api_key)
+        if not key:
+            raise HedgerowError(
+                "no API key: pass api_key=, set HEDGEROW_API_KEY or run `hedgerow login`",
+                code="no_api_key",
+            )
+        self.api_key: str = key
+        self.max_retries = max_retries
+        self.cleanup = cleanup
+        self.handle_signals = handle_signals
+        self._created: Dict[str, AsyncSandbox] = {}
+        self._http = httpx.AsyncClient(
+            base_url=self.url + "/api/v1",
+            headers={"Authorization": f"Bearer {key}", "User-Agent": common.USER_AGENT},
+            timeout=timeout,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=max_connections),
+        )
+
+    async def request(
+        self, method: str, path: str, *, retry: bool = True, **kwargs: Any
+    ) -> httpx.Response:
+        """See ``Client.request``."""
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if not retry or attempt >= self.max_retries:
+                    raise HedgerowError(
+                        f"{method} {path}: {exc!r}", code="connection_error"
+                    ) from exc
+                await asyncio.sleep(common.backoff(attempt, None))
+                attempt += 1
+                continue
+            if (
+                retry
+                and attempt < self.max_retries
+                and common.retryable_status(response.status_code, response.headers)
+            ):
+                await asyncio.sleep(common.backoff(attempt, response.headers.get("Retry-After")))
+                attempt += 1
+                continue
+            if response.status_code >= 400:
+                try:
+                    body = response.json()
+                except ValueError:
+                    body = None
+                raise error_from_response(response.status_code, body, response.text)
+            return response
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def cleanup_sandboxes(self) -> None:
+        pending = builtins.list(self._created.values())
+        results = await asyncio.gather(*(s.delete() for s in pending), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, HedgerowError):
+                raise result
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if self.cleanup:
+            await self.cleanup_sandboxes()
+        await self.aclose()
+
+    def _forget(self, sandbox_id: str) -> None:
+        self._created.pop(sandbox_id, None)
+        registry.discard(self.url, sandbox_id)
+
+    async def create_sandbox(
+        self,
+        image: str = "host",
+        *,
+        cpu: Optional[Union[str, float]] = None,
+        memory: Optional[Union[str, int]] = None,
+        network_access: bool = False,
+        ttl_seconds: Optional[int] = None,
+        heartbeat_timeout_s: Optional[int] = None,
+        labels: Optional[Dict[str, str]] = None,
+        sandbox_id: Optional[str] = None,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+        idempotency_key: Optional[str] = None,
+        heartbeat: bool = True,
+    ) -> AsyncSandbox:
+        """See ``Client.create_sandbox``."""
+        body = common.create_body(
+            image,
+            cpu=cpu,
+            memory=memory,
+            network_access=network_access,
+            ttl_seconds=ttl_seconds,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            labels=labels,
+            sandbox_id=sandbox_id,
+        )
+        key = idempotency_key or common.new_idempotency_key()
+        response = await self.request(
+            "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
+        )
+        sandbox = AsyncSandbox(self, response.json())
+        if self.cleanup:
+            self._created[sandbox.id] = sandbox
+            registry.add(self.url, self.api_key, sandbox.id, handle_signals=self.handle_signals)
+        if wait:
+            try:
+                await sandbox.wait(timeout=wait_timeout)
+            except BaseException:
+                with contextlib.suppress(HedgerowError):
+                    await sandbox.delete()
+                raise
+        if heartbeat_timeout_s and heartbeat:
+            sandbox.start_heartbeats(max(heartbeat_timeout_s / 3.0, 1.0))
+        return sandbox
+
+    async def get(self, sandbox_id: str) -> AsyncSandbox:
+        return AsyncSandbox(self, (await self.request("GET", f"/sandboxes/{sandbox_id}")).json())
+
+    async def list(
+        self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
+    ) -> List[AsyncSandbox]:
+        params: Dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        if image:
+            params["image"] = image
+        body = (await self.request("GET", "/sandboxes", params=params)).json()
+        return [AsyncSandbox(self, item) for item in body["results"]]
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self.request("DELETE", f"/sandboxes/{sandbox_id}")
+        self._forget(sandbox_id)
+
+    async def operation(self, sandbox_id: str, operation_id: str) -> ExecResult:
+        path = f"/sandboxes/{sandbox_id}/operations/{operation_id}"
+        return ExecResult.from_api((await self.request("GET", path)).json())
+
+
+class AsyncSandbox:
+    """See ``hedgerow.Sandbox``; ``async with`` deletes it at the end of the block."""
+
+    def __init__(self, client: AsyncClient, data: Dict[str, Any]) -> None:
+        self._client = client
+        self.data = data
+        self._heartbeat_task: Optional[asyncio.Task[None]] = None
+
+    @property
+    def id(self) -> str:
+        return str(self.data["id"])
+
+    @property
+    def state(self) -> str:
+        return str(self.data["state"])
+
+    @property
+    def generation(self) -> int:
+        return int(self.data.get("generation") or 0)
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.id} {self.state}>"
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.delete()
+
+    async def refresh(self) -> AsyncSandbox:
+        self.data = (await self._client.request("GET", f"/sandboxes/{self.id}")).json()
+        return self
+
+    async def wait(self, timeout: float = 120.0) -> AsyncSandbox:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            slice_s = max(0.0, min(60.0, deadline - loop.time()))
+            try:
+                response = await self._client.request(
+                    "GET",
+                    f"/sandboxes/{self.id}/wait",
+                    params={"timeout": slice_s},
+                    timeout=slice_s + 30,
+                )
+                self.data = response.json()
+                return self
+            except HedgerowError as exc:
+                if exc.code != "wait_timeout" or loop.time() >= deadline:
+                    raise
+
+    async def delete(self) -> None:
+        self.stop_heartbeats()
+        await self._client.delete(self.id)
+
+    async def heartbeat(self) -> None:
+        await self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")
+
+    def start_heartbeats(self, interval: float) -> None:
+        """Heartbeats from a task on the running loop until deleted/stopped."""
+        self.stop_heartbeats()
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.heartbeat()
+                except HedgerowError as exc:
+                    if exc.status in (404, 409):
+                        return
+
+        self._heartbeat_task = asyncio.get_running_loop().create_task(beat())
+
+    def stop_heartbeats(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            self._heartbeat_task = None
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+    ) -> ExecResult:
+        """See ``Sandbox.exec``."""
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
+        response = await self._client.request(
+            "POST",
+            f"/sandboxes/{self.id}/exec",
+            json=body,
+            timeout=common.exec_http_timeout(timeout),
+        )
+        result = ExecResult.from_api(response.json())
+        if on_stdout is not None and result.stdout:
+            on_stdout(result.stdout)
+        if on_stderr is not None and result.stderr:
+            on_stderr(result.stderr)
+        return result
+
+    async def operation(self, operation_id: str) -> ExecResult:
+        return await self._client.operation(self.id, operation_id)
+
+    async def write_file(
+        self, path: str, data: AsyncFileData, *, mode: Optional[str] = None
+    ) -> Dict[str, Any]:
+        params: Dict[str, Any] = {"path": path}
+        if mode:
+            params["mode"] = mode
+        if isinstance(data, str):
+            data = data.encode()
+        response = await self._client.request(
+            "PUT",
+            f"/sandboxes/{self.id}/files",
+            params=params,
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+            retry=isinstance(data, bytes),
+            timeout=600,
+        )
+        result: Dict[str, Any] = response.json()
+        return result
+
+    async def iter_file(self, path: str) -> AsyncIterator[bytes]:
+        async with self._client._http.stream(
+            "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
+        ) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                try:
+                    body = response.json()
+                except ValueError:
+                    body = None
+                raise error_from_response(response.status_code, body, response.text)
+            async for chunk in response.aiter_bytes(common.CHUNK):
+                yield chunk
+
+    async def read_file(self, path: str) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_file(path)])
+
+    async def stat(self, path: str) -> Dict[str, Any]:
+        response = await self._client.request(
+            "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+        )
+        result: Dict[str, Any] = response.json()
+        return result
+
+    async def list_files(self, path: str = "/workspace") -> List[Dict[str, Any]]:
+        response = await self._client.request(
+            "GET", f"/sandboxes/{self.id}/files/list", params={"path": path}
+        )
+        return builtins.list(response.json().get("entries", []))
+
+    async def upload(
+        self, local: Union[str, Path], remote: str, *, progress: Progress = None
+    ) -> int:
+        source = Path(local)
+        files = (
+            [(p, f"{remote.rstrip('/')}/{rel}") for p, rel in common.local_files(source)]
+            if source.is_dir()
+            else [(source, remote)]
+        )
+        total = 0
+        for path, target in files:
+            await self.write_file(target, common.file_chunks(path, progress))
+            total += path.stat().st_size
+        return total
+
+    async def download(
+        self, remote: str, local: Union[str, Path], *, progress: Progress = None
+    ) -> int:
+        target = Path(local)
+        if (await self.stat(remote)).get("type") == "directory":
+            total = 0
+            for entry in await self.list_files(remote):
+                if entry.get("type") in ("file", "directory"):
+                    child = f"{remote.rstrip('/')}/{entry['name']}"
+                    total += await self.download(
+                        child, target / str(entry["name"]), progress=progress
+                    )
+            target.mkdir(parents=True, exist_ok=True)
+            return total
+        target.parent.mkdir(parents=True, exist_ok=True)
+        size = 0
+        with open(target, "wb") as handle:
+            async for chunk in self.iter_file(remote):
+                handle.write(chunk)
+                size += len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+        return size
+
+    async def apply_patch(
+        self, patch: str, *, cwd: str = "/workspace", timeout: float = 60.0
+    ) -> ExecResult:
+        target = common.patch_target()
+        await self.write_file(target, patch if patch.endswith("\n") else patch + "\n")
+        return await self.exec(
+            common.PATCH_SCRIPT, cwd=cwd, env={"HR_PATCH_FILE": target}, timeout=timeout
+        )
