@@ -1,5 +1,6 @@
 """Hedgerow: sandboxes for agent training and evaluation."""
 
+from hedgerow.aio import AsyncClient, AsyncSandbox
 from hedgerow.client import Client, Sandbox
 from hedgerow.errors import (
     AgentUnreachable,
@@ -19,6 +20,8 @@ from hedgerow.results import ExecResult, StreamInfo
 
 __all__ = [
     "AgentUnreachable",
+    "AsyncClient",
+    "AsyncSandbox",
     "AuthError",
     "BudgetExhausted",
     "Client",
