@@ -66,7 +66,12 @@ class PrivateRedis:
     def restart_after(self, delay: float) -> threading.Thread:
         """Kills Redis now and starts it again (empty) after ``delay`` seconds."""
         self.kill()
-        thread = threading.Thread(target=lambda: (time.sleep(delay), self.start()))
+
+        def later() -> None:
+            time.sleep(delay)
+            self.start()
+
+        thread = threading.Thread(target=later)
         thread.start()
         return thread
 
