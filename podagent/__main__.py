@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from typing import List, Optional, Tuple
 
@@ -44,6 +45,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max-pty", type=int, default=8)
     args = parser.parse_args(argv)
 
+    # Launchers often start us as a shell's background job, which POSIX makes ignore
+    # SIGINT/SIGQUIT; ignored signals survive exec, so every command (and a PTY's
+    # Ctrl-C) would inherit that. Commands must see default dispositions.
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
     token = read_token(args.token_file, args.unlink_token)
     try:
         base_env = build_base_env(os.environ)
