@@ -1,6 +1,29 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
-from apps.billing.models import ApiKey, Membership, Tenant
+from apps.billing.models import (
+    ApiKey,
+    ApiKeyLimits,
+    DailyUsage,
+    Membership,
+    PriceBook,
+    PriceRate,
+    Tenant,
+    TenantQuota,
+    UsageRecord,
+)
+
+
+class TenantQuotaInline(admin.StackedInline):  # type: ignore[type-arg]
+    model = TenantQuota
+    can_delete = False
+    extra = 0
+
+
+class ApiKeyLimitsInline(admin.StackedInline):  # type: ignore[type-arg]
+    model = ApiKeyLimits
+    can_delete = False
+    extra = 0
 
 
 class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -12,7 +35,7 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
 class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["slug", "name", "is_active", "created_at"]
     search_fields = ["slug", "name"]
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, TenantQuotaInline]
 
 
 @admin.register(ApiKey)
@@ -29,3 +52,71 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     list_filter = ["tenant"]
     readonly_fields = ["prefix", "secret_hash", "last_used_at"]
+    inlines = [ApiKeyLimitsInline]
+
+
+@admin.register(TenantQuota)
+class TenantQuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "tenant",
+        "max_concurrent_sandboxes",
+        "max_cpu_millis",
+        "max_memory_mib",
+        "max_concurrent_execs",
+        "exec_rate_per_s",
+        "monthly_budget",
+        "queue_by_default",
+        "updated_at",
+    ]
+    list_editable = ["max_concurrent_sandboxes", "monthly_budget", "queue_by_default"]
+    search_fields = ["tenant__slug"]
+
+
+class PriceRateInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = PriceRate
+    extra = 0
+
+
+@admin.register(PriceBook)
+class PriceBookAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["slug", "version", "name", "is_reference", "effective_from", "currency"]
+    list_filter = ["is_reference", "slug"]
+    inlines = [PriceRateInline]
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """The usage ledger is derived from the lifecycle ledger: read-only here."""
+
+    list_display = [
+        "sandbox",
+        "tenant",
+        "image",
+        "capacity_type",
+        "cpu_millis",
+        "memory_mib",
+        "started_at",
+        "ended_at",
+        "end_state",
+        "price_book",
+    ]
+    list_filter = ["tenant", "end_state", "capacity_type"]
+    date_hierarchy = "started_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(DailyUsage)
+class DailyUsageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["day", "tenant", "dimension", "value", "sandboxes", "cost"]
+    list_filter = ["dimension", "day", "tenant"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

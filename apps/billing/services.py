@@ -6,12 +6,13 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from apps.billing.models import ApiKey, Membership, Role, Scope, Tenant
+from apps.billing.models import ApiKey, Membership, Role, Scope, Tenant, TenantQuota
 from controlplane.errors import ApiError, Conflict, ValidationFailed
 
 KEY_PREFIX = "hr_"
@@ -125,3 +126,13 @@ def _check_role_change(*, role: str, by_role: str, previous: str | None) -> None
         raise ApiError(
             "only owners grant or remove the owner role", code="forbidden", status_code=403
         )
+
+
+def quota_update(*, quota: TenantQuota, changes: dict[str, Any]) -> TenantQuota:
+    """Applies staff edits to a tenant's limits. Admission reads the row under lock on
+    every create, so new limits apply to the next create; hot-path limits within
+    seconds (each web process caches them briefly)."""
+    for name, value in changes.items():
+        setattr(quota, name, value)
+    quota.save()
+    return quota

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.billing.models import ApiKey
+from apps.billing.models import ApiKey, PriceBook, PriceRate, TenantQuota
 
 
 class ApiKeySerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
@@ -24,3 +24,53 @@ class ApiKeyCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
     name = serializers.CharField(max_length=200)
     scopes = serializers.ListField(child=serializers.CharField(), required=False)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class TenantQuotaSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    """Staff-editable limits; null means unlimited."""
+
+    tenant = serializers.CharField(source="tenant.slug", read_only=True)
+
+    class Meta:
+        model = TenantQuota
+        fields = [
+            "tenant",
+            "max_concurrent_sandboxes",
+            "max_cpu_millis",
+            "max_memory_mib",
+            "max_lifetime_s",
+            "max_concurrent_execs",
+            "exec_rate_per_s",
+            "exec_burst",
+            "max_upload_bytes",
+            "upload_bytes_per_day",
+            "max_pty_sessions",
+            "monthly_budget",
+            "queue_by_default",
+            "max_queued",
+            "updated_at",
+        ]
+        read_only_fields = ["tenant", "updated_at"]
+
+
+class PriceRateSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    class Meta:
+        model = PriceRate
+        fields = ["capacity_type", "vcpu_hour", "gib_hour", "startup_fee"]
+
+
+class PriceBookSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    rates = PriceRateSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = PriceBook
+        fields = [
+            "slug",
+            "name",
+            "version",
+            "is_reference",
+            "effective_from",
+            "currency",
+            "notes",
+            "rates",
+        ]

@@ -1,0 +1,141 @@
+"""Quota, usage and price-book endpoints for tenants; quota and cost report for staff."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+
+from django.http import HttpResponse
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.billing import services
+from apps.billing.api.serializers import PriceBookSerializer, TenantQuotaSerializer
+from apps.billing.models import PriceBook, Tenant
+from apps.billing.permissions import principal_of
+from apps.billing.quotas import quota_get, quota_usage
+from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, tenant_report
+from controlplane.errors import NotFound, ValidationFailed
+
+WINDOW_PARAMS = [
+    OpenApiParameter("start", str, description="ISO date/time (default: 30 days ago)"),
+    OpenApiParameter("end", str, description="ISO date/time, exclusive (default: now)"),
+]
+
+
+def parse_window(params: dict[str, str] | None) -> tuple[datetime, datetime]:
+    """[start, end) from ISO dates or datetimes (UTC when naive); ≤ 400 days."""
+    params = params or {}
+    now = timezone.now()
+
+    def parse(name: str, default: datetime) -> datetime:
+        raw = (params.get(name) or "").strip()
+        if not raw:
+            return default
+        try:
+            value = datetime.fromisoformat(raw)
+        except ValueError:
+            raise ValidationFailed(f"{name} must be an ISO date or datetime", field=name) from None
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+    end = parse("end", now)
+    start = parse("start", (end - timedelta(days=30)).replace(hour=0, minute=0, second=0))
+    if start >= end:
+        raise ValidationFailed("start must be before end", field="start")
+    if end - start > timedelta(days=400):
+        raise ValidationFailed("at most 400 days per report", field="start")
+    return start, end
+
+
+class QuotaView(APIView):
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        """This team's limits next to its current use (null limit = unlimited)."""
+        return Response(quota_usage(tenant=principal_of(request).tenant))
+
+
+class UsageView(APIView):
+    @extend_schema(parameters=WINDOW_PARAMS, responses={200: dict})
+    def get(self, request: Request) -> Response:
+        """Usage and cost per day, image and label, the month against the budget, and
+        what the same usage costs at hosted list prices. Money: decimal strings (USD)."""
+        start, end = parse_window(request.query_params.dict())
+        report = tenant_report(tenant=principal_of(request).tenant, start=start, end=end)
+        return Response(report.as_dict())
+
+
+class PriceBookListView(APIView):
+    @extend_schema(responses={200: PriceBookSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        books = PriceBook.objects.prefetch_related("rates").order_by("slug", "-version")
+        return Response({"results": PriceBookSerializer(books, many=True).data})
+
+
+class StaffView(APIView):
+    """Staff only: a Django staff session (the admin's login)."""
+
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsAdminUser]
+
+
+class AdminTenantQuotaView(StaffView):
+    def _tenant(self, slug: str) -> Tenant:
+        tenant = Tenant.objects.filter(slug=slug).first()
+        if tenant is None:
+            raise NotFound(f"no tenant {slug!r}", code="tenant_not_found")
+        return tenant
+
+    @extend_schema(responses={200: TenantQuotaSerializer})
+    def get(self, request: Request, slug: str) -> Response:
+        return Response(TenantQuotaSerializer(quota_get(tenant=self._tenant(slug))).data)
+
+    @extend_schema(request=TenantQuotaSerializer, responses={200: TenantQuotaSerializer})
+    def patch(self, request: Request, slug: str) -> Response:
+        quota = quota_get(tenant=self._tenant(slug))
+        serializer = TenantQuotaSerializer(quota, data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        quota = services.quota_update(quota=quota, changes=dict(serializer.validated_data))
+        return Response(TenantQuotaSerializer(quota).data)
+
+
+class AdminCostReportView(StaffView):
+    @extend_schema(
+        parameters=[
+            *WINDOW_PARAMS,
+            OpenApiParameter("sort", str, description="a column, '-' for descending"),
+            OpenApiParameter("output", str, description="json (default) or csv"),
+        ],
+        responses={200: dict},
+    )
+    def get(self, request: Request) -> Response | HttpResponse:
+        start, end = parse_window(request.query_params.dict())
+        rows = cost_report(start=start, end=end, sort=request.query_params.get("sort", "-cost"))
+        if request.query_params.get("output") == "csv":
+            return cost_report_csv(rows, start=start, end=end)
+        return Response(
+            {
+                "start": start.isoformat(),
+                "end": end.isoformat(),
+                "results": [{k: str(v) for k, v in row.items()} for row in rows],
+            }
+        )
+
+
+def cost_report_csv(
+    rows: list[dict[str, object]], *, start: datetime, end: datetime
+) -> HttpResponse:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(COST_REPORT_COLUMNS)
+    for row in rows:
+        writer.writerow([row[c] for c in COST_REPORT_COLUMNS])
+    response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
+    name = f"hedgerow-costs-{start.date().isoformat()}-{end.date().isoformat()}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
