@@ -78,6 +78,8 @@ class Stack:
 
     def __init__(self, db_name: str, log_dir: Path) -> None:
         self.env = _stack_env(db_name)
+        # Prometheus scrapes authenticate with this bearer token (tests read /metrics).
+        self.metrics_token = self.env.setdefault("HEDGEROW_METRICS_TOKEN", "test-metrics-token")
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = log_dir
