@@ -68,6 +68,8 @@ def api_client_from_settings(max_concurrency: int) -> client.ApiClient:
         kube_config.load_incluster_config(client_configuration=configuration)
     # one pooled connection per concurrent call, plus the informer's watch
     configuration.connection_pool_maxsize = max_concurrency + 2
+    # KubeApi retries with backoff itself; urllib3's own retries would hide them
+    configuration.retries = False
     return client.ApiClient(configuration)
 
 

@@ -113,16 +113,23 @@ class KubernetesBackend:
         self.informer.ensure_started()
         # A new generation replaces the old pod: nothing of an older one may answer.
         self._delete_generations(spec.sandbox_id, keep=spec.generation)
+        owned: list[tuple[Kind, str]] = []  # rollback removes these and nothing else
         try:
-            self._create_or_adopt(self.secrets, build_secret(self.config, spec))
+            secret = build_secret(self.config, spec)
+            self._create_or_adopt(self.secrets, secret)
+            owned.append((self.secrets, secret.metadata.name))
             if spec.network_access:
-                self._create_or_adopt(self.policies, build_egress_policy(self.config, spec))
+                policy = build_egress_policy(self.config, spec)
+                self._create_or_adopt(self.policies, policy)
+                owned.append((self.policies, policy.metadata.name))
             pod = build_pod(self.config, spec)
             self._create_or_adopt(self.pods, pod)
+            owned.insert(0, (self.pods, pod.metadata.name))
             return self._wait_started(pod.metadata.name)
         except Exception as exc:
             try:
-                self._delete_generations(spec.sandbox_id, keep=None, only=spec.generation)
+                for kind, name in owned:
+                    self._delete(kind, name)
             except Exception as cleanup_exc:  # noqa: BLE001 - report both
                 raise BackendError(
                     f"provision failed ({exc}); rollback failed too: {cleanup_exc}"
@@ -194,14 +201,12 @@ class KubernetesBackend:
         self.informer.silence(sandbox_id)
         self._delete_generations(sandbox_id, keep=None)
 
-    def _delete_generations(
-        self, sandbox_id: str, *, keep: int | None, only: int | None = None
-    ) -> None:
+    def _delete_generations(self, sandbox_id: str, *, keep: int | None) -> None:
         """Deletes the sandbox's pods first (the agent stops answering), then its
-        policies and secrets. ``keep``: a generation to spare; ``only``: just that one."""
+        policies and secrets; ``keep``: a generation to spare."""
         selector = self.config.sandbox_selector(sandbox_id)
         for kind in (self.pods, self.policies, self.secrets):
-            if keep is None and only is None:
+            if keep is None:
                 # one request per kind, whatever the number of generations
                 self.api.call(
                     kind.delete_collection,
@@ -212,10 +217,8 @@ class KubernetesBackend:
                 continue
             listing = self.api.call(kind.listing, self.config.namespace, label_selector=selector)
             for obj in listing.items:
-                generation = generation_of(obj.metadata.labels)
-                if generation == keep or (only is not None and generation != only):
-                    continue
-                self._delete(kind, obj.metadata.name)
+                if generation_of(obj.metadata.labels) != keep:
+                    self._delete(kind, obj.metadata.name)
 
     def _delete(self, kind: Kind, name: str) -> None:
         try:

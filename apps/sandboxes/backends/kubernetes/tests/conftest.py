@@ -49,6 +49,7 @@ def make_backend(fake: FakeKube) -> Iterator[Callable[..., KubernetesBackend]]:
     def make(**overrides: Any) -> KubernetesBackend:
         configuration = client.Configuration()
         configuration.host = fake.url
+        configuration.retries = False  # as in production: KubeApi does the retrying
         config = make_config(**overrides)
         backend = KubernetesBackend(
             config, KubeApi(client.ApiClient(configuration), config, backoff_s=0.01)

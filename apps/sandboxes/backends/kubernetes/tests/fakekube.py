@@ -67,6 +67,10 @@ def matches(selector: str, labels: dict[str, str]) -> bool:
     return True
 
 
+def is_watch(query: dict[str, list[str]]) -> bool:
+    return query.get("watch", ["false"])[0].lower() in ("true", "1")
+
+
 class FakeKube:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -203,7 +207,7 @@ class FakeKube:
     def compact(self) -> None:
         """Every resourceVersion seen so far becomes too old; open watches get 410."""
         with self.cond:
-            self.compacted_rv = self.rv + 1
+            self.compacted_rv = self.rv
             self.history.clear()
             self.expiry += 1
             self.cond.notify_all()
@@ -219,6 +223,10 @@ class FakeKube:
         with self.cond:
             self.failures.extend(codes)
 
+    def watch_queries(self) -> list[dict[str, list[str]]]:
+        with self.cond:
+            return [q for m, _, q in self.requests if m == "GET" and is_watch(q)]
+
     def count(self, method: str, path_part: str, **query: str) -> int:
         with self.cond:
             return sum(
@@ -226,7 +234,7 @@ class FakeKube:
                 for m, p, q in self.requests
                 if m == method
                 and path_part in p
-                and all(q.get(k, [None])[0] == v for k, v in query.items())
+                and all(str(q.get(k, [None])[0]).lower() == v.lower() for k, v in query.items())
             )
 
 
@@ -283,7 +291,7 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             selector = query.get("labelSelector", [""])[0]
             kind = _KIND[resource]
             if name is None and method == "GET":
-                if query.get("watch", ["false"])[0] in ("true", "1"):
+                if query.get("watch", ["false"])[0].lower() in ("true", "1"):
                     self._watch(resource, ns, selector, query)
                     return
                 items = kube.listing(resource, ns, selector)
@@ -307,14 +315,13 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     kube.delete(resource, ns, item["metadata"]["name"])
                 self._send(200, status(200, "", "deleted"))
             elif method == "GET":
-                obj = kube.listing(resource, ns, "")
-                found = [o for o in obj if o["metadata"]["name"] == name]
+                found = [o for o in kube.listing(resource, ns, "") if o["metadata"]["name"] == name]
                 if not found:
                     self._send(404, status(404, "NotFound", f'{resource} "{name}" not found'))
                 else:
                     self._send(200, found[0])
             elif method == "DELETE":
-                deleted = kube.delete(resource, ns, name)
+                deleted = kube.delete(resource, ns, name or "")
                 if deleted is None:
                     self._send(404, status(404, "NotFound", f'{resource} "{name}" not found'))
                 elif resource == "pods":
@@ -329,7 +336,7 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
         ) -> None:
             since = int(query.get("resourceVersion", ["0"])[0] or 0)
             timeout = float(query.get("timeoutSeconds", ["30"])[0])
-            bookmarks = query.get("allowWatchBookmarks", ["false"])[0] == "true"
+            bookmarks = query.get("allowWatchBookmarks", ["false"])[0].lower() == "true"
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
