@@ -280,3 +280,7 @@ CELERY_BEAT_SCHEDULE["usage-rollup"] = {
 # A `requested` sandbox no worker picked up after this long (its task was lost with the
 # broker) is enqueued again by the reconciler.
 HEDGEROW_REQUEUE_AFTER_S = env_float("HEDGEROW_REQUEUE_AFTER_S", 30.0)
+
+# Workers log through LOGGING above (JSON, with the request id carried into tasks);
+# Celery must not replace the root handler with its own plain-text one.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

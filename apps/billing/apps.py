@@ -12,6 +12,9 @@ class BillingConfig(AppConfig):
 
         from apps.billing.usage import on_sandbox_event
         from apps.sandboxes.models import SandboxEvent
+        from frontend.nav import NavItem, register_nav
+
+        register_nav(NavItem("Usage", "billing:usage", section="usage"), before="API keys")
 
         def _metered(sender: object, instance: SandboxEvent, created: bool, **_: object) -> None:
             # The usage ledger follows the lifecycle ledger row by row, inside the same

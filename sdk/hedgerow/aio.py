@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import httpx
 
 from hedgerow import _common as common
+from hedgerow import streaming
 from hedgerow._common import Command
 from hedgerow.cleanup import registry
 from hedgerow.errors import HedgerowError, error_from_response
@@ -293,6 +294,8 @@ class AsyncSandbox:
             login_shell=login_shell,
             operation_id=operation_id,
         )
+        if (on_stdout is not None or on_stderr is not None) and streaming.available():
+            return await streaming.acollect(self._stream_body(body), on_stdout, on_stderr)
         response = await self._client.request(
             "POST",
             f"/sandboxes/{self.id}/exec",
@@ -308,6 +311,43 @@ class AsyncSandbox:
 
     async def operation(self, operation_id: str) -> ExecResult:
         return await self._client.operation(self.id, operation_id)
+
+    # -- live output (hedgerow/streaming.py) ---------------------------------------
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+    ) -> AsyncIterator[streaming.Frame]:
+        """``async for frame in sandbox.exec_stream(cmd)``; see ``Sandbox.exec_stream``."""
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
+        return self._stream_body(body)
+
+    async def _stream_body(self, body: Dict[str, Any]) -> AsyncIterator[streaming.Frame]:
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+        )
+        data = response.json()
+        if response.status_code == 200:  # a finished replay: the stored result
+            yield streaming.Frame(type="exit", seq=None, result=ExecResult.from_api(data))
+            return
+        async for frame in streaming.astream_operation(
+            self._client.url, self._client.api_key, self.id, str(data["id"])
+        ):
+            yield frame
 
     async def write_file(
         self, path: str, data: AsyncFileData, *, mode: Optional[str] = None

@@ -26,6 +26,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Union
 import httpx
 
 from hedgerow import _common as common
+from hedgerow import streaming
 from hedgerow._common import Command as Command  # re-exported: episode.py imports it
 from hedgerow.cleanup import registry
 from hedgerow.episode import Episode, current_episode
@@ -333,7 +334,15 @@ class Sandbox:
             operation_id=operation_id,
         )
         episode = current_episode()  # trajectories hook: see hedgerow/episode.py
+        live = (on_stdout is not None or on_stderr is not None) and streaming.available()
         try:
+            if live:
+                # Callbacks get output as it is produced (streaming.py); the result is
+                # the same typed record.
+                result = streaming.collect(self._stream_body(body), on_stdout, on_stderr)
+                if episode is not None:
+                    episode.record_exec(self, body["operation_id"], command)
+                return result
             response = self._client.request(
                 "POST",
                 f"/sandboxes/{self.id}/exec",
@@ -363,6 +372,60 @@ class Sandbox:
         return Episode(self._client, [self], task_id=task_id, **fields)
 
     # -- files ------------------------------------------------------------------
+    # -- live output and terminals (hedgerow/streaming.py) ------------------------
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+    ) -> Iterator[streaming.Frame]:
+        """``for frame in sandbox.exec_stream(cmd)``: start/stdout/stderr frames as the
+        command runs, then one ``exit`` frame whose ``result`` is the typed ExecResult.
+        A dropped socket is resumed where it stopped (no frame lost or repeated)."""
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
+        return self._stream_body(body)
+
+    def _stream_body(self, body: Dict[str, Any]) -> Iterator[streaming.Frame]:
+        response = self._client.request(
+            "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+        )
+        data = response.json()
+        if response.status_code == 200:  # a finished replay: the stored result
+            yield streaming.Frame(type="exit", seq=None, result=ExecResult.from_api(data))
+            return
+        yield from streaming.stream_operation(
+            self._client.url, self._client.api_key, self.id, str(data["id"])
+        )
+
+    def pty(
+        self,
+        cmd: Union[None, str, List[str]] = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> streaming.Terminal:
+        """An interactive terminal (``with sandbox.pty() as term: term.write(b"ls\\n")``);
+        closing it kills the session's processes."""
+        return streaming.Terminal(
+            self._client.url, self._client.api_key, self.id, cmd=cmd, rows=rows, cols=cols,
+            env=env, cwd=cwd,
+        )  # fmt: skip
+
     def write_file(
         self, path: str, data: FileData, *, mode: Optional[str] = None
     ) -> Dict[str, Any]:

@@ -190,3 +190,38 @@ def test_it_never_streams_another_tenants_operation(live, make_tenant):
         frames = _frames(ws)
         assert ws.close_code == 4401
     assert frames[0]["code"] == "not_authenticated"
+
+
+def test_it_streams_through_the_sdk_sync_and_async(live, make_tenant):
+    import asyncio
+
+    from hedgerow import Client
+    from hedgerow.aio import AsyncClient
+
+    _, secret = make_tenant()
+    sandbox_id = _ready(_http(live, secret))
+    with Client(live.url, secret) as client:
+        sandbox = client.get(sandbox_id)
+        frames = list(sandbox.exec_stream("printf 'é%.0s' $(seq 1 3); echo; echo oops >&2"))
+        assert [f.type for f in frames][0] == "start"
+        assert frames[-1].type == "exit" and frames[-1].result is not None
+        assert frames[-1].result.exit_code == 0
+        assert b"".join(f.data for f in frames if f.type == "stdout").decode() == "ééé\n"
+
+        seen: list[str] = []
+        result = sandbox.exec("echo one; sleep 0.2; echo two", on_stdout=seen.append)
+        assert "".join(seen) == "one\ntwo\n" and result.stdout == "one\ntwo\n"
+
+        with sandbox.pty(cmd=["bash", "--norc", "--noprofile"]) as term:
+            term.write(b"exit 5\n")
+            while term.read(timeout=20):
+                pass
+            assert term.exit_code == 5
+
+    async def run_async() -> list[str]:
+        async with AsyncClient(live.url, secret) as aclient:
+            asandbox = await aclient.get(sandbox_id)
+            return [f.type async for f in asandbox.exec_stream("echo hi")]
+
+    types = asyncio.run(run_async())
+    assert types[0] == "start" and types[-1] == "exit" and "stdout" in types

@@ -1,0 +1,10 @@
+from django.urls import path
+
+from apps.billing import views
+
+app_name = "billing"
+
+urlpatterns = [
+    path("usage/", views.usage_page, name="usage"),
+    path("staff/costs/", views.cost_report_page, name="cost-report"),
+]

@@ -1,0 +1,132 @@
+"""Billing pages: a team's Usage page and the staff cost report. Views call services,
+selectors and reports only."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from apps.billing.api.usage_views import cost_report_csv, parse_window
+from apps.billing.principal import Principal
+from apps.billing.quotas import quota_usage
+from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, current_price_book, tenant_report
+from controlplane.errors import ValidationFailed
+from frontend.access import page, render_page
+
+QUOTA_LABELS = [
+    ("concurrent_sandboxes", "Concurrent sandboxes", ""),
+    ("cpu_millis", "vCPU of live sandboxes", "m"),
+    ("memory_mib", "Memory of live sandboxes", "Mi"),
+    ("concurrent_execs", "Concurrent execs", ""),
+    ("pty_sessions", "Terminal sessions", ""),
+    ("upload_bytes_per_day", "Uploads today", " B"),
+    ("queued", "Waiting in the queue", ""),
+]
+
+
+def quota_bars(usage: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows for the quota-use bars: label, current, limit and a 0-100 fill."""
+    bars = []
+    for key, label, unit in QUOTA_LABELS:
+        entry = usage.get(key) or {}
+        limit, current = entry.get("limit"), entry.get("current") or 0
+        percent = min(100, round(100 * current / limit)) if limit else 0
+        bars.append(
+            {
+                "key": key,
+                "label": label,
+                "unit": unit,
+                "current": current,
+                "limit": limit,
+                "percent": percent,
+                "level": "bad" if percent >= 100 else "warn" if percent >= 80 else "ok",
+            }
+        )
+    return bars
+
+
+def _window(request: HttpRequest) -> tuple[datetime, datetime, str]:
+    try:
+        start, end = parse_window(request.GET.dict())
+        return start, end, ""
+    except ValidationFailed as exc:
+        start, end = parse_window({})
+        return start, end, exc.message
+
+
+def _chart(days: list[dict[str, Any]], field: str, label: str, unit: str) -> dict[str, Any]:
+    return {
+        "labels": [d["day"][5:] for d in days],
+        "datasets": [{"label": label, "data": [float(Decimal(d[field])) for d in days]}],
+        "unit": unit,
+    }
+
+
+@require_GET
+@page()
+def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
+    start, end, error = _window(request)
+    report = tenant_report(tenant=principal.tenant, start=start, end=end).as_dict()
+    usage = quota_usage(tenant=principal.tenant)
+    month = report["month_to_date"]
+    budget = Decimal(month["budget"]) if month["budget"] else None
+    spent = Decimal(month["cost"])
+    return render_page(
+        request,
+        principal,
+        "billing/usage.html",
+        {
+            "nav_section": "usage",
+            "report": report,
+            "error": error,
+            "start": start.date().isoformat(),
+            "end": end.date().isoformat(),
+            "bars": quota_bars(usage),
+            "budget": budget,
+            "spent": spent,
+            "budget_percent": min(100, round(100 * spent / budget)) if budget else 0,
+            "cost_chart": _chart(report["days"], "cost", "Cost (USD)", " $"),
+            "hours_chart": _chart(report["days"], "sandbox_hours", "Sandbox-hours", " h"),
+        },
+    )
+
+
+@staff_member_required
+@require_GET
+def cost_report_page(request: HttpRequest) -> HttpResponse:
+    start, end, error = _window(request)
+    sort = request.GET.get("sort", "-cost")
+    rows = cost_report(start=start, end=end, sort=sort)
+    if request.GET.get("output") == "csv":
+        return cost_report_csv(rows, start=start, end=end)
+    total = sum((r["cost"] for r in rows), Decimal(0))
+    columns = [
+        {
+            "key": c,
+            "label": c.replace("_", " "),
+            "sort": f"-{c}" if sort != f"-{c}" else c,
+            "active": sort.lstrip("-") == c,
+            "descending": sort.startswith("-"),
+        }
+        for c in COST_REPORT_COLUMNS
+    ]
+    return render(
+        request,
+        "billing/cost_report.html",
+        {
+            "rows": rows,
+            "columns": columns,
+            "sort": sort,
+            "start": start.date().isoformat(),
+            "end": end.date().isoformat(),
+            "error": error,
+            "total": total,
+            "price_book": current_price_book(),
+        },
+    )
