@@ -198,8 +198,12 @@ def episode_timeline(*, episode: Episode) -> list[dict[str, Any]]:
     Events are those of the linked generations, from just before the episode started
     until it ended (or now)."""
     items: list[dict[str, Any]] = []
+    # Steps keep their index order: a step without a time (or with a client clock a bit
+    # behind the server's) is placed no earlier than the step before it.
+    at = episode.started_at
     for step in episode.steps.all():
-        items.append({"type": "step", "at": step.started_at or step.created_at, "step": step})
+        at = max(at, step.started_at or at)
+        items.append({"type": "step", "at": at, "step": step})
     for link in episode.sandbox_links.select_related("sandbox"):
         if link.sandbox is None:
             continue
@@ -212,7 +216,13 @@ def episode_timeline(*, episode: Episode) -> list[dict[str, Any]]:
             items.append(
                 {"type": "event", "at": event.at, "event": event, "sandbox_id": link.sandbox_ref}
             )
-    items.sort(key=lambda item: (item["at"], 0 if item["type"] == "event" else 1))
+    items.sort(
+        key=lambda item: (
+            item["at"],
+            0 if item["type"] == "event" else 1,
+            item["step"].index if item["type"] == "step" else 0,
+        )
+    )
     return items
 
 

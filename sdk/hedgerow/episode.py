@@ -14,6 +14,7 @@ failure class from its own ledger when the episode closes.
 from __future__ import annotations
 
 import contextvars
+from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +93,11 @@ class Episode:
         request: Any = None,
     ) -> None:
         """Adds a model/tool step that is not an exec (execs are recorded for you)."""
-        step: dict[str, Any] = {"kind": kind, "action": action}
+        step: dict[str, Any] = {
+            "kind": kind,
+            "action": action,
+            "started_at": datetime.now(timezone.utc).isoformat(),
+        }
         for key, value in (
             ("observation", observation),
             ("shown", shown),

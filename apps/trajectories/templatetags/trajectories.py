@@ -32,4 +32,8 @@ def pretty(value: Any) -> str:
 
 @register.filter
 def money(value: Any) -> str:
-    return "—" if value is None else f"${float(value):.4f}"
+    if value is None:
+        return "—"
+    amount = float(value)
+    # Sandbox seconds cost fractions of a cent: show enough digits to see them.
+    return f"${amount:.4f}" if amount == 0 or abs(amount) >= 0.01 else f"${amount:.6f}"
