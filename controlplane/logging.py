@@ -27,7 +27,16 @@ class JsonFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", "") or request_id_var.get()
         if request_id:
             payload["request_id"] = request_id
-        for key in ("sandbox_id", "operation_id", "tenant_id", "event"):
+        for key in (
+            "sandbox_id",
+            "operation_id",
+            "tenant_id",
+            "event",
+            "method",
+            "path",
+            "status",
+            "duration_ms",
+        ):
             value = getattr(record, key, None)
             if value is not None:
                 payload[key] = value

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import logging
 import re
+import time
 import uuid
 from collections.abc import Callable
 
@@ -8,6 +10,7 @@ from django.http import HttpRequest, HttpResponse
 
 from controlplane.logging import request_id_var
 
+access_log = logging.getLogger("hedgerow.access")
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
@@ -22,8 +25,23 @@ class RequestIdMiddleware:
         incoming = request.headers.get("X-Request-Id", "")
         request_id = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
         token = request_id_var.set(request_id)
+        started = time.perf_counter()
         try:
             response = self.get_response(request)
+            # One structured line per request, under its id: the web end of a trace.
+            access_log.info(
+                "%s %s %s",
+                request.method,
+                request.path,
+                response.status_code,
+                extra={
+                    "event": "request",
+                    "method": request.method,
+                    "path": request.path,
+                    "status": response.status_code,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                },
+            )
         finally:
             request_id_var.reset(token)
         response["X-Request-Id"] = request_id

@@ -143,6 +143,11 @@ def bwrap_argv(
         "--unlink-token",
         "--workdir",
         "/workspace",
+        # JSON request lines (with the control plane's request id) go to the agent's
+        # stdout, which the launcher appends to the host-side agent.log: traceable
+        # from the host, and no log file the sandbox's own commands could rewrite.
+        "--log-file",
+        "/dev/stdout",
     ]
 
 
