@@ -1,0 +1,64 @@
+"""Server-rendered billing pages (the browser tests drive the same pages in Chromium)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import User
+
+from apps.billing.models import TenantQuota
+from apps.billing.quotas import quota_get
+from apps.billing.services import membership_set_role
+from apps.billing.tests.test_costs import T0, book, ledger_sandbox  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_shows_a_team_its_own_usage_budget_and_hosted_comparison(
+    make_tenant,
+    client,
+    book,  # noqa: F811
+):
+    tenant, _ = make_tenant()
+    outsider, _ = make_tenant()
+    TenantQuota.objects.filter(pk=quota_get(tenant=tenant).pk).update(
+        monthly_budget=Decimal("50.00"), max_concurrent_sandboxes=10
+    )
+    ledger_sandbox(tenant, T0, [("provisioning", 0), ("deleted", 3600)], image="python")
+    ledger_sandbox(outsider, T0, [("provisioning", 0), ("deleted", 7200)], image="secret-img")
+    user = User.objects.create_user("ana", password="pw")
+    membership_set_role(tenant=tenant, user=user, role="viewer")
+    client.force_login(user)
+    page = client.get("/billing/usage/", {"start": "2026-03-01", "end": "2026-03-31"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "$0.29" in html and "python" in html and "secret-img" not in html
+    assert "$50.00" in html and 'data-provider="modal"' in html
+    assert 'data-quota="concurrent_sandboxes"' in html
+    assert client.get("/billing/usage/", {"start": "nonsense"}).status_code == 200
+
+
+def test_it_keeps_the_cost_report_for_staff_and_sorts_it(
+    make_tenant,
+    client,
+    book,  # noqa: F811
+):
+    a, _ = make_tenant()
+    b, _ = make_tenant()
+    ledger_sandbox(a, T0, [("provisioning", 0), ("deleted", 7200)])
+    ledger_sandbox(b, T0, [("provisioning", 0), ("deleted", 3600)])
+    member = User.objects.create_user("ana", password="pw")
+    client.force_login(member)
+    assert client.get("/billing/staff/costs/").status_code == 302  # to the admin login
+    staff = User.objects.create_user("root", password="pw", is_staff=True)
+    client.force_login(staff)
+    window = {"start": "2026-03-01", "end": "2026-04-01"}
+    ascending = client.get("/billing/staff/costs/", {**window, "sort": "cost"}).content.decode()
+    assert ascending.index(f'data-tenant="{b.slug}"') < ascending.index(f'data-tenant="{a.slug}"')
+    descending = client.get("/billing/staff/costs/", {**window, "sort": "-cost"}).content.decode()
+    assert descending.index(f'data-tenant="{a.slug}"') < descending.index(f'data-tenant="{b.slug}"')
+    assert "hedgerow v2" in descending
+    csv = client.get("/billing/staff/costs/", {**window, "output": "csv"})
+    assert csv["Content-Type"].startswith("text/csv")
+    assert csv.content.decode().splitlines()[1].startswith(f"{a.slug},1,2.0000")
