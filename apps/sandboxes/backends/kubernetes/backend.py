@@ -149,7 +149,9 @@ class KubernetesBackend:
             if not is_status(exc, 409):
                 raise BackendError(f"cannot create the namespace policy: {exc.reason}") from exc
             existing = self.api.call(self.policies.read, body.metadata.name, self.config.namespace)
-            if (existing.metadata.labels or {}) != body.metadata.labels:
+            labels = existing.metadata.labels or {}
+            # extra labels (kustomize's part-of, …) are fine; ours must all be there
+            if any(labels.get(k) != v for k, v in body.metadata.labels.items()):
                 raise BackendError(
                     f"network policy {body.metadata.name} exists but is not this "
                     "installation's; refusing to run sandboxes without it"
