@@ -91,7 +91,7 @@ def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
                     created_by=request.user,  # type: ignore[arg-type]
                 )
             except ApiError as exc:
-                errors[exc.field or "__all__"] = exc.message
+                errors[exc.field or "form"] = exc.message
             else:
                 context = _keys_context(principal)
                 context.update(issued=issued)
@@ -152,7 +152,7 @@ def members(request: HttpRequest, principal: Principal) -> HttpResponse:
         if exc.status_code == 403:
             context.update(error=exc.message)
             return render_page(request, principal, "frontend/members.html", context, status=403)
-        errors[exc.field or "__all__"] = exc.message
+        errors[exc.field or "form"] = exc.message
     if not errors:
         messages.success(request, message)
         return redirect("frontend:members")

@@ -92,7 +92,7 @@ def sandbox_create_view(request: HttpRequest, principal: Principal) -> HttpRespo
                 actor=principal.actor,
             )
         except ApiError as exc:
-            errors[exc.field or "__all__"] = exc.message
+            errors[exc.field or "form"] = exc.message
     if created is not None and not is_htmx(request):
         return redirect("frontend:sandbox", sandbox_id=created.external_id)
     context = {

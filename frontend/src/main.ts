@@ -80,13 +80,15 @@ document.addEventListener(
 
 // Live sandbox tables: re-read over htmx when any sandbox of the team changes state;
 // without a websocket (or while it reconnects), poll.
-const live = document.querySelectorAll<HTMLElement>("[data-live-sandboxes]");
-if (live.length) {
+// Swaps replace the table element, so it is looked up afresh on every refresh.
+if (document.querySelector("[data-live-sandboxes]")) {
   let pending: number | undefined;
   const refresh = () => {
     window.clearTimeout(pending);
     pending = window.setTimeout(() => {
-      for (const el of live) htmx.trigger(el, "refresh");
+      for (const el of document.querySelectorAll<HTMLElement>("[data-live-sandboxes]")) {
+        htmx.trigger(el, "refresh");
+      }
     }, 150);
   };
   const client = realtime();

@@ -1,0 +1,86 @@
+"""Real Chromium (Debian's package) driven by Playwright against the live stack."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+# Flags that keep Chromium off the network (the tests may only talk to loopback).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+
+@dataclass
+class Console:
+    """Every console error and uncaught page error, so a test can assert there were none."""
+
+    errors: list[str] = field(default_factory=list)
+
+    def attach(self, page: Page) -> None:
+        def on_console(message: ConsoleMessage) -> None:
+            if os.environ.get("HEDGEROW_BROWSER_DEBUG"):
+                print(f"[browser {message.type}] {message.text}")
+            if message.type == "error":
+                self.errors.append(f"console: {message.text} @ {message.location}")
+
+        page.on("console", on_console)
+        if os.environ.get("HEDGEROW_BROWSER_DEBUG"):
+            page.on(
+                "response",
+                lambda r: print(f"[browser http] {r.status} {r.url}") if r.status >= 400 else None,
+            )
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+
+
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def new_page(browser: Browser, base_url: str, console: Console, **kwargs: Any) -> Page:
+    context = browser.new_context(
+        base_url=base_url,
+        viewport={"width": 1440, "height": 900},
+        accept_downloads=True,
+        **kwargs,
+    )
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base_url)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    console.attach(page)
+    return page
+
+
+def sign_in(page: Page, username: str, password: str) -> None:
+    page.goto("/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url("**/sandboxes/")
+
+
+def screenshot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)

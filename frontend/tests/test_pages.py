@@ -1,0 +1,78 @@
+"""Server-side page rules without a browser: roles, tenancy, validation."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from apps.billing.models import Membership
+from apps.sandboxes.models import Sandbox
+
+pytestmark = pytest.mark.django_db
+
+
+def _signed_in(make_user, username: str, *memberships) -> Client:
+    make_user(username, *memberships)
+    client = Client()
+    assert client.login(username=username, password=username)
+    return client
+
+
+def test_it_redirects_anonymous_visitors_to_sign_in(client):
+    response = client.get("/sandboxes/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=/sandboxes/")
+
+
+def test_it_renders_every_page_for_an_owner(make_tenant, make_user):
+    tenant, _ = make_tenant()
+    client = _signed_in(make_user, "owner1", (tenant, "owner"))
+    for path in ("/sandboxes/", "/sandboxes/table", "/keys/", "/members/"):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.content[:500])
+    assert client.get("/").status_code == 302
+
+
+def test_it_shows_inline_errors_from_the_api_validation(make_tenant, make_user):
+    tenant, _ = make_tenant()
+    client = _signed_in(make_user, "member1", (tenant, "member"))
+    response = client.post("/sandboxes/new", {"image": "host", "memory": "16", "cpu": "1"})
+    assert response.status_code == 400
+    assert b"at least 32Mi memory" in response.content
+    assert not Sandbox.objects.filter(tenant=tenant).exists()
+
+
+def test_it_refuses_writes_from_a_viewer(make_tenant, make_user):
+    tenant, _ = make_tenant()
+    client = _signed_in(make_user, "viewer1", (tenant, "viewer"))
+    make_user("someone")
+    assert client.post("/sandboxes/new", {"image": "host"}).status_code == 403
+    assert client.get("/keys/").status_code == 403
+    added = client.post("/members/", {"action": "add", "username": "someone", "role": "admin"})
+    assert added.status_code == 403
+    assert not Sandbox.objects.filter(tenant=tenant).exists()
+    assert Membership.objects.filter(tenant=tenant).count() == 1
+
+
+def test_it_keeps_the_last_owner_and_lets_only_owners_grant_owner(make_tenant, make_user):
+    tenant, _ = make_tenant()
+    owner = _signed_in(make_user, "own", (tenant, "owner"))
+    admin = _signed_in(make_user, "adm", (tenant, "admin"))
+    own_id = Membership.objects.get(tenant=tenant, user__username="own").pk
+    adm_id = Membership.objects.get(tenant=tenant, user__username="adm").pk
+    demote = owner.post("/members/", {"action": "role", "membership_id": own_id, "role": "member"})
+    assert demote.status_code == 400
+    promote = admin.post("/members/", {"action": "role", "membership_id": adm_id, "role": "owner"})
+    assert promote.status_code == 403
+    roles = dict(Membership.objects.filter(tenant=tenant).values_list("user__username", "role"))
+    assert roles == {"own": "owner", "adm": "admin"}
+
+
+def test_it_switches_only_to_teams_the_user_belongs_to(make_tenant, make_user):
+    mine, _ = make_tenant()
+    theirs, _ = make_tenant()
+    client = _signed_in(make_user, "switcher", (mine, "member"))
+    client.post("/team/switch", {"tenant_id": str(theirs.pk), "next": "/sandboxes/"})
+    assert client.session.get("tenant_id") != str(theirs.pk)
+    response = client.get("/sandboxes/")
+    assert response.context["tenant"] == mine
