@@ -1,4 +1,4 @@
-.PHONY: up down test lint typecheck check-migrations compose-config services bench
+.PHONY: up down test lint typecheck check-migrations compose-config services bench k8s-smoke k8s-manifests agent-bundle
 
 up:
 	@scripts/stack.sh up
@@ -27,3 +27,13 @@ compose-config:
 
 bench:
 	.venv/bin/python bench/exec_latency.py
+
+# The public lifecycle against Hedgerow on a real cluster (KUBECONFIG); docs/deploy-kubernetes.md
+k8s-smoke:
+	@scripts/k8s_smoke.sh
+
+k8s-manifests:
+	kubectl kustomize deploy/overlays/example >/dev/null
+
+agent-bundle:
+	scripts/build_agent_bundle.sh .state/agent-bundle
