@@ -22,6 +22,10 @@ if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   echo "== mypy --strict"; .venv/bin/mypy
   echo "== makemigrations --check"; .venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
   echo "== docker-compose config"; docker-compose -f docker-compose.yml config -q
+  # offline: kustomize build only (apply --dry-run needs a cluster); the schema and
+  # RBAC/policy checks run in apps/sandboxes/backends/kubernetes/tests/test_manifests.py
+  echo "== kubectl kustomize"; for d in deploy/base deploy/overlays/*/; do
+    kubectl kustomize "$d" >/dev/null; done
 fi
 echo "== pytest"
 exec .venv/bin/python -m pytest "$@"
