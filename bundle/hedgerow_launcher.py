@@ -32,6 +32,7 @@ import sys
 from typing import Dict, List, Optional
 
 BUNDLE = sys.prefix
+RESTORE_VAR = "HEDGEROW_AGENT_ENV_RESTORE"
 
 
 def agent_argv(bundle: str, agent_args: List[str]) -> List[str]:
@@ -72,7 +73,15 @@ def agent_env(pristine: Dict[str, str]) -> Dict[str, str]:
     """The agent's environment: the pristine one plus the restore map the agent applies
     to what commands see (the agent's interpreter coerces LC_CTYPE again)."""
     env = dict(pristine)
-    env["HEDGEROW_AGENT_ENV_RESTORE"] = json.dumps({"LC_CTYPE": pristine.get("LC_CTYPE")})
+    restore: Dict[str, Optional[str]] = {}
+    try:  # a launcher (the local backend's) may already ask for restores: keep them
+        given = json.loads(pristine.get(RESTORE_VAR) or "{}")
+        if isinstance(given, dict):
+            restore.update(given)
+    except ValueError:
+        pass
+    restore["LC_CTYPE"] = pristine.get("LC_CTYPE")
+    env[RESTORE_VAR] = json.dumps(restore)
     return env
 
 
