@@ -88,8 +88,10 @@ def on_sandbox_event(event: SandboxEvent) -> None:
         try:
             with transaction.atomic():
                 usage_record_sync(sandbox_id=event.sandbox_id)
-        except Exception:
-            log.exception("usage record sync failed", extra={"sandbox_id": str(event.sandbox_id)})
+        except Exception as exc:  # noqa: BLE001 - see above; the sweep retries
+            log.warning(
+                "usage record sync failed: %s", exc, extra={"sandbox_id": str(event.sandbox_id)}
+            )
     if event.to_state in FINAL_STATES:
         from apps.billing.tasks import admission_drain
 

@@ -27,3 +27,17 @@ def _fresh_limits_cache() -> None:
     from apps.billing.limits import limits_cache_clear
 
     limits_cache_clear()
+
+
+@pytest.fixture
+def seeded_price_books(db: Any) -> None:
+    """The seed migration's price books (transactional tests flush the tables between
+    tests, migration data included)."""
+    import importlib
+
+    from django.apps import apps
+
+    from apps.billing.models import PriceBook
+
+    if not PriceBook.objects.filter(slug="hedgerow").exists():
+        importlib.import_module("apps.billing.migrations.0003_seed_price_books").seed(apps, None)
