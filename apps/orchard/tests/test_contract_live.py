@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from apps.orchard.tests.live import wait_all_deleted
 from apps.sandboxes.models import Operation, Sandbox, State
 
 pytestmark = pytest.mark.timeout(240)
@@ -137,10 +138,11 @@ def test_it_serves_a_rollout_create_wait_exec_patch_files_heartbeat_delete(live,
     assert http.delete(f"/sandboxes/{sandbox_id}").status_code == 200
     refused = http.post(f"/sandboxes/{sandbox_id}/exec", json={"command": "true"})
     assert refused.status_code in (404, 409) and "detail" in refused.json()
+    wait_all_deleted(tenant)
 
 
 def test_it_keeps_jobs_private_to_their_tenant(live, make_tenant):
-    _, secret = make_tenant()
+    tenant, secret = make_tenant()
     _, other = make_tenant()
     http = orchard(live, secret)
     sandbox_id = ready_sandbox(http)
@@ -150,3 +152,4 @@ def test_it_keeps_jobs_private_to_their_tenant(live, make_tenant):
     assert outsider.get(f"/jobs/{job['job_id']}/wait").status_code == 404
     assert outsider.get(f"/sandboxes/{sandbox_id}").status_code == 404
     http.delete(f"/sandboxes/{sandbox_id}")
+    wait_all_deleted(tenant)

@@ -11,6 +11,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from apps.orchard.tests.live import wait_all_deleted
 from apps.orchard.tests.test_contract_live import orchard, ready_sandbox, run
 from apps.sandboxes.models import State
 from apps.sandboxes.tests.factories import make_sandbox
@@ -72,7 +73,7 @@ class Pty:
 
 
 def test_it_relays_an_orchard_terminal_with_stdin_resize_signal_and_exit(live, make_tenant):
-    _, secret = make_tenant()
+    tenant, secret = make_tenant()
     http = orchard(live, secret)
     sandbox_id = ready_sandbox(http)
 
@@ -103,6 +104,7 @@ def test_it_relays_an_orchard_terminal_with_stdin_resize_signal_and_exit(live, m
         assert time.monotonic() < deadline, "the PTY's process outlived its websocket"
         time.sleep(0.2)
     http.delete(f"/sandboxes/{sandbox_id}")
+    wait_all_deleted(tenant)
 
 
 def test_it_closes_with_the_documented_codes(live, make_tenant):
@@ -133,3 +135,5 @@ def test_it_closes_with_the_documented_codes(live, make_tenant):
     term.send(type="close")
     assert term.close_code() == 1000
     http.delete(f"/sandboxes/{sandbox_id}")
+    pending.delete()  # never provisioned: nothing in the backend to destroy
+    wait_all_deleted(tenant)
