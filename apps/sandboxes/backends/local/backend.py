@@ -136,7 +136,9 @@ class LocalBackend:
         for python in ("usr/bin/python3", "usr/local/bin/python3"):
             if (rootfs / python).exists() or (rootfs / python).is_symlink():
                 return process.rootfs_base_args(rootfs), "/" + python
-        raise UnknownImage(f"image {image!r} has no python3 for the agent")
+        if self.config.agent_bundle is not None:
+            return process.rootfs_base_args(rootfs), process.BUNDLED_PYTHON
+        raise UnknownImage(f"image {image!r} has no python3 and no agent bundle is configured")
 
     # ---- paths and meta --------------------------------------------------------------
 
@@ -242,6 +244,7 @@ class LocalBackend:
                 secret_dir=d / "secret",
                 podagent_dir=self.config.podagent_dir,
                 python=python,
+                agent_bundle=self.config.agent_bundle,
                 port=self.config.agent_port,
             )
             argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]

@@ -21,6 +21,7 @@ _SANDBOX_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 AGENT_MOUNT = "/opt/hedgerow/podagent"
+BUNDLE_MOUNT = "/opt/hedgerow/bundle"  # scripts/build_agent_bundle.sh output, read-only
 SECRET_MOUNT = "/run/hedgerow"
 
 
@@ -36,6 +37,9 @@ class LocalBackendConfig:
     # A str rather than a Literal so settings can pass their value straight in.
     isolation: str = "auto"
     claims_dir: Path = Path("/run/hedgerow/subnets")  # machine-wide subnet claims
+    # A self-contained agent bundle (scripts/build_agent_bundle.sh): runs the agent in
+    # imported images that have no python3 of their own. None: such images are refused.
+    agent_bundle: Path | None = None
     subnet_pool: str = "10.213.0.0/16"
 
 

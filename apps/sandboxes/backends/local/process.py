@@ -18,13 +18,15 @@ from pathlib import Path
 from apps.sandboxes.backends.base import BackendError
 
 from ._sys import SYSTEM_PATH, proc_start_time
-from .config import AGENT_MOUNT, SECRET_MOUNT
+from .config import AGENT_MOUNT, BUNDLE_MOUNT, SECRET_MOUNT
 
 _LAUNCH = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
 _JOIN_CGROUPS = (
     'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 97; shift; done; shift; exec "$@"'
 )
 AGENT_ENV_RESTORE = json.dumps({"PYTHONPATH": None})
+# `python` value meaning "the image has no python3: run the agent from the bundle"
+BUNDLED_PYTHON = "<agent-bundle>"
 _HOST_ETC = (
     "passwd",
     "group",
@@ -71,6 +73,25 @@ def rootfs_base_args(rootfs: Path) -> list[str]:
     return args
 
 
+def _agent_command(python: str, port: int) -> list[str]:
+    agent_args = [
+        "--listen",
+        f"0.0.0.0:{port}",
+        "--token-file",
+        f"{SECRET_MOUNT}/token",
+        "--unlink-token",
+        "--workdir",
+        "/workspace",
+    ]
+    if python != BUNDLED_PYTHON:
+        return [python, "-m", "podagent", *agent_args]
+    # the bundled loader runs the bundled interpreter, isolated (-I): nothing of the
+    # image's libc or Python is used, and no PYTHONHOME/LD_LIBRARY_PATH is set
+    lib = f"{BUNDLE_MOUNT}/lib"
+    launcher = [f"{lib}/ld.so", "--library-path", lib, f"{BUNDLE_MOUNT}/bin/python3", "-I"]
+    return [*launcher, "-m", "hedgerow_launcher", "run", "--", *agent_args]
+
+
 def bwrap_argv(
     *,
     base_args: Sequence[str],
@@ -80,7 +101,23 @@ def bwrap_argv(
     podagent_dir: Path,
     python: str,
     port: int,
+    agent_bundle: Path | None = None,
 ) -> list[str]:
+    bundled = python == BUNDLED_PYTHON
+    if bundled and agent_bundle is None:
+        raise BackendError("no agent bundle configured for an image without python3")
+    agent_env = [
+        "--setenv",
+        "PYTHONPATH",
+        str(Path(AGENT_MOUNT).parent),
+        "--setenv",
+        "HEDGEROW_AGENT_ENV_RESTORE",
+        AGENT_ENV_RESTORE,
+    ]
+    agent_mount = ["--ro-bind", str(podagent_dir), AGENT_MOUNT]
+    if bundled:
+        agent_env = []  # the launcher leaves the environment as given
+        agent_mount = ["--ro-bind", str(agent_bundle), BUNDLE_MOUNT]
     return [
         "bwrap",
         "--die-with-parent",
@@ -103,12 +140,7 @@ def bwrap_argv(
         "--setenv",
         "LANG",
         "C.UTF-8",
-        "--setenv",
-        "PYTHONPATH",
-        str(Path(AGENT_MOUNT).parent),
-        "--setenv",
-        "HEDGEROW_AGENT_ENV_RESTORE",
-        AGENT_ENV_RESTORE,
+        *agent_env,
         "--tmpfs",
         "/",
         *base_args,
@@ -122,9 +154,7 @@ def bwrap_argv(
         "--bind",
         str(tmp),
         "/tmp",
-        "--ro-bind",
-        str(podagent_dir),
-        AGENT_MOUNT,
+        *agent_mount,
         "--bind",
         str(secret_dir),
         SECRET_MOUNT,
@@ -133,21 +163,7 @@ def bwrap_argv(
         "--chdir",
         "/workspace",
         "--",
-        python,
-        "-m",
-        "podagent",
-        "--listen",
-        f"0.0.0.0:{port}",
-        "--token-file",
-        f"{SECRET_MOUNT}/token",
-        "--unlink-token",
-        "--workdir",
-        "/workspace",
-        # JSON request lines (with the control plane's request id) go to the agent's
-        # stdout, which the launcher appends to the host-side agent.log: traceable
-        # from the host, and no log file the sandbox's own commands could rewrite.
-        "--log-file",
-        "/dev/stdout",
+        *_agent_command(python, port),
     ]
 
 
