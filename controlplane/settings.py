@@ -161,6 +161,9 @@ HEDGEROW_BACKEND = env_str("HEDGEROW_BACKEND", "local")  # local | kubernetes
 HEDGEROW_LOCAL_ISOLATION = env_str("HEDGEROW_LOCAL_ISOLATION", "auto")  # auto|netns|none
 HEDGEROW_LOCAL_SUBNET = env_str("HEDGEROW_LOCAL_SUBNET", "")
 HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
+# A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
+# agent in imported images without python3. Empty: such images are refused.
+HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")
 HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
 HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
 HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)
