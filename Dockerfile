@@ -26,7 +26,8 @@ ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     DJANGO_SETTINGS_MODULE=controlplane.settings \
-    HEDGEROW_STATE_DIR=/var/lib/hedgerow
+    HEDGEROW_STATE_DIR=/var/lib/hedgerow \
+    HEDGEROW_AGENT_BUNDLE=/opt/hedgerow/agent-bundle
 # bubblewrap/nftables/iproute2/procps: the local backend. python3 (Debian's, at
 # /usr/bin/python3 = HEDGEROW_AGENT_PYTHON) runs the agent in `host`-image sandboxes.
 RUN apt-get update \
