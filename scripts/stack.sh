@@ -114,14 +114,20 @@ start_bg() {  # name, command...
   local name="$1"; shift
   local pidfile="$RUN/$name.pid"
   if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then return 0; fi
-  (cd "$ROOT" && setsid nohup "$@" >>"$LOGS/$name.log" 2>&1 & echo $! >"$pidfile")
+  # `setsid cmd &` from a non-interactive shell execs cmd as a session leader, so $! is
+  # the program itself and `make down` can signal its whole process group. No file
+  # descriptor of ours is inherited (a pipe held open would hang `make up | tail`).
+  cd "$ROOT"
+  setsid "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
+  echo $! >"$pidfile"
 }
 
 app_up() {
   mkdir -p "$LOGS" "$RUN"
   "$PY" "$ROOT/manage.py" migrate --noinput >/dev/null
   "$PY" "$ROOT/manage.py" collectstatic --noinput >/dev/null
-  start_bg web "$VENV/bin/uvicorn" controlplane.asgi:application --host 0.0.0.0 --port "$WEB_PORT" \
+  start_bg web env HEDGEROW_DB_POOL="${HEDGEROW_DB_POOL:-1}" \
+    "$VENV/bin/uvicorn" controlplane.asgi:application --host 0.0.0.0 --port "$WEB_PORT" \
     --workers "${HEDGEROW_WEB_WORKERS:-2}" --no-access-log --timeout-keep-alive 30
   start_bg worker "$VENV/bin/celery" -A controlplane worker -l info -c "${HEDGEROW_WORKER_CONCURRENCY:-4}" \
     -Q "${HEDGEROW_INSTANCE:-dev}.cold" -n "worker-${HEDGEROW_INSTANCE:-dev}@%h"
