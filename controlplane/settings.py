@@ -85,6 +85,15 @@ DATABASES = {
         "TEST": {"NAME": env_str("HEDGEROW_TEST_DB_NAME", f"test_hedgerow_{HEDGEROW_INSTANCE}")},
     }
 }
+# A psycopg connection pool for the web process: under ASGI every request runs in a
+# new thread, so CONN_MAX_AGE cannot keep a connection and each request would
+# otherwise open one. Off by default (Celery's prefork children must not inherit a
+# pool); scripts/stack.sh turns it on for uvicorn.
+if env_bool("HEDGEROW_DB_POOL", False):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {"min_size": 2, "max_size": env_int("HEDGEROW_DB_POOL_MAX", 20), "timeout": 10}
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("HEDGEROW_REDIS_URL", "redis://127.0.0.1:56379/0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -35,10 +36,44 @@ def extract_key(headers: Any) -> str | None:
     return str(api_key).strip() or None if api_key else None
 
 
+# key hash → (principal, cached at). A short in-process cache: the hot path (exec) then
+# skips the key lookup. A revoked or expired key, or a disabled team, stops working at
+# once in the process that revoked it and within KEY_CACHE_TTL_S everywhere else.
+KEY_CACHE_TTL_S = 5.0
+KEY_CACHE_MAX = 4096
+_key_cache: dict[str, tuple[Principal, float]] = {}
+
+
+def forget_cached_keys() -> None:
+    """Drops every cached key → principal entry (after a revoke or a team change)."""
+    _key_cache.clear()
+
+
 def principal_for_key(secret: str) -> Principal:
     """Resolves a secret to a principal or raises AuthFailed with a reason."""
+    digest = hash_secret(secret)
+    cached = _key_cache.get(digest)
+    if cached is not None:
+        principal, at = cached
+        key = principal.api_key
+        fresh = time.monotonic() - at < KEY_CACHE_TTL_S
+        if (
+            fresh
+            and key is not None
+            and (key.expires_at is None or key.expires_at > timezone.now())
+        ):
+            return principal
+        _key_cache.pop(digest, None)
+    principal = _principal_for_digest(digest)
+    if len(_key_cache) >= KEY_CACHE_MAX:
+        _key_cache.clear()
+    _key_cache[digest] = (principal, time.monotonic())
+    return principal
+
+
+def _principal_for_digest(digest: str) -> Principal:
     try:
-        key = ApiKey.objects.select_related("tenant").get(secret_hash=hash_secret(secret))
+        key = ApiKey.objects.select_related("tenant").get(secret_hash=digest)
     except ApiKey.DoesNotExist:
         raise AuthFailed("invalid API key") from None
     now = timezone.now()

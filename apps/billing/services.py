@@ -71,6 +71,9 @@ def api_key_revoke(*, key: ApiKey) -> ApiKey:
     """Revokes a key. Idempotent: revoking twice keeps the first revocation time."""
     ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     key.refresh_from_db()
+    from apps.billing.auth import forget_cached_keys  # auth imports this module
+
+    forget_cached_keys()
     return key
 
 

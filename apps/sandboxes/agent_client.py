@@ -37,15 +37,22 @@ def agent_token(sandbox_id: str, generation: int) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
 
 
-_local = threading.local()
+_lock = threading.Lock()
+_shared: httpx.Client | None = None
 _limits = httpx.Limits(max_keepalive_connections=64, max_connections=256, keepalive_expiry=30)
 
 
 def _client() -> httpx.Client:
-    client: httpx.Client | None = getattr(_local, "client", None)
+    """One pooled client per process. Not per thread: under ASGI every request runs in
+    a fresh thread, so a thread-local client meant a new client (SSL context included)
+    and a new TCP connection to the agent on every exec."""
+    global _shared
+    client = _shared
     if client is None:
-        client = httpx.Client(limits=_limits, timeout=httpx.Timeout(10.0), trust_env=False)
-        _local.client = client
+        with _lock:
+            if _shared is None:
+                _shared = httpx.Client(limits=_limits, timeout=httpx.Timeout(10.0), trust_env=False)
+            client = _shared
     return client
 
 

@@ -164,8 +164,15 @@ def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> 
         else None,
         "finished_at": timezone.now(),
     }
-    Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(**fields)
-    operation.refresh_from_db()
+    updated = Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(
+        **fields
+    )
+    if updated:
+        # What we wrote is what the row holds: no read-back on the hot path.
+        for name, value in fields.items():
+            setattr(operation, name, value)
+    else:
+        operation.refresh_from_db()
     return operation
 
 
