@@ -1,0 +1,258 @@
+"""Exec latency and throughput, every path measured in one run on this machine.
+
+    .venv/bin/python -m bench.exec_latency [--n 300] [--web-workers 2] [--seconds 5]
+
+Boots its own stack (fresh database, Celery worker, uvicorn) under a private
+HEDGEROW_INSTANCE, creates one `host` sandbox, then measures `bash -c 'echo hi'`:
+(a) a bare local subprocess, (b) a direct HTTP call to the sandbox's pod agent,
+(c) exec through the REST API (auth + operation record), (d) streamed exec received
+over the websocket (time to first byte and to exit); then REST throughput with 1, 4
+and 16 concurrent clients. Prints p50/p95/p99 and the ratios c/b, d/b, b/a.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMAND = "echo hi"
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "p50": pct(samples, 0.50) * 1e3,
+        "p95": pct(samples, 0.95) * 1e3,
+        "p99": pct(samples, 0.99) * 1e3,
+        "mean": statistics.fmean(samples) * 1e3,
+    }
+
+
+class Http:
+    """A keep-alive HTTP/1.1 connection: the lightest client, so the load generator
+    takes as little of the 2 cores as possible."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=60)
+        self.headers = {"Content-Type": "application/json", **headers}
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.conn.request("POST", path, body=json.dumps(body), headers=self.headers)
+        response = self.conn.getresponse()
+        data = json.loads(response.read())
+        return response.status, data
+
+
+def timed(n: int, fn: Callable[[], None], warmup: int = 20) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def throughput(make_call: Callable[[], Callable[[], None]], clients: int, seconds: float) -> float:
+    done = [0] * clients
+    errors: list[BaseException] = []
+    stop = time.monotonic() + seconds
+    barrier = threading.Barrier(clients + 1)
+
+    def run(i: int) -> None:
+        call = make_call()
+        call()  # connect before the clock starts
+        barrier.wait()
+        try:
+            while time.monotonic() < stop:
+                call()
+                done[i] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.monotonic()
+    stop = start + seconds
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(done) / (time.monotonic() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=300, help="sequential samples per path")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per throughput level")
+    parser.add_argument("--web-workers", type=int, default=2)
+    args = parser.parse_args()
+
+    instance = f"bench{os.getpid()}"
+    db_name = f"hr_bench_{os.getpid()}"
+    os.environ.update(
+        HEDGEROW_INSTANCE=instance,
+        HEDGEROW_DB_NAME=db_name,
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        HEDGEROW_LOG_LEVEL="WARNING",
+    )
+    sys.path.insert(0, str(ROOT))
+    import psycopg
+
+    admin = psycopg.connect("host=127.0.0.1 port=55432 user=hedgerow dbname=postgres")
+    admin.autocommit = True
+    admin.execute(f'CREATE DATABASE "{db_name}"')
+    stack = None
+    try:
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True)
+        import django
+
+        django.setup()
+        from apps.billing.services import api_key_create, tenant_create
+        from conftest import Stack
+
+        tenant = tenant_create(slug="bench")
+        secret = api_key_create(tenant=tenant, name="bench", scopes=["read", "write"]).secret
+        stack = Stack(db_name, Path(tempfile.mkdtemp(prefix="hr-bench-")))
+        # The web process as scripts/stack.sh runs it: N workers and a DB pool.
+        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
+        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        stack.start()
+        run(args, stack, secret)
+    finally:
+        if stack is not None:
+            _cleanup(stack, secret if "secret" in locals() else None)
+            stack.stop()
+        from django.db import connections
+
+        connections.close_all()
+        admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+    return 0
+
+
+def _cleanup(stack: Any, secret: str | None) -> None:
+    from apps.sandboxes.backends import get_backend
+
+    backend = get_backend()
+    for item in backend.inventory():
+        if item.sandbox_id:
+            try:
+                backend.destroy(item.sandbox_id)
+            except Exception:
+                pass
+
+
+def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
+    from websockets.sync.client import connect
+
+    from apps.sandboxes.models import Sandbox
+    from apps.sandboxes.services.operations import agent_for
+
+    auth = {"Authorization": f"Bearer {secret}"}
+    api = Http("127.0.0.1", stack.port, auth)
+    status, created = api.post("/api/v1/sandboxes", {"image": "host"})
+    assert status == 201, created
+    sandbox_id = created["id"]
+    api.conn.request("GET", f"/api/v1/sandboxes/{sandbox_id}/wait?timeout=60", headers=auth)
+    assert api.conn.getresponse().read()
+    row = Sandbox.objects.get(external_id=sandbox_id)
+    agent = agent_for(row)
+    agent_headers = dict(agent.headers)
+
+    def bare() -> None:
+        subprocess.run(["bash", "-c", COMMAND], stdout=subprocess.DEVNULL, check=True)
+
+    def direct_call() -> Callable[[], None]:
+        conn = Http(row.endpoint_host, int(row.endpoint_port or 0), agent_headers)
+
+        def call() -> None:
+            status, body = conn.post(
+                "/exec", {"operation_id": uuid.uuid4().hex, "command": COMMAND, "timeout": 30}
+            )
+            assert status == 200 and body["termination"]["exit_code"] == 0, body
+
+        return call
+
+    def rest_call() -> Callable[[], None]:
+        conn = Http("127.0.0.1", stack.port, auth)
+        path = f"/api/v1/sandboxes/{sandbox_id}/exec"
+
+        def call() -> None:
+            status, body = conn.post(path, {"command": COMMAND, "timeout": 30})
+            assert status == 200 and body["exit_code"] == 0, body
+
+        return call
+
+    ws_base = f"ws://127.0.0.1:{stack.port}"
+    first_byte: list[float] = []
+
+    stream_api: list[Http] = []
+
+    def streamed() -> None:
+        start = time.perf_counter()
+        status, body = stream_api[0].post(
+            f"/api/v1/sandboxes/{sandbox_id}/exec", {"command": COMMAND, "stream": True}
+        )
+        assert status == 202, body
+        with connect(ws_base + body["stream_url"], additional_headers=auth) as ws:
+            got_first = False
+            for message in ws:
+                frame = json.loads(message)
+                if frame["type"] == "exec.stdout" and not got_first:
+                    first_byte.append(time.perf_counter() - start)
+                    got_first = True
+                if frame["type"] == "exec.exit":
+                    assert frame["result"]["exit_code"] == 0
+                    break
+
+    results = {
+        "a bare subprocess": summary(timed(args.n, bare)),
+        "b direct agent": summary(timed(args.n, direct_call())),
+        "c REST exec": summary(timed(args.n, rest_call())),
+    }
+    stream_n = max(50, args.n // 3)
+    stream_api.append(Http("127.0.0.1", stack.port, auth))
+    exit_samples = timed(stream_n, streamed, warmup=10)
+    first_byte[:] = first_byte[-stream_n:]
+    results["d stream: first byte"] = summary(first_byte)
+    results["d stream: exit"] = summary(exit_samples)
+
+    print(f"\nexec `bash -c '{COMMAND}'`, n={args.n} (stream n={stream_n}), "
+          f"web workers={args.web_workers}, cpus={os.cpu_count()}")  # fmt: skip
+    print("| path | p50 ms | p95 ms | p99 ms | mean ms |\n|---|---:|---:|---:|---:|")
+    for name, s in results.items():
+        print(f"| {name} | {s['p50']:.2f} | {s['p95']:.2f} | {s['p99']:.2f} | {s['mean']:.2f} |")
+    a, b = results["a bare subprocess"]["p50"], results["b direct agent"]["p50"]
+    c, d = results["c REST exec"]["p50"], results["d stream: exit"]["p50"]
+    print(f"\nratios of p50: c/b = {c / b:.2f} (target ≤ 2), d/b = {d / b:.2f}, "
+          f"b/a = {b / a:.2f} (target ≤ 1.3)")  # fmt: skip
+    print("\nthroughput (exec/s, completed commands):\n| clients | REST | direct agent |")
+    print("|---:|---:|---:|")
+    for clients in (1, 4, 16):
+        rest = throughput(rest_call, clients, args.seconds)
+        direct = throughput(direct_call, clients, args.seconds)
+        print(f"| {clients} | {rest:.0f} | {direct:.0f} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
