@@ -1,5 +1,7 @@
-"""Hot-path limits in Redis: concurrent execs (tenant and key), the exec token bucket,
-upload bytes per day and concurrent PTY sessions. One round trip per check (Lua).
+"""Hot-path limits in Redis: concurrent execs (tenant and key), the exec token bucket and
+upload bytes per day. One round trip per check (Lua). Concurrent PTY sessions are
+counted by the terminal consumer's own slots; its per-tenant bound comes from here
+(``hot_limits().max_pty``).
 
 Concurrency is a sorted set of leases scored by their deadline, not a counter: a web
 process that dies mid-exec cannot leak a slot for longer than the lease, so the
@@ -28,7 +30,6 @@ from apps.sandboxes.events import redis_client
 from controlplane.errors import ApiError
 
 CACHE_S = 5.0
-PTY_LEASE_S = 24 * 3600
 
 # KEYS: tenant leases, key leases ('' = none), bucket. ARGV: now_ms, lease id,
 # deadline_ms, tenant max, key max, rate/s, burst (0 = no limit).
@@ -258,28 +259,6 @@ def exec_slot(*, principal: Any, sandbox: Any, timeout_s: float) -> Iterator[Non
         exec_release(tenant_id=tenant_id, api_key_id=key_id, lease=lease)
 
 
-def pty_session_acquire(*, tenant_id: str, session_id: str) -> None:
-    """For the PTY consumer: call on connect, raises QuotaExceeded (429) when the team
-    has max_pty_sessions open. Pair with ``pty_session_release`` on disconnect."""
-    limits = hot_limits(tenant_id)
-    _acquire(
-        kind="pty",
-        tenant_id=tenant_id,
-        key_id=None,
-        lease=session_id,
-        hold_s=PTY_LEASE_S,
-        tmax=limits.max_pty,
-        kmax=0,
-        rate=0,
-        burst=0,
-        limit_name="max_pty_sessions",
-    )
-
-
-def pty_session_release(*, tenant_id: str, session_id: str) -> None:
-    _release("pty", tenant_id, None, session_id)
-
-
 def _day_key(tenant_id: str) -> tuple[str, int]:
     now = datetime.now(UTC)
     tomorrow = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -333,7 +312,8 @@ def limits_current(*, tenant_id: str) -> dict[str, int]:
         client = redis_client()
         pipe = client.pipeline(transaction=False)
         pipe.zcount(_key("exec", tenant_id), now, "+inf")
-        pipe.zcount(_key("pty", tenant_id), now, "+inf")
+        # PTY slots are kept by the terminal consumer (apps/sandboxes/services/pty.py).
+        pipe.zcount(f"{settings.REDIS_KEY_PREFIX}pty:tenant:{tenant_id}", time.time(), "+inf")
         pipe.get(_day_key(tenant_id)[0])
         execs, ptys, uploaded = pipe.execute()
     except redis.RedisError:

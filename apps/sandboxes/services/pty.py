@@ -192,8 +192,11 @@ def _message(payload: bytes) -> str:
 
 # -- concurrency bounds ---------------------------------------------------------
 def pty_tenant_limit(tenant: Tenant) -> int:
-    """Concurrent PTY sessions a tenant may hold. The quota work may override per tenant."""
-    return int(settings.HEDGEROW_PTY_MAX_PER_TENANT)
+    """Concurrent PTY sessions a tenant may hold: its quota's ``max_pty_sessions`` when
+    staff set one, else the installation default."""
+    from apps.billing.limits import hot_limits  # quotas (billing); cached per process
+
+    return hot_limits(str(tenant.pk)).max_pty or int(settings.HEDGEROW_PTY_MAX_PER_TENANT)
 
 
 def pty_sandbox_limit(sandbox: Sandbox) -> int:
