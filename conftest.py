@@ -208,7 +208,19 @@ def _destroy_all_sandboxes() -> None:
 def live(stack: Stack, transactional_db: Any) -> Iterator[Stack]:
     """An integration test: the real stack, committed data, and no sandbox left behind."""
     yield stack
+    _quiesce()
     _destroy_all_sandboxes()
+
+
+def _quiesce(timeout: float = 30.0) -> None:
+    """Lets the worker finish in-flight provisions and deletes before the database is
+    flushed: truncating tables under a worker's open transaction can deadlock."""
+    from apps.sandboxes.models import Sandbox, State
+
+    deadline = time.monotonic() + timeout
+    busy = (State.REQUESTED, State.PROVISIONING, State.TERMINATING)
+    while time.monotonic() < deadline and Sandbox.objects.filter(state__in=busy).exists():
+        time.sleep(0.2)
 
 
 @pytest.fixture
