@@ -187,6 +187,19 @@ def stack(
     yield s
     s.stop()
     _destroy_all_sandboxes()
+    _teardown_backend_instance()
+
+
+def _teardown_backend_instance() -> None:
+    """Releases the run's bridge, host rules and subnet claim (the pool is finite)."""
+    from apps.sandboxes.backends import get_backend
+
+    teardown = getattr(get_backend(), "teardown_instance", None)
+    if teardown is not None:
+        try:
+            teardown()
+        except Exception:
+            pass
 
 
 def _destroy_all_sandboxes() -> None:
