@@ -8,16 +8,16 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from apps.billing.auth import principal_for_session
+from apps.billing.principal import Principal
 from apps.sandboxes import reports
 from apps.sandboxes.metrics import render_metrics
 from apps.sandboxes.services.audit import audit_run
 from apps.sandboxes.services.reconcile import sandbox_reconcile
+from frontend.access import page, render_page
 
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,12 +66,11 @@ def leak_report_json(request: HttpRequest) -> HttpResponse:
     return JsonResponse(reports.leak_report_json(tenant_slug=request.GET.get("tenant", "")))
 
 
-@login_required
 @require_http_methods(["GET"])
-def tenant_leaks(request: HttpRequest) -> HttpResponse:
-    """The signed-in user's current team: its audits over time and its live sandboxes."""
-    principal = principal_for_session(request.user, request.session.get("tenant_id"))
-    if principal is None:
-        return HttpResponseForbidden("you are not a member of any team")
+@page("read")
+def tenant_leaks(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """The dashboard page of the session's team: its audits over time, reclaimed leaks."""
     context = reports.tenant_leaks_context(tenant=principal.tenant)
-    return render(request, "reports/tenant_leaks.html", context)
+    return render_page(
+        request, principal, "reports/tenant_leaks.html", {**context, "nav_section": "leaks"}
+    )
