@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from apps.sandboxes.backends import get_backend
-from apps.sandboxes.tests.faults import api, row, until
+from apps.sandboxes.tests.faults import api, row, until, wait_state
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,9 +33,7 @@ def _with_request_id(path: Path, request_id: str) -> list[dict[str, Any]]:
     return [line for line in _json_lines(path) if line.get("request_id") == request_id]
 
 
-def test_it_traces_one_request_id_through_web_worker_and_agent(
-    live: Any, make_tenant: Any
-) -> None:
+def test_it_traces_one_request_id_through_web_worker_and_agent(live: Any, make_tenant: Any) -> None:
     _, secret = make_tenant()
     http = api(live.url, secret)
     create_id = f"trace-create-{uuid.uuid4().hex[:12]}"
@@ -64,9 +62,7 @@ def test_it_traces_one_request_id_through_web_worker_and_agent(
     assert any("provisioning -> ready" in line["msg"] for line in worker)
     # The agent logged the worker's readiness probe and the exec under their ids.
     agent = _json_lines(agent_log)
-    assert any(
-        line.get("request_id") == exec_id and line.get("event") == "exec" for line in agent
-    )
+    assert any(line.get("request_id") == exec_id and line.get("event") == "exec" for line in agent)
     assert any(line.get("request_id") == create_id for line in agent)
 
 
@@ -113,7 +109,6 @@ def test_it_exposes_real_metrics_after_real_operations(
     assert _metric(text, "hedgerow_admission_queue_depth", 'stage="requested"') == 0
 
     assert http.delete(f"/sandboxes/{created['id']}").status_code == 202
-    sandbox = row(created["id"])
-    until(lambda: sandbox.refresh_from_db() or sandbox.state == "deleted", what="deleted")
+    wait_state(row(created["id"]), "deleted")
     after = scrape.get("/metrics", headers={"Authorization": f"Bearer {live.metrics_token}"}).text
     assert _metric(after, "hedgerow_sandboxes", f'state="deleted",tenant="{tenant.slug}"') == 1
