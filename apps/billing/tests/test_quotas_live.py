@@ -104,6 +104,12 @@ def test_it_refuses_concurrent_execs_over_http_exactly_at_the_limit(live, make_t
     )
     assert Sandbox.objects.get(external_id=sandbox["id"]).operations.count() == 3
 
+    # Streamed execs take the same slots (held until the stream's command ends).
+    url = f"/sandboxes/{sandbox['id']}/exec"
+    streamed = [http.post(url, json={"command": "sleep 3", "stream": True}) for _ in range(3)]
+    assert [r.status_code for r in streamed] == [202, 202, 429]
+    assert streamed[2].json()["error"]["limit"] == "max_concurrent_execs"
+
 
 def test_it_keeps_enforcing_after_the_web_process_restarts(live, make_tenant):
     tenant, secret = make_tenant()

@@ -30,6 +30,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
+from apps.billing.limits import ExecLease, exec_admit_operation
 from apps.billing.principal import Principal
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable
 from apps.sandboxes.events import redis_client
@@ -185,6 +186,7 @@ class _PumpJob:
     agent: AgentClient
     body: dict[str, Any]
     timeout: float
+    lease: ExecLease | None = None  # quotas (billing): the exec slot, freed when it ends
 
 
 def operation_exec_stream(
@@ -210,6 +212,10 @@ def operation_exec_stream(
         if operation.status == OperationStatus.RUNNING:
             operation = operation_recover(operation=operation)
         return operation, False
+    # Quotas (billing): concurrent execs, per-key concurrency and the exec rate; 429s.
+    lease = exec_admit_operation(
+        principal=principal, operation=operation, is_new=True, timeout_s=_agent_timeout(request)
+    )
     pk = str(operation.pk)
     pumps.claim(pk)
     job = _PumpJob(
@@ -217,12 +223,20 @@ def operation_exec_stream(
         agent=agent_for(sandbox),
         body=request.agent_body(operation.operation_id),
         timeout=_agent_timeout(request),
+        lease=lease,
     )
     transaction.on_commit(lambda: _start_pump(job))
     return operation, True
 
 
 def _start_pump(job: _PumpJob) -> None:
+    from apps.sandboxes.services import stream_pump  # imports this module
+
+    loop = stream_pump.running_loop()
+    if loop is not None:
+        stream_pump.start_on_loop(loop, job)
+        return
+    # No event loop in this process (a worker, a management command): a thread.
     threading.Thread(
         target=_pump, args=(job,), name=f"hedgerow-pump-{job.operation_pk[:8]}", daemon=True
     ).start()
@@ -236,6 +250,8 @@ def _pump(job: _PumpJob) -> None:
         _finish_failed(job.operation_pk, "internal_error", "the stream relay failed")
     finally:
         pumps.release(job.operation_pk)
+        if job.lease is not None:
+            job.lease.release()
         close_old_connections()
 
 
@@ -269,9 +285,17 @@ def _frames(job: _PumpJob) -> Iterator[dict[str, Any]]:
     yield from job.agent.exec_stream(job.body, timeout=job.timeout)
 
 
-def _finish_with_result(operation_pk: str, result: dict[str, Any], seq: int) -> None:
+def record_exit(operation_pk: str, result: dict[str, Any]) -> None:
     operation = Operation.objects.get(pk=operation_pk)
     operation_record_result(operation=operation, result=result)
+
+
+def finish_failed(operation_pk: str, code: str, message: str) -> None:
+    _finish_failed(operation_pk, code, message)
+
+
+def _finish_with_result(operation_pk: str, result: dict[str, Any], seq: int) -> None:
+    record_exit(operation_pk, result)
     # The row is final before the exit frame is visible, so a subscriber that sees
     # exec.exit always reads the finished record.
     buffer_append(operation_pk=operation_pk, frame={"type": "exec.exit", "seq": seq})
