@@ -95,9 +95,11 @@ def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
             else:
                 context = _keys_context(principal)
                 context.update(issued=issued)
-                return render_page(request, principal, "frontend/keys.html", context, status=201)
+                return render_page(request, principal, "frontend/keys.html", context)
         context.update(errors=errors, form=request.POST, checked_scopes=scopes)
-        return render_page(request, principal, "frontend/keys.html", context, status=400)
+        # 200, like Django's form views: the page is the answer (a 4xx shows as a
+        # console error and the form is what the user needs to see).
+        return render_page(request, principal, "frontend/keys.html", context)
     return render_page(request, principal, "frontend/keys.html", context)
 
 
@@ -157,4 +159,4 @@ def members(request: HttpRequest, principal: Principal) -> HttpResponse:
         messages.success(request, message)
         return redirect("frontend:members")
     context.update(errors=errors, form=request.POST)
-    return render_page(request, principal, "frontend/members.html", context, status=400)
+    return render_page(request, principal, "frontend/members.html", context)

@@ -64,6 +64,7 @@ export class ExecBox {
     private readonly status: HTMLElement,
     private readonly client: Realtime | null,
     private readonly onFinished: () => void,
+    private readonly onStarted: () => void = () => {},
   ) {}
 
   async run(command: string, timeout: number | null): Promise<void> {
@@ -85,6 +86,7 @@ export class ExecBox {
     }
     if (record.status === "running" && this.client) {
       this.setStatus("running…", "running");
+      this.onStarted();
       this.unsubscribe = this.client.operation(this.sandboxId, record.id, (f) => this.onFrame(f));
       return;
     }

@@ -101,7 +101,6 @@ if (document.querySelector("[data-live-sandboxes]")) {
       if (frame.type === "sandbox.state") refresh();
     });
     client.onStatus((connected) => {
-      document.body.classList.toggle("realtime-on", connected);
       if (connected) {
         window.clearInterval(poll);
         poll = undefined;

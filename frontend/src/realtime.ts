@@ -142,6 +142,7 @@ export function realtime(): Realtime | null {
   if (!shared) {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     shared = new Realtime(`${scheme}//${location.host}${url}`);
+    shared.onStatus((connected) => document.body.classList.toggle("realtime-on", connected));
   }
   return shared;
 }

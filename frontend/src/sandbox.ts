@@ -66,11 +66,21 @@ function setupExec(sandboxId: string, client: ReturnType<typeof realtime>): void
   const output = document.querySelector<HTMLElement>("#exec-output");
   const status = document.querySelector<HTMLElement>("#exec-status");
   if (!form || !output || !status) return;
-  const history = document.querySelector<HTMLElement>("#operations");
-  const box = new ExecBox(sandboxId, output, status, client, () => {
-    if (history) htmx.trigger(history, "refresh");
-    button.disabled = false;
-  });
+  const refreshHistory = () => {
+    const current = document.querySelector<HTMLElement>("#operations");
+    if (current) htmx.trigger(current, "refresh");
+  };
+  const box = new ExecBox(
+    sandboxId,
+    output,
+    status,
+    client,
+    () => {
+      refreshHistory();
+      button.disabled = false;
+    },
+    refreshHistory,
+  );
   const button = form.querySelector<HTMLButtonElement>("button[type=submit]")!;
   form.addEventListener("submit", (event) => {
     event.preventDefault();

@@ -205,7 +205,7 @@ def test_it_creates_a_key_shown_once_that_works_and_revokes_it(live, make_tenant
             auth = {"Authorization": f"Bearer {secret}"}
             assert raw.get("/api/v1/sandboxes", headers=auth).status_code == 200
             screenshot(page, "api-keys")
-            page.reload()
+            page.goto("/keys/")
             expect(page.locator("#new-key-secret")).to_have_count(0)  # shown once
             expect(row).not_to_contain_text("never")  # last used is recorded
             row.get_by_role("button", name="Revoke eval-harness").click()

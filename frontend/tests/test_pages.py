@@ -61,7 +61,8 @@ def test_it_keeps_the_last_owner_and_lets_only_owners_grant_owner(make_tenant, m
     own_id = Membership.objects.get(tenant=tenant, user__username="own").pk
     adm_id = Membership.objects.get(tenant=tenant, user__username="adm").pk
     demote = owner.post("/members/", {"action": "role", "membership_id": own_id, "role": "member"})
-    assert demote.status_code == 400
+    assert demote.status_code == 200
+    assert b"a team needs at least one owner" in demote.content
     promote = admin.post("/members/", {"action": "role", "membership_id": adm_id, "role": "owner"})
     assert promote.status_code == 403
     roles = dict(Membership.objects.filter(tenant=tenant).values_list("user__username", "role"))
@@ -76,3 +77,23 @@ def test_it_switches_only_to_teams_the_user_belongs_to(make_tenant, make_user):
     assert client.session.get("tenant_id") != str(theirs.pk)
     response = client.get("/sandboxes/")
     assert response.context["tenant"] == mine
+
+
+def test_it_renders_a_sandbox_page_and_hides_another_teams_as_404(make_tenant, make_user):
+    from apps.sandboxes.tests.factories import make_sandbox
+
+    mine, _ = make_tenant()
+    theirs, _ = make_tenant()
+    own = make_sandbox(mine, state="provisioning", labels={"task": "t1"})
+    other = make_sandbox(theirs, external_id="sb-theirs")
+    client = _signed_in(make_user, "reader", (mine, "viewer"))
+    page = client.get(f"/sandboxes/{own.external_id}/")
+    assert page.status_code == 200
+    assert b"Waiting for the sandbox" in page.content
+    assert b"task=t1" in page.content
+    for path in ("/", "header", "timeline", "operations", "files"):
+        url = f"/sandboxes/{other.external_id}/{path.strip('/')}"
+        assert client.get(url).status_code == 404, url
+    listing = client.get("/sandboxes/table")
+    assert own.external_id.encode() in listing.content
+    assert b"sb-theirs" not in listing.content
