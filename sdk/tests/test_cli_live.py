@@ -132,3 +132,25 @@ def test_it_creates_in_bulk_exports_trajectories_and_benches(live, make_tenant, 
     report = cli.json("bench", "exec", "--n", "3")
     assert report["n"] == 3 and report["p50_ms"] > 0
     wait_all_deleted(tenant)
+
+
+def test_the_readme_quick_start_example_runs_against_the_stack(live, make_tenant):
+    tenant, secret = make_tenant()
+    env = {
+        **os.environ,
+        "HEDGEROW_URL": live.url,
+        "HEDGEROW_API_KEY": secret,
+        "PYTHONPATH": str(SDK_DIR),
+    }
+    done = subprocess.run(
+        [sys.executable, str(SDK_DIR / "examples" / "quickstart.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("exited 3 hello from")
+    assert lines[1] == "written by the SDK"
+    wait_all_deleted(tenant)
