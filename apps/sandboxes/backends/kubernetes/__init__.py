@@ -20,7 +20,13 @@ from .backend import KubernetesBackend
 from .config import DEFAULT_CAPABILITIES, DEFAULT_EGRESS_EXCEPT_V4, DEFAULT_EGRESS_EXCEPT_V6
 from .config import KubernetesConfig as KubernetesConfig
 
-__all__ = ["KubeApi", "KubernetesBackend", "KubernetesConfig", "build_kubernetes_backend"]
+__all__ = [
+    "KubeApi",
+    "KubernetesBackend",
+    "KubernetesConfig",
+    "build_kubernetes_backend",
+    "config_from_settings",
+]
 
 
 def _json_setting(name: str, expected: type) -> Any:
