@@ -17,7 +17,21 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import (
+    Case,
+    DateTimeField,
+    DecimalField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Func,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from apps.billing.models import CapacityType, Tenant, UsageRecord
@@ -184,10 +198,40 @@ def month_start(at: datetime) -> datetime:
     return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
+class EpochSeconds(Func):
+    template = "EXTRACT(EPOCH FROM %(expressions)s)"
+    output_field = DecimalField(max_digits=30, decimal_places=6)
+
+
+def tenant_window_cost(*, tenant: Tenant, start: datetime, now: datetime | None = None) -> Decimal:
+    """Cost of one tenant from ``start`` to now in one SQL aggregate (the admission
+    check runs it on every create, so no per-record Python). Same arithmetic as
+    ``record_window``: overlap seconds × hourly rate / 3600 + fees of starts inside."""
+    now = now or timezone.now()
+    stop = Value(now, output_field=DateTimeField())
+    lo = Greatest(F("started_at"), Value(start, output_field=DateTimeField()))
+    hi = Least(Coalesce(F("ended_at"), stop), stop)
+    seconds = EpochSeconds(ExpressionWrapper(hi - lo, output_field=DurationField()))
+    money_field: DecimalField[Decimal, Decimal] = DecimalField(max_digits=30, decimal_places=12)
+    row = records_overlapping(start=start, end=now, tenant=tenant).aggregate(
+        running=Sum(
+            ExpressionWrapper(seconds * F("hourly_rate") / Value(HOUR), output_field=money_field)
+        ),
+        fees=Sum(
+            Case(
+                When(started_at__gte=start, then=F("startup_fee")),
+                default=Value(Decimal(0)),
+                output_field=money_field,
+            )
+        ),
+    )
+    return Decimal(row["running"] or 0) + Decimal(row["fees"] or 0)
+
+
 def tenant_month_cost(*, tenant: Tenant, at: datetime | None = None) -> Decimal:
     """Month-to-date cost (UTC calendar month), including live accrual."""
     at = at or timezone.now()
-    return tenant_window_totals(tenant=tenant, start=month_start(at), end=None).cost
+    return tenant_window_cost(tenant=tenant, start=month_start(at), now=at)
 
 
 def sandbox_cost(*, sandbox: Sandbox, now: datetime | None = None) -> Decimal | None:

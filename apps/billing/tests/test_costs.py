@@ -219,3 +219,18 @@ def test_it_splits_cost_across_days_windows_and_reports(make_tenant, book):
     rows = cost_report(start=day1, end=day1 + timedelta(days=2), sort="cost")
     assert [r["cost"] for r in rows] == [Decimal("0.16"), Decimal("1.01")]
     assert rows[1]["price_books"] == "hedgerow v2"
+
+
+def test_it_sums_a_window_in_sql_exactly_as_record_by_record(make_tenant, book):
+    from apps.billing.usage import tenant_window_cost
+
+    tenant, _ = make_tenant()
+    ledger_sandbox(tenant, T0, [("provisioning", 7), ("deleted", 5413)])
+    ledger_sandbox(tenant, T0 - timedelta(days=2), [("provisioning", 0), ("ready", 2)])  # open
+    ledger_sandbox(tenant, T0, [("provisioning", 1), ("failed", 95)], cpu_millis=250)
+    start, now = T0 - timedelta(hours=1), T0 + timedelta(hours=5, seconds=13)
+    by_record = tenant_window_totals(tenant=tenant, start=start, end=now).cost
+    in_sql = tenant_window_cost(tenant=tenant, start=start, now=now)
+    # Postgres divides at its own scale: equal to 1e-12 dollars, far below a cent.
+    assert in_sql.quantize(Decimal("1e-12")) == by_record.quantize(Decimal("1e-12"))
+    assert money(in_sql) == money(by_record) == Decimal("1.90")
