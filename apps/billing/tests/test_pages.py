@@ -62,3 +62,12 @@ def test_it_keeps_the_cost_report_for_staff_and_sorts_it(
     csv = client.get("/billing/staff/costs/", {**window, "output": "csv"})
     assert csv["Content-Type"].startswith("text/csv")
     assert csv.content.decode().splitlines()[1].startswith(f"{a.slug},1,2.0000")
+
+
+def test_it_renders_quota_bars_anywhere_a_tenant_is_in_context(make_tenant):
+    from django.template import Context, Template
+
+    tenant, _ = make_tenant()
+    TenantQuota.objects.filter(pk=quota_get(tenant=tenant).pk).update(max_concurrent_sandboxes=4)
+    html = Template("{% load billing %}{% quota_bars %}").render(Context({"tenant": tenant}))
+    assert 'data-quota="concurrent_sandboxes"' in html and "0 / 4" in html
