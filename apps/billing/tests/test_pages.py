@@ -71,3 +71,13 @@ def test_it_renders_quota_bars_anywhere_a_tenant_is_in_context(make_tenant):
     TenantQuota.objects.filter(pk=quota_get(tenant=tenant).pk).update(max_concurrent_sandboxes=4)
     html = Template("{% load billing %}{% quota_bars %}").render(Context({"tenant": tenant}))
     assert 'data-quota="concurrent_sandboxes"' in html and "0 / 4" in html
+
+
+def test_it_shows_quota_use_bars_on_the_sandboxes_page(make_tenant, client):
+    tenant, _ = make_tenant()
+    TenantQuota.objects.filter(pk=quota_get(tenant=tenant).pk).update(max_cpu_millis=8000)
+    user = User.objects.create_user("ana", password="pw")
+    membership_set_role(tenant=tenant, user=user, role="member")
+    client.force_login(user)
+    html = client.get("/sandboxes/").content.decode()
+    assert 'data-quota="cpu_millis"' in html and "0m / 8000m" in html
