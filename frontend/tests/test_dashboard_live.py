@@ -37,13 +37,6 @@ def _create_ready(http: httpx.Client, **body) -> str:
     return str(sandbox_id)
 
 
-def _terminal_lines(page: Page) -> list[str]:
-    return page.evaluate(
-        "() => [...document.querySelectorAll('#terminal .xterm-rows > div')]"
-        ".map(d => d.textContent.trim())"
-    )
-
-
 def _wait_terminal_line(page: Page, text: str) -> None:
     page.wait_for_function(
         "(t) => [...document.querySelectorAll('#terminal .xterm-rows > div')]"
