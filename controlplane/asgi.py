@@ -1,4 +1,5 @@
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -7,12 +8,19 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from apps.sandboxes.services.stream_pump import remember_loop  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 from controlplane.ws_auth import WebsocketAuthStack  # noqa: E402
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": WebsocketAuthStack(URLRouter(websocket_urlpatterns)),
     }
 )
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    # Streamed-exec pumps run on this loop (apps/sandboxes/services/stream_pump.py).
+    remember_loop()
+    await router(scope, receive, send)

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection
 
 from apps.sandboxes.tests.test_streaming_live import _frames, _http, _ready, _ws
 
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 class Term:
-    def __init__(self, ws: ClientConnection) -> None:
+    def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.output = b""
         self.events: list[dict[str, Any]] = []

@@ -1,0 +1,163 @@
+"""The streamed-exec pump as a task on the web process's event loop.
+
+A thread per stream works, but each frame then pays for ``async_to_sync`` (a new
+event loop, so a new channel-layer Redis connection) — tens of milliseconds on a
+busy machine. On the ASGI loop the pump shares one agent client, one Redis client
+and the channel layer's connections. Database writes run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections
+
+from apps.sandboxes.agent_client import AgentError
+from apps.sandboxes.services import streaming
+
+log = logging.getLogger(__name__)
+
+_loop: asyncio.AbstractEventLoop | None = None
+_http: httpx.AsyncClient | None = None
+_redis: aioredis.Redis | None = None
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def remember_loop() -> None:
+    """Called from the ASGI app on each connection: the loop pumps will run on."""
+    global _loop
+    _loop = asyncio.get_running_loop()
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    loop = _loop
+    return loop if loop is not None and loop.is_running() and not loop.is_closed() else None
+
+
+def start_on_loop(loop: asyncio.AbstractEventLoop, job: Any) -> None:
+    def spawn() -> None:
+        task = loop.create_task(_pump(job))
+        _tasks.add(task)  # keep a reference: the loop only holds weak ones
+        task.add_done_callback(_tasks.discard)
+
+    loop.call_soon_threadsafe(spawn)
+
+
+def _clients() -> tuple[httpx.AsyncClient, aioredis.Redis]:
+    global _http, _redis
+    if _http is None:
+        _http = httpx.AsyncClient(
+            limits=httpx.Limits(max_keepalive_connections=64, max_connections=512),
+            timeout=httpx.Timeout(10.0),
+            trust_env=False,
+        )
+    if _redis is None:
+        _redis = aioredis.Redis.from_url(settings.REDIS_URL)
+    return _http, _redis
+
+
+def _db(fn: Any) -> Any:
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(call, thread_sensitive=False)
+
+
+async def _append(redis: aioredis.Redis, operation_pk: str, frame: dict[str, Any]) -> bool:
+    data = json.dumps(frame, separators=(",", ":"))
+    key = streaming.frames_key(operation_pk)
+    pipe = redis.pipeline(transaction=False)
+    pipe.xadd(
+        key,
+        {"f": data},
+        id=f"0-{frame['seq'] + 1}",
+        maxlen=settings.HEDGEROW_STREAM_REPLAY_FRAMES,
+        approximate=True,
+    )
+    pipe.expire(key, streaming.RUNNING_BUFFER_TTL_S)
+    try:
+        await pipe.execute()
+    except aioredis.ResponseError:
+        return False  # already stored (a re-attach re-sends early frames)
+    layer = get_channel_layer()
+    if layer is not None:
+        try:
+            await layer.group_send(
+                streaming.operation_group(operation_pk),
+                {"type": "exec.frame", "op": operation_pk, "frame": data},
+            )
+        except Exception:  # noqa: BLE001 - subscribers fill gaps from the stream
+            log.warning("could not fan out exec frame", extra={"operation": operation_pk})
+    return True
+
+
+async def _frames(http: httpx.AsyncClient, job: Any) -> Any:
+    agent = job.agent
+    async with http.stream(
+        "POST",
+        agent.base + "/exec",
+        json={**job.body, "stream": True},
+        headers=agent.headers,
+        timeout=httpx.Timeout(10.0, read=job.timeout),
+    ) as response:
+        if response.status_code >= 400:
+            await response.aread()
+            try:
+                err = response.json().get("error", {})
+            except (ValueError, AttributeError):
+                err = {}
+            raise AgentError(
+                response.status_code,
+                str(err.get("code", "agent_error")),
+                str(err.get("message", response.text[:200])),
+                err.get("field"),
+            )
+        async for line in response.aiter_lines():
+            if line:
+                yield json.loads(line)
+
+
+async def _pump(job: Any) -> None:
+    pk = job.operation_pk
+    http, redis = _clients()
+    try:
+        last = await _db(streaming.buffer_last_seq)(pk)
+        for attempt in range(streaming.REATTACH_ATTEMPTS):
+            try:
+                async for agent_frame in _frames(http, job):
+                    seq = int(agent_frame["seq"])
+                    if seq <= last:
+                        continue
+                    if agent_frame.get("type") == "exit":
+                        await _db(streaming.record_exit)(pk, agent_frame.get("result") or {})
+                        await _append(redis, pk, {"type": "exec.exit", "seq": seq})
+                        return
+                    await _append(redis, pk, streaming.client_frame(agent_frame))
+                    last = seq
+            except AgentError as exc:
+                await _db(streaming.finish_failed)(pk, exc.code, exc.message)
+                return
+            except httpx.TransportError as exc:
+                log.warning("agent stream broke; re-attaching", extra={"error": str(exc)})
+                await asyncio.sleep(0.2 * (attempt + 1))
+        await _db(streaming.finish_failed)(
+            pk, "agent_unreachable", "the agent's stream broke repeatedly"
+        )
+    except asyncio.CancelledError:
+        raise  # the web process is going away: recovery picks this operation up
+    except Exception:
+        log.exception("exec pump crashed", extra={"operation": pk})
+        await _db(streaming.finish_failed)(pk, "internal_error", "the stream relay failed")
+    finally:
+        await _db(streaming.pumps.release)(pk)
