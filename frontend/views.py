@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.billing.principal import Principal
+from apps.billing.usage import cost_for_sandboxes, sandbox_cost
 from apps.sandboxes import selectors
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.models import State
@@ -40,6 +41,10 @@ def _table_context(principal: Principal, filters: dict[str, str]) -> dict[str, A
         tenant=principal.tenant, state=filters["state"] or None, image=filters["image"] or None
     )
     rows = list(qs[: PAGE_SIZE + 1])
+    # Cost so far (live sandboxes accrue), one query for the page.
+    costs = cost_for_sandboxes(sandbox_ids=[s.pk for s in rows[:PAGE_SIZE]])
+    for row in rows:
+        row.cost_so_far = costs.get(str(row.pk))  # type: ignore[attr-defined]
     return {
         "sandboxes": rows[:PAGE_SIZE],
         "more": len(rows) > PAGE_SIZE,
@@ -133,7 +138,11 @@ def sandbox_delete_view(
 
 def _detail_context(principal: Principal, sandbox_id: str) -> dict[str, Any]:
     sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
-    return {"sandbox": sandbox, "events": list(selectors.sandbox_events(sandbox=sandbox))}
+    return {
+        "sandbox": sandbox,
+        "events": list(selectors.sandbox_events(sandbox=sandbox)),
+        "cost": sandbox_cost(sandbox=sandbox),
+    }
 
 
 @require_GET

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from django import template
 from django.utils.html import format_html
@@ -110,3 +111,11 @@ def filesize(size: int | None) -> str:
 @register.filter
 def epoch(value: float | int | str) -> datetime:
     return datetime.fromtimestamp(float(value), tz=UTC)
+
+
+@register.filter
+def money(value: Decimal | None) -> str:
+    """Dollars, with enough digits that a few seconds of a small sandbox is not $0.00."""
+    if value is None:
+        return "—"
+    return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
