@@ -47,7 +47,7 @@ def file_write(
             f"upload of {size} bytes exceeds the limit of {max_bytes}",
             code="too_large",
             status_code=413,
-            extra={"limit": max_bytes},
+            extra={"limit": "max_upload_bytes", "value": max_bytes, "current": size},
         )
     params: dict[str, Any] = {"path": target, "max_bytes": max_bytes}
     if mode:

@@ -137,7 +137,8 @@ def test_it_refuses_relative_paths_and_oversized_uploads(make_tenant, api_client
         content_type="application/octet-stream",
     )
     error = _assert_error(big, 413, "too_large")
-    assert error["limit"] == 10
+    # Quota errors name the limit, its value and the current use (docs/billing.md).
+    assert (error["limit"], error["value"], error["current"]) == ("max_upload_bytes", 10, 11)
 
 
 def test_it_documents_the_error_envelope_in_the_openapi_schema(make_tenant, client):
