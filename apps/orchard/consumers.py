@@ -51,13 +51,17 @@ def _principal(secret: str) -> Principal:
 
 
 @database_sync_to_async  # type: ignore[misc]
-def _sandbox(principal: Principal, sandbox_id: str) -> Sandbox | None:
-    return (
+def _sandbox(principal: Principal, sandbox_id: str) -> tuple[Sandbox, int, int] | None:
+    """The tenant's sandbox and its PTY bounds (the limits read quotas: the database)."""
+    sandbox = (
         Sandbox.objects.for_tenant(principal.tenant)
         .select_related("tenant")
         .filter(external_id=sandbox_id)
         .first()
     )
+    if sandbox is None:
+        return None
+    return sandbox, pty_sandbox_limit(sandbox), pty_tenant_limit(sandbox.tenant)
 
 
 def _redis() -> aioredis.Redis:
@@ -90,14 +94,16 @@ class OrchardPtyConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             await self._fail("this key may not open terminals", CLOSE_AUTH)
             return
         sandbox_id = self.scope["url_route"]["kwargs"]["sandbox_id"]
-        sandbox = await _sandbox(principal, sandbox_id)
-        if sandbox is None or sandbox.state == State.DELETED:
+        found = await _sandbox(principal, sandbox_id)
+        sandbox = found[0] if found is not None else None
+        if found is None or sandbox is None or sandbox.state == State.DELETED:
             await self._fail(f"no sandbox {sandbox_id!r}", CLOSE_NOT_FOUND)
             return
         if sandbox.state != State.READY or sandbox.endpoint_port is None:
             await self._fail(f"sandbox {sandbox_id} is {sandbox.state}", CLOSE_NOT_READY)
             return
         self.sandbox = sandbox
+        self.limits = found[1], found[2]
         self.principal = principal
         self._tasks.append(asyncio.create_task(self._init_deadline()))
 
@@ -171,10 +177,7 @@ class OrchardPtyConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.slots = PtySlots(
             self.redis, tenant_id=str(self.sandbox.tenant_id), sandbox_pk=str(self.sandbox.pk)
         )
-        full = await self.slots.acquire(
-            sandbox_limit=pty_sandbox_limit(self.sandbox),
-            tenant_limit=pty_tenant_limit(self.sandbox.tenant),
-        )
+        full = await self.slots.acquire(sandbox_limit=self.limits[0], tenant_limit=self.limits[1])
         if full is not None:
             self.slots = None
             await self._fail(f"too many terminals open for this {full}", CLOSE_TOO_MANY)
