@@ -5,8 +5,10 @@ cost = billable_hours × (vCPU × price_vcpu_hour + GiB × price_gib_hour) + sta
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+
+from django.db import IntegrityError, transaction
 
 from apps.billing.models import CapacityType, PriceBook, PriceRate
 from controlplane.errors import ServiceUnavailable
@@ -34,8 +36,49 @@ def gibs(memory_mib: int) -> Decimal:
     return Decimal(memory_mib) / 1024
 
 
+# The seed (migration 0003) again, for a database whose price books were emptied (a
+# test flush, a careless admin): an installation always has prices to bill with.
+DEFAULT_BOOKS: list[tuple[str, str, bool, list[tuple[str, str, str, str]]]] = [
+    (
+        "hedgerow",
+        "Hedgerow default",
+        False,
+        [("on_demand", "0.04", "0.005", "0.0005"), ("spot", "0.012", "0.0015", "0.0005")],
+    ),
+    ("e2b", "E2B (list price)", True, [("on_demand", "0.0504", "0.0162", "0")]),
+    ("daytona", "Daytona (list price)", True, [("on_demand", "0.0504", "0.0162", "0")]),
+    ("modal", "Modal (list price)", True, [("on_demand", "0.070956", "0.024192", "0")]),
+]
+EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
+
+
+def price_books_ensure() -> None:
+    """Creates the default and reference books (version 1) if no book of that slug
+    exists. Idempotent and safe under concurrency (unique slug+version)."""
+    for slug, name, is_reference, rates in DEFAULT_BOOKS:
+        if PriceBook.objects.filter(slug=slug).exists():
+            continue
+        try:
+            with transaction.atomic():
+                book = PriceBook.objects.create(
+                    slug=slug, name=name, version=1, is_reference=is_reference, effective_from=EPOCH
+                )
+                for capacity, vcpu_hour, gib_hour, fee in rates:
+                    PriceRate.objects.create(
+                        price_book=book,
+                        capacity_type=capacity,
+                        vcpu_hour=Decimal(vcpu_hour),
+                        gib_hour=Decimal(gib_hour),
+                        startup_fee=Decimal(fee),
+                    )
+        except IntegrityError:
+            continue  # a concurrent caller made it
+
+
 def price_book_in_force(*, at: datetime) -> PriceBook:
     """The newest non-reference book whose ``effective_from`` ≤ ``at``."""
+    if not PriceBook.objects.filter(is_reference=False).exists():
+        price_books_ensure()
     book = (
         PriceBook.objects.filter(is_reference=False, effective_from__lte=at)
         .order_by("-effective_from", "-version")
@@ -70,6 +113,8 @@ def cost_of(*, cpu_millis: int, memory_mib: int, seconds: Decimal, rate: PriceRa
 def reference_books(*, at: datetime) -> list[PriceBook]:
     """The newest version of each hosted reference book in force at ``at``."""
     books: list[PriceBook] = []
+    if not PriceBook.objects.filter(is_reference=True).exists():
+        price_books_ensure()
     for slug in REFERENCE_SLUGS:
         book = (
             PriceBook.objects.filter(slug=slug, is_reference=True, effective_from__lte=at)

@@ -33,11 +33,6 @@ def _fresh_limits_cache() -> None:
 def seeded_price_books(db: Any) -> None:
     """The seed migration's price books (transactional tests flush the tables between
     tests, migration data included)."""
-    import importlib
+    from apps.billing.pricing import price_books_ensure
 
-    from django.apps import apps
-
-    from apps.billing.models import PriceBook
-
-    if not PriceBook.objects.filter(slug="hedgerow").exists():
-        importlib.import_module("apps.billing.migrations.0003_seed_price_books").seed(apps, None)
+    price_books_ensure()

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from apps.billing.models import DailyUsage, PriceBook, PriceRate, UsageRecord
-from apps.billing.pricing import money
+from apps.billing.pricing import money, reference_books
 from apps.billing.reports import cost_report, daily_usage_rebuild, tenant_report
 from apps.billing.usage import cost_for_sandboxes, sandbox_cost, tenant_window_totals
 from apps.sandboxes.models import Sandbox, SandboxEvent
@@ -234,3 +234,15 @@ def test_it_sums_a_window_in_sql_exactly_as_record_by_record(make_tenant, book):
     # Postgres divides at its own scale: equal to 1e-12 dollars, far below a cent.
     assert in_sql.quantize(Decimal("1e-12")) == by_record.quantize(Decimal("1e-12"))
     assert money(in_sql) == money(by_record) == Decimal("1.90")
+
+
+def test_it_recreates_the_default_price_books_when_none_exist(make_tenant):
+    PriceRate.objects.all().delete()
+    PriceBook.objects.all().delete()
+    tenant, _ = make_tenant()
+    sandbox = ledger_sandbox(tenant, T0, [("provisioning", 0), ("deleted", 3600)])
+    record = UsageRecord.objects.get(sandbox=sandbox)
+    assert str(record.price_book) == "hedgerow v1"
+    # 2 vCPU × 0.04 + 4 GiB × 0.005 = 0.10/h for 1 h + 0.0005
+    assert _cost(sandbox) == Decimal("0.1005")
+    assert sorted(b.slug for b in reference_books(at=T0)) == ["daytona", "e2b", "modal"]
