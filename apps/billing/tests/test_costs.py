@@ -246,3 +246,19 @@ def test_it_recreates_the_default_price_books_when_none_exist(make_tenant):
     # 2 vCPU × 0.04 + 4 GiB × 0.005 = 0.10/h for 1 h + 0.0005
     assert _cost(sandbox) == Decimal("0.1005")
     assert sorted(b.slug for b in reference_books(at=T0)) == ["daytona", "e2b", "modal"]
+
+
+def test_it_repairs_a_missing_or_unclosed_record_from_the_ledger(make_tenant, book):
+    from apps.billing.tasks import usage_rollup, usage_sweep
+
+    tenant, _ = make_tenant()
+    sandbox = ledger_sandbox(tenant, T0, [("provisioning", 0), ("deleted", 3600)])
+    Sandbox.objects.filter(pk=sandbox.pk).update(provisioning_started_at=T0)
+    UsageRecord.objects.filter(sandbox=sandbox).delete()  # the hook's write was lost
+    assert usage_sweep() == 1
+    record = UsageRecord.objects.get(sandbox=sandbox)
+    assert record.ended_at == T0 + timedelta(hours=1) and money(_cost(sandbox)) == Decimal("0.29")
+    UsageRecord.objects.filter(sandbox=sandbox).update(ended_at=None, end_state="")
+    assert usage_sweep() == 1  # the sandbox ended but the record stayed open
+    assert UsageRecord.objects.get(sandbox=sandbox).end_state == "deleted"
+    assert usage_rollup(day="2026-03-10") == 2  # total and image (no labels)
