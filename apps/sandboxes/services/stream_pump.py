@@ -161,3 +161,6 @@ async def _pump(job: Any) -> None:
         await _db(streaming.finish_failed)(pk, "internal_error", "the stream relay failed")
     finally:
         await _db(streaming.pumps.release)(pk)
+        lease = getattr(job, "lease", None)
+        if lease is not None:  # quotas (billing): the exec slot this stream held
+            await _db(lease.release)()
