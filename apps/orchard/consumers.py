@@ -132,7 +132,11 @@ class OrchardPtyConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if kind != "init":
                 await self._fail("the first frame must be init", CLOSE_BAD_FRAME)
                 return
-            await self._start(frame)
+            try:
+                await self._start(frame)
+            except Exception:
+                log.exception("orchard pty start failed")
+                await self._fail("internal error", 4500)
             return
         try:
             if kind == "stdin":
