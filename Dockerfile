@@ -47,4 +47,5 @@ RUN pip install --no-cache-dir ./sdk \
     && mkdir -p /var/lib/hedgerow && chown hedgerow:hedgerow /var/lib/hedgerow
 USER 10001:10001
 EXPOSE 8000
-CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000"]
+# No access log: the Orchard PTY URL carries its api_key (the one documented exception).
+CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--no-access-log"]
