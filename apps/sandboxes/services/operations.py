@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from apps.billing.limits import exec_admit_operation
@@ -229,6 +229,10 @@ def operation_exec(
         principal=principal, operation=operation, is_new=is_new, timeout_s=_agent_timeout(request)
     )
     agent = agent_for(sandbox)
+    if "pool" in connection.settings_dict.get("OPTIONS", {}) and not connection.in_atomic_block:
+        # Back to the pool while the command runs (it may take minutes): a thousand
+        # concurrent execs must not pin a thousand connections.
+        connection.close()
     try:
         result = agent.exec(
             request.agent_body(operation.operation_id), timeout=_agent_timeout(request)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from django.db import connection
+
 from apps.sandboxes.events import redis_client, sandbox_channel
 from apps.sandboxes.models import Sandbox, State
 
@@ -27,6 +29,10 @@ def sandbox_wait_settled(*, sandbox: Sandbox, timeout_s: float) -> Sandbox:
             remaining = deadline - time.monotonic()
             if sandbox.state in SETTLED_STATES or remaining <= 0:
                 return sandbox
+            # Hand the DB connection back while blocked: a thousand clients waiting at
+            # once must not hold a thousand connections (the pool would time out).
+            if not connection.in_atomic_block:
+                connection.close()
             # Wake on any message for this sandbox, then re-read the row (the source of truth).
             pubsub.get_message(timeout=min(remaining, 5.0))
     finally:

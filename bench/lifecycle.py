@@ -1,0 +1,273 @@
+"""The sandbox lifecycle under load: N sandboxes concurrently through create → K execs
+→ delete, all via the public REST API.
+
+    .venv/bin/python -m bench.lifecycle N K [--concurrency C] [--web-workers W]
+                                            [--worker-concurrency P]
+
+Boots its own stack (fresh database, Celery worker, uvicorn) under a private
+HEDGEROW_INSTANCE, then runs N client tasks (at most C in flight). Each: POST
+/sandboxes (Idempotency-Key), GET /wait, K × POST /exec (`echo <i>`, operation id),
+DELETE. Reports success rate, end-to-end wall time, create-to-ready and exec latency
+percentiles, commands per second, the control plane's peak memory (RSS of the web and
+worker process trees, sampled every 100 ms), and, once every sandbox is deleted, a
+reconciler round and the leak audit's equation (must show leaked 0, live 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pct(samples: list[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def line(name: str, samples: list[float]) -> str:
+    if not samples:
+        return f"{name:<22} (no samples)"
+    ms = [s * 1e3 for s in samples]
+    return (
+        f"{name:<22} p50 {pct(ms, 0.5):8.1f} ms   p95 {pct(ms, 0.95):8.1f} ms   "
+        f"p99 {pct(ms, 0.99):8.1f} ms   mean {statistics.fmean(ms):8.1f} ms"
+    )
+
+
+@dataclass
+class Results:
+    ready: list[float] = field(default_factory=list)
+    execs: list[float] = field(default_factory=list)
+    lifecycles: list[float] = field(default_factory=list)
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def _tree_rss_kib(pid: int) -> int:
+    """RSS of a process and all its descendants (web workers, Celery pool children)."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                for row in f:
+                    if row.startswith("VmRSS:"):
+                        total += int(row.split()[1])
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                stack.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+class MemorySampler(threading.Thread):
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.peak_kib, self.running = pids, 0, True
+
+    def run(self) -> None:
+        while self.running:
+            self.peak_kib = max(self.peak_kib, sum(_tree_rss_kib(p) for p in self.pids))
+            time.sleep(0.1)
+
+
+async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Semaphore) -> None:
+    import httpx
+
+    async with gate:
+        start = time.perf_counter()
+        sandbox_id = None
+        try:
+            key = uuid.uuid4().hex
+            created = await client.post(
+                "/sandboxes", json={"image": "host"}, headers={"Idempotency-Key": key}
+            )
+            if created.status_code not in (200, 201):
+                raise RuntimeError(f"create {created.status_code}: {created.text[:200]}")
+            sandbox_id = created.json()["id"]
+            waited = await client.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300})
+            if waited.status_code != 200:
+                raise RuntimeError(f"wait {waited.status_code}: {waited.text[:200]}")
+            results.ready.append(time.perf_counter() - start)
+            for i in range(k):
+                t0 = time.perf_counter()
+                ran = await client.post(
+                    f"/sandboxes/{sandbox_id}/exec",
+                    json={"command": f"echo {i}", "operation_id": f"op-{i}"},
+                )
+                body = ran.json()
+                if ran.status_code != 200 or body.get("stdout") != f"{i}\n":
+                    raise RuntimeError(f"exec {ran.status_code}: {ran.text[:200]}")
+                results.execs.append(time.perf_counter() - t0)
+            deleted = await client.delete(f"/sandboxes/{sandbox_id}")
+            if deleted.status_code != 202:
+                raise RuntimeError(f"delete {deleted.status_code}: {deleted.text[:200]}")
+            results.lifecycles.append(time.perf_counter() - start)
+            results.ok += 1
+        except (RuntimeError, httpx.HTTPError, ValueError) as exc:
+            results.failures.append(f"{type(exc).__name__}: {exc}")
+            if sandbox_id is not None:  # a failed lifecycle still cleans up after itself
+                try:
+                    await client.delete(f"/sandboxes/{sandbox_id}")
+                except httpx.HTTPError:
+                    pass
+
+
+async def run_load(url: str, secret: str, n: int, k: int, concurrency: int) -> Results:
+    import httpx
+
+    results = Results()
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(
+        base_url=url + "/api/v1",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=httpx.Timeout(600.0, connect=60.0),
+        limits=limits,
+        trust_env=False,
+    ) as client:
+        await asyncio.gather(*(one_lifecycle(client, k, results, gate) for _ in range(n)))
+    return results
+
+
+def settle_and_audit(since: Any, timeout: float = 300) -> Any:
+    """Waits until nothing is live any more, then reconciles and audits."""
+    from django.utils import timezone
+
+    from apps.sandboxes.models import LIVE_STATES, Sandbox
+    from apps.sandboxes.services.audit import audit_run
+    from apps.sandboxes.services.reconcile import sandbox_reconcile
+
+    deadline = time.monotonic() + timeout
+    while Sandbox.objects.filter(state__in=LIVE_STATES).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    all_deleted = time.perf_counter()
+    reconcile = sandbox_reconcile()
+    audit = audit_run(period_start=since, period_end=timezone.now(), trigger="manual")
+    return all_deleted, reconcile, audit
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("n", type=int, nargs="?", default=1000)
+    parser.add_argument("k", type=int, nargs="?", default=4)
+    parser.add_argument("--concurrency", type=int, default=0, help="in flight; 0 = N")
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--worker-concurrency", type=int, default=8)
+    args = parser.parse_args()
+
+    instance = f"lc{os.getpid()}"
+    db_name = f"hr_bench_lc_{os.getpid()}"
+    os.environ.update(
+        HEDGEROW_INSTANCE=instance,
+        HEDGEROW_DB_NAME=db_name,
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        HEDGEROW_LOG_LEVEL="WARNING",
+        HEDGEROW_MAX_LIVE_SANDBOXES="0",
+    )
+    sys.path.insert(0, str(ROOT))
+    import psycopg
+
+    admin = psycopg.connect("host=127.0.0.1 port=55432 user=hedgerow dbname=postgres")
+    admin.autocommit = True
+    admin.execute(f'CREATE DATABASE "{db_name}"')
+    stack = None
+    try:
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True)
+        import django
+
+        django.setup()
+        from django.utils import timezone
+
+        from apps.billing.services import api_key_create, tenant_create
+        from conftest import Stack
+
+        tenant = tenant_create(slug="bench")
+        secret = api_key_create(tenant=tenant, name="bench", scopes=["read", "write"]).secret
+        stack = Stack(db_name, Path(tempfile.mkdtemp(prefix="hr-lifecycle-")))
+        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "60"]
+        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
+        stack.start()
+        assert stack.web.popen is not None and stack.worker.popen is not None
+        sampler = MemorySampler([stack.web.popen.pid, stack.worker.popen.pid])
+        sampler.start()
+        since = timezone.now()
+        started = time.perf_counter()
+        results = asyncio.run(
+            run_load(stack.url, secret, args.n, args.k, args.concurrency or args.n)
+        )
+        wall = time.perf_counter() - started
+        all_deleted, reconcile, audit = settle_and_audit(since)
+        sampler.running = False
+        report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
+    finally:
+        if stack is not None:
+            stack.stop()
+            _cleanup()
+        from django.db import connections
+
+        connections.close_all()
+        admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+    return 0
+
+
+def _cleanup() -> None:
+    from apps.sandboxes.backends import get_backend
+
+    backend = get_backend()
+    for sandbox_id in {i.sandbox_id for i in backend.inventory() if i.sandbox_id}:
+        try:
+            backend.destroy(sandbox_id)
+        except Exception as exc:  # report, keep cleaning
+            print(f"cleanup of {sandbox_id} failed: {exc}")
+
+
+def report(
+    args: argparse.Namespace,
+    results: Results,
+    wall: float,
+    until_deleted: float,
+    peak_kib: int,
+    reconcile: Any,
+    audit: Any,
+) -> None:
+    n, k = args.n, args.k
+    out = [
+        f"lifecycle: N={n} K={k} concurrency={args.concurrency or n} "
+        f"web-workers={args.web_workers} worker-concurrency={args.worker_concurrency} "
+        f"cpus={os.cpu_count()}",
+        f"success                {results.ok}/{n} ({100.0 * results.ok / n:.1f}%)",
+        f"wall time              {wall:.2f} s (first create → last delete accepted)",
+        f"                       {until_deleted:.2f} s (first create → every sandbox deleted)",
+        line("create→ready", results.ready),
+        line("exec (echo)", results.execs),
+        line("whole lifecycle", results.lifecycles),
+        f"commands/s             {len(results.execs) / wall:.1f}",
+        f"peak control-plane RSS {peak_kib / 1024:.0f} MiB (web + worker trees)",
+        f"reconcile              skipped={reconcile.skipped} actions={reconcile.actions}",
+        f"audit                  {audit.report.get('equation')}",
+        f"                       orphaned={audit.orphaned} balanced={audit.balanced}",
+    ]
+    if results.failures:
+        out.append(f"first failures: {results.failures[:5]}")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
