@@ -81,3 +81,27 @@ def test_it_shows_quota_use_bars_on_the_sandboxes_page(make_tenant, client):
     client.force_login(user)
     html = client.get("/sandboxes/").content.decode()
     assert 'data-quota="cpu_millis"' in html and "0m / 8000m" in html
+
+
+def test_it_shows_a_queued_sandbox_with_its_position_and_a_delete_button(
+    make_tenant, client, no_enqueue
+):
+    from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create
+
+    tenant, _ = make_tenant()
+    TenantQuota.objects.filter(pk=quota_get(tenant=tenant).pk).update(max_concurrent_sandboxes=0)
+    queued, _ = sandbox_create(
+        tenant=tenant,
+        request=SandboxRequest(image="host", cpu_millis=500, memory_mib=256, queue=True),
+        idempotency_key=None,
+        actor="user:ana",
+    )
+    assert queued.state == "queued"
+    user = User.objects.create_user("ana", password="pw")
+    membership_set_role(tenant=tenant, user=user, role="member")
+    client.force_login(user)
+    table = client.get("/sandboxes/").content.decode()
+    assert "#1 in the queue" in table
+    assert f"/sandboxes/{queued.external_id}/delete" in table
+    detail = client.get(f"/sandboxes/{queued.external_id}/").content.decode()
+    assert "#1 in the admission queue" in detail
