@@ -12,7 +12,8 @@ export default defineConfig({
   publicDir: false,
   build: {
     outDir: resolve(here, "static/dist"),
-    emptyOutDir: true,
+    // Overwrite in place: `make test` rebuilds while other runs may be serving these files.
+    emptyOutDir: false,
     sourcemap: true,
     target: "es2020",
     rollupOptions: {

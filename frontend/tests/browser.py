@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "docs" / "screenshots"
@@ -25,6 +25,11 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
+
+
+# The machine is shared and small: wait generously for things that must happen, since
+# a waiting expect() costs nothing when the page is quick.
+expect.set_options(timeout=20_000)
 
 
 @dataclass

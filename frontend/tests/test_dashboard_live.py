@@ -37,6 +37,19 @@ def _create_ready(http: httpx.Client, **body) -> str:
     return str(sandbox_id)
 
 
+def _stty_sizes(page: Page, count: int) -> list[str]:
+    """Waits until `stty size` has printed ``count`` "rows cols" lines; returns them."""
+    handle = page.wait_for_function(
+        """(n) => {
+          const lines = [...document.querySelectorAll('#terminal .xterm-rows > div')]
+            .map(d => d.textContent.trim()).filter(t => /^\\d+ \\d+$/.test(t));
+          return lines.length >= n ? lines : null;
+        }""",
+        arg=count,
+    )
+    return list(handle.json_value())
+
+
 def _wait_terminal_line(page: Page, text: str) -> None:
     page.wait_for_function(
         "(t) => [...document.querySelectorAll('#terminal .xterm-rows > div')]"
@@ -58,14 +71,14 @@ def test_it_signs_in_creates_a_sandbox_and_shows_it_turn_ready_without_reloading
         page.evaluate("window.__sameDocument = true")
 
         # Validation is the API's: errors appear next to their fields.
-        page.get_by_label("Memory").fill("16")
-        page.get_by_label("Labels").fill("not a label")
+        page.locator("#f-memory").fill("16")
+        page.locator("#f-labels").fill("not a label")
         page.get_by_role("button", name="Create sandbox").click()
         expect(page.locator("#e-labels")).to_contain_text("key=value")
-        page.get_by_label("Labels").fill("experiment=swe-bench\nseed=7")
+        page.locator("#f-labels").fill("experiment=swe-bench\nseed=7")
         page.get_by_role("button", name="Create sandbox").click()
         expect(page.locator("#e-memory")).to_contain_text("at least 32Mi")
-        page.get_by_label("Memory").fill("512Mi")
+        page.locator("#f-memory").fill("512Mi")
         page.get_by_role("button", name="Create sandbox").click()
 
         row = page.locator("#sandbox-table tr[data-sandbox-id]")
@@ -73,8 +86,8 @@ def test_it_signs_in_creates_a_sandbox_and_shows_it_turn_ready_without_reloading
         expect(row.locator("[data-state]")).to_have_text("ready", timeout=90_000)
         expect(row).to_contain_text("experiment=swe-bench")
         assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
-        page.get_by_label("Memory").fill("1Gi")
-        page.get_by_label("Labels").fill("experiment=swe-bench\nseed=8")
+        page.locator("#f-memory").fill("1Gi")
+        page.locator("#f-labels").fill("experiment=swe-bench\nseed=8")
         page.get_by_role("button", name="Create sandbox").click()
         expect(page.locator("#sandbox-table tr[data-sandbox-id] [data-state]")).to_have_text(
             ["ready", "ready"], timeout=90_000
@@ -109,6 +122,13 @@ def test_it_drives_the_terminal_and_streams_command_output_live(live, make_tenan
         page.keyboard.press("Control+c")
         page.keyboard.type("echo after-interrupt\n")
         _wait_terminal_line(page, "after-interrupt")
+        page.keyboard.type("stty size\n")
+        before = _stty_sizes(page, 1)[0]
+        page.set_viewport_size({"width": 1100, "height": 900})  # the terminal refits
+        page.keyboard.type("stty size\n")
+        after = _stty_sizes(page, 2)[1]
+        assert before.split()[1] != after.split()[1], (before, after)
+        page.set_viewport_size({"width": 1440, "height": 900})
 
         # The command blocks until a file appears, so its first line must be on the
         # page while it still runs; then the file is uploaded and it finishes.
