@@ -225,3 +225,71 @@ def test_it_streams_through_the_sdk_sync_and_async(live, make_tenant):
 
     types = asyncio.run(run_async())
     assert types[0] == "start" and types[-1] == "exit" and "stdout" in types
+
+
+def test_it_bounds_the_replay_buffer_and_names_the_gap(live, make_tenant, settings):
+    """More frames than the buffer keeps: a late subscriber is told what it missed,
+    then gets the kept tail in order, and the exit frame still has the whole-stream
+    totals."""
+    _, secret = make_tenant()
+    http = _http(live, secret)
+    sandbox_id = _ready(http)
+    # One flushed write per line with a pause, so each line is its own agent frame.
+    command = [
+        "python3",
+        "-c",
+        "import time\nfor i in range(1, 701):\n print(f'line-{i}', flush=True); time.sleep(0.001)",
+    ]
+    body = {"command": command, "stream": True, "operation_id": "op-many"}
+    assert http.post(f"/sandboxes/{sandbox_id}/exec", json=body).status_code == 202
+    path = f"/ws/v1/sandboxes/{sandbox_id}/operations/op-many/stream"
+    with _ws(live, path, secret) as ws:
+        live_frames = _frames(ws)  # a subscriber from the start sees every frame
+    assert [f["seq"] for f in live_frames] == list(range(len(live_frames)))
+    assert len(live_frames) > settings.HEDGEROW_STREAM_REPLAY_FRAMES + 10
+
+    with _ws(live, path, secret) as ws:
+        late = _frames(ws)
+    gap = late[0]
+    assert gap["type"] == "exec.gap" and gap["from_seq"] == 0
+    kept = late[1:]
+    assert [f["seq"] for f in kept] == list(range(gap["to_seq"] + 1, len(live_frames)))
+    assert len(kept) <= settings.HEDGEROW_STREAM_REPLAY_FRAMES + 100  # MAXLEN ~ trims lazily
+    assert _stdout(kept).endswith(b"line-700\n")
+    assert kept[-1]["result"]["output"]["stdout"]["total_bytes"] == len(
+        "".join(f"line-{i}\n" for i in range(1, 701))
+    )
+
+
+def test_it_streams_an_operation_and_state_over_the_browser_socket(live, make_tenant):
+    _, secret = make_tenant()
+    http = _http(live, secret)
+    with _ws(live, "/ws/realtime", secret) as ws:
+        ws.send(json.dumps({"type": "subscribe", "topic": "sandboxes"}))
+        assert json.loads(ws.recv(timeout=20))["type"] == "subscribed"
+        sandbox_id = _ready(http)
+        started = http.post(
+            f"/sandboxes/{sandbox_id}/exec",
+            json={"command": "echo via-realtime", "stream": True, "operation_id": "op-rt"},
+        )
+        assert started.status_code == 202
+        ws.send(
+            json.dumps(
+                {
+                    "type": "subscribe",
+                    "topic": "operation",
+                    "sandbox_id": sandbox_id,
+                    "operation_id": "op-rt",
+                    "after_seq": -1,
+                }
+            )
+        )
+        frames: list[dict[str, Any]] = []
+        while not frames or frames[-1]["type"] != "exec.exit":
+            frames.append(json.loads(ws.recv(timeout=30)))
+    states = [f["state"] for f in frames if f["type"] == "sandbox.state"]
+    assert "ready" in states  # tenant-wide state events, sent after each commit
+    exec_frames = [f for f in frames if f["type"].startswith("exec.")]
+    assert [f["seq"] for f in exec_frames] == list(range(len(exec_frames)))
+    assert _stdout(exec_frames) == b"via-realtime\n"
+    assert exec_frames[-1]["result"]["exit_code"] == 0
