@@ -93,6 +93,18 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
             "budget_percent": min(100, round(100 * spent / budget)) if budget else 0,
             "cost_chart": _chart(report["days"], "cost", "Cost (USD)", " $"),
             "hours_chart": _chart(report["days"], "sandbox_hours", "Sandbox-hours", " h"),
+            "slice_chart": {
+                "labels": [r["image"] for r in report["by_image"]]
+                + [r["label"] for r in report["by_label"]],
+                "datasets": [
+                    {
+                        "label": "Cost (USD)",
+                        "data": [float(Decimal(r["cost"])) for r in report["by_image"]]
+                        + [float(Decimal(r["cost"])) for r in report["by_label"]],
+                    }
+                ],
+                "unit": " $",
+            },
         },
     )
 
