@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -20,13 +22,14 @@ def _client(live, secret: str) -> httpx.Client:
     )
 
 
-def _create_ready(http: httpx.Client, **body) -> dict:
+def _create_ready(http: httpx.Client, **body) -> dict[str, Any]:
     created = http.post("/sandboxes", json={"image": "host", **body})
     assert created.status_code == 201, created.text
     sandbox_id = created.json()["id"]
     waited = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
     assert waited.status_code == 200, waited.text
-    return waited.json()
+    result: dict[str, Any] = waited.json()
+    return result
 
 
 def test_it_runs_the_readme_flow_create_exec_upload_download_delete(live, make_tenant):
@@ -94,7 +97,9 @@ def test_it_kills_a_timed_out_command_with_its_children_and_keeps_the_sandbox(li
     http = _client(live, secret)
     sandbox = _create_ready(http)
     url = f"/sandboxes/{sandbox['id']}/exec"
-    ran = http.post(url, json={"command": "sleep 100 & echo $! > /tmp/child; sleep 100", "timeout": 1})
+    ran = http.post(
+        url, json={"command": "sleep 100 & echo $! > /tmp/child; sleep 100", "timeout": 1}
+    )
     body = ran.json()
     assert body["termination"] == "timeout" and body["timed_out"] is True
     assert body["exit_code"] is None
@@ -109,7 +114,10 @@ def test_it_returns_the_stored_result_when_an_operation_id_is_replayed(live, mak
     http = _client(live, secret)
     sandbox = _create_ready(http)
     url = f"/sandboxes/{sandbox['id']}/exec"
-    body = {"command": "echo x >> /workspace/count; wc -l < /workspace/count", "operation_id": "op-1"}
+    body = {
+        "command": "echo x >> /workspace/count; wc -l < /workspace/count",
+        "operation_id": "op-1",
+    }
     first = http.post(url, json=body).json()
     second = http.post(url, json=body).json()
     assert first["stdout"] == second["stdout"] == "1\n"

@@ -88,7 +88,7 @@ def test_it_keeps_a_sandbox_alive_with_heartbeats(make_tenant, api_client, destr
     response = api_client(secret).post(f"/api/v1/sandboxes/{sandbox.external_id}/heartbeat")
     assert response.status_code == 200
     sandbox.refresh_from_db()
-    assert sandbox.last_heartbeat_at > old
+    assert sandbox.last_heartbeat_at is not None and sandbox.last_heartbeat_at > old
     provisioning.sandbox_reap(now=timezone.now() + timedelta(seconds=10))
     sandbox.refresh_from_db()
     assert sandbox.state == State.READY
