@@ -265,3 +265,31 @@ def cost_for_sandboxes(
     for record in UsageRecord.objects.filter(sandbox_id__in=ids):
         costs[str(record.sandbox_id)] = record_window(record, start=start, end=end, now=now).cost
     return costs
+
+
+@dataclass(frozen=True)
+class SandboxBilling:
+    queue_position: int | None
+    cost: Decimal | None
+
+
+def sandbox_billing(*, sandboxes: Iterable[Sandbox]) -> dict[uuid.UUID, SandboxBilling]:
+    """Queue position and cost so far for a page of sandboxes in at most three queries
+    (the API's list would otherwise pay one per sandbox for each)."""
+    from apps.billing.admission_queue import queue_order
+
+    rows = list(sandboxes)
+    now = timezone.now()
+    records = {r.sandbox_id: r for r in UsageRecord.objects.filter(sandbox__in=rows)}
+    positions: dict[str, int] = {}
+    if any(s.state == State.QUEUED for s in rows):
+        positions = {pk: i + 1 for i, (pk, _) in enumerate(queue_order())}
+    out = {}
+    for sandbox in rows:
+        record = records.get(sandbox.pk)
+        cost = None
+        if record is not None:
+            cost = record_window(record, start=None, end=None, now=now).cost
+        position = positions.get(str(sandbox.pk)) if sandbox.state == State.QUEUED else None
+        out[sandbox.pk] = SandboxBilling(queue_position=position, cost=cost)
+    return out

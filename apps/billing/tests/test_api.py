@@ -118,3 +118,23 @@ def test_it_reports_costs_of_all_tenants_sorted_and_as_csv(
     table = list(csv.DictReader(io.StringIO(response.content.decode())))
     assert table[0]["tenant"] == a.slug and table[0]["cost"] == "0.53"
     assert table[0]["price_books"] == "hedgerow v2"
+
+
+def test_it_lists_costs_and_queue_positions_without_a_query_per_sandbox(
+    make_tenant,
+    api_client,
+    no_enqueue,
+    book,  # noqa: F811
+    django_assert_max_num_queries,
+):
+    tenant, secret = make_tenant()
+    for _ in range(5):
+        ledger_sandbox(tenant, T0, [("provisioning", 0), ("deleted", 3600)])
+    _limit(tenant, max_concurrent_sandboxes=0)
+    http = api_client(secret)
+    for _ in range(3):
+        assert http.post("/api/v1/sandboxes", {"queue": True}, format="json").status_code == 201
+    with django_assert_max_num_queries(8):
+        listed = http.get("/api/v1/sandboxes").json()["results"]
+    assert sorted(s["queue_position"] for s in listed if s["state"] == "queued") == [1, 2, 3]
+    assert {s["cost"] for s in listed if s["state"] == "deleted"} == {"0.290000"}

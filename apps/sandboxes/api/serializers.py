@@ -158,15 +158,24 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "cost",
         ]
 
-    def get_queue_position(self, obj: Sandbox) -> int | None:
-        from apps.billing.admission_queue import queue_position
+    def _billing(self, obj: Sandbox) -> Any:
+        # Billing fields for the whole page at once (quotas/metering live in billing).
+        from apps.billing.usage import sandbox_billing
 
-        return queue_position(sandbox=obj)
+        root = self.root
+        cache: dict[Any, Any] | None = getattr(root, "_billing_cache", None)
+        if cache is None or obj.pk not in cache:
+            page = root.instance if isinstance(root.instance, list) else [obj]
+            cache = sandbox_billing(sandboxes=page if obj in page else [obj])
+            root._billing_cache = cache  # type: ignore[attr-defined]
+        return cache[obj.pk]
+
+    def get_queue_position(self, obj: Sandbox) -> int | None:
+        position: int | None = self._billing(obj).queue_position
+        return position
 
     def get_cost(self, obj: Sandbox) -> str | None:
-        from apps.billing.usage import sandbox_cost
-
-        cost = sandbox_cost(sandbox=obj)
+        cost = self._billing(obj).cost
         return None if cost is None else str(cost.quantize(Decimal("0.000001")))
 
     def get_cpu(self, obj: Sandbox) -> str:
