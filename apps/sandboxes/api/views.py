@@ -20,7 +20,7 @@ from apps.sandboxes.api.serializers import (
     SandboxEventSerializer,
     SandboxSerializer,
 )
-from apps.sandboxes.models import OperationStatus, Sandbox, State
+from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
 from apps.sandboxes.services.operations import operation_exec
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
@@ -165,7 +165,17 @@ class ExecView(APIView):
             operation_id=data.get("operation_id"),
             expected_generation=data.get("generation"),
         )
-        return Response(OperationSerializer(operation).data)
+        return Response(_render_operation(operation))
+
+
+# The exec hot path renders with one long-lived serializer: a ModelSerializer builds
+# its fields from the model on every instantiation (~1.5 ms of a ~10 ms request),
+# while ``to_representation`` keeps no per-call state, so sharing it is safe.
+_operation_renderer = OperationSerializer()
+
+
+def _render_operation(operation: Operation) -> dict[str, Any]:
+    return dict(_operation_renderer.to_representation(operation))
 
 
 def _exec_streamed(
@@ -180,7 +190,7 @@ def _exec_streamed(
         operation_id=data.get("operation_id"),
         expected_generation=data.get("generation"),
     )
-    body = dict(OperationSerializer(operation).data)
+    body = _render_operation(operation)
     body["stream_url"] = (
         f"/ws/v1/sandboxes/{sandbox.external_id}/operations/{operation.operation_id}/stream"
     )
