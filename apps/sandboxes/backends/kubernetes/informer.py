@@ -10,6 +10,8 @@ were not watching still marks its sandbox lost.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -111,6 +113,7 @@ class PodInformer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: watch.Watch | None = None
+        self._response: Any = None  # the open WATCH response, closed by stop()
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -131,8 +134,13 @@ class PodInformer:
         self._stop.set()
         if self._watch is not None:
             self._watch.stop()
+        response = self._response
+        if response is not None:
+            # unblocks the thread's read at once, instead of after watch_timeout_s
+            with contextlib.suppress(Exception):
+                response.shutdown()
         if self._thread is not None:
-            self._thread.join(timeout=self.config.watch_timeout_s + 5)
+            self._thread.join(timeout=10)
 
     def _run(self) -> None:
         failures = 0
@@ -176,8 +184,15 @@ class PodInformer:
 
     def _watch_once(self) -> None:
         self._watch = watch.Watch()
+        list_pods = self.api.core.list_namespaced_pod
+
+        @functools.wraps(list_pods)  # Watch reads the return type from the docstring
+        def list_and_keep_response(*args: Any, **kwargs: Any) -> Any:
+            self._response = list_pods(*args, **kwargs)
+            return self._response
+
         stream = self._watch.stream(
-            self.api.core.list_namespaced_pod,
+            list_and_keep_response,
             self.config.namespace,
             label_selector=self.config.sandbox_selector(),
             resource_version=self.resource_version,
