@@ -101,6 +101,7 @@ def create_body(
     heartbeat_timeout_s: Optional[int],
     labels: Optional[Dict[str, str]],
     sandbox_id: Optional[str],
+    queue: Optional[bool] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"image": image, "network_access": network_access}
     optional = {
@@ -109,6 +110,7 @@ def create_body(
         "ttl_seconds": ttl_seconds,
         "heartbeat_timeout_s": heartbeat_timeout_s,
         "sandbox_id": sandbox_id,
+        "queue": queue,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if labels:

@@ -139,6 +139,7 @@ class AsyncClient:
         wait_timeout: float = 120.0,
         idempotency_key: Optional[str] = None,
         heartbeat: bool = True,
+        queue: Optional[bool] = None,
     ) -> AsyncSandbox:
         """See ``Client.create_sandbox``."""
         body = common.create_body(
@@ -150,6 +151,7 @@ class AsyncClient:
             heartbeat_timeout_s=heartbeat_timeout_s,
             labels=labels,
             sandbox_id=sandbox_id,
+            queue=queue,
         )
         key = idempotency_key or common.new_idempotency_key()
         response = await self.request(

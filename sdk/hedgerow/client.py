@@ -153,11 +153,14 @@ class Client:
         wait_timeout: float = 120.0,
         idempotency_key: Optional[str] = None,
         heartbeat: bool = True,
+        queue: Optional[bool] = None,
     ) -> Sandbox:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
         context manager that deletes it. One idempotency key covers all retries of this
         call, so a lost response never creates a second sandbox. With
-        ``heartbeat_timeout_s`` and ``heartbeat=True`` a background thread keeps it alive."""
+        ``heartbeat_timeout_s`` and ``heartbeat=True`` a background thread keeps it alive.
+        ``queue=True``: over a team quota, wait in the admission queue (state ``queued``)
+        instead of raising QuotaExceeded; give ``wait_timeout`` room for the wait."""
         body = common.create_body(
             image,
             cpu=cpu,
@@ -167,6 +170,7 @@ class Client:
             heartbeat_timeout_s=heartbeat_timeout_s,
             labels=labels,
             sandbox_id=sandbox_id,
+            queue=queue,
         )
         key = idempotency_key or common.new_idempotency_key()
         data = self.request(

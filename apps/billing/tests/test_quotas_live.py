@@ -52,6 +52,14 @@ def test_it_starts_a_queued_sandbox_when_another_ends(live, make_tenant):
     refused = http.post("/sandboxes", json={"image": "host"})
     assert refused.status_code == 429 and refused.headers["Retry-After"]
     assert refused.json()["error"]["limit"] == "max_concurrent_sandboxes"
+    import hedgerow
+
+    sdk = hedgerow.Client(live.url, secret, cleanup=False, handle_signals=False, max_retries=0)
+    with pytest.raises(hedgerow.QuotaExceeded):
+        sdk.create_sandbox(wait=False)
+    second = sdk.create_sandbox(wait=False, queue=True)
+    assert (second.state, second.data["queue_position"]) == ("queued", 2)
+    second.delete()  # a queued sandbox can be cancelled; the first in line keeps its place
 
     assert http.get(f"/sandboxes/{first['id']}/wait", params={"timeout": 60}).status_code == 200
     assert http.delete(f"/sandboxes/{first['id']}").status_code == 202
