@@ -3,20 +3,23 @@ local-backend sandbox whose root filesystem is busybox only — no Python, no gl
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from apps.sandboxes.backends.base import UnknownImage
+from apps.sandboxes.backends.base import Endpoint, UnknownImage
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, wait_healthy
 
 from .conftest import HAS_TOOLS, IS_ROOT, PODAGENT, REPO, Sandbox, new_spec
@@ -186,3 +189,55 @@ def test_it_refuses_an_image_without_python_when_no_bundle_is_configured(
     spec = new_spec(image="busybox", sandbox_id=uuid.uuid4().hex)
     with pytest.raises(UnknownImage, match="no python3 and no agent bundle"):
         plain.provision(spec)
+
+
+def _agent_exec(endpoint: Endpoint, token: str, command: str) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=30)
+    body = {"operation_id": f"op-{uuid.uuid4().hex}", "command": command, "timeout": 20}
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    conn.request("POST", "/exec", json.dumps(body), headers)
+    data: dict[str, Any] = json.loads(conn.getresponse().read())
+    conn.close()
+    return data
+
+
+@pytest.mark.skipif(not IS_ROOT or shutil.which("unshare") is None, reason="needs root, unshare")
+def test_it_supervises_the_agent_as_pid_1_and_ends_when_the_agent_dies(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """A pod's main container: the launcher is PID 1, keeps running while the agent
+    lives, and exits with the agent's status once it dies (so the pod fails)."""
+    token_file = tmp_path / "token"
+    token_file.write_text("pid1-token")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lib = str(bundle / "lib")
+    launcher = [f"{lib}/ld.so", "--library-path", lib, str(bundle / "bin/python3"), "-I"]
+    agent = ["--listen", f"127.0.0.1:{port}", "--token-file", str(token_file)]
+    proc = subprocess.Popen(
+        [
+            *("unshare", "--pid", "--fork", "--mount-proc", *launcher, "-m", "hedgerow_launcher"),
+            *("run", "--", *agent, "--unlink-token", "--workdir", str(tmp_path)),
+        ],
+        env={"PATH": "/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        endpoint = Endpoint("127.0.0.1", port, "none")
+        wait_healthy(endpoint, "pid1-token", timeout=30)
+        assert not token_file.exists()  # read, then unlinked
+        init = _agent_exec(
+            endpoint, "pid1-token", "tr '\\0' ' ' </proc/1/cmdline; echo; echo $PPID"
+        )
+        pid1_cmdline, agent_pid = init["stdout"]["head"].splitlines()
+        assert "-m hedgerow_launcher run" in pid1_cmdline
+        assert agent_pid != "1"  # the agent is PID 1's child, not PID 1
+        with pytest.raises((http.client.HTTPException, OSError)):
+            _agent_exec(endpoint, "pid1-token", "kill -9 $PPID")  # dies before answering
+        assert proc.wait(timeout=30) == 128 + 9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
