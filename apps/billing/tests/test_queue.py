@@ -147,3 +147,30 @@ def test_it_deletes_a_queued_sandbox_without_ever_provisioning_it(make_tenant, n
     assert queued.state == State.TERMINATING
     assert no_enqueue["provision"] == [] and len(no_enqueue["destroy"]) == 1
     assert admission_queue_drain() == 0
+
+
+def test_it_fails_a_queued_sandbox_whose_team_spent_its_budget_meanwhile(
+    make_tenant, no_enqueue, seeded_price_books
+):
+    from decimal import Decimal
+
+    from apps.billing.tests.test_costs import ledger_sandbox
+
+    a, _ = make_tenant()
+    TenantQuota.objects.filter(pk=quota_get(tenant=a).pk).update(
+        max_concurrent_sandboxes=1, monthly_budget=Decimal("1.00")
+    )
+    running = _create(a, "a0")
+    waiting = _create(a, "a1")
+    assert waiting.state == State.QUEUED
+    start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    ledger_sandbox(
+        a, start, [("provisioning", 0), ("deleted", 4 * 3600)], cpu_millis=8000, memory_mib=32
+    )  # $1.28 this month
+    _end(running)
+    assert admission_queue_drain() == 0
+    waiting.refresh_from_db()
+    assert waiting.state == State.FAILED
+    last = waiting.events.last()
+    assert last is not None and last.reason == "budget_exhausted"
+    assert no_enqueue["provision"] == [(str(running.pk),)]
