@@ -154,7 +154,9 @@ def _try_admit(sandbox_pk: str) -> str:
             reason="admitted",
             actor="admission",
             admitted_at=now,
+            # TTL and heartbeat clocks start at admission: waiting is not running.
             expires_at=now + timedelta(seconds=sandbox.ttl_seconds),
+            last_heartbeat_at=now,
         )
         if not moved:
             return "gone"

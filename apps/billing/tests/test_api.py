@@ -54,6 +54,8 @@ def test_it_queues_a_create_that_asks_to_wait_and_shows_its_position(
     waited = http.get(f"/api/v1/sandboxes/{body['id']}/wait", {"timeout": 0})
     assert waited.status_code == 408 and waited.json()["error"]["state"] == "queued"
     assert Sandbox.objects.get(external_id=body["id"]).state == State.QUEUED
+    # A client that heartbeats while waiting is not refused.
+    assert http.post(f"/api/v1/sandboxes/{body['id']}/heartbeat").status_code == 200
     assert len(no_enqueue["provision"]) == 0  # on_commit never fires inside a db test
 
 

@@ -82,6 +82,7 @@ def test_it_admits_in_order_and_round_robin_across_tenants(make_tenant, no_enque
     assert _admitted_order() == ["a1", "b1", "a2", "b2"]
     a2 = Sandbox.objects.get(external_id="a2")
     assert a2.admitted_at is not None and a2.expires_at > a2.admitted_at
+    assert a2.last_heartbeat_at == a2.admitted_at  # the heartbeat clock starts now too
     assert len(no_enqueue["provision"]) == 6
     assert queue_position(sandbox=Sandbox.objects.get(external_id="a4")) == 2
     assert queue_position(sandbox=a2) is None

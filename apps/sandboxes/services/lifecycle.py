@@ -276,7 +276,7 @@ def sandbox_delete(*, sandbox: Sandbox, actor: str, reason: str = "deleted") -> 
 
 def sandbox_heartbeat(*, sandbox: Sandbox) -> Sandbox:
     """Records liveness from the client; only live sandboxes accept heartbeats."""
-    if sandbox.state not in LIVE_STATES or sandbox.state == State.TERMINATING:
+    if sandbox.state not in (*LIVE_STATES, State.QUEUED) or sandbox.state == State.TERMINATING:
         raise Conflict(f"sandbox is {sandbox.state}", code=f"sandbox_{sandbox.state}", field=None)
     now = timezone.now()
     Sandbox.objects.filter(pk=sandbox.pk).update(last_heartbeat_at=now)
