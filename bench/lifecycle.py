@@ -169,6 +169,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=0, help="in flight; 0 = N")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--worker-concurrency", type=int, default=8)
+    parser.add_argument("--db-pool", type=int, default=60, help="per web worker")
+    parser.add_argument(
+        "--subnet",
+        default=f"10.214.{4 * (os.getpid() % 60)}.0/22",
+        help="the local backend's subnet: a /24 holds only ~250 live sandboxes",
+    )
     args = parser.parse_args()
 
     instance = f"lc{os.getpid()}"
@@ -179,6 +185,7 @@ def main() -> int:
         DJANGO_SETTINGS_MODULE="controlplane.settings",
         HEDGEROW_LOG_LEVEL="WARNING",
         HEDGEROW_MAX_LIVE_SANDBOXES="0",
+        HEDGEROW_LOCAL_SUBNET=args.subnet,
     )
     sys.path.insert(0, str(ROOT))
     import psycopg
@@ -201,12 +208,18 @@ def main() -> int:
         secret = api_key_create(tenant=tenant, name="bench", scopes=["read", "write"]).secret
         stack = Stack(db_name, Path(tempfile.mkdtemp(prefix="hr-lifecycle-")))
         stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "60"]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        stack.web.env = {
+            **stack.env,
+            "HEDGEROW_DB_POOL": "1",
+            "HEDGEROW_DB_POOL_MAX": str(args.db_pool),
+        }
         stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
         stack.start()
         assert stack.web.popen is not None and stack.worker.popen is not None
         sampler = MemorySampler([stack.web.popen.pid, stack.worker.popen.pid])
         sampler.start()
+        # The machine is shared: record how busy it was when the clock started.
+        args.load_before = Path("/proc/loadavg").read_text().split()[0]
         since = timezone.now()
         started = time.perf_counter()
         results = asyncio.run(
@@ -248,10 +261,11 @@ def report(
     audit: Any,
 ) -> None:
     n, k = args.n, args.k
+    load_before = getattr(args, "load_before", "?")
     out = [
         f"lifecycle: N={n} K={k} concurrency={args.concurrency or n} "
         f"web-workers={args.web_workers} worker-concurrency={args.worker_concurrency} "
-        f"cpus={os.cpu_count()}",
+        f"db-pool={args.db_pool} cpus={os.cpu_count()} load-before={load_before}",
         f"success                {results.ok}/{n} ({100.0 * results.ok / n:.1f}%)",
         f"wall time              {wall:.2f} s (first create → last delete accepted)",
         f"                       {until_deleted:.2f} s (first create → every sandbox deleted)",
