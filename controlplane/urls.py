@@ -25,3 +25,7 @@ urlpatterns = [
     path("billing/", include("apps.billing.urls")),
     path("", include("frontend.urls")),
 ]
+
+# JSON for API paths (unknown endpoint, unexpected failure), Django's pages elsewhere.
+handler404 = "controlplane.errors.not_found"
+handler500 = "controlplane.errors.server_error"
