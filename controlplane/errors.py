@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
+
+log = logging.getLogger("hedgerow.errors")
 
 
 class ApiError(Exception):
@@ -88,7 +92,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.PermissionDenied()
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        # An unexpected failure: logged with its traceback here (Django never sees it),
+        # answered in the envelope with the request id to quote, and no internals.
+        from rest_framework.views import set_rollback
+
+        log.error("unhandled error in an API view", exc_info=exc)
+        set_rollback()
+        return Response(_internal_error_body(), status=status.HTTP_500_INTERNAL_SERVER_ERROR)
     if isinstance(exc, exceptions.ValidationError):
         field, message, code = _first_error(exc.detail)
         body = {
@@ -115,3 +125,31 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return response
     response.data = body
     return response
+
+
+def _internal_error_body() -> dict[str, Any]:
+    from controlplane.logging import request_id_var
+
+    request_id = request_id_var.get()
+    message = "internal error" + (f" (request id {request_id})" if request_id else "")
+    return {"error": {"code": "internal_error", "message": message, "field": None}}
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler404``: the API's envelope under /api/ (an unknown path is a typed 404
+    there too), Orchard's ``{"detail"}`` under /orchard/, Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        body = {"error": {"code": "not_found", "message": "no such endpoint", "field": None}}
+        return JsonResponse(body, status=404)
+    if request.path.startswith("/orchard/"):
+        return JsonResponse({"detail": "not found", "code": "not_found"}, status=404)
+    return defaults.page_not_found(request, exception or Http404())
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: JSON for API clients, never a traceback (DEBUG is off)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(_internal_error_body(), status=500)
+    if request.path.startswith("/orchard/"):
+        return JsonResponse({"detail": "internal error", "code": "internal_error"}, status=500)
+    return defaults.server_error(request)
