@@ -112,7 +112,12 @@ class KubernetesBackend:
         self.ensure_namespace_policy()
         self.informer.ensure_started()
         # A new generation replaces the old pod: nothing of an older one may answer.
-        self._delete_generations(spec.sandbox_id, keep=spec.generation)
+        try:
+            self._delete_generations(spec.sandbox_id, keep=spec.generation)
+        except ApiException as exc:
+            raise BackendError(
+                f"cannot remove older generations: {exc.status} {exc.reason}", transient=True
+            ) from exc
         owned: list[tuple[Kind, str]] = []  # rollback removes these and nothing else
         try:
             secret = build_secret(self.config, spec)
@@ -148,7 +153,12 @@ class KubernetesBackend:
         except ApiException as exc:
             if not is_status(exc, 409):
                 raise BackendError(f"cannot create the namespace policy: {exc.reason}") from exc
-            existing = self.api.call(self.policies.read, body.metadata.name, self.config.namespace)
+            try:
+                existing = self.api.call(
+                    self.policies.read, body.metadata.name, self.config.namespace
+                )
+            except ApiException as read_exc:
+                raise BackendError(f"cannot read the namespace policy: {read_exc.reason}") from exc
             labels = existing.metadata.labels or {}
             # extra labels (kustomize's part-of, …) are fine; ours must all be there
             if any(labels.get(k) != v for k, v in body.metadata.labels.items()):
@@ -201,7 +211,12 @@ class KubernetesBackend:
     def destroy(self, sandbox_id: str) -> None:
         check_sandbox_id(sandbox_id)
         self.informer.silence(sandbox_id)
-        self._delete_generations(sandbox_id, keep=None)
+        try:
+            self._delete_generations(sandbox_id, keep=None)
+        except ApiException as exc:  # the destroy task retries BackendErrors only
+            raise BackendError(
+                f"cannot delete sandbox {sandbox_id}: {exc.status} {exc.reason}", transient=True
+            ) from exc
 
     def _delete_generations(self, sandbox_id: str, *, keep: int | None) -> None:
         """Deletes the sandbox's pods first (the agent stops answering), then its

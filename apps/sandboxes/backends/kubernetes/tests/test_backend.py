@@ -317,3 +317,18 @@ def test_it_maps_the_default_image_and_refuses_unknown_ones(
     assert stored["spec"]["containers"][0]["image"] == "python:3.12-slim"
     with pytest.raises(UnknownImage):
         backend.provision(new_spec(image="evil/miner:latest"))
+
+
+def test_it_turns_a_refused_destroy_into_a_retryable_error(
+    fake: FakeKube, backend: KubernetesBackend
+) -> None:
+    fake.auto_start = True
+    spec = new_spec()
+    backend.provision(spec)
+    fake.fail_next(403)  # e.g. RBAC not applied yet: the destroy task must retry
+    with pytest.raises(BackendError) as caught:
+        backend.destroy(spec.sandbox_id)
+    assert caught.value.transient is True
+    assert f"hr-{spec.sandbox_id}-1" in names(fake, "pods")
+    backend.destroy(spec.sandbox_id)
+    assert names(fake, "pods") == set()
