@@ -274,3 +274,25 @@ def test_it_reclaims_what_the_audit_finds_and_stores_the_run(make_tenant: Any) -
     after = audit_run(period_start=start)
     assert (after.leaked, after.orphaned, after.balanced) == (0, 0, True)
     assert AuditRun.objects.count() == 2
+
+
+def test_it_requeues_a_request_no_worker_picked_up(
+    make_tenant: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.HEDGEROW_REQUEUE_AFTER_S = 30
+    tenant, _ = make_tenant()
+    stalled = _sandbox(tenant, [])
+    fresh = _sandbox(tenant, [])
+    Sandbox.objects.filter(pk=stalled.pk).update(updated_at=timezone.now() - timedelta(seconds=31))
+    enqueued: list[str] = []
+    monkeypatch.setattr("apps.sandboxes.tasks.provision_sandbox.delay", enqueued.append)
+
+    run = sandbox_reconcile()
+
+    assert enqueued == [str(stalled.id)]
+    assert run.actions == {"provision_requeued": 1}
+    event = SandboxEvent.objects.get(sandbox=stalled, event="provision_requeued")
+    assert (event.reason, event.actor) == ("stalled_request", "reconciler")
+    assert not SandboxEvent.objects.filter(sandbox=fresh, event="provision_requeued").exists()
+    # The next round waits again before re-enqueueing the same sandbox.
+    assert sandbox_reconcile().actions == {}
