@@ -36,24 +36,34 @@ class OperationRef:
     pk: str
     sandbox_id: str
     operation_id: str
+    # What the subscribe-time check found: (status, final record or None).
+    initial: tuple[str, dict[str, Any] | None] = ("running", None)
 
 
 @db_async
 def find_operation(principal: Principal, sandbox_id: str, operation_id: str) -> OperationRef:
-    """Tenant-scoped: another tenant's operation raises the same NotFound as a missing one."""
+    """Tenant-scoped: another tenant's operation raises the same NotFound as a missing one.
+    Also checks it once (``_check_sync``), so subscribing costs one thread hop."""
     sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
     operation = selectors.operation_get(
         tenant=principal.tenant, sandbox=sandbox, operation_id=operation_id
     )
-    return OperationRef(str(operation.pk), sandbox.external_id, operation.operation_id)
+    operation.sandbox = sandbox
+    return OperationRef(
+        str(operation.pk), sandbox.external_id, operation.operation_id, _check_sync(operation)
+    )
 
 
 @db_async
 def _check(pk: str) -> tuple[str, dict[str, Any] | None]:
+    return _check_sync(Operation.objects.select_related("sandbox").get(pk=pk))
+
+
+def _check_sync(operation: Operation) -> tuple[str, dict[str, Any] | None]:
     """(status, final record or None); recovers a running operation whose pump died."""
     from apps.sandboxes.api.serializers import OperationSerializer
 
-    operation = Operation.objects.select_related("sandbox").get(pk=pk)
+    pk = str(operation.pk)
     if operation.status == OperationStatus.RUNNING and not pump_alive(pk):
         operation = operation_recover(operation=operation)
     if operation.status == OperationStatus.RUNNING:
@@ -168,7 +178,7 @@ class OperationFeed:
 
 async def start_feed(feed: OperationFeed, *, channel_layer: Any, channel_name: str) -> None:
     await channel_layer.group_add(feed.group, channel_name)
-    _status, record = await _check(feed.ref.pk)
+    _status, record = feed.ref.initial
     await feed.start()
     if not feed.done and record is not None:
         # Final in the database but the buffer has no exit (expired, or a non-streamed

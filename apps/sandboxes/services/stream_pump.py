@@ -132,7 +132,7 @@ async def _pump(job: Any) -> None:
     pk = job.operation_pk
     http, redis = _clients()
     try:
-        last = await _db(streaming.buffer_last_seq)(pk)
+        last = -1 if job.fresh else await _db(streaming.buffer_last_seq)(pk)
         for attempt in range(streaming.REATTACH_ATTEMPTS):
             try:
                 async for agent_frame in _frames(http, job):

@@ -187,6 +187,7 @@ class _PumpJob:
     body: dict[str, Any]
     timeout: float
     lease: ExecLease | None = None  # quotas (billing): the exec slot, freed when it ends
+    fresh: bool = False  # a brand-new operation: its buffer is known to be empty
 
 
 def operation_exec_stream(
@@ -224,6 +225,7 @@ def operation_exec_stream(
         body=request.agent_body(operation.operation_id),
         timeout=_agent_timeout(request),
         lease=lease,
+        fresh=True,
     )
     transaction.on_commit(lambda: _start_pump(job))
     return operation, True
