@@ -9,8 +9,12 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from apps.sandboxes.services.stream_pump import remember_loop  # noqa: E402
+from controlplane.logging import redact_server_logs  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 from controlplane.ws_auth import WebsocketAuthStack  # noqa: E402
+
+# The server logs each websocket's URL, query string included: the Orchard PTY's key.
+redact_server_logs()
 
 router = ProtocolTypeRouter(
     {

@@ -3,8 +3,11 @@ objects that exist, and the error envelope on every kind of 4xx (and on a 500)."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.test import Client
 
@@ -211,3 +214,97 @@ async def test_it_refuses_orchard_terminals_to_read_only_and_unknown_keys(make_t
     for query in ("", "?api_key=", "?api_key=hr_not_a_key", f"?api_key={read_only}"):
         error, code = await _refused(f"/orchard/sandboxes/sb-ro/exec/pty{query}", [])
         assert (error["type"], code) == ("error", 4401), query
+
+
+# --- secrets, against the live stack ---------------------------------------------------
+
+
+def _processes_holding(needle: bytes) -> list[str]:
+    """Host processes whose argv or environment contain ``needle``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        for name in ("cmdline", "environ"):
+            try:
+                if needle in (proc / name).read_bytes():
+                    found.append(f"{proc.name}/{name}")
+            except OSError:
+                continue  # gone, or a kernel thread
+    return found
+
+
+@pytest.mark.timeout(180)
+def test_it_keeps_keys_and_agent_tokens_out_of_logs_argv_and_the_sandbox(live, make_tenant):
+    from websockets.sync.client import connect
+
+    from apps.sandboxes.agent_client import agent_token
+    from apps.sandboxes.backends import get_backend
+
+    _, secret = make_tenant()
+    wrong = "hr_" + "Q" * 43  # shaped like a real key, known to no one
+    http = httpx.Client(
+        base_url=live.url,
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=90,
+        trust_env=False,
+    )
+    created = http.post("/api/v1/sandboxes", json={"image": "host", "sandbox_id": "sb-secrets"})
+    assert created.status_code == 201, created.text
+    assert http.get("/api/v1/sandboxes/sb-secrets/wait", params={"timeout": 60}).status_code == 200
+    sandbox = Sandbox.objects.get(external_id="sb-secrets")
+    token = agent_token(sandbox.id.hex, sandbox.generation)
+
+    # The key travels every way a client may send it, right and wrong.
+    assert (
+        http.get("/api/v1/sandboxes", headers={"Authorization": f"Bearer {wrong}"}).status_code
+        == 401
+    )
+    orchard = http.get("/orchard/sandboxes/sb-secrets", headers={"X-API-Key": secret})
+    assert orchard.status_code == 200
+    ws_url = live.url.replace("http://", "ws://") + "/orchard/sandboxes/sb-secrets/exec/pty"
+    with connect(f"{ws_url}?api_key={secret}") as ws:
+        ws.send(json.dumps({"type": "init", "cmd": ["true"]}))
+        frames = [json.loads(ws.recv(timeout=20)) for _ in range(2)]
+        assert frames[0]["type"] == "ready", frames
+    with connect(f"{ws_url}?api_key={wrong}") as ws:
+        assert json.loads(ws.recv(timeout=20))["type"] == "error"
+
+    # What a command can see: every process's argv and environment in its sandbox.
+    looked = http.post(
+        "/api/v1/sandboxes/sb-secrets/exec",
+        json={"command": "env; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do "
+              "tr '\\0' '\\n' < $f; done 2>/dev/null; ls -a /run /tmp /workspace"},
+    )  # fmt: skip
+    assert looked.status_code == 200, looked.text
+    seen = looked.json()["stdout"]
+    assert "HEDGEROW_AGENT_TOKEN" not in seen and token not in seen and secret not in seen
+
+    assert _processes_holding(token.encode()) == []
+    sandbox_dir = get_backend().sandboxes_dir / sandbox.id.hex  # type: ignore[attr-defined]
+    assert not (sandbox_dir / "secret" / "token").exists()
+    logs = [live.web.log_path, live.worker.log_path, *sandbox_dir.glob("*.log")]
+    assert len(logs) >= 3
+    for log in logs:
+        text = log.read_text(errors="replace")
+        for needle in (secret, wrong, token, secret[3:], wrong[3:]):
+            assert needle not in text, (log.name, needle[:8])
+    assert "sb-secrets" in live.web.log_path.read_text()  # the log was written at all
+    http.delete("/api/v1/sandboxes/sb-secrets")
+
+
+def test_it_redacts_keys_from_server_log_lines_and_json_logs():
+    import logging
+
+    from controlplane.logging import JsonFormatter, RedactSecretsFilter
+
+    key = "hr_" + "k" * 43
+    record = logging.LogRecord(
+        "uvicorn.error", logging.INFO, __file__, 1, '%s - "WebSocket %s" [accepted]',
+        ("127.0.0.1:5", f"/orchard/sandboxes/sb/exec/pty?api_key={key}&x=1"), None,
+    )  # fmt: skip
+    assert RedactSecretsFilter().filter(record)
+    assert record.getMessage() == (
+        '127.0.0.1:5 - "WebSocket /orchard/sandboxes/sb/exec/pty?api_key=[redacted]&x=1" [accepted]'
+    )
+    quoted = logging.LogRecord("x", logging.ERROR, __file__, 1, "bad %s", (f"Bearer {key}",), None)
+    line = JsonFormatter().format(quoted)
+    assert key not in line and "hr_kkkkkkkk[redacted]" in line
