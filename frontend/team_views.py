@@ -89,6 +89,7 @@ def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
                     scopes=scopes,
                     expires_at=expires_at,
                     created_by=request.user,  # type: ignore[arg-type]
+                    granted_by=principal.scopes,
                 )
             except ApiError as exc:
                 errors[exc.field or "form"] = exc.message

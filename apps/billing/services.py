@@ -45,12 +45,23 @@ def api_key_create(
     scopes: list[str] | None = None,
     expires_at: datetime | None = None,
     created_by: User | None = None,
+    granted_by: frozenset[str] | None = None,
 ) -> IssuedKey:
-    """Issues a key. The returned secret is the only copy; the row holds its hash."""
+    """Issues a key. The returned secret is the only copy; the row holds its hash.
+    With ``granted_by`` (the issuing caller's scopes) the new key gets no scope its
+    issuer lacks: a ``read``+``admin`` key cannot mint itself a ``write`` key (403)."""
     chosen = sorted(set(scopes or ["read", "write"]))
     unknown = [s for s in chosen if s not in VALID_SCOPES]
     if unknown:
         raise ValidationFailed(f"unknown scope(s): {', '.join(unknown)}", field="scopes")
+    beyond = [s for s in chosen if granted_by is not None and s not in granted_by]
+    if beyond:
+        raise ApiError(
+            f"a key cannot grant scope(s) it lacks: {', '.join(beyond)}",
+            field="scopes",
+            code="scope_not_held",
+            status_code=403,
+        )
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expiry must be in the future", field="expires_at")
     body = secrets.token_urlsafe(32)

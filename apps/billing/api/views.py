@@ -30,6 +30,7 @@ class ApiKeyListCreateView(APIView):
             scopes=serializer.validated_data.get("scopes"),
             expires_at=serializer.validated_data.get("expires_at"),
             created_by=principal.user,
+            granted_by=principal.scopes,
         )
         body = {**ApiKeySerializer(issued.key).data, "secret": issued.secret}
         return Response(body, status=status.HTTP_201_CREATED)
