@@ -17,7 +17,7 @@ from apps.billing import selectors, services
 from apps.billing.auth import principal_for_session
 from apps.billing.models import Role, Scope
 from apps.billing.principal import Principal
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, NotFound
 from frontend.access import page, render_page
 
 EXPIRY_CHOICES = [("", "Never"), ("7", "7 days"), ("30", "30 days"), ("90", "90 days")]
@@ -151,6 +151,8 @@ def members(request: HttpRequest, principal: Principal) -> HttpResponse:
                 membership=membership, role=request.POST.get("role", ""), by_role=principal.role
             )
             message = f"{changed.user.username} is now {changed.role}."
+    except NotFound:
+        raise  # another team's member: a 404 (``page``), like every other object
     except ApiError as exc:
         if exc.status_code == 403:
             context.update(error=exc.message)

@@ -8,6 +8,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.billing.principal import Principal
@@ -133,7 +134,10 @@ def sandbox_delete_view(
         response = HttpResponse(status=204)
         response["HX-Trigger"] = "sandboxes-changed"
         return response
-    return redirect(request.POST.get("next") or reverse("frontend:sandboxes"))
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = reverse("frontend:sandboxes")  # never off-site (an open redirect)
+    return redirect(target)
 
 
 def _detail_context(principal: Principal, sandbox_id: str) -> dict[str, Any]:
