@@ -82,6 +82,11 @@ def _agent_command(python: str, port: int) -> list[str]:
         "--unlink-token",
         "--workdir",
         "/workspace",
+        # JSON request lines (with the control plane's request id) go to the agent's
+        # stdout, which the launcher appends to the host-side agent.log: traceable
+        # from the host, and no log file the sandbox's own commands could rewrite.
+        "--log-file",
+        "/dev/stdout",
     ]
     if python != BUNDLED_PYTHON:
         return [python, "-m", "podagent", *agent_args]
