@@ -48,7 +48,14 @@ class RedactSecretsFilter(logging.Filter):
 
 # The ASGI servers' own loggers: they have their own handlers (configured before the
 # application is imported), so the filter goes on the loggers that emit the records.
-SERVER_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "daphne.server", "daphne")
+SERVER_LOGGERS = (
+    "uvicorn",
+    "uvicorn.error",
+    "uvicorn.access",
+    "daphne",
+    "daphne.server",
+    "django.channels.server",  # runserver under daphne (HEDGEROW_USE_DAPHNE)
+)
 
 
 def redact_server_logs() -> None:
