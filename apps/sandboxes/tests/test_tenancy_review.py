@@ -308,3 +308,33 @@ def test_it_redacts_keys_from_server_log_lines_and_json_logs():
     quoted = logging.LogRecord("x", logging.ERROR, __file__, 1, "bad %s", (f"Bearer {key}",), None)
     line = JsonFormatter().format(quoted)
     assert key not in line and "hr_kkkkkkkk[redacted]" in line
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+async def test_it_refuses_a_viewers_session_a_terminal_and_an_outsiders_session_the_sandbox(
+    make_tenant,
+):
+    from django.contrib.auth.models import User
+
+    from apps.billing.models import Membership
+
+    def session_of(username: str, tenant: Any, role: str) -> bytes:
+        user = User.objects.create_user(username, password="pw-" + username)
+        Membership.objects.create(tenant=tenant, user=user, role=role)
+        client = Client()
+        assert client.login(username=username, password="pw-" + username)
+        return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+    owner, _ = await db_async(make_tenant)()
+    other, _ = await db_async(make_tenant)()
+    await db_async(make_sandbox)(owner, external_id="sb-viewed")
+    viewer = await db_async(session_of)("viewer", owner, "viewer")
+    outsider = await db_async(session_of)("outsider", other, "owner")
+    browser = [(b"host", b"testserver"), (b"origin", b"http://testserver")]
+    error, code = await _refused("/ws/v1/sandboxes/sb-viewed/pty", [(b"cookie", viewer), *browser])
+    assert (error["code"], code) == ("permission_denied", 4403)
+    error, code = await _refused(
+        "/ws/v1/sandboxes/sb-viewed/pty", [(b"cookie", outsider), *browser]
+    )
+    assert (error["code"], code) == ("sandbox_not_found", 4404)
