@@ -116,6 +116,9 @@ def main() -> int:
         DJANGO_SETTINGS_MODULE="controlplane.settings",
         HEDGEROW_LOG_LEVEL="WARNING",
     )
+    # A throwaway key for this private stack (settings refuse a known default); the
+    # stack's processes inherit it, so agent tokens agree.
+    os.environ.setdefault("HEDGEROW_SECRET_KEY", uuid.uuid4().hex + uuid.uuid4().hex)
     sys.path.insert(0, str(ROOT))
     import psycopg
 
