@@ -31,6 +31,8 @@ def _stack_env(db_name: str) -> dict[str, str]:
 
     # The stack must name resources exactly as this process does, or cleanup misses them.
     env["HEDGEROW_INSTANCE"] = settings.HEDGEROW_INSTANCE
+    # Agent tokens are derived from the key: the stack must hold the same one.
+    env["HEDGEROW_SECRET_KEY"] = settings.SECRET_KEY
     return env
 
 

@@ -6,12 +6,32 @@ import os
 import sys
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from controlplane.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(env_str("HEDGEROW_STATE_DIR", str(BASE_DIR / ".state")))
 
-SECRET_KEY = env_str("HEDGEROW_SECRET_KEY", "dev-insecure-change-me-hedgerow")
+
+def _secret_key() -> str:
+    """The key signs sessions and derives every agent token, so a known default is
+    refused. Order: the environment, then ``.state/secret_key`` (written once by
+    ``make up``/``make test``), then a fixed key for tests only."""
+    from_env = os.environ.get("HEDGEROW_SECRET_KEY", "")
+    if from_env:
+        return from_env
+    key_file = STATE_DIR / "secret_key"
+    if key_file.is_file():
+        return key_file.read_text().strip()
+    if "pytest" in sys.modules or "mypy" in sys.modules:  # tests and type checking only
+        return "hedgerow-tests-only-not-secret"
+    raise ImproperlyConfigured(
+        "HEDGEROW_SECRET_KEY is not set (make up writes one to .state/secret_key)"
+    )
+
+
+SECRET_KEY = _secret_key()
 DEBUG = env_bool("HEDGEROW_DEBUG", False)
 ALLOWED_HOSTS = env_list("HEDGEROW_ALLOWED_HOSTS", ["*"])
 CSRF_TRUSTED_ORIGINS = env_list("HEDGEROW_CSRF_TRUSTED_ORIGINS", [])

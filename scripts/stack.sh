@@ -108,7 +108,15 @@ redis_up() {
   echo "Redis did not start" >&2; exit 1
 }
 
-services_up() { install_system; install_python; pg_up; redis_up; }
+secret_key() {
+  # One random key per installation, kept with its state (mode 0600, git-ignored).
+  mkdir -p "$STATE"
+  if [ ! -s "$STATE/secret_key" ]; then
+    (umask 077 && head -c 48 /dev/urandom | base64 | tr -d '\n/+=' >"$STATE/secret_key")
+  fi
+}
+
+services_up() { install_system; install_python; secret_key; pg_up; redis_up; }
 
 start_bg() {  # name, command...
   local name="$1"; shift
