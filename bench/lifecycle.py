@@ -7,7 +7,8 @@
 Boots its own stack (fresh database, Celery worker, uvicorn) under a private
 HEDGEROW_INSTANCE, then runs N client tasks (at most C in flight). Each: POST
 /sandboxes (Idempotency-Key), GET /wait, K × POST /exec (`echo <i>`, operation id),
-DELETE. Reports success rate, end-to-end wall time, create-to-ready and exec latency
+DELETE; 5xx answers are retried like the SDK does (same key / operation id,
+counted). Reports success rate, end-to-end wall time, create-to-ready and exec latency
 percentiles, commands per second, the control plane's peak memory (RSS of the web and
 worker process trees, sampled every 100 ms), and, once every sandbox is deleted, a
 reconciler round and the leak audit's equation (must show leaked 0, live 0).
@@ -55,6 +56,7 @@ class Results:
     execs: list[float] = field(default_factory=list)
     lifecycles: list[float] = field(default_factory=list)
     ok: int = 0
+    retries: int = 0
     failures: list[str] = field(default_factory=list)
 
 
@@ -86,6 +88,25 @@ class MemorySampler(threading.Thread):
             time.sleep(0.1)
 
 
+async def _call(client: Any, results: Results, method: str, url: str, **kw: Any) -> Any:
+    """What a careful client (the SDK) does: retry 5xx and transport errors a few times
+    with the same Idempotency-Key / operation id, so a retry never creates or runs
+    twice. Every retry is counted and reported."""
+    import httpx
+
+    for attempt in range(4):
+        try:
+            response = await client.request(method, url, **kw)
+            if response.status_code < 500 or attempt == 3:
+                return response
+        except httpx.TransportError:
+            if attempt == 3:
+                raise
+        results.retries += 1
+        await asyncio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Semaphore) -> None:
     import httpx
 
@@ -94,8 +115,13 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
         sandbox_id = None
         try:
             key = uuid.uuid4().hex
-            created = await client.post(
-                "/sandboxes", json={"image": "host"}, headers={"Idempotency-Key": key}
+            created = await _call(
+                client,
+                results,
+                "POST",
+                "/sandboxes",
+                json={"image": "host"},
+                headers={"Idempotency-Key": key},
             )
             if created.status_code not in (200, 201):
                 raise RuntimeError(f"create {created.status_code}: {created.text[:200]}")
@@ -106,7 +132,10 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
             results.ready.append(time.perf_counter() - start)
             for i in range(k):
                 t0 = time.perf_counter()
-                ran = await client.post(
+                ran = await _call(
+                    client,
+                    results,
+                    "POST",
                     f"/sandboxes/{sandbox_id}/exec",
                     json={"command": f"echo {i}", "operation_id": f"op-{i}"},
                 )
@@ -114,7 +143,7 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
                 if ran.status_code != 200 or body.get("stdout") != f"{i}\n":
                     raise RuntimeError(f"exec {ran.status_code}: {ran.text[:200]}")
                 results.execs.append(time.perf_counter() - t0)
-            deleted = await client.delete(f"/sandboxes/{sandbox_id}")
+            deleted = await _call(client, results, "DELETE", f"/sandboxes/{sandbox_id}")
             if deleted.status_code != 202:
                 raise RuntimeError(f"delete {deleted.status_code}: {deleted.text[:200]}")
             results.lifecycles.append(time.perf_counter() - start)
@@ -187,6 +216,8 @@ def main() -> int:
         HEDGEROW_MAX_LIVE_SANDBOXES="0",
         HEDGEROW_LOCAL_SUBNET=args.subnet,
     )
+    # A throwaway key for this private stack (settings refuse to run without one).
+    os.environ.setdefault("HEDGEROW_SECRET_KEY", uuid.uuid4().hex + uuid.uuid4().hex)
     sys.path.insert(0, str(ROOT))
     import psycopg
 
@@ -266,7 +297,8 @@ def report(
         f"lifecycle: N={n} K={k} concurrency={args.concurrency or n} "
         f"web-workers={args.web_workers} worker-concurrency={args.worker_concurrency} "
         f"db-pool={args.db_pool} cpus={os.cpu_count()} load-before={load_before}",
-        f"success                {results.ok}/{n} ({100.0 * results.ok / n:.1f}%)",
+        f"success                {results.ok}/{n} ({100.0 * results.ok / n:.1f}%), "
+        f"client retries {results.retries}",
         f"wall time              {wall:.2f} s (first create → last delete accepted)",
         f"                       {until_deleted:.2f} s (first create → every sandbox deleted)",
         line("create→ready", results.ready),
