@@ -111,6 +111,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.request_id:
             lines.append(f"X-Request-Id: {self.request_id}")
         if self.body is not None and not self.body.finished:
+            self._drain_unread_body()
+        if self.body is not None and not self.body.finished:
             # An unread request body would be parsed as the next request.
             self.close_connection = True
         if self.close_connection:
@@ -118,6 +120,28 @@ class Handler(BaseHTTPRequestHandler):
         for key, value in (extra or {}).items():
             lines.append(f"{key}: {value}")
         self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+
+    def _drain_unread_body(self, budget: int = 8 << 20, timeout: float = 2.0) -> None:
+        """Reads and discards (bounded) what the client is still sending before we answer
+        early (413, 401): a client that writes its whole body before reading would
+        otherwise get a broken pipe instead of our error."""
+        body = self.body
+        assert body is not None
+        previous = self.connection.gettimeout()
+        try:
+            self.connection.settimeout(timeout)
+            while budget > 0 and not body.finished:
+                chunk = body.read(min(65536, budget))
+                if not chunk:
+                    break
+                budget -= len(chunk)
+        except Exception:  # noqa: BLE001, S110 - best effort; the connection closes anyway
+            pass
+        finally:
+            try:
+                self.connection.settimeout(previous)
+            except OSError:
+                pass
 
     def write_chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
