@@ -72,8 +72,11 @@ class LocalBackend:
         for d in (self.sandboxes_dir, self.images_dir, self.locks_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.network = Network(config, self.names)
-        self.cgroups = (CgroupDriver(self.names.cgroup_group, config.state_dir / "cgroups")
-                        if root else CgroupDriver.disabled())
+        self.cgroups = (
+            CgroupDriver(self.names.cgroup_group, config.state_dir / "cgroups")
+            if root
+            else CgroupDriver.disabled()
+        )
         self.node = socket.gethostname()
         # Test seam: called at named points of provision ("netns_created", …) so a
         # test can simulate a provision that dies halfway.

@@ -95,7 +95,9 @@ def outside() -> Iterator[str]:
 # host-side layers (host input chain, bridge isolation) are proven on their own.
 @pytest.mark.parametrize("network_access", [False, True])
 def test_it_refuses_sandbox_connections_to_every_host_address(
-    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, host_listener: int,
+    sandbox_factory: Callable[..., Sandbox],
+    backend: LocalBackend,
+    host_listener: int,
     network_access: bool,
 ) -> None:
     sb = sandbox_factory(network_access=network_access)
@@ -112,7 +114,8 @@ def test_it_refuses_sandbox_connections_to_every_host_address(
 
 @pytest.mark.parametrize("network_access", [False, True])
 def test_it_refuses_sandbox_to_sandbox_while_the_host_reaches_both(
-    sandbox_factory: Callable[..., Sandbox], network_access: bool,
+    sandbox_factory: Callable[..., Sandbox],
+    network_access: bool,
 ) -> None:
     a = sandbox_factory(network_access=network_access)
     b = sandbox_factory(network_access=network_access)
