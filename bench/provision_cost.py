@@ -1,0 +1,76 @@
+"""Cost of the local backend's cold path per sandbox, without the control plane.
+
+    .venv/bin/python -m bench.provision_cost [N]
+
+Provisions N `host` sandboxes one after another under a private instance, waits for
+each agent's /health, destroys them, and prints per-sandbox wall time of each step
+and the CPU of this process plus its reaped children (ip, nft, bwrap launchers; the
+detached agents' own start-up CPU is not included).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_s() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def main() -> int:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        HEDGEROW_INSTANCE=f"pc{os.getpid()}",
+        HEDGEROW_LOG_LEVEL="WARNING",
+    )
+    os.environ.setdefault("HEDGEROW_SECRET_KEY", uuid.uuid4().hex * 2)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from apps.sandboxes.backends import get_backend
+    from apps.sandboxes.backends.base import SandboxSpec
+    from apps.sandboxes.services.provisioning import wait_agent_healthy
+
+    backend = get_backend()
+    ids = [uuid.uuid4().hex for _ in range(n)]
+    try:
+        t0, c0 = time.perf_counter(), cpu_s()
+        endpoints = [
+            backend.provision(SandboxSpec(i, "bench", 1, "host", 250, 128, False, "t" + i))
+            for i in ids
+        ]
+        t1, c1 = time.perf_counter(), cpu_s()
+        for sandbox_id, endpoint in zip(ids, endpoints, strict=True):
+            wait_agent_healthy(endpoint, "t" + sandbox_id, 30)
+        t2 = time.perf_counter()
+        c2 = cpu_s()
+        for sandbox_id in ids:
+            backend.destroy(sandbox_id)
+        t3, c3 = time.perf_counter(), cpu_s()
+    finally:
+        for sandbox_id in ids:
+            backend.destroy(sandbox_id)
+    per = 1000 / n
+    print(
+        f"N={n} load={Path('/proc/loadavg').read_text().split()[0]}\n"
+        f"provision      {per * (t1 - t0):7.1f} ms wall  {per * (c1 - c0):6.1f} ms cpu\n"
+        f"until healthy  {per * (t2 - t1):7.1f} ms wall (after all were launched)\n"
+        f"destroy        {per * (t3 - t2):7.1f} ms wall  {per * (c3 - c2):6.1f} ms cpu\n"
+        f"total cpu      {per * (c3 - c0):7.1f} ms per sandbox (without the agents' own)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
