@@ -280,6 +280,10 @@ def _cleanup() -> None:
             backend.destroy(sandbox_id)
         except Exception as exc:  # report, keep cleaning
             print(f"cleanup of {sandbox_id} failed: {exc}")
+    # The private instance's bridge, nft table, cgroup group and subnet claim go too.
+    teardown = getattr(backend, "teardown_instance", None)
+    if teardown is not None:
+        teardown()
 
 
 def report(

@@ -61,6 +61,9 @@ def main() -> int:
     finally:
         for sandbox_id in ids:
             backend.destroy(sandbox_id)
+        teardown = getattr(backend, "teardown_instance", None)
+        if teardown is not None:
+            teardown()  # the private instance's bridge, tables and subnet claim
     per = 1000 / n
     print(
         f"N={n} load={Path('/proc/loadavg').read_text().split()[0]}\n"
