@@ -79,6 +79,26 @@ def _first_error(detail: Any, prefix: str = "") -> tuple[str | None, str, str]:
     return (prefix or None, str(detail), str(code))
 
 
+def _is_transient_outage(exc: Exception) -> bool:
+    from django.db import InterfaceError, OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    transient: tuple[type[Exception], ...] = (
+        OperationalError,
+        InterfaceError,
+        RedisConnectionError,
+        RedisTimeoutError,
+    )
+    try:
+        from psycopg_pool import PoolTimeout
+
+        transient = (*transient, PoolTimeout)
+    except ImportError:  # pragma: no cover - the pool is optional
+        pass
+    return isinstance(exc, transient)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     # Imported here: rest_framework.views imports the auth classes, which import services
     # that raise these errors.
@@ -86,6 +106,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
     if isinstance(exc, ApiError):
         return Response(exc.as_dict(), status=exc.status_code, headers=exc.headers)
+    if _is_transient_outage(exc):
+        # The database or Redis is briefly unreachable or saturated: say so with a
+        # typed 503 the SDKs retry, instead of an untyped 500.
+        outage = ServiceUnavailable(
+            "a backing service is briefly unavailable; retry shortly",
+            code="service_unavailable",
+            headers={"Retry-After": "1"},
+        )
+        return Response(outage.as_dict(), status=outage.status_code, headers=outage.headers)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
