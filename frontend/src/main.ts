@@ -98,7 +98,8 @@ if (document.querySelector("[data-live-sandboxes]")) {
   };
   if (client) {
     client.sandboxes((frame) => {
-      if (frame.type === "sandbox.state") refresh();
+      // "subscribed": events before it were missed (after a (re)connect): re-read.
+      if (frame.type === "sandbox.state" || frame.type === "subscribed") refresh();
     });
     client.onStatus((connected) => {
       if (connected) {

@@ -105,7 +105,9 @@ export class Realtime {
       sub.handler(frame);
       return;
     }
-    if (type === "sandbox.state") {
+    // The "subscribed" ack goes to the handler too: events before it were not delivered,
+    // so a page re-reads its state then (not at "open", which leaves a gap).
+    if (type === "sandbox.state" || (type === "subscribed" && frame.topic === "sandboxes")) {
       this.subs.get("sandboxes")?.handler(frame);
       return;
     }

@@ -17,15 +17,29 @@ function setup(page: HTMLElement): void {
       htmx.trigger(el, "refresh");
     }
   };
+  // A sandbox that becomes ready gains its terminal/exec/files panels, and one that
+  // stops being ready loses them: crossing "ready" reloads the page.
+  const follow = (state: string | undefined) => {
+    if (!state || state === page.dataset.state) return;
+    if (state === "ready" || page.dataset.state === "ready") {
+      window.setTimeout(() => location.reload(), 300);
+    }
+  };
   if (client) {
     client.sandboxes((frame) => {
       if (frame.type === "sandbox.state" && frame.sandbox_id === sandboxId) {
         refreshState();
-        // A sandbox that just became ready gains its terminal/exec/files panels.
-        if (frame.state !== page.dataset.state && (frame.state === "ready" || page.dataset.state === "ready")) {
-          window.setTimeout(() => location.reload(), 300);
-        }
+        follow(typeof frame.state === "string" ? frame.state : undefined);
+      } else if (frame.type === "subscribed") {
+        // State events are not replayed: a change between rendering the page and the
+        // subscription (a delete that finishes while the page reloads after its POST)
+        // was missed and the header said "terminating" for good. Re-read on every
+        // (re)subscription.
+        refreshState();
       }
+    });
+    document.body.addEventListener("htmx:afterSettle", () => {
+      follow(document.querySelector<HTMLElement>("#sandbox-header [data-state]")?.dataset.state);
     });
   } else if (["requested", "provisioning", "terminating"].includes(page.dataset.state ?? "")) {
     window.setInterval(refreshState, 4000);
