@@ -84,6 +84,14 @@ def sandbox_table(request: HttpRequest, principal: Principal) -> HttpResponse:
     return render_page(request, principal, "frontend/sandboxes/_table.html", context)
 
 
+@require_GET
+@page()
+def sandbox_quota(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """The quota-use strip of the sandboxes page, re-read whenever a sandbox changes state
+    (rendered once with the page it went stale: "0 concurrent" beside two live ones)."""
+    return render_page(request, principal, "frontend/sandboxes/_quota.html")
+
+
 @require_POST
 @page("write")
 def sandbox_create_view(request: HttpRequest, principal: Principal) -> HttpResponse:

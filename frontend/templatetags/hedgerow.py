@@ -43,9 +43,20 @@ def short_id(value: object, href: str = "", keep: int = 14) -> SafeString:
     )
 
 
+def _as_datetime(value: datetime | str | None) -> datetime | None:
+    """Report rows carry ISO strings (they are also the JSON API's shape); pages want times."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value) if value else None
+        except ValueError:
+            return None
+    return value
+
+
 @register.simple_tag
-def reltime(value: datetime | None, empty: str = "—") -> SafeString:
+def reltime(value: datetime | str | None, empty: str = "—") -> SafeString:
     """A <time> the browser renders as a relative age, with the local time on hover."""
+    value = _as_datetime(value)
     if value is None:
         return format_html('<span class="muted">{}</span>', empty)
     return format_html(
@@ -56,7 +67,8 @@ def reltime(value: datetime | None, empty: str = "—") -> SafeString:
 
 
 @register.simple_tag
-def localtime_tag(value: datetime | None, empty: str = "—") -> SafeString:
+def localtime_tag(value: datetime | str | None, empty: str = "—") -> SafeString:
+    value = _as_datetime(value)
     if value is None:
         return format_html('<span class="muted">{}</span>', empty)
     return format_html(
@@ -67,8 +79,9 @@ def localtime_tag(value: datetime | None, empty: str = "—") -> SafeString:
 
 
 @register.simple_tag
-def until(value: datetime | None, empty: str = "—") -> SafeString:
+def until(value: datetime | str | None, empty: str = "—") -> SafeString:
     """Time left until a deadline (TTL), counted down in the browser."""
+    value = _as_datetime(value)
     if value is None:
         return format_html('<span class="muted">{}</span>', empty)
     return format_html(

@@ -88,4 +88,6 @@ def sign_in(page: Page, username: str, password: str) -> None:
 
 def screenshot(page: Page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    # A scrolled page (focus moved into the terminal) shoots its sticky top bar midway.
+    page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)

@@ -97,3 +97,39 @@ def test_it_renders_a_sandbox_page_and_hides_another_teams_as_404(make_tenant, m
     listing = client.get("/sandboxes/table")
     assert own.external_id.encode() in listing.content
     assert b"sb-theirs" not in listing.content
+
+
+def _sandbox(tenant, external_id: str, state: str) -> Sandbox:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return Sandbox.objects.create(
+        tenant=tenant,
+        external_id=external_id,
+        state=state,
+        image="host",
+        cpu_millis=1000,
+        memory_mib=512,
+        ttl_seconds=600,
+        expires_at=timezone.now() + timedelta(minutes=10),
+        backend="local",
+    )
+
+
+def test_it_rereads_the_quota_strip_with_the_teams_live_sandboxes_only(make_tenant, make_user):
+    tenant, _ = make_tenant()
+    other, _ = make_tenant()
+    client = _signed_in(make_user, "quota1", (tenant, "member"))
+    page = client.get("/sandboxes/").content.decode()
+    assert 'hx-get="/sandboxes/quota"' in page and "data-live-sandboxes" in page
+    _sandbox(tenant, "sb-a", "ready")
+    _sandbox(tenant, "sb-b", "provisioning")
+    _sandbox(tenant, "sb-gone", "deleted")
+    _sandbox(other, "sb-theirs", "ready")
+    strip = client.get("/sandboxes/quota")
+    assert strip.status_code == 200
+    html = strip.content.decode()
+    assert 'id="quota-live"' in html and "<html" not in html
+    concurrent = html.split('data-quota="concurrent_sandboxes"', 1)[1].split("</li>", 1)[0]
+    assert "2 / " in concurrent and "2000m" in html
