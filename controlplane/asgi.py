@@ -8,6 +8,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from apps.sandboxes.api.exec_fastpath import ExecFastPath  # noqa: E402
 from apps.sandboxes.services.stream_pump import remember_loop  # noqa: E402
 from controlplane.logging import redact_server_logs  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
@@ -18,7 +19,8 @@ redact_server_logs()
 
 router = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Plain REST execs skip Django's thread hop (docs/benchmarks.md).
+        "http": ExecFastPath(django_asgi_app),
         "websocket": WebsocketAuthStack(URLRouter(websocket_urlpatterns)),
     }
 )

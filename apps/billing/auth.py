@@ -71,6 +71,24 @@ def principal_for_key(secret: str) -> Principal:
     return principal
 
 
+def principal_cached(secret: str) -> Principal | None:
+    """The cached principal for a secret without touching the database, or None (not
+    cached, stale, or expired). For the async exec fast path, which sends a miss to the
+    regular path: that refreshes this same cache, with the same rules as above."""
+    cached = _key_cache.get(hash_secret(secret))
+    if cached is None:
+        return None
+    principal, at = cached
+    key = principal.api_key
+    if (
+        time.monotonic() - at < KEY_CACHE_TTL_S
+        and key is not None
+        and (key.expires_at is None or key.expires_at > timezone.now())
+    ):
+        return principal
+    return None
+
+
 def _principal_for_digest(digest: str) -> Principal:
     try:
         key = ApiKey.objects.select_related("tenant").get(secret_hash=digest)

@@ -111,6 +111,15 @@ def hot_limits(tenant_id: str) -> HotLimits:
     return limits
 
 
+def hot_limits_cached(tenant_id: str) -> HotLimits | None:
+    """The cached limits without touching the database, or None when not cached (the
+    async exec fast path then takes the regular path, which refreshes the cache)."""
+    hit = _cache.get(tenant_id)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
+    return None
+
+
 def limits_cache_clear() -> None:
     _cache.clear()
 
@@ -214,6 +223,40 @@ def exec_admit(*, tenant_id: str, api_key_id: str | None, timeout_s: float) -> s
         limit_name="max_concurrent_execs",
     )
     return lease
+
+
+@dataclass(frozen=True)
+class ExecAdmitPlan:
+    """One exec admission as the raw script call, for a caller with its own (async)
+    Redis client: ``script`` with ``keys``/``args``; 0 as the first reply admits;
+    ``release_keys`` are the sorted sets to ZREM ``lease`` from afterwards."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+    lease: str
+    release_keys: list[str]
+
+
+def exec_admit_plan(
+    *, limits: HotLimits, tenant_id: str, api_key_id: str | None, timeout_s: float
+) -> ExecAdmitPlan:
+    """The same admission as ``exec_admit`` (same keys, lease and limits), unexecuted."""
+    kmax = limits.key_max_execs.get(api_key_id or "", 0)
+    lease = uuid.uuid4().hex
+    now = _now_ms()
+    keys = [
+        _key("exec", tenant_id),
+        _key("exec", tenant_id, "key", api_key_id) if api_key_id and kmax else "",
+        _key("bucket", "exec", tenant_id),
+    ]
+    deadline = now + int((timeout_s + 60) * 1000)
+    args: list[Any] = [now, lease, deadline, limits.max_execs, kmax, limits.exec_rate]
+    args.append(limits.exec_burst)
+    release = [_key("exec", tenant_id)]
+    if api_key_id:
+        release.append(_key("exec", tenant_id, "key", api_key_id))
+    return ExecAdmitPlan(_ACQUIRE, keys, args, lease, release)
 
 
 def exec_release(*, tenant_id: str, api_key_id: str | None, lease: str) -> None:

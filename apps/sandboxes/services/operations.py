@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.db import IntegrityError, connection
@@ -145,12 +145,11 @@ def operation_start(
         return operation, False
 
 
-def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> Operation:
-    """Stores the agent's typed result. Only a ``running`` row is finished (CAS), so a
-    late or duplicate result never overwrites a stored one."""
+def result_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """The Operation fields that store an agent's exec result (finished now)."""
     termination = result.get("termination") or {}
     reason = str(termination.get("reason", "agent_error"))
-    fields: dict[str, Any] = {
+    return {
         "status": OperationStatus.COMPLETED if reason != "agent_error" else OperationStatus.FAILED,
         "termination": reason,
         "exit_code": termination.get("exit_code"),
@@ -164,6 +163,12 @@ def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> 
         else None,
         "finished_at": timezone.now(),
     }
+
+
+def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> Operation:
+    """Stores the agent's typed result. Only a ``running`` row is finished (CAS), so a
+    late or duplicate result never overwrites a stored one."""
+    fields = result_fields(result)
     updated = Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(
         **fields
     )
@@ -225,9 +230,18 @@ def operation_exec(
     pk = str(operation.pk)
     pumps.claim(pk)
     # Quotas (billing): concurrent execs, per-key concurrency and the exec rate; 429s.
-    lease = exec_admit_operation(
-        principal=principal, operation=operation, is_new=is_new, timeout_s=_agent_timeout(request)
-    )
+    try:
+        lease = exec_admit_operation(
+            principal=principal,
+            operation=operation,
+            is_new=is_new,
+            timeout_s=_agent_timeout(request),
+        )
+    except BaseException:
+        # A refused exec ran nothing: its liveness key must not be kept alive forever
+        # by the heartbeat thread.
+        pumps.release(pk)
+        raise
     agent = agent_for(sandbox)
     if "pool" in connection.settings_dict.get("OPTIONS", {}) and not connection.in_atomic_block:
         # Back to the pool while the command runs (it may take minutes): a thousand
@@ -237,23 +251,31 @@ def operation_exec(
         result = agent.exec(
             request.agent_body(operation.operation_id), timeout=_agent_timeout(request)
         )
-    except AgentError as exc:
-        _raise_if_terminating(sandbox, operation)
-        operation_record_failure(operation=operation, code=exc.code, message=exc.message)
-        status = exc.status if 400 <= exc.status < 500 else 502
-        raise ApiError(exc.message, code=exc.code, field=exc.field, status_code=status) from exc
-    except AgentUnreachable as exc:
-        _raise_if_terminating(sandbox, operation)
-        operation_record_failure(operation=operation, code="agent_unreachable", message=str(exc))
-        raise AgentUnavailable(
-            f"the sandbox's agent did not answer: {exc}",
-            extra={"operation_id": operation.operation_id},
-        ) from exc
+    except (AgentError, AgentUnreachable) as exc:
+        operation_agent_failed(sandbox=sandbox, operation=operation, exc=exc)
     finally:
         lease.release()
         # The key expires on its own; deleting it would cost the hot path a round trip.
         pumps.release(pk, delete=False)
     return operation_record_result(operation=operation, result=result)
+
+
+def operation_agent_failed(
+    *, sandbox: Sandbox, operation: Operation, exc: AgentError | AgentUnreachable
+) -> NoReturn:
+    """Ends a running exec whose agent call failed and raises its API error: 409
+    ``sandbox_terminating`` when the sandbox is going away, the agent's own 4xx (e.g.
+    ``cwd_not_found``), else 502. The operation is stored ``failed``, never left running."""
+    _raise_if_terminating(sandbox, operation)
+    if isinstance(exc, AgentError):
+        operation_record_failure(operation=operation, code=exc.code, message=exc.message)
+        status = exc.status if 400 <= exc.status < 500 else 502
+        raise ApiError(exc.message, code=exc.code, field=exc.field, status_code=status) from exc
+    operation_record_failure(operation=operation, code="agent_unreachable", message=str(exc))
+    raise AgentUnavailable(
+        f"the sandbox's agent did not answer: {exc}",
+        extra={"operation_id": operation.operation_id},
+    ) from exc
 
 
 def _raise_if_terminating(sandbox: Sandbox, operation: Operation) -> None:

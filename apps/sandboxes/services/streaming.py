@@ -91,6 +91,13 @@ class _PumpRegistry:
         key = pump_key(operation_pk)
         if not redis_client().set(key, self.owner, nx=True, ex=PUMP_TTL_S):
             return False
+        self.track(operation_pk)
+        return True
+
+    def track(self, operation_pk: str) -> None:
+        """Keeps an already claimed key alive (the async exec path claims it with
+        ``SET key owner NX EX PUMP_TTL_S`` in its own Redis round trip)."""
+        key = pump_key(operation_pk)
         with self._lock:
             self._keys[key] = self.owner
             if self._thread is None or not self._thread.is_alive():
@@ -98,7 +105,6 @@ class _PumpRegistry:
                     target=self._beat, name="hedgerow-pump-heartbeat", daemon=True
                 )
                 self._thread.start()
-        return True
 
     def release(self, operation_pk: str, *, delete: bool = True) -> None:
         key = pump_key(operation_pk)

@@ -1,0 +1,353 @@
+"""The REST exec hot path in front of Django: ``POST /api/v1/sandboxes/<id>/exec``
+answered on the event loop (``operation_exec_async``) when the request is the plain
+case, byte-for-byte what ``ExecView`` answers.
+
+Why in front of Django and not an async view: under ASGI every sync view, and every
+sync-only middleware, costs a hop into a thread, and DRF's request/serializer/renderer
+machinery on top was most of the control plane's CPU per exec on 2 shared cores.
+
+Everything this path does not handle exactly goes to Django unchanged (the body is
+replayed): session auth, a key or limits not cached in this process, a missing scope,
+any body the strict check below does not accept (DRF then gives the precise
+validation error), ``stream: true``, content negotiation other than JSON, a query
+string, a disallowed Host, and whatever ``operation_exec_async`` returns FALLBACK for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
+
+from apps.billing.auth import principal_cached
+from apps.sandboxes.api.serializers import render_stream
+from apps.sandboxes.services.exec_async import iso, operation_exec_async
+from apps.sandboxes.services.operations import ExecRequest
+from controlplane.errors import ApiError
+from controlplane.logging import request_id_var
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[..., Awaitable[None]]
+
+access_log = logging.getLogger("hedgerow.access")
+log = logging.getLogger(__name__)
+
+_PATH = re.compile(r"/api/v1/sandboxes/([^/]+)/exec")
+_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_OPERATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+MAX_BODY = 64 * 1024
+_WANTED = {b"authorization", b"x-api-key", b"content-type", b"accept", b"x-request-id", b"host"}
+# What Django's middleware and DRF add to ExecView's answer (SecurityMiddleware,
+# XFrameOptionsMiddleware, the APIView's Allow and Vary).
+_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"vary", b"Accept"),
+    (b"allow", b"POST, OPTIONS"),
+    (b"x-frame-options", b"DENY"),
+]
+_SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+
+class ExecFastPath:
+    """ASGI middleware: plain REST execs here, everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = None
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope["query_string"]:
+            match = _PATH.fullmatch(scope["path"])
+        if match is None or not settings.HEDGEROW_EXEC_FAST_PATH:
+            await self.app(scope, receive, send)
+            return
+        body, complete = await _read_body(receive)
+        if complete:
+            started = time.perf_counter()
+            answer = await _answer(scope, match.group(1), body)
+            if answer is not None:
+                status, payload, request_id = answer
+                await _send(send, status, payload, request_id)
+                _log_access(scope["path"], status, request_id, started)
+                return
+        await self.app(scope, _replay(body, complete, receive), send)
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    """The body, and whether it is complete (False: over MAX_BODY, rest unread)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), False  # disconnected: Django deals with it
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), True
+        if size > MAX_BODY:
+            return b"".join(chunks), False
+
+
+def _replay(body: bytes, complete: bool, receive: Receive) -> Receive:
+    """A ``receive`` that yields what was already read, then the rest of the stream."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": not complete}
+        return await receive()
+
+    return replayed
+
+
+async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> tuple[int, bytes, str] | None:
+    """(status, JSON body, request id), or None for Django to answer."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in _WANTED:
+            if name in headers:
+                return None  # repeated headers: Django's joining rules apply
+            headers[name] = value
+    if not _acceptable(headers):
+        return None
+    secret = _key(headers)
+    principal = principal_cached(secret) if secret else None
+    if principal is None or not principal.has_scope("write"):
+        return None
+    parsed = parse_exec_body(body)
+    if parsed is None:
+        return None
+    request, operation_id, generation = parsed
+    incoming = headers.get(b"x-request-id", b"").decode("latin-1")
+    request_id = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    token = request_id_var.set(request_id)
+    try:
+        fields = await operation_exec_async(
+            principal=principal,
+            sandbox_external_id=sandbox_id,
+            request=request,
+            operation_id=operation_id,
+            expected_generation=generation,
+            request_id=request_id,
+        )
+    except ApiError as exc:
+        return exc.status_code, _json(exc.as_dict()), request_id
+    finally:
+        request_id_var.reset(token)
+    if fields is None:
+        return None
+    return 200, render_operation(fields), request_id
+
+
+def _acceptable(headers: dict[bytes, bytes]) -> bool:
+    """JSON in, JSON out, an allowed Host: what DRF would parse and render the same."""
+    ctype = headers.get(b"content-type", b"").decode("latin-1").lower().replace(" ", "")
+    if ctype not in ("application/json", "application/json;charset=utf-8"):
+        return False
+    if headers.get(b"accept", b"*/*").strip() not in (b"*/*", b"application/json"):
+        return False
+    if settings.ALLOWED_HOSTS != ["*"]:
+        domain, _port = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
+        if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+            return False
+    return True
+
+
+def _key(headers: dict[bytes, bytes]) -> str | None:
+    """As ``extract_key``: ``Authorization: Bearer`` first, else ``X-API-Key``."""
+    header = headers.get(b"authorization", b"").decode("latin-1")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip() or None
+    return headers.get(b"x-api-key", b"").decode("latin-1").strip() or None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(name)  # NaN/Infinity: DRF's strict JSON parser refuses them
+
+
+def _text(value: Any) -> bool:
+    """A string DRF's CharField keeps as is (no trimming, not blank, no NUL/surrogates)."""
+    if not isinstance(value, str) or not value or value != value.strip() or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _number(value: Any, low: float, high: float | None) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value == value
+        and value >= low
+        and (high is None or value <= high)
+    )
+
+
+_FIELDS = frozenset(
+    {
+        "command",
+        "cwd",
+        "env",
+        "timeout",
+        "stdin",
+        "login_shell",
+        "output_window",
+        "output_limit",
+        "operation_id",
+        "generation",
+        "stream",
+    }
+)
+
+
+def parse_exec_body(body: bytes) -> tuple[ExecRequest, str | None, int | None] | None:
+    """The exec body as ``ExecSerializer`` would validate it, or None unless this is a
+    body it accepts with exactly these values (anything doubtful goes to DRF)."""
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or not data.keys() <= _FIELDS or data.get("stream", False):
+        return None
+    command = data.get("command")
+    if isinstance(command, str):
+        if not command.strip():
+            return None
+    elif not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)):
+        return None
+    cwd, env, stdin = data.get("cwd"), data.get("env", {}), data.get("stdin")
+    if cwd is not None and not (_text(cwd) and cwd.startswith("/")):
+        return None
+    if not isinstance(env, dict) or not all(
+        isinstance(v, str) and (v == "" or _text(v)) for v in env.values()
+    ):
+        return None
+    if stdin is not None and not (_text(stdin) and _base64(stdin)):
+        return None
+    timeout = data.get("timeout")
+    if timeout is not None and not _number(timeout, 0.01, 86400):
+        return None
+    window, limit = data.get("output_window"), data.get("output_limit")
+    if window is not None and not (type(window) is int and 256 <= window <= 64 * 1024 * 1024):
+        return None
+    if limit is not None and not (type(limit) is int and limit >= 1):
+        return None
+    login_shell = data.get("login_shell", False)
+    operation_id, generation = data.get("operation_id"), data.get("generation")
+    if not isinstance(login_shell, bool) or data.get("stream", False) is not False:
+        return None
+    if operation_id is not None and not (
+        isinstance(operation_id, str) and _OPERATION_ID.fullmatch(operation_id)
+    ):
+        return None
+    if generation is not None and not (type(generation) is int and generation >= 0):
+        return None
+    request = ExecRequest(
+        command=command,
+        cwd=cwd,
+        env=env,
+        timeout=None if timeout is None else float(timeout),
+        stdin_b64=stdin,
+        login_shell=login_shell,
+        output_window=window,
+        output_limit=limit,
+    )
+    return request, operation_id, generation
+
+
+def _base64(value: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def render_operation(fields: dict[str, Any]) -> bytes:
+    """An operation as ``OperationSerializer`` + DRF's JSONRenderer render it."""
+    stdout, stderr = fields["stdout"], fields["stderr"]
+    return _json(
+        {
+            "id": fields["operation_id"],
+            "sandbox_id": fields["sandbox_external_id"],
+            "generation": fields["generation"],
+            "kind": fields["kind"],
+            "status": str(fields["status"]),
+            "termination": fields["termination"],
+            "exit_code": fields["exit_code"],
+            "signal": fields["signal"],
+            "timed_out": fields["termination"] == "timeout",
+            "stdout": render_stream(stdout),
+            "stderr": render_stream(stderr),
+            "output": {"stdout": stdout, "stderr": stderr},
+            "usage": fields["usage"],
+            "children_remained": fields["children_remained"],
+            "error": fields["error"],
+            "created_at": iso(fields["created_at"]),
+            "finished_at": iso(fields["finished_at"]),
+        }
+    )
+
+
+def _json(data: Any) -> bytes:
+    """DRF's JSONRenderer with this project's settings (compact, UTF-8, strict)."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
+
+
+async def _send(send: Send, status: int, payload: bytes, request_id: str) -> None:
+    headers = [
+        *_HEADERS,
+        (b"content-length", str(len(payload)).encode()),
+        (b"x-request-id", request_id.encode()),
+        *_SECURITY_HEADERS,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _log_access(path: str, status: int, request_id: str, started: float) -> None:
+    """The same structured line as RequestIdMiddleware (the web end of a trace)."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    token = request_id_var.set(request_id)
+    try:
+        access_log.info(
+            "%s %s %s",
+            "POST",
+            path,
+            status,
+            extra={
+                "event": "request",
+                "method": "POST",
+                "path": path,
+                "status": status,
+                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+    finally:
+        request_id_var.reset(token)

@@ -1,0 +1,381 @@
+"""Exec on the event loop: the REST exec hot path without a thread hop or the ORM.
+
+Only the plain case runs here, in three round trips before the agent call and two
+(concurrent) after it:
+
+1. Redis: the quota admission script (same keys and lease as ``exec_admit``) and the
+   operation's liveness key, pipelined;
+2. Postgres: one statement that checks the sandbox (tenant, ``ready``, generation) and
+   INSERTs the ``running`` Operation row — unique (sandbox, operation_id), so a replay
+   inserts nothing;
+3. the agent call over a pooled keep-alive connection;
+4. the result UPDATE (compare-and-set from ``running``) and the lease release.
+
+Anything else — limits or key not cached in this process, a refused admission, a
+sandbox that is missing, not ready or at another generation, a replayed operation id,
+Redis or Postgres trouble before the agent call — returns ``FALLBACK`` having changed
+nothing the regular path would see (a taken lease is released), and the caller hands
+the request to the regular DRF view, which gives the exact answer (404, 409, 429, the
+stored result of a replay…). Once the agent was called, failures are finished here by
+the same code the regular path uses (``operation_agent_failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any, Final, ParamSpec, TypeVar
+
+import psycopg
+import redis
+import redis.asyncio
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+from psycopg_pool import AsyncConnectionPool
+
+from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits_cached
+from apps.billing.principal import Principal
+from apps.sandboxes.agent_async import agent_exec
+from apps.sandboxes.agent_client import AgentError, AgentUnreachable, agent_token
+from apps.sandboxes.models import Operation, OperationStatus
+from apps.sandboxes.services.operations import (
+    ExecRequest,
+    _agent_timeout,
+    operation_agent_failed,
+    result_fields,
+)
+from apps.sandboxes.services.streaming import PUMP_TTL_S, pump_key, pumps
+
+log = logging.getLogger(__name__)
+
+FALLBACK: Final = None
+# Connections are held per statement, never across the agent call, so a few serve
+# hundreds of concurrent execs.
+DB_POOL_MAX = 8
+
+# Written out (tests check them against the models' db_table names).
+_START_SQL = """
+WITH s AS (
+  SELECT id, generation, endpoint_host, endpoint_port FROM sandboxes_sandbox
+  WHERE tenant_id = %(tenant)s AND external_id = %(sandbox)s AND state = 'ready'
+), ins AS (
+  INSERT INTO sandboxes_operation (id, tenant_id, sandbox_id, operation_id, kind,
+    generation, request, request_hash, status, termination, exit_code, signal, stdout,
+    stderr, usage, children_remained, error, actor, created_at, finished_at)
+  SELECT %(pk)s, %(tenant)s, s.id, %(op)s, 'exec', s.generation, %(request)s::jsonb,
+    %(hash)s, 'running', '', NULL, NULL, '{}'::jsonb, '{}'::jsonb, '{}'::jsonb,
+    false, NULL, %(actor)s, %(now)s, NULL
+  FROM s WHERE %(generation)s::bigint IS NULL OR s.generation = %(generation)s::bigint
+  ON CONFLICT (sandbox_id, operation_id) DO NOTHING
+  RETURNING id
+)
+SELECT s.id, s.generation, s.endpoint_host, s.endpoint_port, (SELECT count(*) FROM ins)
+FROM s
+"""
+_FINISH_SQL = """
+UPDATE sandboxes_operation SET status = %(status)s, termination = %(termination)s,
+  exit_code = %(exit_code)s, signal = %(signal)s, stdout = %(stdout)s::jsonb,
+  stderr = %(stderr)s::jsonb, usage = %(usage)s::jsonb,
+  children_remained = %(children_remained)s, error = %(error)s::jsonb,
+  finished_at = %(finished_at)s
+WHERE id = %(pk)s AND status = 'running'
+"""
+
+
+class _Clients:
+    """This event loop's Postgres pool and Redis client, made on first use."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.db: AsyncConnectionPool | None = None
+        self.redis: redis.asyncio.Redis | None = None
+        self.script_sha: str | None = None
+
+    async def get(self) -> tuple[AsyncConnectionPool, redis.asyncio.Redis]:
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop or self.db is None or self.redis is None:
+            # A new loop (tests run one per test): the old clients belong to the old one.
+            self.loop = loop
+            db = connections["default"].settings_dict
+            conninfo = psycopg.conninfo.make_conninfo(
+                dbname=db["NAME"],
+                user=db["USER"],
+                password=db["PASSWORD"] or None,
+                host=db["HOST"],
+                port=str(db["PORT"]),
+            )
+            self.db = AsyncConnectionPool(
+                conninfo,
+                min_size=1,
+                max_size=DB_POOL_MAX,
+                kwargs={"autocommit": True},
+                open=False,
+                timeout=10,
+            )
+            await self.db.open()
+            self.redis = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+            self.script_sha = None
+        return self.db, self.redis
+
+
+_clients = _Clients()
+
+
+async def clients_close() -> None:
+    """Closes this loop's pool and Redis client (tests; shutdown)."""
+    if _clients.db is not None:
+        await _clients.db.close()
+    if _clients.redis is not None:
+        await _clients.redis.aclose()
+    _clients.loop = _clients.db = _clients.redis = None
+
+
+async def _admit(
+    client: redis.asyncio.Redis, plan: ExecAdmitPlan, operation_pk: str
+) -> bool | None:
+    """Runs the admission script and claims the liveness key in one round trip. True:
+    admitted; False: refused (the regular path answers the 429); None: Redis trouble.
+    The key is fresh, so its claim cannot fail unless recovery raced us to it; like
+    ``operation_exec`` we run anyway."""
+    for _attempt in (0, 1):
+        if _clients.script_sha is None:
+            _clients.script_sha = str(await client.script_load(plan.script))
+        pipe = client.pipeline(transaction=False)
+        pipe.evalsha(_clients.script_sha, len(plan.keys), *plan.keys, *plan.args)
+        pipe.set(pump_key(operation_pk), pumps.owner, nx=True, ex=PUMP_TTL_S)
+        try:
+            replies = await pipe.execute()
+        except redis.exceptions.NoScriptError:
+            _clients.script_sha = None  # Redis restarted or flushed its script cache
+            continue
+        return int(replies[0][0]) == 0
+    return None
+
+
+async def _start(db: AsyncConnectionPool, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    async with db.connection() as conn:
+        cursor = await conn.execute(_START_SQL, params)
+        return await cursor.fetchone()
+
+
+async def _forget(db: AsyncConnectionPool, pk: uuid.UUID) -> None:
+    """Removes a row that will not run (as ``exec_admit_operation`` does on a 429)."""
+    try:
+        async with db.connection() as conn:
+            await conn.execute(
+                "DELETE FROM sandboxes_operation WHERE id = %s AND status = 'running'", [pk]
+            )
+    except (psycopg.Error, OSError):
+        await sync_to_async(_forget_orm)(pk)
+
+
+async def _release(client: redis.asyncio.Redis, plan: ExecAdmitPlan) -> None:
+    try:
+        pipe = client.pipeline(transaction=False)
+        for key in plan.release_keys:
+            pipe.zrem(key, plan.lease)
+        await pipe.execute()
+    except redis.RedisError:
+        pass  # the lease expires at its deadline, as in exec_release
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+async def operation_exec_async(
+    *,
+    principal: Principal,
+    sandbox_external_id: str,
+    request: ExecRequest,
+    operation_id: str | None,
+    expected_generation: int | None,
+    request_id: str,
+) -> dict[str, Any] | None:
+    """``operation_exec`` for the plain case, on the event loop. Returns the finished
+    operation's fields for ``render_operation`` (the same record the regular path
+    stores), or ``FALLBACK`` (None) with nothing changed: the caller must then run the
+    regular path. Raises ``ApiError`` for an agent failure, exactly as that path does."""
+    tenant_id = str(principal.tenant.pk)
+    limits = hot_limits_cached(tenant_id)
+    if limits is None:
+        return FALLBACK
+    key_id = str(principal.api_key.pk) if principal.api_key is not None else None
+    timeout = _agent_timeout(request)
+    plan = exec_admit_plan(limits=limits, tenant_id=tenant_id, api_key_id=key_id, timeout_s=timeout)
+    pk = uuid.uuid4()
+    op_id = operation_id or f"op-{uuid.uuid4().hex}"
+    created_at = timezone.now()
+    try:
+        db, client = await _clients.get()
+    except (redis.RedisError, psycopg.Error, OSError):
+        log.warning("exec fast path: Postgres unavailable", exc_info=True)
+        return FALLBACK
+    params = {
+        "tenant": principal.tenant.pk,
+        "sandbox": sandbox_external_id,
+        "pk": pk,
+        "op": op_id,
+        "request": json.dumps(asdict(request)),
+        "hash": request.fingerprint(),
+        "actor": principal.actor,
+        "now": created_at,
+        "generation": expected_generation,
+    }
+    # Admission and the row are independent: one round trip of waiting, not two.
+    admitted, row = await asyncio.gather(
+        _admit(client, plan, str(pk)), _start(db, params), return_exceptions=True
+    )
+    inserted = isinstance(row, tuple) and bool(row[4])
+    if admitted is not True or not inserted:
+        # Refused, missing, not ready, stale generation, a replay, or trouble: nothing
+        # ran; undo what was taken and let the regular path answer.
+        if isinstance(admitted, BaseException) or isinstance(row, BaseException):
+            log.warning("exec fast path: Redis or Postgres failed", exc_info=True)
+        if admitted is True:
+            await _release(client, plan)
+        if inserted:
+            await _forget(db, pk)
+        return FALLBACK
+    assert isinstance(row, tuple)
+    pumps.track(str(pk))
+    sandbox_pk, generation, host, port, _inserted = row
+    try:
+        result = await agent_exec(
+            host,
+            int(port),
+            _token(sandbox_pk.hex, generation),
+            request.agent_body(op_id),
+            timeout=timeout,
+            request_id=request_id,
+        )
+    except (AgentError, AgentUnreachable) as exc:
+        pumps.release(str(pk), delete=False)
+        await _release(client, plan)
+        await sync_to_async(_agent_failed)(pk, exc)
+        raise AssertionError("operation_agent_failed always raises") from exc
+    fields = result_fields(result)
+    try:
+        updated, _ = await asyncio.gather(_finish(db, pk, fields), _release(client, plan))
+    finally:
+        pumps.release(str(pk), delete=False)
+    if not updated:
+        # Finished by someone else meanwhile (recovery): answer what the row holds.
+        return await sync_to_async(_stored_fields)(pk)
+    fields.update(
+        operation_id=op_id,
+        sandbox_external_id=sandbox_external_id,
+        generation=generation,
+        kind="exec",
+        created_at=created_at,
+    )
+    return fields
+
+
+async def _finish(db: AsyncConnectionPool, pk: uuid.UUID, fields: dict[str, Any]) -> bool:
+    params = {
+        **fields,
+        "pk": pk,
+        "status": str(fields["status"]),
+        "stdout": json.dumps(fields["stdout"]),
+        "stderr": json.dumps(fields["stderr"]),
+        "usage": json.dumps(fields["usage"]),
+        "error": _dumps(fields["error"]),
+    }
+    try:
+        async with db.connection() as conn:
+            cursor = await conn.execute(_FINISH_SQL, params)
+            return cursor.rowcount > 0
+    except (psycopg.Error, OSError):
+        # The command ran: its result must be stored, through the regular path's pool.
+        log.warning("exec fast path: result update failed; retrying via the ORM", exc_info=True)
+        return await sync_to_async(_finish_orm)(pk, fields)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _in_thread(fn: Callable[P, R]) -> Callable[P, R]:
+    """For ``sync_to_async`` on the rare paths: the ORM outside a Django request gets no
+    request_finished signal, so the thread's connection is closed (back to the pool)
+    here rather than kept by a thread nobody cleans up."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections["default"].close()
+
+    return run
+
+
+@_in_thread
+def _finish_orm(pk: uuid.UUID, fields: dict[str, Any]) -> bool:
+    return bool(Operation.objects.filter(pk=pk, status=OperationStatus.RUNNING).update(**fields))
+
+
+@_in_thread
+def _forget_orm(pk: uuid.UUID) -> None:
+    Operation.objects.filter(pk=pk, status=OperationStatus.RUNNING).delete()
+
+
+@_in_thread
+def _agent_failed(pk: uuid.UUID, exc: AgentError | AgentUnreachable) -> None:
+    operation = Operation.objects.select_related("sandbox").get(pk=pk)
+    operation_agent_failed(sandbox=operation.sandbox, operation=operation, exc=exc)
+
+
+@_in_thread
+def _stored_fields(pk: uuid.UUID) -> dict[str, Any]:
+    operation = Operation.objects.select_related("sandbox").get(pk=pk)
+    return operation_fields(operation)
+
+
+def operation_fields(operation: Operation) -> dict[str, Any]:
+    """An Operation row as the fields ``render_operation`` takes."""
+    return {
+        "operation_id": operation.operation_id,
+        "sandbox_external_id": operation.sandbox.external_id,
+        "generation": operation.generation,
+        "kind": operation.kind,
+        "status": operation.status,
+        "termination": operation.termination,
+        "exit_code": operation.exit_code,
+        "signal": operation.signal,
+        "stdout": operation.stdout,
+        "stderr": operation.stderr,
+        "usage": operation.usage,
+        "children_remained": operation.children_remained,
+        "error": operation.error,
+        "created_at": operation.created_at,
+        "finished_at": operation.finished_at,
+    }
+
+
+_tokens: dict[tuple[str, int], str] = {}
+
+
+def _token(sandbox_hex: str, generation: int) -> str:
+    """Agent tokens are an HMAC per (sandbox, generation): computed once per process."""
+    token = _tokens.get((sandbox_hex, generation))
+    if token is None:
+        if len(_tokens) > 4096:
+            _tokens.clear()
+        token = _tokens[(sandbox_hex, generation)] = agent_token(sandbox_hex, generation)
+    return token
+
+
+def iso(value: datetime | None) -> str | None:
+    """A datetime as DRF renders it (UTC, ``Z``)."""
+    if value is None:
+        return None
+    text = timezone.localtime(value).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
