@@ -67,7 +67,7 @@ def chromium() -> Iterator[Browser]:
 def new_page(browser: Browser, base_url: str, console: Console, **kwargs: Any) -> Page:
     context = browser.new_context(
         base_url=base_url,
-        viewport={"width": 1440, "height": 900},
+        viewport={"width": 1280, "height": 800},  # a laptop screen
         accept_downloads=True,
         **kwargs,
     )

@@ -132,7 +132,7 @@ def test_it_drives_the_terminal_and_streams_command_output_live(live, make_tenan
         page.keyboard.type("stty size\n")
         after = _stty_sizes(page, 2)[1]
         assert before.split()[1] != after.split()[1], (before, after)
-        page.set_viewport_size({"width": 1440, "height": 900})
+        page.set_viewport_size({"width": 1280, "height": 800})
 
         # The command blocks until a file appears, so its first line must be on the
         # page while it still runs; then the file is uploaded and it finishes.
