@@ -71,6 +71,24 @@ def timed(n: int, fn: Callable[[], None], warmup: int = 20) -> list[float]:
     return samples
 
 
+def timed_interleaved(
+    n: int, paths: dict[str, Callable[[], None]], warmup: int = 20
+) -> dict[str, list[float]]:
+    """One sample of each path in turn, n rounds: the load the other engineers' suites
+    put on the shared cores drifts by the second, and interleaving gives every path
+    the same share of it, so the ratios compare like with like."""
+    for _ in range(warmup):
+        for fn in paths.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(n):
+        for name, fn in paths.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
 def throughput(make_call: Callable[[], Callable[[], None]], clients: int, seconds: float) -> float:
     done = [0] * clients
     errors: list[BaseException] = []
@@ -106,6 +124,11 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=300, help="sequential samples per path")
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput level")
     parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--no-fast-path",
+        action="store_true",
+        help="every REST exec through the DRF view (HEDGEROW_EXEC_FAST_PATH=0), to compare",
+    )
     args = parser.parse_args()
 
     instance = f"bench{os.getpid()}"
@@ -140,6 +163,8 @@ def main() -> int:
         # The web process as scripts/stack.sh runs it: N workers and a DB pool.
         stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
         stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        if args.no_fast_path:
+            stack.web.env["HEDGEROW_EXEC_FAST_PATH"] = "0"
         stack.start()
         run(args, stack, secret)
     finally:
@@ -228,11 +253,8 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
                     assert frame["result"]["exit_code"] == 0
                     break
 
-    results = {
-        "a bare subprocess": summary(timed(args.n, bare)),
-        "b direct agent": summary(timed(args.n, direct_call())),
-        "c REST exec": summary(timed(args.n, rest_call())),
-    }
+    paths = {"a bare subprocess": bare, "b direct agent": direct_call(), "c REST exec": rest_call()}
+    results = {name: summary(s) for name, s in timed_interleaved(args.n, paths).items()}
     stream_n = max(50, args.n // 3)
     stream_api.append(Http("127.0.0.1", stack.port, auth))
     exit_samples = timed(stream_n, streamed, warmup=10)
@@ -241,7 +263,9 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
     results["d stream: exit"] = summary(exit_samples)
 
     print(f"\nexec `bash -c '{COMMAND}'`, n={args.n} (stream n={stream_n}), "
-          f"web workers={args.web_workers}, cpus={os.cpu_count()}")  # fmt: skip
+          f"web workers={args.web_workers}, cpus={os.cpu_count()}, "
+          f"fast path={'off' if args.no_fast_path else 'on'}, "
+          f"a/b/c interleaved, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print("| path | p50 ms | p95 ms | p99 ms | mean ms |\n|---|---:|---:|---:|---:|")
     for name, s in results.items():
         print(f"| {name} | {s['p50']:.2f} | {s['p95']:.2f} | {s['p99']:.2f} | {s['mean']:.2f} |")
@@ -255,6 +279,7 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
         rest = throughput(rest_call, clients, args.seconds)
         direct = throughput(direct_call, clients, args.seconds)
         print(f"| {clients} | {rest:.0f} | {direct:.0f} |")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,16 @@ WHERE id = %(pk)s AND status = 'running'
 """
 
 
+_DJANGO_OPTIONS = {
+    "pool",
+    "isolation_level",
+    "server_side_binding",
+    "assume_role",
+    "cursor_factory",
+    "prepare_threshold",
+}
+
+
 class _Clients:
     """This event loop's Postgres pool and Redis client, made on first use."""
 
@@ -104,12 +114,17 @@ class _Clients:
             # A new loop (tests run one per test): the old clients belong to the old one.
             self.loop = loop
             db = connections["default"].settings_dict
+            # libpq options (sslmode…) as Django passes them; not Django's own keys.
+            options = {
+                k: v for k, v in (db.get("OPTIONS") or {}).items() if k not in _DJANGO_OPTIONS
+            }
             conninfo = psycopg.conninfo.make_conninfo(
                 dbname=db["NAME"],
                 user=db["USER"],
                 password=db["PASSWORD"] or None,
                 host=db["HOST"],
                 port=str(db["PORT"]),
+                **options,
             )
             self.db = AsyncConnectionPool(
                 conninfo,
