@@ -30,7 +30,7 @@ from apps.billing.auth import principal_cached
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.services.exec_async import iso, operation_exec_async
 from apps.sandboxes.services.operations import ExecRequest
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, _internal_error_body
 from controlplane.logging import request_id_var
 
 Scope = MutableMapping[str, Any]
@@ -150,6 +150,11 @@ async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> tuple[int, byte
         )
     except ApiError as exc:
         return exc.status_code, _json(exc.as_dict()), request_id
+    except Exception:
+        # As the API's exception handler does: logged with its traceback, answered in
+        # the envelope with the request id to quote, no internals.
+        log.exception("unhandled error in the exec fast path")
+        return 500, _json(_internal_error_body()), request_id
     finally:
         request_id_var.reset(token)
     if fields is None:

@@ -262,25 +262,31 @@ async def operation_exec_async(
     assert isinstance(row, tuple)
     pumps.track(str(pk))
     sandbox_pk, generation, host, port, _inserted = row
+    released = False
     try:
-        result = await agent_exec(
-            host,
-            int(port),
-            _token(sandbox_pk.hex, generation),
-            request.agent_body(op_id),
-            timeout=timeout,
-            request_id=request_id,
-        )
-    except (AgentError, AgentUnreachable) as exc:
-        pumps.release(str(pk), delete=False)
-        await _release(client, plan)
-        await sync_to_async(_agent_failed)(pk, exc)
-        raise AssertionError("operation_agent_failed always raises") from exc
-    fields = result_fields(result)
-    try:
+        try:
+            result = await agent_exec(
+                host,
+                int(port),
+                _token(sandbox_pk.hex, generation),
+                request.agent_body(op_id),
+                timeout=timeout,
+                request_id=request_id,
+            )
+        except (AgentError, AgentUnreachable) as exc:
+            await _release(client, plan)
+            released = True
+            await sync_to_async(_agent_failed)(pk, exc)
+            raise AssertionError("operation_agent_failed always raises") from exc
+        fields = result_fields(result)
         updated, _ = await asyncio.gather(_finish(db, pk, fields), _release(client, plan))
+        released = True
     finally:
+        # Whatever happened, the slot is given back and the liveness key left to expire
+        # (a row still ``running`` after a bug is then recovered from the agent).
         pumps.release(str(pk), delete=False)
+        if not released:
+            await _release(client, plan)
     if not updated:
         # Finished by someone else meanwhile (recovery): answer what the row holds.
         return await sync_to_async(_stored_fields)(pk)

@@ -25,6 +25,7 @@ from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services import exec_async
 from apps.sandboxes.services.exec_async import clients_close, operation_fields
+from apps.sandboxes.services.streaming import pump_key, pumps
 from apps.sandboxes.tests.factories import make_sandbox
 
 OK_RESULT = {
@@ -358,3 +359,18 @@ def test_it_ends_an_operation_whose_agent_failed_like_the_regular_path(fast, fai
         assert (operation.error or {}).get("code") == "agent_unreachable"
     assert _leases(fast["tenant"]) == 0
     assert fast["inner"].calls == []
+
+
+def test_it_answers_an_unexpected_failure_in_the_envelope_and_gives_the_slot_back(fast):
+    fast["agent"].body = "not an exec result"  # the agent answers 200 with nonsense
+    headers = [*fast["auth"], (b"x-request-id", b"trace-500")]
+    body = json.dumps({"command": "true", "operation_id": "op-bug"}).encode()
+    status, _headers, payload = _call(fast["app"], fast["sandbox"].external_id, body, headers)
+    assert status == 500
+    error = json.loads(payload)["error"]
+    assert error["code"] == "internal_error" and "trace-500" in error["message"]
+    assert _leases(fast["tenant"]) == 0
+    # Left ``running`` without a live relay: recovery asks the agent later.
+    operation = Operation.objects.get(operation_id="op-bug")
+    assert operation.status == OperationStatus.RUNNING
+    assert pump_key(str(operation.pk)) not in pumps._keys
