@@ -135,3 +135,19 @@ def test_it_cancels_a_running_operation(agent: Agent, client: Client, tmp_path: 
 
     assert wait_gone([int(pidfile.read_text())])
     other.close()
+
+
+def test_it_evicts_the_oldest_finished_operations_at_capacity() -> None:
+    from podagent.operations import MAX_OPERATIONS, Registry
+
+    registry = Registry()
+    ops = [registry.claim(f"op-{i}", "f", 1.0)[0] for i in range(MAX_OPERATIONS)]
+    for op in ops[1:]:
+        op.result = {"termination": {"reason": "exited"}}
+    _new, created = registry.claim("op-new", "f", 1.0)
+    assert created
+    # The oldest is still running: kept. The oldest finished one made room.
+    assert registry.get("op-0") is ops[0]
+    assert registry.get("op-1") is None and registry.get("op-2") is ops[2]
+    assert registry.get("op-new") is not None
+    assert len(registry._ops) == MAX_OPERATIONS
