@@ -70,7 +70,11 @@ class ExecFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = None
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope["query_string"]:
+        if (
+            scope["type"] == "http"
+            and scope.get("method") == "POST"
+            and not scope.get("query_string")
+        ):
             match = _PATH.fullmatch(scope["path"])
         if match is None or not settings.HEDGEROW_EXEC_FAST_PATH:
             await self.app(scope, receive, send)
