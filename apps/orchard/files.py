@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -17,42 +16,14 @@ from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services import files
 from apps.sandboxes.services.operations import (
     AgentUnavailable,
-    ExecRequest,
     agent_for,
-    ensure_ready,
-    operation_exec,
 )
+from apps.sandboxes.services.patching import sandbox_apply_patch
 from controlplane.errors import ApiError, ValidationFailed
 
 # Base64 in a JSON body is held in memory on both sides; bigger files go through
 # Hedgerow's streamed /api/v1 files endpoints.
 MAX_JSON_FILE_BYTES = 64 * 1024 * 1024
-PATCH_DIR = "/tmp"
-
-# git apply works outside a repository too and handles renames and binary hunks;
-# patch(1) is the fallback. -p1 first (a/ b/ prefixes), then -p0.
-PATCH_SCRIPT = r"""
-p="$ORCHARD_PATCH_FILE"
-applied=""
-rc=1
-for strip in 1 0; do
-  if command -v git >/dev/null 2>&1 && git apply --check -p"$strip" "$p" >/dev/null 2>&1; then
-    git apply --whitespace=nowarn -p"$strip" "$p"; rc=$?; applied=1; break
-  fi
-  if command -v patch >/dev/null 2>&1 &&
-     patch --dry-run --batch --forward -p"$strip" < "$p" >/dev/null 2>&1; then
-    patch --batch --forward -p"$strip" < "$p"; rc=$?; applied=1; break
-  fi
-done
-if [ -z "$applied" ]; then
-  # Nothing applies cleanly: run it for real so the tool's own message says why.
-  if command -v git >/dev/null 2>&1; then git apply -p1 "$p"; else
-    patch --batch --forward -p1 < "$p"; fi
-  rc=$?
-fi
-rm -f "$p"
-exit "$rc"
-"""
 
 
 def _decode(content: Any) -> bytes:
@@ -137,23 +108,13 @@ def patch_apply(
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
     ):
         raise ValidationFailed("timeout_seconds must be a positive number", field="timeout_seconds")
-    ensure_ready(sandbox)
-    data = patch.encode() if patch.endswith("\n") else (patch + "\n").encode()
-    target = f"{PATCH_DIR}/.hedgerow-patch-{uuid.uuid4().hex}.diff"
-    files.file_write(
-        sandbox=sandbox, path=target, chunks=iter([data]), size=len(data), max_bytes=len(data)
-    )
     try:
-        operation = operation_exec(
+        operation = sandbox_apply_patch(
             principal=principal,
             sandbox=sandbox,
-            request=ExecRequest(
-                command=PATCH_SCRIPT,
-                cwd=cwd or "/workspace",
-                env={"ORCHARD_PATCH_FILE": target},
-                timeout=float(timeout or 60),
-            ),
-            operation_id=f"patch-{uuid.uuid4().hex}",
+            patch=patch,
+            cwd=cwd,
+            timeout=float(timeout) if timeout is not None else None,
         )
     except ApiError as exc:
         return {"success": False, "stdout": "", "stderr": "", "exit_code": None, "error": str(exc)}

@@ -18,30 +18,6 @@ Command = Union[str, List[str]]
 RETRY_STATUSES = (429, 503)
 CHUNK = 256 * 1024
 
-# Applies a unified diff in the sandbox: git apply (works outside a repository) or
-# patch(1); -p1 (a/ b/ prefixes) first, then -p0. The patch file is removed after.
-PATCH_SCRIPT = r"""
-p="$HR_PATCH_FILE"
-applied=""
-rc=1
-for strip in 1 0; do
-  if command -v git >/dev/null 2>&1 && git apply --check -p"$strip" "$p" >/dev/null 2>&1; then
-    git apply --whitespace=nowarn -p"$strip" "$p"; rc=$?; applied=1; break
-  fi
-  if command -v patch >/dev/null 2>&1 &&
-     patch --dry-run --batch --forward -p"$strip" < "$p" >/dev/null 2>&1; then
-    patch --batch --forward -p"$strip" < "$p"; rc=$?; applied=1; break
-  fi
-done
-if [ -z "$applied" ]; then
-  if command -v git >/dev/null 2>&1; then git apply -p1 "$p"; else
-    patch --batch --forward -p1 < "$p"; fi
-  rc=$?
-fi
-rm -f "$p"
-exit "$rc"
-"""
-
 
 def config_path() -> Path:
     """Where ``hedgerow login`` stores the URL and key (``HEDGEROW_CONFIG`` overrides)."""
@@ -150,8 +126,14 @@ def exec_http_timeout(timeout: Optional[float]) -> float:
     return (timeout if timeout is not None else 600.0) + 30.0
 
 
-def patch_target() -> str:
-    return f"/tmp/.hedgerow-patch-{uuid.uuid4().hex}.diff"
+def patch_body(patch: str, *, cwd: str, timeout: float) -> Dict[str, Any]:
+    """The apply_patch request; its operation id makes a retry return the stored result."""
+    return {
+        "patch": patch,
+        "cwd": cwd,
+        "timeout": timeout,
+        "operation_id": f"patch-{uuid.uuid4().hex}",
+    }
 
 
 def local_files(root: Path) -> List[Tuple[Path, str]]:

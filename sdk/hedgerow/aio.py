@@ -443,8 +443,13 @@ class AsyncSandbox:
     async def apply_patch(
         self, patch: str, *, cwd: str = "/workspace", timeout: float = 60.0
     ) -> ExecResult:
-        target = common.patch_target()
-        await self.write_file(target, patch if patch.endswith("\n") else patch + "\n")
-        return await self.exec(
-            common.PATCH_SCRIPT, cwd=cwd, env={"HR_PATCH_FILE": target}, timeout=timeout
+        """Applies a unified diff in ``cwd`` (git apply, or patch(1)) as one recorded
+        operation; ``result.ok`` says whether it applied."""
+        body = common.patch_body(patch, cwd=cwd, timeout=timeout)
+        response = await self._client.request(
+            "POST",
+            f"/sandboxes/{self.id}/apply_patch",
+            json=body,
+            timeout=common.exec_http_timeout(timeout),
         )
+        return ExecResult.from_api(response.json())

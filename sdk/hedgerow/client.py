@@ -535,8 +535,14 @@ class Sandbox:
     ) -> ExecResult:
         """Applies a unified diff in ``cwd`` (git apply, or patch(1)); ``result.ok``
         says whether it applied, stdout/stderr say why not."""
-        target = common.patch_target()
-        self.write_file(target, patch if patch.endswith("\n") else patch + "\n")
-        return self.exec(
-            common.PATCH_SCRIPT, cwd=cwd, env={"HR_PATCH_FILE": target}, timeout=timeout
+        body = common.patch_body(patch, cwd=cwd, timeout=timeout)
+        episode = current_episode()
+        response = self._client.request(
+            "POST",
+            f"/sandboxes/{self.id}/apply_patch",
+            json=body,
+            timeout=common.exec_http_timeout(timeout),
         )
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], "apply_patch")
+        return ExecResult.from_api(response.json())

@@ -313,3 +313,19 @@ class OperationSerializer(serializers.ModelSerializer):  # type: ignore[type-arg
 
     def get_output(self, obj: Operation) -> dict[str, Any]:
         return {"stdout": obj.stdout, "stderr": obj.stderr}
+
+
+class ApplyPatchSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    patch = serializers.CharField(trim_whitespace=False, help_text="a unified diff")
+    cwd = serializers.CharField(required=False, allow_null=True)
+    timeout = serializers.FloatField(
+        min_value=0.01, max_value=3600, required=False, allow_null=True
+    )
+    operation_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,128}$", required=False)
+
+    def validate_cwd(self, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise serializers.ValidationError(
+                "cwd must be an absolute path", code="path_not_absolute"
+            )
+        return value

@@ -18,6 +18,11 @@ urlpatterns = [
     ),
     path("sandboxes/<str:sandbox_id>/exec", views.ExecView.as_view(), name="sandbox-exec"),
     path(
+        "sandboxes/<str:sandbox_id>/apply_patch",
+        views.ApplyPatchView.as_view(),
+        name="sandbox-apply-patch",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/operations",
         views.OperationListView.as_view(),
         name="operation-list",

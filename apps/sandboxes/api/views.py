@@ -14,6 +14,7 @@ from apps.billing.principal import Principal
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.api.serializers import (
+    ApplyPatchSerializer,
     ExecSerializer,
     OperationSerializer,
     SandboxCreateSerializer,
@@ -23,6 +24,7 @@ from apps.sandboxes.api.serializers import (
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
 from apps.sandboxes.services.operations import operation_exec
+from apps.sandboxes.services.patching import sandbox_apply_patch
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
 from apps.sandboxes.services.waiting import sandbox_wait_settled
 from controlplane.errors import ApiError
@@ -223,3 +225,30 @@ class OperationDetailView(APIView):
             # A relay that died must not leave the record running forever.
             operation = operation_recover(operation=operation)
         return Response(OperationSerializer(operation).data)
+
+
+class ApplyPatchView(APIView):
+    @extend_schema(
+        request=ApplyPatchSerializer,
+        responses={200: OperationSerializer, **ERROR_RESPONSES},
+        description="Applies a unified diff in `cwd` (default /workspace) with git apply, or "
+        "patch(1), as a recorded operation. `applied` says whether it applied; a patch that "
+        "does not apply is a completed operation with a non-zero exit and the tool's output.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        serializer = ApplyPatchSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data: dict[str, Any] = serializer.validated_data
+        operation = sandbox_apply_patch(
+            principal=principal,
+            sandbox=sandbox,
+            patch=data["patch"],
+            cwd=data.get("cwd"),
+            timeout=data.get("timeout"),
+            operation_id=data.get("operation_id"),
+        )
+        body = dict(OperationSerializer(operation).data)
+        body["applied"] = operation.termination == "exited" and operation.exit_code == 0
+        return Response(body)

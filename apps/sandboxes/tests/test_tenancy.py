@@ -16,6 +16,7 @@ ENDPOINTS = [
     ("post", "/api/v1/sandboxes/{id}/heartbeat", None),
     ("get", "/api/v1/sandboxes/{id}/events", None),
     ("post", "/api/v1/sandboxes/{id}/exec", {"command": "echo hi"}),
+    ("post", "/api/v1/sandboxes/{id}/apply_patch", {"patch": "--- a/x\n+++ b/x\n"}),
     ("get", "/api/v1/sandboxes/{id}/operations", None),
     ("get", "/api/v1/sandboxes/{id}/operations/op-1", None),
     ("get", "/api/v1/sandboxes/{id}/files?path=/etc/hostname", None),
