@@ -27,5 +27,8 @@ if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   echo "== kubectl kustomize"; for d in deploy/base deploy/overlays/*/; do
     kubectl kustomize "$d" >/dev/null; done
 fi
+# Kernel state (bridges, nft tables, subnet claims) outlives killed runs; remove what
+# provably dead runs left so the finite subnet pool never runs out.
+.venv/bin/python -m apps.sandboxes.backends.local.gc || true
 echo "== pytest"
 exec .venv/bin/python -m pytest "$@"
