@@ -42,7 +42,10 @@ def wait_agent_healthy(endpoint: Endpoint, token: str, timeout_s: float) -> None
     last_error = "no answer"
     while time.monotonic() < deadline:
         try:
-            client.health(timeout=1.0)
+            # Short: until the agent listens, the sandbox's egress policy drops the
+            # kernel's RST, so a connect hangs for the whole timeout instead of being
+            # refused; a long one made every poll cost a second.
+            client.health(timeout=0.25)
             return
         except (AgentUnreachable, AgentError) as exc:
             last_error = str(exc)
