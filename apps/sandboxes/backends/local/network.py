@@ -207,7 +207,7 @@ table bridge {t} {{
             ["ip", "-b", "-"],
             input="\n".join(
                 [
-                    f"link add {hv} type veth peer name {pv} netns {ns}",
+                    f"link add {hv} type veth peer name {pv} address {_mac_for(ip)} netns {ns}",
                     f'link set dev {hv} alias "{alias}"',
                     f"link set dev {hv} master {self.names.bridge}",
                     f"link set dev {hv} type bridge_slave isolated on",
@@ -327,3 +327,16 @@ def _enable_forwarding() -> None:
     except OSError as exc:
         if exc.errno != errno.EROFS:
             raise BackendError(f"cannot enable forwarding: {exc}") from exc
+
+
+def _mac_for(ip: str) -> str:
+    """A locally administered MAC derived from the sandbox's IP.
+
+    Addresses are reused as sandboxes come and go. With random MACs the host's
+    neighbour entry for a reused IP still names the old sandbox's MAC, and connects
+    hang for seconds while the kernel probes it (seen as agents "not healthy after
+    30 s" in a 1000-sandbox run). The same IP always gets the same MAC, so a stale
+    entry stays right.
+    """
+    octets = [int(part) for part in ip.split(".")]
+    return "02:68:" + ":".join(f"{octet:02x}" for octet in octets)
