@@ -18,16 +18,14 @@ import json
 import os
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench._stack import private_stack
+
 COMMAND = "echo hi"
 
 
@@ -131,63 +129,16 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    instance = f"bench{os.getpid()}"
-    db_name = f"hr_bench_{os.getpid()}"
-    os.environ.update(
-        HEDGEROW_INSTANCE=instance,
-        HEDGEROW_DB_NAME=db_name,
-        DJANGO_SETTINGS_MODULE="controlplane.settings",
-        HEDGEROW_LOG_LEVEL="WARNING",
-    )
-    # A throwaway key for this private stack (settings refuse a known default); the
-    # stack's processes inherit it, so agent tokens agree.
-    os.environ.setdefault("HEDGEROW_SECRET_KEY", uuid.uuid4().hex + uuid.uuid4().hex)
-    sys.path.insert(0, str(ROOT))
-    import psycopg
-
-    admin = psycopg.connect("host=127.0.0.1 port=55432 user=hedgerow dbname=postgres")
-    admin.autocommit = True
-    admin.execute(f'CREATE DATABASE "{db_name}"')
-    stack = None
-    try:
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True)
-        import django
-
-        django.setup()
-        from apps.billing.services import api_key_create, tenant_create
-        from conftest import Stack
-
-        tenant = tenant_create(slug="bench")
-        secret = api_key_create(tenant=tenant, name="bench", scopes=["read", "write"]).secret
-        stack = Stack(db_name, Path(tempfile.mkdtemp(prefix="hr-bench-")))
+    def configure(stack: Any) -> None:
         # The web process as scripts/stack.sh runs it: N workers and a DB pool.
         stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
         stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
         if args.no_fast_path:
             stack.web.env["HEDGEROW_EXEC_FAST_PATH"] = "0"
-        stack.start()
+
+    with private_stack("bench", {}, configure) as (stack, secret):
         run(args, stack, secret)
-    finally:
-        if stack is not None:
-            _cleanup(stack, secret if "secret" in locals() else None)
-            stack.stop()
-        from django.db import connections
-
-        connections.close_all()
-        admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
     return 0
-
-
-def _cleanup(stack: Any, secret: str | None) -> None:
-    from apps.sandboxes.backends import get_backend
-
-    backend = get_backend()
-    for item in backend.inventory():
-        if item.sandbox_id:
-            try:
-                backend.destroy(item.sandbox_id)
-            except Exception:
-                pass
 
 
 def run(args: argparse.Namespace, stack: Any, secret: str) -> None:

@@ -20,9 +20,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -30,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench._stack import private_stack
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -206,38 +203,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    instance = f"lc{os.getpid()}"
-    db_name = f"hr_bench_lc_{os.getpid()}"
-    os.environ.update(
-        HEDGEROW_INSTANCE=instance,
-        HEDGEROW_DB_NAME=db_name,
-        DJANGO_SETTINGS_MODULE="controlplane.settings",
-        HEDGEROW_LOG_LEVEL="WARNING",
-        HEDGEROW_MAX_LIVE_SANDBOXES="0",
-        HEDGEROW_LOCAL_SUBNET=args.subnet,
-    )
-    # A throwaway key for this private stack (settings refuse to run without one).
-    os.environ.setdefault("HEDGEROW_SECRET_KEY", uuid.uuid4().hex + uuid.uuid4().hex)
-    sys.path.insert(0, str(ROOT))
-    import psycopg
-
-    admin = psycopg.connect("host=127.0.0.1 port=55432 user=hedgerow dbname=postgres")
-    admin.autocommit = True
-    admin.execute(f'CREATE DATABASE "{db_name}"')
-    stack = None
-    try:
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True)
-        import django
-
-        django.setup()
-        from django.utils import timezone
-
-        from apps.billing.services import api_key_create, tenant_create
-        from conftest import Stack
-
-        tenant = tenant_create(slug="bench")
-        secret = api_key_create(tenant=tenant, name="bench", scopes=["read", "write"]).secret
-        stack = Stack(db_name, Path(tempfile.mkdtemp(prefix="hr-lifecycle-")))
+    def configure(stack: Any) -> None:
         stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "60"]
         stack.web.env = {
             **stack.env,
@@ -245,7 +211,11 @@ def main() -> int:
             "HEDGEROW_DB_POOL_MAX": str(args.db_pool),
         }
         stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
-        stack.start()
+
+    env = {"HEDGEROW_MAX_LIVE_SANDBOXES": "0", "HEDGEROW_LOCAL_SUBNET": args.subnet}
+    with private_stack("lc", env, configure) as (stack, secret):
+        from django.utils import timezone
+
         assert stack.web.popen is not None and stack.worker.popen is not None
         sampler = MemorySampler([stack.web.popen.pid, stack.worker.popen.pid])
         sampler.start()
@@ -260,30 +230,7 @@ def main() -> int:
         all_deleted, reconcile, audit = settle_and_audit(since)
         sampler.running = False
         report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
-    finally:
-        if stack is not None:
-            stack.stop()
-            _cleanup()
-        from django.db import connections
-
-        connections.close_all()
-        admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
     return 0
-
-
-def _cleanup() -> None:
-    from apps.sandboxes.backends import get_backend
-
-    backend = get_backend()
-    for sandbox_id in {i.sandbox_id for i in backend.inventory() if i.sandbox_id}:
-        try:
-            backend.destroy(sandbox_id)
-        except Exception as exc:  # report, keep cleaning
-            print(f"cleanup of {sandbox_id} failed: {exc}")
-    # The private instance's bridge, nft table, cgroup group and subnet claim go too.
-    teardown = getattr(backend, "teardown_instance", None)
-    if teardown is not None:
-        teardown()
 
 
 def report(
