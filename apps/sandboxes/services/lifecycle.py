@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 EXTERNAL_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 # Words that read as commands or collections in URLs and UIs; refused as ids.
 RESERVED_IDS = frozenset({"all", "new", "list", "create", "health", "resources", "jobs", "me"})
+_CAS_ATTEMPTS = 5
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
 
 
@@ -121,29 +122,34 @@ def sandbox_transition(
     False nothing was written and ``sandbox`` is refreshed from the database.
     """
     with transaction.atomic():
-        now = timezone.now()
-        current = (
-            Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
-            .values_list("state", "generation")
-            .first()
-        )
-        if current is None:
-            sandbox.refresh_from_db()
-            return False
-        from_state, generation = current
-        new_generation = generation + 1 if bump_generation else generation
-        updates: dict[str, Any] = {
-            "state": to_state,
-            "generation": new_generation,
-            "updated_at": now,
-            **fields,
-        }
-        if message or to_state in (State.FAILED, State.LOST):
-            updates["status_message"] = message
-        changed = Sandbox.objects.filter(
-            pk=sandbox.pk, state=from_state, generation=generation
-        ).update(**updates)
-        if changed != 1:
+        # Another transition may commit between our read and our update (a delete racing
+        # requested → provisioning). If the row is then still in one of our
+        # from_states, the move is still ours to make: read again and retry, instead
+        # of silently dropping it (a lost delete left sandboxes running).
+        for _attempt in range(_CAS_ATTEMPTS):
+            current = (
+                Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
+                .values_list("state", "generation")
+                .first()
+            )
+            if current is None:
+                sandbox.refresh_from_db()
+                return False
+            from_state, generation = current
+            updates: dict[str, Any] = {
+                "state": to_state,
+                "generation": generation + 1 if bump_generation else generation,
+                "updated_at": timezone.now(),
+                **fields,
+            }
+            if message or to_state in (State.FAILED, State.LOST):
+                updates["status_message"] = message
+            changed = Sandbox.objects.filter(
+                pk=sandbox.pk, state=from_state, generation=generation
+            ).update(**updates)
+            if changed == 1:
+                break
+        else:
             sandbox.refresh_from_db()
             return False
         sandbox.refresh_from_db()
