@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._stack import private_stack
+from bench.cpu_account import CpuAccount
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -222,14 +223,18 @@ def main() -> int:
         # The machine is shared: record how busy it was when the clock started.
         args.load_before = Path("/proc/loadavg").read_text().split()[0]
         since = timezone.now()
+        cpu = CpuAccount()
+        cpu.start()
         started = time.perf_counter()
         results = asyncio.run(
             run_load(stack.url, secret, args.n, args.k, args.concurrency or args.n)
         )
         wall = time.perf_counter() - started
         all_deleted, reconcile, audit = settle_and_audit(since)
+        cpu.stop()
         sampler.running = False
         report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
+        print("\n".join(cpu.report(args.n, "sandbox")))
     return 0
 
 
