@@ -102,9 +102,6 @@ class Names:
     def host_veth(self, sandbox_id: str) -> str:
         return self.veth_prefix + _hex(self.instance + sandbox_id, 10)  # 15 chars
 
-    def peer_veth(self, sandbox_id: str) -> str:
-        return "p" + self.ihash[:4] + _hex(self.instance + sandbox_id, 10)
-
     def veth_alias(self, sandbox_id: str) -> str:
         return f"hedgerow:{self.instance}:{sandbox_id}"
 

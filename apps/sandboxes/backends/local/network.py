@@ -21,10 +21,30 @@ from pathlib import Path
 
 from apps.sandboxes.backends.base import BackendError
 
+from . import _netlink, _nft
+from ._netlink import (
+    IFLA_ADDRESS,
+    IFLA_IFALIAS,
+    IFLA_IFNAME,
+    IFLA_MASTER,
+    IFLA_NET_NS_FD,
+    NETNS_DIR,
+    Rtnl,
+    attr,
+    attr_str,
+    attr_u32,
+    bridge_port_isolated,
+    ifinfo,
+    in_new_netns,
+    link_index,
+    mac_bytes,
+)
 from ._sys import run
 from .config import LocalBackendConfig, Names
 
-NETNS_DIR = Path("/run/netns")
+# eth0's ifindex inside a sandbox's netns (lo is 1): set at creation, so the
+# address can be added without asking the kernel for it
+INNER_INDEX = 2
 
 
 class Network:
@@ -95,19 +115,32 @@ class Network:
         return [n for n in nets if n.prefixlen > 0]
 
     def ensure_instance(self) -> None:
-        """Create the bridge and host tables if missing (caller holds the instance lock)."""
-        br, gw = self.names.bridge, self.gateway
-        if run(["ip", "link", "show", "dev", br], check=False).returncode != 0:
-            run(["ip", "link", "add", br, "type", "bridge"])
-        run(["ip", "addr", "replace", f"{gw}/{self.subnet.prefixlen}", "dev", br])
-        run(["ip", "link", "set", br, "up"])
-        table = self.names.nft_table
-        if run(["nft", "list", "table", "inet", table], check=False).returncode != 0:
-            run(["nft", "-f", "-"], input=self._host_ruleset())
+        """Create the bridge and host tables if missing (caller holds the instance lock).
 
-    def _host_ruleset(self) -> str:
+        Runs before every provision, so a bridge or table deleted by hand comes back;
+        in-process (netlink, libnftables) it costs well under a millisecond.
+        """
+        br, gw = self.names.bridge, self.gateway
+        try:
+            with Rtnl() as rt:
+                if not link_index(br):
+                    rt.add_bridge(br)
+                rt.add_addr(link_index(br), gw, self.subnet.prefixlen, replace=True)
+                rt.set_link(br, up=True)
+            with _nft.NfNetlink() as nfnl:
+                missing = [
+                    ruleset
+                    for family, ruleset in self._host_rulesets().items()
+                    if not nfnl.table_exists(family, self.names.nft_table)
+                ]
+            if missing:
+                _nft.host_run("".join(missing))
+        except (OSError, _nft.NftError) as exc:
+            raise BackendError(f"cannot set up bridge {br} and host tables: {exc}") from exc
+
+    def _host_rulesets(self) -> dict[str, str]:
         br, t, sub = self.names.bridge, self.names.nft_table, self.subnet
-        return f"""
+        inet = f"""
 table inet {t} {{
   set egress {{ type ipv4_addr; }}
   chain input {{
@@ -128,6 +161,8 @@ table inet {t} {{
     ip saddr @egress oifname != "{br}" masquerade
   }}
 }}
+"""
+        bridge = f"""
 table bridge {t} {{
   chain forward {{
     type filter hook forward priority -10; policy accept;
@@ -136,11 +171,14 @@ table bridge {t} {{
   }}
 }}
 """
+        return {"inet": inet, "bridge": bridge}
 
     def teardown_instance(self) -> None:
         for family in ("inet", "bridge"):
-            run(["nft", "delete", "table", family, self.names.nft_table], check=False)
-        run(["ip", "link", "del", self.names.bridge], check=False)
+            with contextlib.suppress(_nft.NftError):
+                _nft.host_run(f"delete table {family} {self.names.nft_table}")
+        with contextlib.suppress(OSError), Rtnl() as rt:
+            rt.del_link(self.names.bridge)
         if self.subnet_file.exists():
             net = ipaddress.IPv4Network(self.subnet_file.read_text().strip())
             path = self._claim_file(net)
@@ -198,40 +236,72 @@ table bridge {t} {{
         network_access: bool,
         hook: Callable[[str], None],
     ) -> None:
+        """netns with its filter, veth pair into it, address, route, egress element.
+
+        All in-process: netlink for links and addresses, libnftables for rules.
+        """
         ns, hv = self.names.netns(sandbox_id), self.names.host_veth(sandbox_id)
-        pv = self.names.peer_veth(sandbox_id)
-        run(["ip", "netns", "add", ns])
-        hook("netns_created")
-        alias = self.names.veth_alias(sandbox_id)
-        run(
-            ["ip", "-b", "-"],
-            input="\n".join(
-                [
-                    f"link add {hv} type veth peer name {pv} address {_mac_for(ip)} netns {ns}",
-                    f'link set dev {hv} alias "{alias}"',
-                    f"link set dev {hv} master {self.names.bridge}",
-                    f"link set dev {hv} type bridge_slave isolated on",
-                    f"link set dev {hv} up",
-                ]
-            )
-            + "\n",
-        )
-        hook("veth_created")
-        inner = [
-            f"link set dev {pv} name eth0",
-            f"addr add {ip}/{self.subnet.prefixlen} dev eth0",
-            "link set dev eth0 up",
-            "link set dev lo up",
-        ]
-        if network_access:
-            inner.append(f"route add default via {self.gateway}")
-        run(["ip", "-n", ns, "-b", "-"], input="\n".join(inner) + "\n")
-        # the filter is in place before any sandbox process exists
         ruleset = self._sandbox_ruleset(network_access)
-        run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=ruleset)
+
+        def inside(rt: Rtnl) -> None:
+            # the filter is in place before any interface is up or process exists
+            with _nft.Nft() as nft:
+                nft.run(ruleset)
+            rt.set_link("lo", up=True)
+
+        try:
+            ns_rt, _ = in_new_netns(ns, inside)
+        except (OSError, _nft.NftError) as exc:
+            raise BackendError(f"cannot create netns {ns}: {exc}") from exc
+        with ns_rt:
+            hook("netns_created")
+            try:
+                self._add_veth(sandbox_id, ip)
+            except OSError as exc:
+                raise BackendError(f"cannot create veth {hv}: {exc}") from exc
+            hook("veth_created")
+            try:
+                ns_rt.add_addr(INNER_INDEX, ip, self.subnet.prefixlen)
+                ns_rt.set_link("eth0", up=True)
+                if network_access:
+                    ns_rt.add_default_route(self.gateway)
+            except OSError as exc:
+                raise BackendError(f"cannot configure eth0 in {ns}: {exc}") from exc
         if network_access:
             _enable_forwarding()
-            run(["nft", "add", "element", "inet", self.names.nft_table, "egress", f"{{ {ip} }}"])
+            try:
+                with _nft.NfNetlink() as nfnl:
+                    nfnl.set_element("inet", self.names.nft_table, "egress", ip, add=True)
+            except OSError as exc:
+                raise BackendError(f"cannot allow egress for {ip}: {exc}") from exc
+
+    def _add_veth(self, sandbox_id: str, ip: str) -> None:
+        hv = self.names.host_veth(sandbox_id)
+        ns_fd = os.open(NETNS_DIR / self.names.netns(sandbox_id), os.O_RDONLY)
+        try:
+            # The far end is created inside the netns, already named eth0 with its
+            # index and MAC: nothing to rename or look up afterwards.
+            peer = (
+                ifinfo(index=INNER_INDEX)
+                + attr_str(IFLA_IFNAME, "eth0")
+                + attr(IFLA_ADDRESS, mac_bytes(_mac_for(ip)))
+                + attr_u32(IFLA_NET_NS_FD, ns_fd)
+            )
+            with Rtnl() as rt:
+                rt.add_veth(hv, peer)
+                bridge = link_index(self.names.bridge)
+                if not bridge:
+                    raise OSError(f"bridge {self.names.bridge} is missing")
+                rt.set_link(
+                    hv,
+                    attr_str(IFLA_IFALIAS, self.names.veth_alias(sandbox_id)),
+                    attr_u32(IFLA_MASTER, bridge),
+                )
+                # the port is isolated before it is up (the kernel applies slave
+                # options before link flags within one request)
+                rt.set_link(hv, bridge_port_isolated(), up=True)
+        finally:
+            os.close(ns_fd)
 
     def _sandbox_ruleset(self, network_access: bool) -> str:
         policy = "accept" if network_access else "drop"
@@ -252,11 +322,7 @@ table inet hedgerow {{
 """
 
     def netns_pids(self, sandbox_id: str) -> list[int]:
-        ns = self.names.netns(sandbox_id)
-        if not (NETNS_DIR / ns).exists():
-            return []
-        out = run(["ip", "netns", "pids", ns], check=False).stdout
-        return [int(p) for p in out.split() if p.isdigit()]
+        return _netlink.netns_pids(self.names.netns(sandbox_id))
 
     def delete(self, sandbox_id: str, ip: str | None) -> None:
         self.delete_veth(self.names.host_veth(sandbox_id))
@@ -265,22 +331,28 @@ table inet hedgerow {{
             self.delete_egress(ip)
 
     def delete_veth(self, name: str) -> None:
-        proc = run(["ip", "link", "del", name], check=False)
-        if proc.returncode != 0 and "Cannot find device" not in proc.stderr:
-            raise BackendError(f"ip link del {name}: {proc.stderr.strip()}")
+        # Deleting the netns would take the pair with it, but only once its last
+        # user is gone and then asynchronously: deleted here, it is gone on return.
+        try:
+            with Rtnl() as rt:
+                rt.del_link(name)
+        except OSError as exc:
+            raise BackendError(f"cannot delete veth {name}: {exc}") from exc
 
     def delete_netns(self, name: str) -> None:
-        if not (NETNS_DIR / name).exists():
-            return
-        proc = run(["ip", "netns", "del", name], check=False)
-        if proc.returncode != 0 and (NETNS_DIR / name).exists():
-            raise BackendError(f"ip netns del {name}: {proc.stderr.strip()}")
+        try:
+            _netlink.delete_netns(name)
+        except OSError as exc:
+            raise BackendError(f"cannot delete netns {name}: {exc}") from exc
 
     def delete_egress(self, ip: str) -> None:
-        run(
-            ["nft", "delete", "element", "inet", self.names.nft_table, "egress", f"{{ {ip} }}"],
-            check=False,
-        )
+        # absent for sandboxes without network access (and a missing table: nothing
+        # to delete); anything else is an error
+        try:
+            with _nft.NfNetlink() as nfnl:
+                nfnl.set_element("inet", self.names.nft_table, "egress", ip, add=False)
+        except OSError as exc:
+            raise BackendError(f"cannot remove egress element {ip}: {exc}") from exc
 
     # ---- listings (raise on failure: callers must never act on a partial view) -------
 
@@ -305,15 +377,14 @@ table inet hedgerow {{
         return found
 
     def list_egress(self) -> list[str]:
-        proc = run(
-            ["nft", "-j", "list", "set", "inet", self.names.nft_table, "egress"], check=False
-        )
-        if proc.returncode != 0:
-            if "No such file" in proc.stderr:
+        try:
+            out = _nft.host_run(f"list set inet {self.names.nft_table} egress", json=True)
+        except _nft.NftError as exc:
+            if "No such file" in str(exc):
                 return []
-            raise BackendError(f"nft list set: {proc.stderr.strip()}")
+            raise BackendError(f"nft list set: {exc}") from exc
         ips: list[str] = []
-        for obj in json.loads(proc.stdout).get("nftables", []):
+        for obj in json.loads(out).get("nftables", []):
             elems = obj.get("set", {}).get("elem", [])
             ips.extend(e for e in elems if isinstance(e, str))
         return ips
