@@ -310,7 +310,7 @@ class LocalBackend:
             self.cgroups.remove(path)
         if self.isolated:
             self.network.delete(sid, meta.get("ip"))
-        self.network.release_ips(sid)
+        self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
         shutil.rmtree(self._dir(sid), ignore_errors=True)
         if self._dir(sid).exists():
             raise BackendError(f"cannot remove {self._dir(sid)}")

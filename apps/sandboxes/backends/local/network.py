@@ -54,6 +54,7 @@ class Network:
         self.addr_dir = config.state_dir / "addresses"
         self.subnet_file = config.state_dir / "subnet"
         self._subnet: ipaddress.IPv4Network | None = None
+        self._cursor = 0  # where claim_ip looks first (a hint; the claim files decide)
 
     # ---- instance-wide -------------------------------------------------------------
 
@@ -191,15 +192,28 @@ table bridge {t} {{
     # ---- addresses -------------------------------------------------------------------
 
     def claim_ip(self, sandbox_id: str) -> str:
+        """Claim a free address (an O_EXCL file naming the sandbox).
+
+        The scan starts after this process's last claim, not at the bottom of the
+        subnet: with hundreds of live sandboxes a claim is one or two ``open`` calls
+        instead of one per live sandbox, and a released address is reused as late as
+        possible. The files alone are the truth; the cursor is only where to look.
+        """
         self.addr_dir.mkdir(parents=True, exist_ok=True)
-        for host in list(self.subnet.hosts())[1:]:  # .1 is the bridge
+        net = self.subnet
+        first = int(net.network_address) + 2  # .1 is the bridge
+        count = net.num_addresses - 3  # neither the network, the bridge nor broadcast
+        for step in range(max(count, 0)):
+            offset = (self._cursor + step) % count
+            host = str(ipaddress.IPv4Address(first + offset))
             try:
-                fd = os.open(self.addr_dir / str(host), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                fd = os.open(self.addr_dir / host, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             except FileExistsError:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(sandbox_id)
-            return str(host)
+            self._cursor = offset + 1
+            return host
         raise BackendError("no free address in the instance subnet", transient=True)
 
     def claims(self) -> list[tuple[str, str]]:
@@ -218,7 +232,22 @@ table bridge {t} {{
                 found.append((f.name, f.read_text().strip()))
         return found
 
-    def release_ips(self, sandbox_id: str) -> None:
+    def release_ips(self, sandbox_id: str, known_ip: str | None = None) -> None:
+        """Release every address ``sandbox_id`` holds.
+
+        ``known_ip``: the address its meta.json records. A sandbox holds at most that
+        one (the claim is recorded in meta.json right after it is made, and every
+        provision first destroys what a previous one left), so it is released
+        without reading every claim; without it, all claims are read.
+        """
+        if known_ip is not None:
+            try:
+                owner = (self.addr_dir / known_ip).read_text().strip()
+            except FileNotFoundError:
+                return
+            if owner == sandbox_id:
+                self.release_ip(known_ip)
+                return
         for ip, owner in self.claims():
             if owner == sandbox_id:
                 self.release_ip(ip)
