@@ -302,7 +302,11 @@ class LocalBackend:
         meta = self._meta(sid) or {}
         if meta.get("pid"):
             kill_and_wait(int(meta["pid"]), meta.get("start_time"))
-        if self.isolated:
+        if self.isolated and not (meta.get("state") == "started" and meta.get("cgroups")):
+            # A started sandbox's processes are all in its cgroups (the launch joins
+            # them before entering the netns), which are emptied below. Otherwise (a
+            # provision that died halfway, no usable cgroups) look for anything left
+            # in the netns: a scan of every /proc entry, too dear for every destroy.
             kill_pids(self.network.netns_pids(sid))
         cgroup_dirs = set(self.cgroups.paths(sid).values())
         cgroup_dirs |= {Path(p) for p in (meta.get("cgroups") or {}).values()}

@@ -181,6 +181,61 @@ def test_it_rolls_back_when_provision_fails(backend: LocalBackend) -> None:
     assert traces(backend, spec.sandbox_id) == []
 
 
+def _dead(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def test_it_kills_what_a_started_sandbox_left_running(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend
+) -> None:
+    if not backend.cgroups.parents:
+        pytest.skip("no writable cgroups")
+    sb = sandbox_factory()
+    # a daemon of its own session, outside the agent's process tree
+    code, _, err = sb.sh("setsid sh -c 'sleep 1000 & sleep 1000' </dev/null >/dev/null 2>&1 &")
+    assert code == 0, err
+    procs = next(iter(backend.cgroups.paths(sb.id).values())) / "cgroup.procs"
+    deadline = time.monotonic() + 10
+    while procs.read_text().count("\n") < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p) for p in procs.read_text().split()]
+    assert len(pids) >= 5  # bwrap ×2, agent, sh, 2 × sleep
+    backend.destroy(sb.id)
+    assert [p for p in pids if not _dead(p)] == []
+    assert traces(backend, sb.id) == []
+
+
+def test_it_kills_what_a_failed_provision_left_in_its_netns(backend: LocalBackend) -> None:
+    spec = new_spec()
+    ns = backend.names.netns(spec.sandbox_id)
+    intruder: list[subprocess.Popen[bytes]] = []
+
+    def enter_then_fail(point: str) -> None:
+        if point == "veth_created":
+            # not in any cgroup of the sandbox: only the netns scan can find it
+            intruder.append(subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "1000"]))
+            deadline = time.monotonic() + 10
+            while not backend.network.netns_pids(spec.sandbox_id):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            raise RuntimeError("injected")
+
+    backend.fault_hook = enter_then_fail
+    try:
+        with pytest.raises(BackendError, match="injected"):
+            backend.provision(spec)
+        assert intruder[0].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        backend.fault_hook = None
+        for proc in intruder:
+            proc.kill()
+            proc.wait()
+    assert traces(backend, spec.sandbox_id) == []
+
+
 def test_it_survives_the_death_of_the_provisioning_process(backend: LocalBackend) -> None:
     spec = new_spec()
     script = textwrap.dedent(f"""
