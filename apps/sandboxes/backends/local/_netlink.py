@@ -43,7 +43,7 @@ NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
 NLMSG_ERROR = 2
 
-RTM_NEWLINK, RTM_DELLINK = 16, 17
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_NEWADDR = 20
 RTM_NEWROUTE = 24
 
@@ -180,6 +180,25 @@ class Rtnl:
     def set_link(self, name: str, *attrs: bytes, up: bool = False) -> None:
         body = ifinfo(flags=IFF_UP if up else 0, change=IFF_UP if up else 0)
         self.new_link(body + attr_str(IFLA_IFNAME, name) + b"".join(attrs), create=False)
+
+    def index_of(self, name: str) -> int:
+        """ifindex of link ``name`` in this socket's netns."""
+        self.seq += 1
+        body = ifinfo() + attr_str(IFLA_IFNAME, name)
+        self.sock.send(header(len(body), RTM_GETLINK, 0, self.seq) + body)
+        while True:
+            data = self.sock.recv(65536)
+            offset = 0
+            while offset + _NLHDR.size <= len(data):
+                length, kind, _flags, seq, _pid = _NLHDR.unpack_from(data, offset)
+                if seq == self.seq and kind == RTM_NEWLINK:
+                    return int(_IFINFO.unpack_from(data, offset + _NLHDR.size)[2])
+                if seq == self.seq and kind == NLMSG_ERROR:
+                    (code,) = struct.unpack_from("=i", data, offset + _NLHDR.size)
+                    raise NetlinkError(-code, f"{name}: {os.strerror(-code)}")
+                if length < _NLHDR.size:
+                    break
+                offset += (length + 3) & ~3
 
     def del_link(self, name: str) -> bool:
         """Delete link ``name``; False when it does not exist."""

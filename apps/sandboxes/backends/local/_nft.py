@@ -4,7 +4,9 @@ A context's netlink socket is opened by ``nft_ctx_new`` in the namespace of the
 calling thread and stays there: a context made inside a sandbox's netns (see
 ``_netlink.in_new_netns``) configures that netns; the host context is made in the
 host's. Contexts are not thread-safe, and a socket inherited across ``fork`` would
-be shared with the parent: the host context is per process and used under a lock.
+be shared with the parent: the host context is per process. libnftables promises
+no thread safety (it keeps some global state), so every call into it holds one
+process-wide lock.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class NftError(Exception):
     pass
 
 
+_lib_lock = threading.RLock()
+
+
 class Nft:
     """One libnftables context in the calling thread's netns."""
 
@@ -60,29 +65,32 @@ class Nft:
         if _lib is None:
             raise NftError("libnftables is not installed")
         self._lib = _lib
-        ctx = _lib.nft_ctx_new(0)
-        if not ctx:
-            raise NftError("nft_ctx_new failed")
-        self._ctx: int | None = ctx
-        _lib.nft_ctx_buffer_output(ctx)
-        _lib.nft_ctx_buffer_error(ctx)
-        if json:
-            _lib.nft_ctx_output_set_flags(ctx, NFT_CTX_OUTPUT_JSON)
+        with _lib_lock:
+            ctx = _lib.nft_ctx_new(0)
+            if not ctx:
+                raise NftError("nft_ctx_new failed")
+            self._ctx: int | None = ctx
+            _lib.nft_ctx_buffer_output(ctx)
+            _lib.nft_ctx_buffer_error(ctx)
+            if json:
+                _lib.nft_ctx_output_set_flags(ctx, NFT_CTX_OUTPUT_JSON)
 
     def run(self, commands: str) -> str:
         """Run ``commands`` (one transaction); returns the output, raises on error."""
         if self._ctx is None:
             raise NftError("context closed")
-        rc = self._lib.nft_run_cmd_from_buffer(self._ctx, commands.encode())
-        out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
-        err = self._lib.nft_ctx_get_error_buffer(self._ctx) or b""
+        with _lib_lock:
+            rc = self._lib.nft_run_cmd_from_buffer(self._ctx, commands.encode())
+            out = self._lib.nft_ctx_get_output_buffer(self._ctx) or b""
+            err = self._lib.nft_ctx_get_error_buffer(self._ctx) or b""
         if rc != 0:
             raise NftError(err.decode(errors="replace").strip() or f"nft: error {rc}")
         return out.decode(errors="replace")
 
     def close(self) -> None:
         if self._ctx is not None:
-            self._lib.nft_ctx_free(self._ctx)
+            with _lib_lock:
+                self._lib.nft_ctx_free(self._ctx)
             self._ctx = None
 
     def __enter__(self) -> Nft:
@@ -95,7 +103,6 @@ class Nft:
 
 
 _host: dict[bool, tuple[int, Nft]] = {}
-_host_lock = threading.Lock()
 
 
 def host_run(commands: str, *, json: bool = False) -> str:
@@ -104,7 +111,7 @@ def host_run(commands: str, *, json: bool = False) -> str:
     Callers are threads in the host netns (only ``_netlink``'s own short-lived
     threads ever switch namespace).
     """
-    with _host_lock:
+    with _lib_lock:
         held = _host.get(json)
         if held is None or held[0] != os.getpid():
             held = _host[json] = (os.getpid(), Nft(json=json))

@@ -42,10 +42,6 @@ from ._netlink import (
 from ._sys import run
 from .config import LocalBackendConfig, Names
 
-# eth0's ifindex inside a sandbox's netns (lo is 1): set at creation, so the
-# address can be added without asking the kernel for it
-INNER_INDEX = 2
-
 
 class Network:
     def __init__(self, config: LocalBackendConfig, names: Names) -> None:
@@ -290,7 +286,7 @@ table bridge {t} {{
                 raise BackendError(f"cannot create veth {hv}: {exc}") from exc
             hook("veth_created")
             try:
-                ns_rt.add_addr(INNER_INDEX, ip, self.subnet.prefixlen)
+                ns_rt.add_addr(ns_rt.index_of("eth0"), ip, self.subnet.prefixlen)
                 ns_rt.set_link("eth0", up=True)
                 if network_access:
                     ns_rt.add_default_route(self.gateway)
@@ -308,10 +304,11 @@ table bridge {t} {{
         hv = self.names.host_veth(sandbox_id)
         ns_fd = os.open(NETNS_DIR / self.names.netns(sandbox_id), os.O_RDONLY)
         try:
-            # The far end is created inside the netns, already named eth0 with its
-            # index and MAC: nothing to rename or look up afterwards.
+            # The far end is created inside the netns, already named eth0 and with
+            # its MAC: nothing to rename. (Its ifindex is left to the kernel: a new
+            # netns may hold fallback tunnel devices, sit0 & co., besides lo.)
             peer = (
-                ifinfo(index=INNER_INDEX)
+                ifinfo()
                 + attr_str(IFLA_IFNAME, "eth0")
                 + attr(IFLA_ADDRESS, mac_bytes(_mac_for(ip)))
                 + attr_u32(IFLA_NET_NS_FD, ns_fd)

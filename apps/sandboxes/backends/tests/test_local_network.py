@@ -6,6 +6,7 @@ or a namespace this test creates. No traffic ever leaves the machine.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -158,3 +159,34 @@ def test_it_keeps_host_side_rules_in_one_table_per_instance(
     ).stdout
     assert f"table inet {backend.names.nft_table}" in tables
     assert f"table bridge {backend.names.nft_table}" in tables
+
+
+def test_it_builds_the_network_that_ip_and_nft_see(
+    backend: LocalBackend, sandbox_factory: Callable[..., Sandbox]
+) -> None:
+    """The in-process setup (netlink, libnftables) leaves what `ip`/`nft` would: operators,
+    gc and the agent launch (`ip netns exec`) rely on it."""
+    own_netns = os.readlink("/proc/thread-self/ns/net")
+    sb = sandbox_factory(network_access=False)
+    assert os.readlink("/proc/thread-self/ns/net") == own_netns  # never switched
+
+    ns, hv = backend.names.netns(sb.id), backend.names.host_veth(sb.id)
+
+    def out(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+    assert ns in out("ip", "netns", "list")
+    [host] = json.loads(out("ip", "-d", "-j", "link", "show", "dev", hv))
+    assert host["master"] == backend.names.bridge
+    assert host["ifalias"] == backend.names.veth_alias(sb.id)
+    assert host["linkinfo"]["info_slave_data"]["isolated"] is True
+    assert "UP" in host["flags"]
+    [inner] = json.loads(out("ip", "-n", ns, "-j", "addr", "show", "dev", "eth0"))
+    assert [(a["local"], a["prefixlen"]) for a in inner["addr_info"] if a["family"] == "inet"] == [
+        (sb.endpoint.host, backend.network.subnet.prefixlen)
+    ]
+    assert "UP" in inner["flags"]
+    assert json.loads(out("ip", "-n", ns, "-j", "route", "show", "default")) == []
+    ruleset = json.loads(out("ip", "netns", "exec", ns, "nft", "-j", "list", "ruleset"))
+    chains = {c["chain"]["name"]: c["chain"]["policy"] for c in ruleset["nftables"] if "chain" in c}
+    assert chains == {"input": "drop", "output": "drop"}
