@@ -37,12 +37,18 @@ def run(
     return proc
 
 
-def write_atomic(path: Path, data: str, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: str, mode: int = 0o644, *, durable: bool = True) -> None:
+    """Replace ``path`` atomically: readers see the old or the new content, never a mix.
+
+    ``durable=False`` skips the fsync, for files that describe state a machine crash
+    destroys anyway.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, data.encode())
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -152,7 +152,10 @@ class LocalBackend:
         return read_json(self._dir(sandbox_id) / "meta.json")
 
     def _save_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
-        write_atomic(self._dir(sandbox_id) / "meta.json", json.dumps(meta, indent=1))
+        # Not fsynced: meta.json describes a netns, cgroups and processes that a
+        # machine crash destroys too. After one, a torn or empty meta.json reads as
+        # "no meta" and destroy works from the names alone, as it must anyway.
+        write_atomic(self._dir(sandbox_id) / "meta.json", json.dumps(meta, indent=1), durable=False)
 
     def _lock(self, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
         return file_lock(self.locks_dir / f"{sandbox_id}.lock")
@@ -216,7 +219,6 @@ class LocalBackend:
             "labels": spec.labels,
             "created_at": time.time(),
         }
-        self._save_meta(sid, meta)
         limits = Limits(spec.memory_mib * 1024 * 1024, spec.cpu_millis, spec.pids_limit)
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
@@ -229,14 +231,18 @@ class LocalBackend:
                 host_veth=self.names.host_veth(sid),
                 bridge=self.names.bridge,
             )
-            self._save_meta(sid, meta)
-            self.network.create(sid, ip, spec.network_access, self._hook)
         else:
             meta.update(ip="127.0.0.1", port=_free_port())
-            self._save_meta(sid, meta)
-        cgroup_dirs = self.cgroups.create(sid, limits)
-        meta["cgroups"] = {c: str(p) for c, p in cgroup_dirs.items()}
+        # One write records everything destroy needs before any of it exists: the
+        # address (its egress element must go before the address is reused) and the
+        # cgroup dirs (another process of the instance may sit in other cgroups).
+        # A crash before it leaves a dir without meta and maybe a claim: destroy
+        # then reads every claim. The other write is the final "started".
+        meta["cgroups"] = {c: str(p) for c, p in self.cgroups.paths(sid).items()}
         self._save_meta(sid, meta)
+        if self.isolated:
+            self.network.create(sid, ip, spec.network_access, self._hook)
+        cgroup_dirs = self.cgroups.create(sid, limits)
         self._hook("cgroups_created")
         process.write_token(d / "secret", spec.agent_token)
         if self.isolated:
