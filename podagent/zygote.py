@@ -8,13 +8,12 @@ sandbox (namespaces, mounts, --cap-drop ALL) but runs a tiny static ``pause`` bi
 the agent is a fork of this daemon entered into pause's namespaces:
 
 1. a handler child (one per request: the main loop only accepts, forks and reaps)
-   fork+execs bwrap with the cgroups joined, the netns entered and a new session;
+   joins the sandbox's cgroups and netns and posix_spawns bwrap in a new session;
 2. pause writes one byte to the *ready* pipe once bwrap's mounts are done;
-3. a child joins the cgroups, setns()es into pause's cgroup/ipc/uts/net/pid/mnt
-   namespaces, chroots to pause's root and forks the agent (the pid namespace
-   applies to children only) which drops every capability, sets the environment
-   bwrap would have set, keeps only stdout/stderr and the *hold* pipe and runs
-   ``podagent.__main__.main``.
+3. the handler setns()es into pause's cgroup/ipc/uts/net/pid/mnt namespaces, chroots
+   to pause's root and forks the agent (the pid namespace applies to children only),
+   which drops every capability, sets the environment bwrap would have set, keeps
+   only stdout/stderr and the *hold* pipe and runs ``podagent.__main__.main``.
 
 The agent holds the only write end of the hold pipe: when it dies, pause reads EOF and
 exits, bwrap's pid-namespace init exits and the kernel kills everything in the
@@ -71,6 +70,7 @@ NAMESPACES = (  # setns order: mnt last (after it /proc/<pause>/ns is another /p
 )
 CLONE_NEWNET = 0x40000000
 PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
@@ -160,73 +160,55 @@ def _proc_start_time(pid: int) -> Optional[int]:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def _move_high(fds: List[int]) -> List[int]:
-    return [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
-
-
 def _join_cgroups(cgroups: List[str]) -> None:
     for directory in cgroups:
         with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
             fh.write(str(os.getpid()))
 
 
-def _fail_child(err_w: int, stage: str, exc: BaseException) -> NoReturn:
-    try:
-        os.write(err_w, json.dumps({"stage": stage, "error": str(exc)}).encode())
-    finally:
-        os._exit(127)
+class _Stage:
+    """Turns any failure inside into a ZygoteError naming the launch stage."""
 
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
 
-def _read_all(fd: int, deadline: float) -> bytes:
-    chunks: List[bytes] = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise ZygoteError("timeout", "no answer from a launch child")
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and not isinstance(exc, ZygoteError):
+            raise ZygoteError(self.stage, f"{type(exc).__name__}: {exc}") from exc
 
 
 def _start_bwrap(req: Dict[str, Any], log_fd: int, ready_w: int, hold_r: int, info_w: int) -> int:
-    """fork+exec bwrap in the sandbox's cgroups, netns and a new session; its pid."""
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        stage = "bwrap: join cgroups"
-        try:
-            _join_cgroups(req["cgroups"])  # before the netns: nothing here needs /sys
-            stage = "bwrap: enter netns"
-            nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
-            _setns(nsfd, CLONE_NEWNET, req["netns"])
-            os.setsid()
-            stage = "bwrap: fds"
-            null = os.open("/dev/null", os.O_RDWR)
-            null_h, log_h, ready_h, hold_h, info_h = _move_high(
-                [null, log_fd, ready_w, hold_r, info_w]
-            )
-            targets = [(null_h, 0), (log_h, 1), (log_h, 2)]
-            targets += [(ready_h, READY_FD), (hold_h, HOLD_FD), (info_h, INFO_FD)]
-            for src, dst in targets:
-                os.dup2(src, dst)  # src >= 64 > dst: never the O_CLOEXEC-keeping no-op
-            err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, 6)
-            os.closerange(max(INFO_FD, err_w) + 1, 1 << 16)
-            os.closerange(INFO_FD + 1, err_w)
-            stage = "bwrap: exec"
-            os.execve(req["bwrap"][0], req["bwrap"], req["bwrap_env"])  # noqa: S606
-        except BaseException as exc:  # noqa: BLE001 - reported to the handler
-            _fail_child(err_w, stage, exc)
-    os.close(err_w)
+    """Spawns bwrap in a new session (the caller is in the sandbox's cgroups and netns).
+
+    posix_spawn (vfork) rather than fork+exec: a fork of this large process would copy,
+    then on exec tear down, its whole address space for every sandbox.
+    """
+    with _Stage("bwrap: fds"):
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        # CLOEXEC copies above 63: a dup2 action onto 0..5 then always changes the number
+        # (a same-number dup2 would keep O_CLOEXEC) and the copies do not leak into bwrap
+        high = [
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
+            for fd in (null, log_fd, log_fd, ready_w, hold_r, info_w)
+        ]
     try:
-        raw = _read_all(err_r, time.monotonic() + 10)  # EOF: exec succeeded (CLOEXEC)
+        targets = (0, 1, 2, READY_FD, HOLD_FD, INFO_FD)
+        actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in zip(high, targets, strict=True)]
+        with _Stage("bwrap: exec"):
+            return os.posix_spawn(
+                req["bwrap"][0],
+                req["bwrap"],
+                req["bwrap_env"],
+                file_actions=actions,
+                setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
+            )
     finally:
-        os.close(err_r)
-    if raw:
-        os.waitpid(pid, 0)
-        failure = json.loads(raw)
-        raise ZygoteError(failure["stage"], failure["error"])
-    return pid
+        for fd in (null, *high):
+            os.close(fd)
 
 
 def _wait_ready(bwrap_pid: int, ready_r: int, info_r: int, deadline: float) -> int:
@@ -262,52 +244,25 @@ def _pause_pid(init_pid: int) -> int:
     return int(children[0])
 
 
-def _start_agent(
-    req: Dict[str, Any], pause: int, log_fd: int, hold_w: int, keep: "_Inherited"
-) -> int:
-    """Enters pause's namespaces in a child that forks the agent; the agent's host pid."""
-    res_r, res_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        stage = "agent: join cgroups"
-        try:
-            os.close(res_r)
-            _join_cgroups(req["cgroups"])  # before setns(cgroup): the namespace root
-            stage = "agent: open namespaces"
-            null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-            root = os.open(f"/proc/{pause}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            fds = [
-                (os.open(f"/proc/{pause}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC), flag, ns)
-                for ns, flag in NAMESPACES
-            ]
-            for fd, flag, ns in fds:
-                stage = f"agent: setns({ns})"
-                _setns(fd, flag, ns)
-                os.close(fd)
-            stage = "agent: chroot"
-            # setns(mnt) leaves us at the namespace's root, which is not the sandbox's
-            # (bwrap pivots); pause's root directory is.
-            os.fchdir(root)
-            os.chroot(".")
-            os.chdir(req["workdir"])
-            os.close(root)
-            agent = os.fork()  # the pid namespace applies to children only
-            if agent == 0:
-                _agent_main(req, null, log_fd, hold_w, keep)
-            os.write(res_w, json.dumps({"agent_pid": agent}).encode())
-            os._exit(0)
-        except BaseException as exc:  # noqa: BLE001 - reported to the handler
-            _fail_child(res_w, stage, exc)
-    os.close(res_w)
-    try:
-        raw = _read_all(res_r, time.monotonic() + 10)
-    finally:
-        os.close(res_r)
-        os.waitpid(pid, 0)
-    answer = json.loads(raw or b'{"stage": "agent", "error": "the launch child died"}')
-    if "agent_pid" not in answer:
-        raise ZygoteError(answer["stage"], answer["error"])
-    return int(answer["agent_pid"])
+def _enter_sandbox(req: Dict[str, Any], pause: int) -> None:
+    """Moves this process into pause's namespaces and root (the cgroups are joined)."""
+    with _Stage("agent: open namespaces"):
+        root = os.open(f"/proc/{pause}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds = [
+            (os.open(f"/proc/{pause}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC), flag, ns)
+            for ns, flag in NAMESPACES
+        ]
+    for fd, flag, ns in fds:
+        with _Stage(f"agent: setns({ns})"):
+            _setns(fd, flag, ns)
+        os.close(fd)
+    with _Stage("agent: chroot"):
+        # setns(mnt) leaves us at the namespace's root, which is not the sandbox's
+        # (bwrap pivots); pause's root directory is.
+        os.fchdir(root)
+        os.chroot(".")
+        os.chdir(req["workdir"])
+        os.close(root)
 
 
 class _Inherited:
@@ -328,6 +283,7 @@ def _agent_main(
 ) -> NoReturn:
     code = 1
     try:
+        _set_name("hedgerow-agent")
         os.setsid()
         signal.alarm(0)
         for sig in (signal.SIGALRM, signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
@@ -339,7 +295,6 @@ def _agent_main(
         keep.detach_all()
         os.closerange(3, hold)
         os.closerange(hold + 1, 1 << 16)
-        _set_name("hedgerow-agent")
         drop_all_capabilities()
         os.umask(int(req["umask"]))
         os.environ.clear()
@@ -362,9 +317,20 @@ def _agent_main(
 
 
 def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
-    """Starts one sandbox (bwrap + pause) and its agent; runs in a handler child."""
+    """Starts one sandbox (bwrap + pause) and its agent. Runs in a throwaway handler
+    child, which therefore does the joining itself: the cgroups and netns (inherited
+    by bwrap), then, once pause is ready, the sandbox's namespaces and root, and forks
+    the agent there (the pid namespace applies to children only)."""
     deadline = time.monotonic() + float(req.get("timeout", 10))
-    log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with _Stage("open agent.log"):
+        log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)  # the agent's stdin
+    with _Stage("join cgroups"):
+        _join_cgroups(req["cgroups"])  # before the netns (and setns(cgroup), later)
+    with _Stage("enter netns"):
+        nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
+        _setns(nsfd, CLONE_NEWNET, req["netns"])
+        os.close(nsfd)
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
     info_r, info_w = os.pipe()
@@ -377,7 +343,15 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     try:
         init_pid = _wait_ready(bwrap_pid, ready_r, info_r, deadline)
         pause = _pause_pid(init_pid)
-        agent_pid = _start_agent(req, pause, log_fd, hold_w, keep)
+        # the host's /proc: after _enter_sandbox, /proc is the sandbox's
+        started = {
+            "bwrap_start_time": _proc_start_time(bwrap_pid),
+            "init_start_time": _proc_start_time(init_pid),
+        }
+        _enter_sandbox(req, pause)
+        agent_pid = os.fork()
+        if agent_pid == 0:
+            _agent_main(req, null, log_fd, hold_w, keep)
     except BaseException:
         # pause reads EOF once hold_w is closed; the kill covers a pause never started
         os.close(hold_w)
@@ -388,14 +362,13 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(bwrap_pid, 0)
         raise
-    os.close(hold_w)
+    os.close(hold_w)  # the agent's is now the only write end
     return {
         "ok": True,
         "bwrap_pid": bwrap_pid,
-        "bwrap_start_time": _proc_start_time(bwrap_pid),
         "init_pid": init_pid,
-        "init_start_time": _proc_start_time(init_pid),
         "pause_pid": pause,
+        **started,
         "agent_pid": agent_pid,
     }
 
@@ -478,6 +451,14 @@ def serve(path: str) -> int:
     _set_name("hedgerow-zygote")
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    # Orphans (bwrap, agents: their handler exits at once) come to us rather than to
+    # the host's init, and are reaped at once: a sandbox's cgroups cannot be removed
+    # while a zombie of it is left unreaped.
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
     # objects created at import never change again: keep the collector away from
     # them so forked agents share those pages instead of copying them
     gc.collect()
@@ -485,7 +466,7 @@ def serve(path: str) -> int:
     print(f"zygote {os.getpid()} listening on {path} (version {version})", flush=True)
     while not stopping:
         try:
-            readable = select.select([listener], [], [], 1.0)[0]
+            readable = select.select([listener, wake_r], [], [], 1.0)[0]
         except InterruptedError:
             readable = []
         _reap()
@@ -494,7 +475,9 @@ def serve(path: str) -> int:
                 break
         except FileNotFoundError:
             break
-        if not readable:
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        if listener not in readable:
             continue
         try:
             conn, _ = listener.accept()
@@ -502,7 +485,9 @@ def serve(path: str) -> int:
             continue
         try:
             if os.fork() == 0:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)  # before anything may close or reuse wake_w
+                for sig in (signal.SIGTERM, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
                 _serve_one(conn, listener, version)
         finally:
             conn.close()
