@@ -69,6 +69,7 @@ NAMESPACES = (  # setns order: mnt last (after it /proc/<pause>/ns is another /p
     ("mnt", 0x00020000),
 )
 CLONE_NEWNET = 0x40000000
+PR_SET_DUMPABLE = 4
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
@@ -296,6 +297,9 @@ def _agent_main(
         os.closerange(3, hold)
         os.closerange(hold + 1, 1 << 16)
         drop_all_capabilities()
+        # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
+        # /proc maps/environ/exe, which would show the host's interpreter and paths.
+        _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
         os.umask(int(req["umask"]))
         os.environ.clear()
         os.environ.update(req["env"])

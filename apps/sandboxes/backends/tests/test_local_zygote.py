@@ -109,6 +109,16 @@ def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
         assert int(agent[key], 16) == 0, (key, agent)
     assert agent["NoNewPrivs"] == "1"
 
+    # in the sandbox's cgroups, seen from the host
+    cgroups = Path(f"/proc/{meta(zb)['agent_pid']}/cgroup").read_text().splitlines()
+    for controller in ("memory", "cpu", "pids"):
+        (line,) = [c for c in cgroups if controller in c.split(":")[1].split(",")]
+        assert line.endswith(f"/{zb.id}"), line
+    # commands cannot read the agent's memory map, environ or binary (exec's can)
+    for what in ("maps", "environ", "exe"):
+        code, _, err = zb.sh(f"cat /proc/$PPID/{what} >/dev/null")
+        assert code != 0 and "denied" in err, (what, err)
+
     # the same environment, cgroup view, hostname and fds for commands
     for command in ("env | sort", "cat /proc/self/cgroup", "hostname", "ls /proc/self/fd"):
         assert zb.sh(command) == exec_sandbox.sh(command), command
