@@ -1,5 +1,10 @@
 """Launching the pod agent: the bwrap command line and the detached start.
 
+Two launches (docs/local-backend.md). With the zygote (``zygote.py``, the default),
+bwrap's payload is the static pause binary and the agent is forked in by the zygote;
+this module only builds that bwrap command line. With exec launch the agent is bwrap's
+payload, started by the chain below.
+
 Exec chain (one pid all along, recorded in meta.json as the supervising pid):
 ``setsid → sh (join cgroups) → ip netns exec NS → bwrap``. The cgroups are joined
 before ``ip netns exec`` because it remounts /sys, hiding /sys/fs/cgroup.
