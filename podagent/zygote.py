@@ -50,8 +50,16 @@ from . import pty_session  # noqa: F401 - imported by the server on the first PT
 
 # Everything the agent imports late: it cannot import after setns. Found by logging
 # every import of agents run through podagent/tests (encodings.idna, stringprep,
-# unicodedata: socket calls with str hosts; resource: subprocess limits).
-PRELOAD = ("encodings.ascii", "encodings.idna", "encodings.latin_1", "resource", "unicodedata")
+# unicodedata: socket calls with str hosts; resource: subprocess limits; ast: 3.11's
+# traceback, when it formats an error with source lines at hand).
+PRELOAD = (
+    "ast",
+    "encodings.ascii",
+    "encodings.idna",
+    "encodings.latin_1",
+    "resource",
+    "unicodedata",
+)
 for _name in PRELOAD:
     __import__(_name)
 
@@ -280,7 +288,7 @@ class _Inherited:
 
 
 def _agent_main(
-    req: Dict[str, Any], null: int, log_fd: int, hold_w: int, keep: _Inherited
+    req: Dict[str, Any], null: int, log_fd: int, hold_w: Optional[int], keep: _Inherited
 ) -> NoReturn:
     code = 1
     try:
@@ -292,11 +300,15 @@ def _agent_main(
         os.dup2(null, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        hold = fcntl.fcntl(hold_w, fcntl.F_DUPFD_CLOEXEC, 3)  # commands never inherit it
         keep.detach_all()
-        os.closerange(3, hold)
-        os.closerange(hold + 1, 1 << 16)
-        drop_all_capabilities()
+        if hold_w is None:  # a plain agent (tests): no sandbox to hold
+            os.closerange(3, 1 << 16)
+        else:
+            hold = fcntl.fcntl(hold_w, fcntl.F_DUPFD_CLOEXEC, 3)  # commands never inherit it
+            os.closerange(3, hold)
+            os.closerange(hold + 1, 1 << 16)
+        if hold_w is not None or os.geteuid() == 0:
+            drop_all_capabilities()
         # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
         # /proc maps/environ/exe, which would show the host's interpreter and paths.
         _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
@@ -318,6 +330,20 @@ def _agent_main(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def spawn_plain(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
+    """An agent forked without a sandbox, in ``workdir``: lets podagent's own tests run
+    against a zygote-started agent (PODAGENT_TEST_LAUNCH=zygote), late-import guard
+    and all."""
+    with _Stage("plain agent"):
+        log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        os.chdir(req["workdir"])
+    agent_pid = os.fork()
+    if agent_pid == 0:
+        _agent_main(req, null, log_fd, None, keep)
+    return {"ok": True, "agent_pid": agent_pid}
 
 
 def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
@@ -399,6 +425,8 @@ def _handle(conn: socket.socket, keep: _Inherited, version: str) -> Dict[str, An
         # a backstop: every wait inside has its own deadline
         signal.alarm(int(float(req.get("timeout", 10))) + 20)
         return spawn(req, keep)
+    if op == "spawn_plain":
+        return spawn_plain(req, keep)
     return {"ok": False, "stage": "request", "error": f"unknown op {op!r}"}
 
 
