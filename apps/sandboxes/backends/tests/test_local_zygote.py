@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import http.client
 import json
+import logging
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -25,7 +27,7 @@ import podagent.zygote as zygote_daemon
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.backends.local import LocalBackend, process, wait_healthy
 from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
-from apps.sandboxes.backends.local.zygote import source_version
+from apps.sandboxes.backends.local.zygote import ZygoteUnavailable, source_version
 
 from .conftest import PODAGENT, Sandbox, make_config, needs_root, new_spec
 
@@ -361,3 +363,20 @@ def test_it_makes_a_late_import_fail_loudly(capfd: pytest.CaptureFixture[str]) -
     with pytest.raises(ModuleNotFoundError):
         guard.find_spec("msvcrt")  # absent on Linux anyway: no noise
     assert capfd.readouterr().err == ""
+
+
+def test_it_falls_back_to_exec_when_gcc_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_which = shutil.which
+
+    def which(name: str, mode: int = os.F_OK | os.X_OK, path: str | None = None) -> str | None:
+        return None if name == "gcc" else real_which(name, mode, path)
+
+    monkeypatch.setattr(shutil, "which", which)
+    config = make_config(tmp_path, f"g{os.getpid()}", "netns")  # nothing built there yet
+    with caplog.at_level(logging.WARNING):
+        assert LocalBackend(config).agent_launch == "exec"
+    assert "agents start by exec: gcc is not installed" in caplog.text
+    with pytest.raises(ZygoteUnavailable, match="gcc is not installed"):
+        _ = LocalBackend(replace(config, agent_launch="zygote")).agent_launch
