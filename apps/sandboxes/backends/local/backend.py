@@ -81,6 +81,7 @@ class LocalBackend:
         self._pause: Path | None = None
         self._zygote_off = not self.isolated or config.agent_launch == "exec"
         self.zygote = ZygoteClient(config.state_dir, config.podagent_dir)
+        self.agent_start_timeout = 10.0  # zygote launch: bwrap's setup until pause is ready
         self.sandboxes_dir = config.state_dir / "sandboxes"
         self.images_dir = config.state_dir / "images"
         self.locks_dir = config.state_dir / "locks"
@@ -317,7 +318,7 @@ class LocalBackend:
             port=self.config.agent_port,
             pause=pause,
         )
-        timeout = 10.0
+        timeout = self.agent_start_timeout
         answer = self.zygote.spawn(
             {
                 "bwrap": [self.bwrap, *argv[1:]],

@@ -317,6 +317,24 @@ def test_it_reports_a_failed_bwrap_typed_with_its_stderr_and_leaves_nothing(
     assert backend.zygote.ping() is not None  # a failed launch does not take it down
 
 
+def test_it_gives_up_typed_when_the_sandbox_never_becomes_ready(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = process.bwrap_argv
+
+    def never_ready(**kwargs: Any) -> list[str]:
+        argv = real(**kwargs)
+        assert argv[-3:] == ["/opt/hedgerow/pause", "3", "4"]
+        return [*argv[:-3], "/usr/bin/sleep", "600"]  # a payload that never says ready
+
+    monkeypatch.setattr(process, "bwrap_argv", never_ready)
+    monkeypatch.setattr(backend, "agent_start_timeout", 1.0)
+    spec = new_spec()
+    with pytest.raises(BackendError, match="did not become ready in time"):
+        backend.provision(spec)
+    assert [i for i in backend.inventory() if i.sandbox_id == spec.sandbox_id] == []
+
+
 def test_it_runs_agents_in_an_image_without_python_or_bundle(
     backend: LocalBackend, tmp_path: Path
 ) -> None:
