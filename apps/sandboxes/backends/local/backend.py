@@ -336,7 +336,7 @@ class LocalBackend:
         )
         if not answer.get("ok"):
             raise BackendError(
-                f"agent start failed at {answer.get('stage')}: {answer.get('error')}; "
+                f"agent start failed: {answer.get('error')}; "
                 f"agent.log: {process.tail(d / 'agent.log')}"
             )
         init_pid, init_start = int(answer["init_pid"]), answer.get("init_start_time")
