@@ -417,6 +417,8 @@ class LocalBackend:
     def teardown_instance(self) -> None:
         """Destroy every sandbox, then the bridge, host tables, cgroup group and
         subnet claim of this instance (tests, uninstall)."""
+        # first: nothing below needs it, and a step that raises must not leave it running
+        self.zygote.stop()
         for d in sorted(self.sandboxes_dir.iterdir()):
             if d.is_dir():
                 self.destroy(d.name)
@@ -425,7 +427,6 @@ class LocalBackend:
         if self.isolated:
             self.network.teardown_instance()
         self.cgroups.remove_group()
-        self.zygote.stop()
 
     # ---- inventory -------------------------------------------------------------------
 
