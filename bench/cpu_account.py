@@ -25,9 +25,11 @@ def _machine_busy_ticks() -> int:
 
 
 def _kind(comm: str, cmdline: str) -> str:
+    if comm.startswith("hedgerow-zyg"):  # the agent zygote and its per-launch handlers
+        return "agent zygote (+ handlers)"
     if "podagent" in cmdline or "hedgerow_launcher" in cmdline or "hedgerow-agent" in comm:
         return "sandbox agents"
-    if comm == "bwrap":
+    if comm in ("bwrap", "pause"):
         return "bwrap"
     if comm.startswith("postgres") or comm.startswith("postmaster"):
         return "postgres"
@@ -70,6 +72,8 @@ class CpuAccount(threading.Thread):
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
                         cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
                     kind = _kind(comm, cmdline)
+                elif comm == "hedgerow-agent":  # a zygote fork became an agent
+                    kind = "sandbox agents"
                 else:
                     kind = self._last[pid][0]
             except (OSError, ValueError):

@@ -190,6 +190,10 @@ HEDGEROW_BACKEND = env_str("HEDGEROW_BACKEND", "local")  # local | kubernetes
 HEDGEROW_LOCAL_ISOLATION = env_str("HEDGEROW_LOCAL_ISOLATION", "auto")  # auto|netns|none
 HEDGEROW_LOCAL_SUBNET = env_str("HEDGEROW_LOCAL_SUBNET", "")
 HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
+# How isolated sandboxes' agents start: zygote (forked from an imported process: no
+# interpreter start per sandbox), exec (python3 -m podagent as bwrap's payload), or
+# auto (zygote when gcc can build its pause binary). docs/local-backend.md
+HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
 # A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
 # agent in imported images without python3. Empty: such images are refused.
 HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")

@@ -30,5 +30,11 @@ fi
 # Kernel state (bridges, nft tables, subnet claims) outlives killed runs; remove what
 # provably dead runs left so the finite subnet pool never runs out.
 .venv/bin/python -m apps.sandboxes.backends.local.gc || true
+if [ $# -eq 0 ]; then
+  # podagent's own tests once more against a zygote-started agent (a fork with the
+  # late-import guard on): proves the zygote preloads every module the agent uses
+  echo "== podagent tests, agent forked by the zygote"
+  PODAGENT_TEST_LAUNCH=zygote .venv/bin/python -m pytest -q -p no:django podagent/tests
+fi
 echo "== pytest"
 exec .venv/bin/python -m pytest "$@"

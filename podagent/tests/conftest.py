@@ -1,14 +1,22 @@
-"""Fixtures: the real agent as a subprocess on 127.0.0.1 with a free port."""
+"""Fixtures: the real agent on 127.0.0.1 with a free port.
+
+By default a subprocess (``python -m podagent``); with ``PODAGENT_TEST_LAUNCH=zygote``
+a fork of a real zygote (podagent/zygote.py, plain spawn: no sandbox), with the
+late-import guard on, so every test also proves the zygote preloads what it needs.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -17,7 +25,46 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789"
+LAUNCH = os.environ.get("PODAGENT_TEST_LAUNCH", "exec")
 _ids = itertools.count()
+_zygote: Dict[str, Any] = {}
+
+
+def _zygote_call(request: Dict[str, Any]) -> Dict[str, Any]:
+    if not _zygote:
+        sock_dir = Path(tempfile.mkdtemp(prefix="podagent-zygote-"))
+        _zygote["socket"] = str(sock_dir / "zygote.sock")
+        subprocess.run(
+            [sys.executable, "-E", "-s", "-S", "-m", "podagent.zygote", "--socket", _zygote["socket"]],  # noqa: E501
+            cwd=str(REPO), check=True, timeout=60, env={"PATH": os.defpath},
+        )  # fmt: skip
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(_zygote["socket"])
+        s.sendall(json.dumps(request).encode() + b"\n")
+        answer: Dict[str, Any] = json.loads(s.makefile("rb").readline())
+    assert answer["ok"], answer
+    return answer
+
+
+class _Forked:
+    """The bits of Popen the fixtures use, for an agent forked by the zygote."""
+
+    def __init__(self, pid: int, stderr_path: Path) -> None:
+        self.pid = pid
+        self.stderr_path = stderr_path
+        self.stderr = None
+
+    def poll(self) -> Optional[int]:
+        return None if pid_alive(self.pid) else -9
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        assert wait_gone([self.pid])
+        return -9
 
 
 def free_port() -> int:
@@ -37,14 +84,27 @@ class Agent:
         self.port = free_port()
         env = dict(os.environ)
         env.update(extra_env or {})
+        argv = [
+            "--listen", f"127.0.0.1:{self.port}", "--token-file", str(self.token_file),
+            "--workdir", str(self.workdir), "--log-file", str(self.log_file),
+        ]  # fmt: skip
+        self.proc: Any
+        if LAUNCH == "zygote":
+            stderr_path = tmp / "agent.stderr"
+            answer = _zygote_call({
+                "op": "spawn_plain", "log": str(stderr_path), "workdir": str(REPO),
+                "env": env, "agent_args": argv, "umask": 0o022,
+            })  # fmt: skip
+            self.proc = _Forked(int(answer["agent_pid"]), stderr_path)
+            self._wait_listening(lambda: stderr_path.read_text())
+            return
         self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "podagent", "--listen", f"127.0.0.1:{self.port}",
-                "--token-file", str(self.token_file), "--workdir", str(self.workdir),
-                "--log-file", str(self.log_file),
-            ],
+            [sys.executable, "-m", "podagent", *argv],
             cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
+        self._wait_listening(lambda: self.proc.stderr.read().decode() if self.proc.stderr else "")
+
+    def _wait_listening(self, stderr: Any) -> None:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
@@ -52,10 +112,16 @@ class Agent:
                     return
             except OSError:
                 if self.proc.poll() is not None:
-                    err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                    raise RuntimeError(err) from None
+                    raise RuntimeError(stderr()) from None
                 time.sleep(0.02)
         raise RuntimeError("agent did not start")
+
+    def late_imports(self) -> List[str]:
+        """Lines the zygote's late-import guard wrote (zygote launch only)."""
+        path = getattr(self.proc, "stderr_path", None)
+        if path is None or not path.exists():
+            return []
+        return [line for line in path.read_text().splitlines() if "late import" in line]
 
     def client(self, token: Optional[str] = TOKEN) -> "Client":
         return Client(self.port, token)
@@ -65,6 +131,7 @@ class Agent:
         self.proc.wait()
         if self.proc.stderr:
             self.proc.stderr.close()
+        assert self.late_imports() == [], "the zygote must preload every module the agent uses"
 
     def alive(self) -> bool:
         if self.proc.poll() is not None:
@@ -153,6 +220,14 @@ def wait_gone(pids: List[int], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_zygote() -> Iterator[None]:
+    yield
+    if _zygote:
+        with contextlib.suppress(OSError, AssertionError, ValueError):
+            _zygote_call({"op": "shutdown"})
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ def get_backend() -> Backend:
                 podagent_dir=Path(settings.BASE_DIR) / "podagent",
                 python=settings.HEDGEROW_AGENT_PYTHON,
                 isolation=settings.HEDGEROW_LOCAL_ISOLATION,
+                agent_launch=settings.HEDGEROW_LOCAL_AGENT_LAUNCH,
                 agent_bundle=Path(settings.HEDGEROW_AGENT_BUNDLE)
                 if settings.HEDGEROW_AGENT_BUNDLE
                 else None,

@@ -164,6 +164,9 @@ def test_it_classes_a_sandbox_that_never_became_ready_as_startup(live, make_tena
     backend = get_backend()
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True)
+    # No python3 (refused with exec launch) and a /workspace bwrap cannot mount over
+    # (zygote-started agents need no python3, but bwrap fails): never ready either way.
+    os.symlink("/nonexistent", rootfs / "workspace")
     tarball = tmp_path / "nopython.tar"
     subprocess.run(["tar", "-cf", str(tarball), "-C", str(rootfs), "."], check=True)
     name = f"nopython-{os.getpid()}"

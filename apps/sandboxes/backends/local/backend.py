@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import http.client
 import json
+import logging
 import os
 import shutil
 import socket
@@ -25,6 +26,7 @@ from apps.sandboxes.backends.base import (
 )
 
 from . import process
+from ._netlink import NETNS_DIR
 from ._sys import (
     SYSTEM_PATH,
     file_lock,
@@ -37,6 +39,7 @@ from ._sys import (
 )
 from .cgroups import CgroupDriver, Limits
 from .config import (
+    AGENT_LAUNCH_MODES,
     ISOLATION_MODES,
     LocalBackendConfig,
     Names,
@@ -45,6 +48,9 @@ from .config import (
     check_sandbox_id,
 )
 from .network import Network
+from .zygote import ZygoteClient, ZygoteUnavailable, build_pause
+
+log = logging.getLogger(__name__)
 
 HOST_IMAGE = "host"
 ISOLATED = "netns+bwrap"
@@ -64,8 +70,19 @@ class LocalBackend:
         if config.isolation == "netns" and not root:
             raise BackendError("isolation='netns' needs root")
         self.isolated = config.isolation == "netns" or (config.isolation == "auto" and root)
-        if self.isolated and shutil.which("bwrap", path=SYSTEM_PATH) is None:
+        bwrap = shutil.which("bwrap", path=SYSTEM_PATH)
+        if self.isolated and bwrap is None:
             raise BackendError("bubblewrap (bwrap) is not installed")
+        self.bwrap = bwrap or "bwrap"
+        if config.agent_launch not in AGENT_LAUNCH_MODES:
+            raise BackendError(f"agent_launch must be one of {AGENT_LAUNCH_MODES}")
+        if config.agent_launch == "zygote" and not self.isolated:
+            raise BackendError("agent_launch='zygote' needs the netns+bwrap isolation")
+        # zygote launch is decided on first use (building pause needs gcc); None: not yet
+        self._pause: Path | None = None
+        self._zygote_off = not self.isolated or config.agent_launch == "exec"
+        self.zygote = ZygoteClient(config.state_dir, config.podagent_dir)
+        self.agent_start_timeout = 10.0  # zygote launch: bwrap's setup until pause is ready
         self.sandboxes_dir = config.state_dir / "sandboxes"
         self.images_dir = config.state_dir / "images"
         self.locks_dir = config.state_dir / "locks"
@@ -130,18 +147,39 @@ class LocalBackend:
         return ImageInfo(name, "imported root filesystem", f"sha256:{h.hexdigest()}")
 
     def _base_args(self, image: str) -> tuple[list[str], str]:
+        """bwrap's root filesystem arguments and the python that runs an exec-started
+        agent ("" with the zygote: its agents run the control plane's interpreter)."""
         if image == HOST_IMAGE:
             return process.host_base_args(), self.config.python
         check_image_name(image)
         rootfs = self.images_dir / image / "rootfs"
         if not rootfs.is_dir():
             raise UnknownImage(f"unknown image {image!r}")
+        if self._zygote_pause() is not None:
+            return process.rootfs_base_args(rootfs), ""
         for python in ("usr/bin/python3", "usr/local/bin/python3"):
             if (rootfs / python).exists() or (rootfs / python).is_symlink():
                 return process.rootfs_base_args(rootfs), "/" + python
         if self.config.agent_bundle is not None:
             return process.rootfs_base_args(rootfs), process.BUNDLED_PYTHON
         raise UnknownImage(f"image {image!r} has no python3 and no agent bundle is configured")
+
+    def _zygote_pause(self) -> Path | None:
+        """The pause binary when agents start from the zygote, None for exec launch."""
+        if self._pause is None and not self._zygote_off:
+            try:
+                self._pause = build_pause(self.config.state_dir / "bin")
+            except ZygoteUnavailable as exc:
+                if self.config.agent_launch == "zygote":
+                    raise
+                log.warning("agent zygote unavailable, agents start by exec: %s", exc)
+                self._zygote_off = True
+        return self._pause
+
+    @property
+    def agent_launch(self) -> str:
+        """ "zygote" or "exec": how this backend starts isolated agents now."""
+        return "zygote" if self._zygote_pause() is not None else "exec"
 
     # ---- paths and meta --------------------------------------------------------------
 
@@ -245,7 +283,10 @@ class LocalBackend:
         cgroup_dirs = self.cgroups.create(sid, limits)
         self._hook("cgroups_created")
         process.write_token(d / "secret", spec.agent_token)
-        if self.isolated:
+        pause = self._zygote_pause() if self.isolated else None
+        if pause is not None:
+            meta.update(self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs))
+        elif self.isolated:
             argv = process.bwrap_argv(
                 base_args=base_args,
                 workspace=d / "workspace",
@@ -260,14 +301,64 @@ class LocalBackend:
             pid, start = process.launch_detached(
                 argv, cgroup_dirs=list(cgroup_dirs.values()), log_file=d / "agent.log"
             )
+            meta.update(pid=pid, start_time=start, launch="exec")
         else:
             pid, start = self._launch_unisolated(
                 spec, d, int(meta["port"]), limits, list(cgroup_dirs.values())
             )
-        meta.update(pid=pid, start_time=start, state="started")
+            meta.update(pid=pid, start_time=start, launch="exec")
+        meta.update(state="started")
         self._save_meta(sid, meta)
         self._hook("started")
         return self._endpoint_of(meta)
+
+    def _spawn_from_zygote(
+        self, sid: str, d: Path, base_args: list[str], pause: Path, cgroup_dirs: dict[str, Path]
+    ) -> dict[str, Any]:
+        argv = process.bwrap_argv(
+            base_args=base_args,
+            workspace=d / "workspace",
+            tmp=d / "tmp",
+            secret_dir=d / "secret",
+            podagent_dir=self.config.podagent_dir,
+            python="",
+            port=self.config.agent_port,
+            pause=pause,
+        )
+        timeout = self.agent_start_timeout
+        answer = self.zygote.spawn(
+            {
+                "bwrap": [self.bwrap, *argv[1:]],
+                "bwrap_env": {"PATH": SYSTEM_PATH},
+                "netns": str(NETNS_DIR / self.names.netns(sid)),
+                "cgroups": [str(p) for p in cgroup_dirs.values()],
+                "log": str(d / "agent.log"),
+                "workdir": "/workspace",
+                "env": process.SANDBOX_ENV,
+                "agent_args": process.agent_args(self.config.agent_port),
+                "umask": _own_umask(),
+                "timeout": timeout,
+            },
+            timeout=timeout + 15,
+        )
+        if not answer.get("ok"):
+            raise BackendError(
+                f"agent start failed: {answer.get('error')}; "
+                f"agent.log: {process.tail(d / 'agent.log')}"
+            )
+        init_pid, init_start = int(answer["init_pid"]), answer.get("init_start_time")
+        if init_start is None or not is_alive(init_pid, init_start):
+            raise BackendError(f"agent exited at once: {process.tail(d / 'agent.log')}")
+        # The sandbox's pid-1 (bwrap's init) is the recorded pid: SIGKILL of it kills
+        # everything in the sandbox, and it exits when the agent dies (pause sees EOF).
+        return {
+            "pid": init_pid,
+            "start_time": init_start,
+            "bwrap_pid": answer["bwrap_pid"],
+            "bwrap_start_time": answer.get("bwrap_start_time"),
+            "agent_pid": answer["agent_pid"],
+            "launch": "zygote",
+        }
 
     def _launch_unisolated(
         self, spec: SandboxSpec, d: Path, port: int, limits: Limits, cgroup_dirs: list[Path]
@@ -308,6 +399,8 @@ class LocalBackend:
         meta = self._meta(sid) or {}
         if meta.get("pid"):
             kill_and_wait(int(meta["pid"]), meta.get("start_time"))
+        if meta.get("bwrap_pid"):  # zygote launch: exits with the init, or never started it
+            kill_and_wait(int(meta["bwrap_pid"]), meta.get("bwrap_start_time"))
         if self.isolated and not (meta.get("state") == "started" and meta.get("cgroups")):
             # A started sandbox's processes are all in its cgroups (the launch joins
             # them before entering the netns), which are emptied below. Otherwise (a
@@ -335,6 +428,8 @@ class LocalBackend:
     def teardown_instance(self) -> None:
         """Destroy every sandbox, then the bridge, host tables, cgroup group and
         subnet claim of this instance (tests, uninstall)."""
+        # first: nothing below needs it, and a step that raises must not leave it running
+        self.zygote.stop()
         for d in sorted(self.sandboxes_dir.iterdir()):
             if d.is_dir():
                 self.destroy(d.name)
@@ -440,6 +535,14 @@ class LocalBackend:
             if remaining <= 0:
                 return
             time.sleep(min(0.5, remaining))
+
+
+def _own_umask() -> int:
+    # os.umask() can only be read by setting it, which races with other threads
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    return 0o022
 
 
 def _free_port() -> int:

@@ -15,6 +15,10 @@ from pathlib import Path
 from apps.sandboxes.backends.base import BackendError
 
 ISOLATION_MODES = ("auto", "netns", "none")
+# How an isolated sandbox's agent starts: "zygote" forks it from an already-imported
+# process (podagent/zygote.py), "exec" runs `python3 -m podagent` as bwrap's payload;
+# "auto": zygote when it can be used (gcc builds its pause binary), else exec.
+AGENT_LAUNCH_MODES = ("auto", "zygote", "exec")
 
 _INSTANCE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,39}$")
 _SANDBOX_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
@@ -41,6 +45,7 @@ class LocalBackendConfig:
     # imported images that have no python3 of their own. None: such images are refused.
     agent_bundle: Path | None = None
     subnet_pool: str = "10.213.0.0/16"
+    agent_launch: str = "auto"  # AGENT_LAUNCH_MODES
 
 
 def check_instance(instance: str) -> None:

@@ -1,5 +1,10 @@
 """Launching the pod agent: the bwrap command line and the detached start.
 
+Two launches (docs/local-backend.md). With the zygote (``zygote.py``, the default),
+bwrap's payload is the static pause binary and the agent is forked in by the zygote;
+this module only builds that bwrap command line. With exec launch the agent is bwrap's
+payload, started by the chain below.
+
 Exec chain (one pid all along, recorded in meta.json as the supervising pid):
 ``setsid → sh (join cgroups) → ip netns exec NS → bwrap``. The cgroups are joined
 before ``ip netns exec`` because it remounts /sys, hiding /sys/fs/cgroup.
@@ -19,12 +24,17 @@ from apps.sandboxes.backends.base import BackendError
 
 from ._sys import SYSTEM_PATH, proc_start_time
 from .config import AGENT_MOUNT, BUNDLE_MOUNT, SECRET_MOUNT
+from .zygote import HOLD_FD, INFO_FD, PAUSE_MOUNT, READY_FD
 
 _LAUNCH = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
 _JOIN_CGROUPS = (
     'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 97; shift; done; shift; exec "$@"'
 )
 AGENT_ENV_RESTORE = json.dumps({"PYTHONPATH": None})
+# What an exec-started agent's commands see (bwrap's --setenv, minus what the agent
+# restores): a zygote-started agent gets exactly this as its environment.
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SANDBOX_ENV = {"PATH": SANDBOX_PATH, "HOME": "/workspace", "LANG": "C.UTF-8"}
 # `python` value meaning "the image has no python3: run the agent from the bundle"
 BUNDLED_PYTHON = "<agent-bundle>"
 _HOST_ETC = (
@@ -73,8 +83,8 @@ def rootfs_base_args(rootfs: Path) -> list[str]:
     return args
 
 
-def _agent_command(python: str, port: int) -> list[str]:
-    agent_args = [
+def agent_args(port: int) -> list[str]:
+    return [
         "--listen",
         f"0.0.0.0:{port}",
         "--token-file",
@@ -88,13 +98,17 @@ def _agent_command(python: str, port: int) -> list[str]:
         "--log-file",
         "/dev/stdout",
     ]
+
+
+def _agent_command(python: str, port: int) -> list[str]:
+    args = agent_args(port)
     if python != BUNDLED_PYTHON:
-        return [python, "-m", "podagent", *agent_args]
+        return [python, "-m", "podagent", *args]
     # the bundled loader runs the bundled interpreter, isolated (-I): nothing of the
     # image's libc or Python is used, and no PYTHONHOME/LD_LIBRARY_PATH is set
     lib = f"{BUNDLE_MOUNT}/lib"
     launcher = [f"{lib}/ld.so", "--library-path", lib, f"{BUNDLE_MOUNT}/bin/python3", "-I"]
-    return [*launcher, "-m", "hedgerow_launcher", "run", "--", *agent_args]
+    return [*launcher, "-m", "hedgerow_launcher", "run", "--", *args]
 
 
 def bwrap_argv(
@@ -107,7 +121,17 @@ def bwrap_argv(
     python: str,
     port: int,
     agent_bundle: Path | None = None,
+    pause: Path | None = None,
 ) -> list[str]:
+    """bwrap's command line. With ``pause`` (zygote launch) the payload is the static
+    pause binary and the agent is forked in later by the zygote: no agent mount or
+    environment, and no --die-with-parent (bwrap's parent, a zygote handler, exits at
+    once; the sandbox lives as long as the agent holds pause's hold pipe)."""
+    if pause is not None:
+        zygote_args = ["--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)]
+        payload = [PAUSE_MOUNT, str(READY_FD), str(HOLD_FD)]
+        sandbox = _sandbox_args(base_args, workspace, tmp, secret_dir, [], zygote_args)
+        return ["bwrap", *sandbox, *payload]
     bundled = python == BUNDLED_PYTHON
     if bundled and agent_bundle is None:
         raise BackendError("no agent bundle configured for an image without python3")
@@ -126,6 +150,20 @@ def bwrap_argv(
     return [
         "bwrap",
         "--die-with-parent",
+        *_sandbox_args(base_args, workspace, tmp, secret_dir, agent_env, agent_mount),
+        *_agent_command(python, port),
+    ]
+
+
+def _sandbox_args(
+    base_args: Sequence[str],
+    workspace: Path,
+    tmp: Path,
+    secret_dir: Path,
+    agent_env: Sequence[str],
+    agent_mount: Sequence[str],
+) -> list[str]:
+    return [
         "--new-session",
         "--unshare-ipc",
         "--unshare-pid",
@@ -136,15 +174,7 @@ def bwrap_argv(
         "--cap-drop",
         "ALL",
         "--clearenv",
-        "--setenv",
-        "PATH",
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "--setenv",
-        "HOME",
-        "/workspace",
-        "--setenv",
-        "LANG",
-        "C.UTF-8",
+        *(arg for key, value in SANDBOX_ENV.items() for arg in ("--setenv", key, value)),
         *agent_env,
         "--tmpfs",
         "/",
@@ -168,7 +198,6 @@ def bwrap_argv(
         "--chdir",
         "/workspace",
         "--",
-        *_agent_command(python, port),
     ]
 
 

@@ -127,6 +127,7 @@ def bundle_backend(
             podagent_dir=PODAGENT,
             isolation="netns",
             agent_bundle=bundle,
+            agent_launch="exec",  # the bundle is for exec-started agents
         )
     )
     backend.import_image("busybox", busybox_rootfs_tarball(tmp))
@@ -184,6 +185,7 @@ def test_it_refuses_an_image_without_python_when_no_bundle_is_configured(
             instance=bundle_backend.config.instance,
             podagent_dir=PODAGENT,
             isolation="netns",
+            agent_launch="exec",
         )
     )
     spec = new_spec(image="busybox", sandbox_id=uuid.uuid4().hex)

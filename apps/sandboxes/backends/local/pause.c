@@ -1,0 +1,18 @@
+/* pause READY_FD HOLD_FD: bubblewrap's payload when the agent comes from the zygote.
+   Says "mounts are done" with one byte on READY_FD, then lives until HOLD_FD (a pipe
+   whose only write end the agent holds) reaches EOF: the sandbox lives as long as its
+   agent. Built static (gcc -static -Os) so it runs in any image. */
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    char c = 'r';
+    if (argc != 3) return 2;
+    int ready = atoi(argv[1]), hold = atoi(argv[2]);
+    if (write(ready, &c, 1) != 1) return 3;
+    close(ready);
+    for (;;) {
+        ssize_t n = read(hold, &c, 1);
+        if (n == 0 || (n < 0 && errno != EINTR)) return 0;
+    }
+}

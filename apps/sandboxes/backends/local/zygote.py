@@ -1,0 +1,201 @@
+"""The backend's side of the agent zygote (``podagent/zygote.py``).
+
+One zygote per backend instance, listening on ``<state_dir>/zygote.sock``; started
+detached on first use under a file lock, restarted when its socket does not answer or
+it runs other agent code. Running sandboxes do not depend on it: a zygote crash only
+costs the next provision a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from apps.sandboxes.backends.base import BackendError
+
+from ._sys import SYSTEM_PATH, file_lock, is_alive, run
+
+PAUSE_SOURCE = Path(__file__).with_name("pause.c")
+PAUSE_MOUNT = "/opt/hedgerow/pause"
+# podagent.zygote's fd numbers: bwrap's --info-fd and pause's ready/hold pipes
+READY_FD, HOLD_FD, INFO_FD = 3, 4, 5
+# Paths come on stdin, not argv or environ: agents are forks of the zygote, and their
+# /proc/<pid>/cmdline and environ (readable in the sandbox) are the zygote's.
+_BOOT = (
+    "import json, sys; c = json.loads(sys.stdin.readline()); sys.path.insert(0, c['path']); "
+    "import podagent.zygote as z; raise SystemExit(z.main(['--socket', c['socket']]))"
+)
+_REFUSED = (errno.ENOENT, errno.ECONNREFUSED)
+
+
+class ZygoteUnavailable(BackendError):
+    """The zygote cannot be used on this machine (no gcc to build pause, ...)."""
+
+
+def source_version(podagent_dir: Path) -> str:
+    """Same hash as ``podagent.zygote.source_version`` (tested): the zygote must run
+    the agent code this control plane ships."""
+    h = hashlib.sha256()
+    for path in sorted(podagent_dir.glob("*.py"), key=lambda p: p.name):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def build_pause(bin_dir: Path) -> Path:
+    """``pause`` built static from pause.c into ``bin_dir`` (once per source hash)."""
+    source = PAUSE_SOURCE.read_bytes()
+    target = bin_dir / f"pause-{hashlib.sha256(source).hexdigest()[:16]}"
+    if target.exists():
+        return target
+    gcc = shutil.which("gcc", path=SYSTEM_PATH)
+    if gcc is None:
+        raise ZygoteUnavailable("gcc is not installed: cannot build the static pause binary")
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    tmp = bin_dir / f".{target.name}.{os.getpid()}"
+    try:
+        run([gcc, "-static", "-Os", "-s", "-o", str(tmp), str(PAUSE_SOURCE)], timeout=120)
+        os.chmod(tmp, 0o755)  # noqa: S103 - a program, bound read-only into sandboxes
+        os.replace(tmp, target)  # atomic: a concurrent builder writes the same bytes
+    except BackendError as exc:
+        raise ZygoteUnavailable(f"cannot build pause: {exc}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return target
+
+
+class ZygoteClient:
+    def __init__(self, state_dir: Path, podagent_dir: Path) -> None:
+        self.socket_path = state_dir / "zygote.sock"
+        self.log_path = state_dir / "zygote.log"
+        self.lock_path = state_dir / "locks" / "zygote.lock"
+        self.podagent_dir = podagent_dir.resolve()
+        self.version = source_version(self.podagent_dir)
+        self._checked = False  # the running zygote's version was compared once
+
+    def _connect(self, timeout: float) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(str(self.socket_path))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    @staticmethod
+    def _exchange(sock: socket.socket, request: dict[str, Any]) -> dict[str, Any]:
+        with sock:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            raw = b""
+            while not raw.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+        if not raw:
+            raise ConnectionResetError(errno.ECONNRESET, "the zygote closed the connection")
+        answer: dict[str, Any] = json.loads(raw)
+        return answer
+
+    def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        return self._exchange(self._connect(timeout), request)
+
+    def ping(self) -> dict[str, Any] | None:
+        try:
+            return self._call({"op": "ping"}, timeout=5)
+        except (OSError, ValueError):
+            return None
+
+    def ensure(self) -> int:
+        """A zygote of this agent code answers on the socket; its pid."""
+        answer = self.ping()
+        if answer and answer.get("version") == self.version:
+            self._checked = True
+            return int(answer["pid"])
+        with file_lock(self.lock_path):
+            answer = self.ping()  # another process may have started it meanwhile
+            if answer and answer.get("version") == self.version:
+                self._checked = True
+                return int(answer["pid"])
+            if answer:
+                self._stop(int(answer["pid"]))  # runs other agent code: replace it
+            self._start()
+            answer = self.ping()
+            if not answer:
+                raise BackendError(f"the agent zygote does not answer: {self._log_tail()}")
+            self._checked = True
+            return int(answer["pid"])
+
+    def _start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            # A clean environment: agents are forks of it, so nothing of the control
+            # plane's (database URL, secret key) may be in its memory.
+            proc = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", _BOOT],
+                input=json.dumps(
+                    {"path": str(self.podagent_dir.parent), "socket": str(self.socket_path)}
+                ).encode()
+                + b"\n",
+                stdout=log,
+                stderr=log,
+                env={"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"},
+                cwd="/",
+                timeout=60,
+                check=False,
+            )
+        if proc.returncode != 0:
+            raise BackendError(
+                f"the agent zygote did not start (exit {proc.returncode}): {self._log_tail()}"
+            )
+
+    def _stop(self, pid: int) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._call({"op": "shutdown"}, timeout=5)
+        deadline = time.monotonic() + 5
+        while is_alive(pid, None) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stops this instance's zygote, if any (teardown)."""
+        answer = self.ping()
+        if answer:
+            self._stop(int(answer["pid"]))
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    def spawn(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Starts one sandbox's bwrap + agent; the zygote's answer (pids)."""
+        if not self._checked:
+            self.ensure()
+        try:
+            sock = self._connect(timeout)
+        except OSError as exc:
+            if exc.errno not in _REFUSED:
+                raise BackendError(f"agent zygote: {exc}", transient=True) from exc
+            # Nothing was sent, so nothing was started: a fresh zygote, once.
+            self.ensure()
+            sock = self._connect(timeout)
+        try:
+            return self._exchange(sock, {"op": "spawn", **request})
+        except (OSError, ValueError) as exc:
+            # Maybe half started: the caller's rollback kills what is in the netns
+            # and cgroups. Not retried here, so a sandbox never gets two agents.
+            raise BackendError(f"agent zygote failed mid-request: {exc}", transient=True) from exc
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_bytes()[-2000:].decode(errors="replace").strip()
+        except OSError:
+            return ""

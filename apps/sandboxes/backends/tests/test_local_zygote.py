@@ -1,0 +1,400 @@
+"""Agents forked from the zygote (podagent/zygote.py) into real sandboxes: every agent
+feature works, the agent has no more privilege or visibility than an exec-started one,
+its death still ends the sandbox, and the zygote's own death touches no sandbox."""
+
+from __future__ import annotations
+
+import functools
+import http.client
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import podagent.zygote as zygote_daemon
+from apps.sandboxes.backends.base import BackendError
+from apps.sandboxes.backends.local import LocalBackend, process, wait_healthy
+from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
+from apps.sandboxes.backends.local.zygote import ZygoteUnavailable, source_version
+
+from .conftest import PODAGENT, Sandbox, make_config, needs_root, new_spec
+
+pytestmark = needs_root
+
+O_CLOEXEC = 0o2000000
+
+
+def until(predicate: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def status_fields(text: str, prefixes: tuple[str, ...]) -> dict[str, str]:
+    fields = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+    return {k: v.strip() for k, v in fields.items() if k.startswith(prefixes)}
+
+
+def host_status(pid: int) -> dict[str, str]:
+    return status_fields(
+        Path(f"/proc/{pid}/status").read_text(), ("Cap", "NoNewPrivs", "N", "PPid")
+    )
+
+
+@pytest.fixture
+def exec_sandbox(backend: LocalBackend) -> Iterator[Sandbox]:
+    """A sandbox of the same instance whose agent is bwrap's payload, for comparison."""
+    exec_backend = LocalBackend(replace(backend.config, agent_launch="exec"))
+    spec = new_spec()
+    endpoint = exec_backend.provision(spec)
+    try:
+        wait_healthy(endpoint, spec.agent_token, timeout=20)
+        yield Sandbox(exec_backend, spec, endpoint)
+    finally:
+        exec_backend.destroy(spec.sandbox_id)
+
+
+def meta(sb: Sandbox) -> dict[str, Any]:
+    data = sb.backend._meta(sb.id)
+    assert data is not None
+    return data
+
+
+def test_it_uses_the_zygote_by_default_and_records_the_sandbox_pid_1(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    sb = sandbox_factory()
+    m = meta(sb)
+    assert sb.backend.agent_launch == "zygote"
+    assert m["launch"] == "zygote"
+    # the recorded pid is the sandbox's init (pid 1 inside), bwrap's child
+    assert Path(f"/proc/{m['pid']}/comm").read_text().strip() == "bwrap"
+    assert host_status(m["pid"])["NSpid"].split()[-1] == "1"
+    assert host_status(m["pid"])["PPid"] == str(m["bwrap_pid"])
+    agent = host_status(m["agent_pid"])
+    assert agent["Name"] == "hedgerow-agent"
+    assert len(agent["NSpid"].split()) == 2, "the agent is in the sandbox's pid namespace"
+    code, out, _ = sb.sh("hostname; cat /proc/1/comm /proc/2/comm")
+    assert (code, out) == (0, "sandbox\nbwrap\npause\n")
+
+
+def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
+    sandbox_factory: Callable[..., Sandbox], exec_sandbox: Sandbox
+) -> None:
+    zb = sandbox_factory()
+    assert meta(exec_sandbox)["launch"] == "exec"
+    caps = "grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status"
+    zcaps = status_fields(zb.sh(caps)[1], ("Cap", "NoNewPrivs", "Seccomp"))
+    ecaps = status_fields(exec_sandbox.sh(caps)[1], ("Cap", "NoNewPrivs", "Seccomp"))
+    assert zcaps.keys() == ecaps.keys() and len(zcaps) >= 7
+    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(zcaps[key], 16) == 0, (key, zcaps)
+        assert int(zcaps[key], 16) & ~int(ecaps[key], 16) == 0, key  # a subset of exec's
+    assert zcaps["NoNewPrivs"] == ecaps["NoNewPrivs"] == "1"
+    assert zcaps["Seccomp"] == ecaps["Seccomp"]
+    agent = host_status(meta(zb)["agent_pid"])  # the agent itself, seen from the host
+    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(agent[key], 16) == 0, (key, agent)
+    assert agent["NoNewPrivs"] == "1"
+
+    # in the sandbox's cgroups, seen from the host
+    cgroups = Path(f"/proc/{meta(zb)['agent_pid']}/cgroup").read_text().splitlines()
+    for controller in ("memory", "cpu", "pids"):
+        (line,) = [c for c in cgroups if controller in c.split(":")[1].split(",")]
+        assert line.endswith(f"/{zb.id}"), line
+    # commands cannot read the agent's memory map, environ or binary (exec's can)
+    for what in ("maps", "environ", "exe"):
+        code, _, err = zb.sh(f"cat /proc/$PPID/{what} >/dev/null")
+        assert code != 0 and "denied" in err, (what, err)
+
+    # the same environment, cgroup view, hostname and fds for commands
+    for command in ("env | sort", "cat /proc/self/cgroup", "hostname", "ls /proc/self/fd"):
+        assert zb.sh(command) == exec_sandbox.sh(command), command
+    assert zb.sh("ls /proc/self/fd")[1] == "0\n1\n2\n3\n"  # 3: ls's own directory
+
+    # the same mounts, but the pause binary instead of the agent's sources
+    mounts = "cut -d' ' -f2 /proc/self/mounts | sort"
+    zmounts = set(zb.sh(mounts)[1].split())
+    emounts = set(exec_sandbox.sh(mounts)[1].split())
+    assert zmounts == (emounts - {"/opt/hedgerow/podagent"}) | {"/opt/hedgerow/pause"}
+    # the interpreter the agent runs (the control plane's) is not visible in the sandbox
+    for path in {os.path.realpath(sys.executable), str(PODAGENT)}:
+        assert zb.sh(f"test -e {path}; echo $?")[1] == "1\n", path
+    # nothing of the host's state or settings in what the sandbox can read of its agent
+    # (bwrap's own command line, pid 1, shows the bind sources in both modes)
+    agent_view = zb.sh(
+        "for p in /proc/[0-9]*; do [ $(cat $p/comm) = hedgerow-agent ] || continue; "
+        "tr '\\0' ' ' <$p/cmdline; tr '\\0' ' ' <$p/environ; done"
+    )[1]
+    assert "podagent.zygote" in agent_view
+    assert str(zb.backend.config.state_dir) not in agent_view
+    assert "HEDGEROW_" not in agent_view
+
+
+def test_it_leaves_the_agent_only_its_log_listener_and_the_hold_pipe(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    sb = sandbox_factory()
+    m = meta(sb)
+    agent, pause = (
+        m["agent_pid"],
+        int(Path(f"/proc/{m['pid']}/task/{m['pid']}/children").read_text().split()[0]),
+    )
+
+    def agent_fds() -> dict[int, str]:
+        return {
+            int(fd): os.readlink(f"/proc/{agent}/fd/{fd}") for fd in os.listdir(f"/proc/{agent}/fd")
+        }
+
+    # wait_healthy's connection may still be closing: wait for the idle agent
+    until(lambda: sum(t.startswith("socket:") for t in agent_fds().values()) == 1, "idle agent")
+    fds = agent_fds()
+    log = str(sb.backend._dir(sb.id) / "agent.log")
+    assert (fds[0], fds[1], fds[2]) == ("/dev/null", log, log)
+    pipes = [fd for fd, target in fds.items() if target.startswith("pipe:")]
+    hold = os.readlink(f"/proc/{pause}/fd/4")
+    assert [fds[fd] for fd in pipes] == [hold], fds  # the hold pipe only
+    flags = Path(f"/proc/{agent}/fdinfo/{pipes[0]}").read_text().split("flags:")[1].split()[0]
+    assert int(flags, 8) & O_CLOEXEC, "commands must never inherit the hold pipe"
+    tcp = Path(f"/proc/{agent}/net/tcp").read_text() + Path(f"/proc/{agent}/net/tcp6").read_text()
+    host_unix = Path("/proc/self/net/unix").read_text()  # the zygote's sockets are there
+    for fd, target in fds.items():
+        if target.startswith("socket:"):
+            inode = target[len("socket:[") : -1]
+            assert f" {inode} " in tcp, f"fd {fd} is not the agent's TCP listener"
+            assert f" {inode} " not in host_unix
+        elif fd > 2 and fd not in pipes:  # the JSON log opened at /dev/stdout, epoll
+            assert target == log or target.startswith("anon_inode:"), (fd, target)
+    # pause holds nothing but its pipe; the zygote gave it nothing else either
+    pause_fds = {
+        int(fd): os.readlink(f"/proc/{pause}/fd/{fd}") for fd in os.listdir(f"/proc/{pause}/fd")
+    }
+    assert sorted(pause_fds) == [0, 1, 2, 4]
+
+
+def test_it_serves_exec_streams_files_and_ptys_without_late_imports(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    sb = sandbox_factory()
+    ep, token = sb.endpoint, sb.spec.agent_token
+    headers = {"Authorization": f"Bearer {token}"}
+    conn = http.client.HTTPConnection(ep.host, ep.port, timeout=30)
+    conn.request("PUT", "/files?path=/workspace/a%20b.txt", b"\xc3\xa9t\xc3\xa9\n", headers)
+    assert conn.getresponse().read() and True
+    conn.request("GET", "/files?path=/workspace/a%20b.txt", headers=headers)
+    assert conn.getresponse().read() == "été\n".encode()
+    conn.request("GET", "/files/list?path=/workspace", headers=headers)
+    assert [e["name"] for e in json.loads(conn.getresponse().read())["entries"]] == ["a b.txt"]
+    op = f"op-{uuid.uuid4().hex}"
+    body = {"operation_id": op, "command": "for i in 1 2 3; do echo $i; done", "stream": True}
+    conn.request("POST", "/exec", json.dumps(body), headers)
+    frames = [json.loads(line) for line in conn.getresponse().read().splitlines()]
+    assert [f["type"] for f in frames] == ["start", "stdout", "exit"] or len(frames) > 3
+    assert frames[-1]["type"] == "exit"
+    assert frames[-1]["result"]["termination"]["exit_code"] == 0
+    conn.request("GET", f"/operations/{op}?wait=5", headers=headers)
+    assert json.loads(conn.getresponse().read())["operation_id"] == op
+    conn.close()
+    assert sb.sh('python3 -c \'print("é".encode("idna"))\'')[0] == 0
+    assert pty_roundtrip(ep.host, ep.port, token) == (b"pty-ok", 3)
+    log = (sb.backend._dir(sb.id) / "agent.log").read_text()
+    assert "late import" not in log
+    assert "Traceback" not in log
+
+
+def pty_roundtrip(host: str, port: int, token: str) -> tuple[bytes, int]:
+    sock = socket.create_connection((host, port), timeout=20)
+    sock.sendall(
+        (
+            f"POST /pty HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            "Connection: Upgrade\r\nUpgrade: hedgerow-pty/1\r\nContent-Length: 0\r\n\r\n"
+        ).encode()
+    )
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(4096)
+    assert buf.startswith(b"HTTP/1.1 101"), buf
+    buf = buf.split(b"\r\n\r\n", 1)[1]
+    init = json.dumps({"cmd": "echo pty-ok; exit 3", "rows": 24, "cols": 80}).encode()
+    sock.sendall(struct.pack(">cI", b"I", len(init)) + init)
+    output = b""
+    while True:
+        while len(buf) < 5 or len(buf) < 5 + struct.unpack(">cI", buf[:5])[1]:
+            chunk = sock.recv(65536)
+            assert chunk, "pty closed before its exit frame"
+            buf += chunk
+        kind, length = struct.unpack(">cI", buf[:5])
+        payload, buf = buf[5 : 5 + length], buf[5 + length :]
+        if kind == b"O":
+            output += payload
+        elif kind == b"X":
+            sock.close()
+            return output.strip(), int(json.loads(payload)["code"])
+        elif kind == b"E":
+            raise AssertionError(payload)
+
+
+def all_gone(pids: list[tuple[int, int | None]]) -> bool:
+    return not any(is_alive(pid, start) for pid, start in pids)
+
+
+def test_it_ends_the_sandbox_when_its_agent_dies(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    for victim in ("agent_pid", "pid"):  # the agent, then the recorded pid (pid 1 inside)
+        sb = sandbox_factory()
+        m = meta(sb)
+        pids = [
+            (m["pid"], m["start_time"]),
+            (m["bwrap_pid"], m["bwrap_start_time"]),
+            (m["agent_pid"], proc_start_time(m["agent_pid"])),
+        ]
+        os.kill(m[victim], signal.SIGKILL)
+        until(functools.partial(all_gone, pids), "the sandbox to end")
+        assert sb.backend.endpoint(sb.id) is None
+        assert sb.backend.network.netns_pids(sb.id) == []
+
+
+def test_it_keeps_sandboxes_running_when_the_zygote_dies_and_starts_a_new_one(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    before = sandbox_factory()
+    answer = before.backend.zygote.ping()
+    assert answer is not None
+    old = int(answer["pid"])
+    os.kill(old, signal.SIGKILL)
+    until(lambda: not is_alive(old, None), "the zygote to die")
+    assert before.sh("echo still here") == (0, "still here\n", "")
+    after = sandbox_factory()  # the next provision starts a fresh zygote
+    answer = after.backend.zygote.ping()
+    assert answer is not None and int(answer["pid"]) != old
+    assert after.sh("echo new") == (0, "new\n", "")
+    assert before.sh("echo old") == (0, "old\n", "")
+    assert meta(before)["launch"] == meta(after)["launch"] == "zygote"
+
+
+def test_it_runs_the_zygote_with_a_clean_environment(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    sb = sandbox_factory()
+    answer = sb.backend.zygote.ping()
+    assert answer is not None
+    environ = Path(f"/proc/{answer['pid']}/environ").read_bytes().split(b"\0")
+    # agents are forks of it: nothing of the control plane's environment may be there
+    assert sorted(e.split(b"=")[0] for e in environ if e) == [b"LANG", b"PATH"]
+    assert answer["version"] == source_version(PODAGENT)
+    assert zygote_daemon.source_version(str(PODAGENT)) == source_version(PODAGENT)
+
+
+def test_it_reports_a_failed_bwrap_typed_with_its_stderr_and_leaves_nothing(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = process.bwrap_argv
+
+    def broken(**kwargs: Any) -> list[str]:
+        return ["bwrap", "--no-such-option", *real(**kwargs)[1:]]
+
+    monkeypatch.setattr(process, "bwrap_argv", broken)
+    spec = new_spec()
+    with pytest.raises(BackendError, match="bwrap exited before the sandbox was ready") as err:
+        backend.provision(spec)
+    assert "no-such-option" in str(err.value)  # bwrap's own complaint, from agent.log
+    assert [i for i in backend.inventory() if i.sandbox_id == spec.sandbox_id] == []
+    assert backend.zygote.ping() is not None  # a failed launch does not take it down
+
+
+def test_it_gives_up_typed_when_the_sandbox_never_becomes_ready(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = process.bwrap_argv
+
+    def never_ready(**kwargs: Any) -> list[str]:
+        argv = real(**kwargs)
+        assert argv[-3:] == ["/opt/hedgerow/pause", "3", "4"]
+        return [*argv[:-3], "/usr/bin/sleep", "600"]  # a payload that never says ready
+
+    monkeypatch.setattr(process, "bwrap_argv", never_ready)
+    monkeypatch.setattr(backend, "agent_start_timeout", 1.0)
+    spec = new_spec()
+    with pytest.raises(BackendError, match="did not become ready in time"):
+        backend.provision(spec)
+    assert [i for i in backend.inventory() if i.sandbox_id == spec.sandbox_id] == []
+
+
+def test_it_runs_agents_in_an_image_without_python_or_bundle(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    from .test_agent_bundle import BUSYBOX, busybox_rootfs_tarball
+
+    if BUSYBOX is None:
+        pytest.skip("needs busybox")
+    backend.import_image("nopython", busybox_rootfs_tarball(tmp_path))
+    spec = new_spec(image="nopython")
+    endpoint = backend.provision(spec)
+    try:
+        wait_healthy(endpoint, spec.agent_token, timeout=20)
+        sb = Sandbox(backend, spec, endpoint)
+        assert sb.sh("echo hi from $(busybox | head -1 | cut -d' ' -f1)")[:2] == (
+            0,
+            "hi from BusyBox\n",
+        )
+        assert sb.sh("ls /usr/bin/python3 /usr/local/bin/python3 2>&1; echo rc=$?")[1].endswith(
+            "rc=1\n"
+        )
+    finally:
+        backend.destroy(spec.sandbox_id)
+
+
+def test_it_stops_the_zygote_with_the_instance(tmp_path: Path) -> None:
+    b = LocalBackend(make_config(tmp_path, f"z{os.getpid()}", "netns"))
+    try:
+        spec = new_spec()
+        wait_healthy(b.provision(spec), spec.agent_token, timeout=20)
+        answer = b.zygote.ping()
+        assert answer is not None
+        pid = int(answer["pid"])
+    finally:
+        b.teardown_instance()
+    until(lambda: not is_alive(pid, None), "the zygote to exit")
+    assert not b.zygote.socket_path.exists()
+
+
+def test_it_makes_a_late_import_fail_loudly(capfd: pytest.CaptureFixture[str]) -> None:
+    guard = zygote_daemon._LateImportGuard()
+    with pytest.raises(ModuleNotFoundError, match="late import of 'tomllib'"):
+        guard.find_spec("tomllib")
+    assert "late import of 'tomllib'" in capfd.readouterr().err
+    with pytest.raises(ModuleNotFoundError):
+        guard.find_spec("msvcrt")  # absent on Linux anyway: no noise
+    assert capfd.readouterr().err == ""
+
+
+def test_it_falls_back_to_exec_when_gcc_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_which = shutil.which
+
+    def which(name: str, mode: int = os.F_OK | os.X_OK, path: str | None = None) -> str | None:
+        return None if name == "gcc" else real_which(name, mode, path)
+
+    monkeypatch.setattr(shutil, "which", which)
+    config = make_config(tmp_path, f"g{os.getpid()}", "netns")  # nothing built there yet
+    with caplog.at_level(logging.WARNING):
+        assert LocalBackend(config).agent_launch == "exec"
+    assert "agents start by exec: gcc is not installed" in caplog.text
+    with pytest.raises(ZygoteUnavailable, match="gcc is not installed"):
+        _ = LocalBackend(replace(config, agent_launch="zygote")).agent_launch

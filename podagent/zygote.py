@@ -1,0 +1,540 @@
+"""The agent zygote: starts sandbox agents as forks of one already-imported process.
+
+    python -m podagent.zygote --socket PATH   (the local backend starts it: zygote.py)
+
+Starting a sandbox's agent as bubblewrap's payload pays a Python interpreter start and
+the agent's imports (40-70 ms CPU) per sandbox. Here bubblewrap still builds the
+sandbox (namespaces, mounts, --cap-drop ALL) but runs a tiny static ``pause`` binary;
+the agent is a fork of this daemon entered into pause's namespaces:
+
+1. a handler child (one per request: the main loop only accepts, forks and reaps)
+   joins the sandbox's cgroups and netns and posix_spawns bwrap in a new session;
+2. pause writes one byte to the *ready* pipe once bwrap's mounts are done;
+3. the handler setns()es into pause's cgroup/ipc/uts/net/pid/mnt namespaces, chroots
+   to pause's root and forks the agent (the pid namespace applies to children only),
+   which drops every capability, sets the environment bwrap would have set, keeps
+   only stdout/stderr and the *hold* pipe and runs ``podagent.__main__.main``.
+
+The agent holds the only write end of the hold pipe: when it dies, pause reads EOF and
+exits, bwrap's pid-namespace init exits and the kernel kills everything in the
+sandbox, as when an exec-started agent dies. Nothing here ever keeps a copy of it.
+
+After setns(mnt) the host's Python library is not visible, so everything the agent
+may import is imported here first, and a late import fails loudly (ImportError plus a
+line in agent.log) instead of reading whatever the sandbox has at that path.
+
+The protocol is one JSON line each way per connection on a 0600 unix socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import fcntl
+import gc
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, NoReturn, Optional
+
+from . import __main__ as agent_main
+from . import pty_session  # noqa: F401 - imported by the server on the first PTY
+
+# Everything the agent imports late: it cannot import after setns. Found by logging
+# every import of agents run through podagent/tests (encodings.idna, stringprep,
+# unicodedata: socket calls with str hosts; resource: subprocess limits; ast: 3.11's
+# traceback, when it formats an error with source lines at hand).
+PRELOAD = (
+    "ast",
+    "encodings.ascii",
+    "encodings.idna",
+    "encodings.latin_1",
+    "resource",
+    "unicodedata",
+)
+for _name in PRELOAD:
+    __import__(_name)
+
+PODAGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# fd numbers bwrap and pause get (argv names them); chosen above 2 and fixed, and set
+# with dup2 from higher numbers, so they are never a no-op dup2 that keeps O_CLOEXEC
+READY_FD, HOLD_FD, INFO_FD = 3, 4, 5
+NAMESPACES = (  # setns order: mnt last (after it /proc/<pause>/ns is another /proc)
+    ("cgroup", 0x02000000),
+    ("ipc", 0x08000000),
+    ("uts", 0x04000000),
+    ("net", 0x40000000),
+    ("pid", 0x20000000),
+    ("mnt", 0x00020000),
+)
+CLONE_NEWNET = 0x40000000
+PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# modules that are absent on Linux anyway: a late try-import of these is no news
+_ABSENT_ANYWAY = {"_winapi", "msvcrt", "winreg", "nt", "_overlapped", "org", "java"}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ZygoteError(Exception):
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(f"{stage}: {message}")
+        self.stage = stage
+
+
+def source_version(directory: str = PODAGENT_DIR) -> str:
+    """Hash of the agent's sources: a zygote of other code must be replaced."""
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".py"):
+            with open(os.path.join(directory, name), "rb") as fh:
+                h.update(name.encode() + b"\0" + fh.read() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _setns(fd: int, nstype: int, what: str) -> None:
+    _check(_libc.setns(fd, nstype), f"setns({what})")
+
+
+def _set_name(name: str) -> None:
+    # /proc/<pid>/comm: tells the zygote, its handlers and agents apart in ps/bench
+    _libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def drop_all_capabilities() -> None:
+    """What bwrap --cap-drop ALL leaves a root process: empty bounding, ambient,
+    permitted, effective and inheritable sets, and no_new_privs."""
+    with open("/proc/sys/kernel/cap_last_cap") as fh:
+        last = int(fh.read())
+    for cap in range(last + 1):
+        # EINVAL: a capability this kernel does not know; anything else is fatal
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            _check(-1, f"PR_CAPBSET_DROP {cap}")
+    _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient clear")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+class _LateImportGuard:
+    """First on sys.meta_path in an agent: anything not imported by the zygote fails."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        message = f"podagent: late import of {name!r} in a zygote-started agent"
+        if name.split(".")[0] not in _ABSENT_ANYWAY:
+            os.write(2, (message + " (add it to podagent/zygote.py)\n").encode())
+        raise ModuleNotFoundError(message, name=name)
+
+
+def _proc_start_time(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _join_cgroups(cgroups: List[str]) -> None:
+    for directory in cgroups:
+        with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+
+class _Stage:
+    """Turns any failure inside into a ZygoteError naming the launch stage."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and not isinstance(exc, ZygoteError):
+            raise ZygoteError(self.stage, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _start_bwrap(req: Dict[str, Any], log_fd: int, ready_w: int, hold_r: int, info_w: int) -> int:
+    """Spawns bwrap in a new session (the caller is in the sandbox's cgroups and netns).
+
+    posix_spawn (vfork) rather than fork+exec: a fork of this large process would copy,
+    then on exec tear down, its whole address space for every sandbox.
+    """
+    with _Stage("bwrap: fds"):
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        # CLOEXEC copies above 63: a dup2 action onto 0..5 then always changes the number
+        # (a same-number dup2 would keep O_CLOEXEC) and the copies do not leak into bwrap
+        high = [
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
+            for fd in (null, log_fd, log_fd, ready_w, hold_r, info_w)
+        ]
+    try:
+        targets = (0, 1, 2, READY_FD, HOLD_FD, INFO_FD)
+        actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in zip(high, targets, strict=True)]
+        with _Stage("bwrap: exec"):
+            return os.posix_spawn(
+                req["bwrap"][0],
+                req["bwrap"],
+                req["bwrap_env"],
+                file_actions=actions,
+                setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores them
+            )
+    finally:
+        for fd in (null, *high):
+            os.close(fd)
+
+
+def _wait_ready(bwrap_pid: int, ready_r: int, info_r: int, deadline: float) -> int:
+    """Waits for pause's byte; returns the pid of bwrap's pid-namespace init."""
+    left = max(0.0, deadline - time.monotonic())
+    if not select.select([ready_r], [], [], left)[0]:
+        os.kill(bwrap_pid, signal.SIGKILL)
+        os.waitpid(bwrap_pid, 0)
+        raise ZygoteError("ready", "the sandbox did not become ready in time (bwrap killed)")
+    if os.read(ready_r, 1) != b"r":
+        _, status = os.waitpid(bwrap_pid, 0)
+        raise ZygoteError(
+            "ready", f"bwrap exited before the sandbox was ready (status {status:#x})"
+        )
+    info = b""
+    while True:  # bwrap writes {"child-pid": N, ...} before the setup; complete by now
+        if not select.select([info_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise ZygoteError("ready", "no --info-fd answer from bwrap")
+        chunk = os.read(info_r, 4096)
+        info += chunk
+        try:
+            return int(json.loads(info)["child-pid"])
+        except ValueError:
+            if not chunk:
+                raise ZygoteError("ready", f"bad --info-fd answer: {info!r}") from None
+
+
+def _pause_pid(init_pid: int) -> int:
+    with open(f"/proc/{init_pid}/task/{init_pid}/children") as fh:
+        children = fh.read().split()
+    if len(children) != 1:
+        raise ZygoteError("ready", f"bwrap's init has children {children}, expected pause")
+    return int(children[0])
+
+
+def _enter_sandbox(req: Dict[str, Any], pause: int) -> None:
+    """Moves this process into pause's namespaces and root (the cgroups are joined)."""
+    with _Stage("agent: open namespaces"):
+        root = os.open(f"/proc/{pause}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds = [
+            (os.open(f"/proc/{pause}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC), flag, ns)
+            for ns, flag in NAMESPACES
+        ]
+    for fd, flag, ns in fds:
+        with _Stage(f"agent: setns({ns})"):
+            _setns(fd, flag, ns)
+        os.close(fd)
+    with _Stage("agent: chroot"):
+        # setns(mnt) leaves us at the namespace's root, which is not the sandbox's
+        # (bwrap pivots); pause's root directory is.
+        os.fchdir(root)
+        os.chroot(".")
+        os.chdir(req["workdir"])
+        os.close(root)
+
+
+class _Inherited:
+    """Python objects owning fds the agent must lose without a later close by the
+    garbage collector hitting a reused fd number: detached, then closed by number."""
+
+    def __init__(self) -> None:
+        self.sockets: List[socket.socket] = []
+
+    def detach_all(self) -> None:
+        for sock in self.sockets:
+            sock.detach()
+        self.sockets.clear()
+
+
+def _agent_main(
+    req: Dict[str, Any], null: int, log_fd: int, hold_w: Optional[int], keep: _Inherited
+) -> NoReturn:
+    code = 1
+    try:
+        _set_name("hedgerow-agent")
+        os.setsid()
+        signal.alarm(0)
+        for sig in (signal.SIGALRM, signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        keep.detach_all()
+        if hold_w is None:  # a plain agent (tests): no sandbox to hold
+            os.closerange(3, 1 << 16)
+        else:
+            hold = fcntl.fcntl(hold_w, fcntl.F_DUPFD_CLOEXEC, 3)  # commands never inherit it
+            os.closerange(3, hold)
+            os.closerange(hold + 1, 1 << 16)
+        if hold_w is not None or os.geteuid() == 0:
+            drop_all_capabilities()
+        # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
+        # /proc maps/environ/exe, which would show the host's interpreter and paths.
+        _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+        os.umask(int(req["umask"]))
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.meta_path.insert(0, _LateImportGuard())
+        sys.path[:] = []
+        sys.path_importer_cache.clear()
+        sys.argv = ["podagent", *req["agent_args"]]
+        code = agent_main.main(list(req["agent_args"]))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the agent's last words go to agent.log
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def spawn_plain(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
+    """An agent forked without a sandbox, in ``workdir``: lets podagent's own tests run
+    against a zygote-started agent (PODAGENT_TEST_LAUNCH=zygote), late-import guard
+    and all."""
+    with _Stage("plain agent"):
+        log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        os.chdir(req["workdir"])
+    agent_pid = os.fork()
+    if agent_pid == 0:
+        _agent_main(req, null, log_fd, None, keep)
+    return {"ok": True, "agent_pid": agent_pid}
+
+
+def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
+    """Starts one sandbox (bwrap + pause) and its agent. Runs in a throwaway handler
+    child, which therefore does the joining itself: the cgroups and netns (inherited
+    by bwrap), then, once pause is ready, the sandbox's namespaces and root, and forks
+    the agent there (the pid namespace applies to children only)."""
+    deadline = time.monotonic() + float(req.get("timeout", 10))
+    with _Stage("open agent.log"):
+        log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)  # the agent's stdin
+    with _Stage("join cgroups"):
+        _join_cgroups(req["cgroups"])  # before the netns (and setns(cgroup), later)
+    with _Stage("enter netns"):
+        nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
+        _setns(nsfd, CLONE_NEWNET, req["netns"])
+        os.close(nsfd)
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    info_r, info_w = os.pipe()
+    try:
+        bwrap_pid = _start_bwrap(req, log_fd, ready_w, hold_r, info_w)
+    finally:
+        for fd in (ready_w, hold_r, info_w):
+            os.close(fd)
+    init_pid = 0
+    try:
+        init_pid = _wait_ready(bwrap_pid, ready_r, info_r, deadline)
+        pause = _pause_pid(init_pid)
+        # the host's /proc: after _enter_sandbox, /proc is the sandbox's
+        started = {
+            "bwrap_start_time": _proc_start_time(bwrap_pid),
+            "init_start_time": _proc_start_time(init_pid),
+        }
+        _enter_sandbox(req, pause)
+        agent_pid = os.fork()
+        if agent_pid == 0:
+            _agent_main(req, null, log_fd, hold_w, keep)
+    except BaseException:
+        # pause reads EOF once hold_w is closed; the kill covers a pause never started
+        os.close(hold_w)
+        for pid in (init_pid, bwrap_pid):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(bwrap_pid, 0)
+        raise
+    os.close(hold_w)  # the agent's is now the only write end
+    return {
+        "ok": True,
+        "bwrap_pid": bwrap_pid,
+        "init_pid": init_pid,
+        "pause_pid": pause,
+        **started,
+        "agent_pid": agent_pid,
+    }
+
+
+# ---- the daemon ------------------------------------------------------------------------
+
+
+def _handle(conn: socket.socket, keep: _Inherited, version: str) -> Dict[str, Any]:
+    conn.settimeout(10)
+    raw = b""
+    while not raw.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        raw += chunk
+    req = json.loads(raw)
+    op = req.get("op")
+    if op == "ping":
+        return {"ok": True, "pid": os.getppid(), "version": version}
+    if op == "shutdown":
+        os.kill(os.getppid(), signal.SIGTERM)
+        return {"ok": True}
+    if op == "spawn":
+        # a backstop: every wait inside has its own deadline
+        signal.alarm(int(float(req.get("timeout", 10))) + 20)
+        return spawn(req, keep)
+    if op == "spawn_plain":
+        return spawn_plain(req, keep)
+    return {"ok": False, "stage": "request", "error": f"unknown op {op!r}"}
+
+
+def _serve_one(conn: socket.socket, listener: socket.socket, version: str) -> NoReturn:
+    code = 0
+    try:
+        _set_name("hedgerow-zyghdl")
+        keep = _Inherited()
+        keep.sockets += [listener, conn]
+        try:
+            answer = _handle(conn, keep, version)
+        except ZygoteError as exc:
+            answer = {"ok": False, "stage": exc.stage, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - every failure is answered, typed
+            answer = {"ok": False, "stage": "zygote", "error": f"{type(exc).__name__}: {exc}"}
+        conn.settimeout(10)
+        conn.sendall(json.dumps(answer).encode() + b"\n")
+    except BaseException:  # noqa: BLE001 - a handler never returns into the loop
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def serve(path: str) -> int:
+    """Binds ``path``, then daemonizes: the starting process exits 0 once the socket
+    listens (the backend waits for that), the daemon serves until the socket file is
+    removed or replaced (instance torn down) or it is told to shut down."""
+    version = source_version()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # the backend starts us under its lock, after a failed ping
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o077)
+    listener.bind(path)
+    os.umask(old_umask)
+    listener.listen(256)
+    inode = os.stat(path).st_ino
+    if os.fork() != 0:
+        os._exit(0)
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    _set_name("hedgerow-zygote")
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    # Orphans (bwrap, agents: their handler exits at once) come to us rather than to
+    # the host's init, and are reaped at once: a sandbox's cgroups cannot be removed
+    # while a zombie of it is left unreaped.
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    # objects created at import never change again: keep the collector away from
+    # them so forked agents share those pages instead of copying them
+    gc.collect()
+    gc.freeze()
+    print(f"zygote {os.getpid()} listening on {path} (version {version})", flush=True)
+    while not stopping:
+        try:
+            readable = select.select([listener, wake_r], [], [], 1.0)[0]
+        except InterruptedError:
+            readable = []
+        _reap()
+        try:
+            if os.stat(path).st_ino != inode:
+                break
+        except FileNotFoundError:
+            break
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        if listener not in readable:
+            continue
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            continue
+        try:
+            if os.fork() == 0:
+                signal.set_wakeup_fd(-1)  # before anything may close or reuse wake_w
+                for sig in (signal.SIGTERM, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                _serve_one(conn, listener, version)
+        finally:
+            conn.close()
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="podagent.zygote")
+    parser.add_argument("--socket", required=True)
+    args = parser.parse_args(argv)
+    return serve(args.socket)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
