@@ -396,18 +396,21 @@ class Handler(BaseHTTPRequestHandler):
         state = self.server.state
         req = parse_exec(self.read_json(), state.base_env, state.shell, state.workdir)
         op, created = state.execs.claim(req)
+
+        def log_exec() -> None:
+            # written once the command was spawned, while it loads: off the latency path
+            state.log.write("exec", request_id=self.request_id, op=op.op_id, stream=req.stream)
+
         if req.stream:
             self.send_head(200, "application/x-ndjson", None)
             if created:
-                state.log.write("exec", request_id=self.request_id, op=op.op_id, stream=True)
-                state.execs.execute(op, req, self.write_chunk)
+                state.execs.execute(op, req, self.write_chunk, log_exec)
             else:
                 state.execs.stream_attached(op, self.write_chunk)
             self.end_chunks()
             return
         if created:
-            state.log.write("exec", request_id=self.request_id, op=op.op_id, stream=False)
-            result = state.execs.execute(op, req, None)
+            result = state.execs.execute(op, req, None, log_exec)
         else:
             stored = op.wait(None)
             assert stored is not None
