@@ -64,7 +64,13 @@ def start_agent(python: str, tmp: Path, root: Path = REPO) -> tuple[subprocess.P
     argv = [python, "-m", "podagent", "--listen", f"127.0.0.1:{port}"]
     argv += ["--token-file", str(tmp / "token"), "--workdir", str(tmp / "work")]
     argv += ["--log-file", str(tmp / "agent.log")]
-    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # as the local backend starts it: in its workdir, with bwrap's --clearenv + these
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(tmp / "work")}
+    env.update(LANG="C.UTF-8", PYTHONPATH=str(root))
+    env["HEDGEROW_AGENT_ENV_RESTORE"] = json.dumps({"PYTHONPATH": None})
+    proc = subprocess.Popen(
+        argv, cwd=tmp / "work", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:

@@ -11,13 +11,13 @@ import contextlib
 import os
 import select
 import signal
-import subprocess
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .output import StreamCapture
 from .procutil import signal_name, signal_session
+from .spawn import spawn
 
 CHILDREN_GRACE_S = 0.5
 READ_SIZE = 65536
@@ -125,7 +125,8 @@ def run(
     out = StreamCapture(spec.window)
     err = StreamCapture(spec.window)
     # Plain descriptors, not Popen's PIPE: Popen would wrap each end in a buffered file
-    # object we never use, and close them through an ExitStack, on every exec.
+    # object we never use, and close them through an ExitStack, on every exec; and
+    # posix_spawn (see spawn.py) takes descriptors only.
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r: Optional[int] = None
@@ -133,14 +134,13 @@ def run(
     if spec.stdin:
         in_r, in_w = os.pipe()
     try:
-        proc = subprocess.Popen(
+        pid = spawn(
             spec.argv,
-            cwd=spec.cwd,
-            env=spec.env,
-            stdin=in_r if in_r is not None else _devnull_fd(),
-            stdout=out_w,
-            stderr=err_w,
-            start_new_session=True,
+            spec.cwd,
+            spec.env,
+            in_r if in_r is not None else _devnull_fd(),
+            out_w,
+            err_w,
         )
     except OSError as exc:
         for fd in (out_r, err_r, in_w):
@@ -157,7 +157,6 @@ def run(
         # Only the child may hold the write ends, or we would never see EOF.
         for fd in (out_w, err_w, in_r):
             _close(fd)
-    pid = proc.pid
     with control.lock:
         control.pid = pid
         cancelled_early = control.cancelled
@@ -203,7 +202,6 @@ def run(
         rpid, st, ru = os.wait4(pid, flags)
         if rpid == pid:
             status, rusage, exited_at = st, ru, time.monotonic()
-            proc.returncode = -1  # reaped by us; keeps Popen from waiting again
 
     def terminate(why: str) -> None:
         nonlocal reason, kill_at

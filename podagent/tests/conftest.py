@@ -27,7 +27,9 @@ def free_port() -> int:
 
 
 class Agent:
-    def __init__(self, tmp: Path, extra_env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(
+        self, tmp: Path, extra_env: Optional[Dict[str, str]] = None, pass_fds: Tuple[int, ...] = ()
+    ) -> None:
         self.tmp = tmp
         self.workdir = tmp / "work"
         self.workdir.mkdir()
@@ -35,7 +37,11 @@ class Agent:
         self.token_file.write_text(TOKEN + "\n")
         self.log_file = tmp / "agent.log"
         self.port = free_port()
+        # Started as the local backend starts it: in its workdir, the package found
+        # through PYTHONPATH, which the agent then hides from commands.
         env = dict(os.environ)
+        env["HEDGEROW_AGENT_ENV_RESTORE"] = json.dumps({"PYTHONPATH": env.get("PYTHONPATH")})
+        env["PYTHONPATH"] = str(REPO)
         env.update(extra_env or {})
         self.proc = subprocess.Popen(
             [
@@ -43,7 +49,8 @@ class Agent:
                 "--token-file", str(self.token_file), "--workdir", str(self.workdir),
                 "--log-file", str(self.log_file),
             ],
-            cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd=str(self.workdir), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
         )  # fmt: skip
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
