@@ -7,12 +7,15 @@ HEDGEROW_INSTANCE, creates one `host` sandbox, then measures `bash -c 'echo hi'`
 (a) a bare local subprocess, (b) a direct HTTP call to the sandbox's pod agent,
 (c) exec through the REST API (auth + operation record), (d) streamed exec received
 over the websocket (time to first byte and to exit); then REST throughput with 1, 4
-and 16 concurrent clients. Prints p50/p95/p99 and the ratios c/b, d/b, b/a.
+and 16 concurrent clients. Prints p50/p95/p99 and the ratios c/b, d/b, b/a; also
+(a') a bare subprocess that captures stdout and stderr through pipes as the agent must
+(b/a'), and the agent's CPU per exec.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -22,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench._stack import private_stack
@@ -117,6 +121,50 @@ def throughput(make_call: Callable[[], Callable[[], None]], clients: int, second
     return sum(done) / (time.monotonic() - start)
 
 
+def _agent_host_pid(sandbox: Any) -> int | None:
+    """The sandbox's agent as the host sees it: the podagent process in its netns."""
+    from apps.sandboxes.backends import get_backend
+
+    network = getattr(get_backend(), "network", None)
+    if network is None:
+        return None
+    for pid in network.netns_pids(sandbox.id.hex):
+        with contextlib.suppress(OSError):
+            proc = Path(f"/proc/{pid}")
+            # bwrap (and its pid-namespace init) carry the agent's argv too
+            if (proc / "comm").read_text().strip() != "bwrap" and b"podagent" in (
+                proc / "cmdline"
+            ).read_bytes():
+                return int(pid)
+    return None
+
+
+def agent_cpu_per_exec(
+    sandbox: Any, call: Callable[[], None], n: int
+) -> tuple[int, float, float] | None:
+    """(n, agent ms, reaped commands ms) per exec over n sequential direct execs: the
+    agent's threads from schedstat (exact), its reaped children from cutime+cstime.
+    CPU time, unlike latency, hardly depends on what else the machine runs."""
+    pid = _agent_host_pid(sandbox)
+    if pid is None:
+        return None
+
+    def sample() -> tuple[int, int]:
+        own = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                own += int((task / "schedstat").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return own, int(fields[13]) + int(fields[14])
+
+    own0, children0 = sample()
+    for _ in range(n):
+        call()
+    own1, children1 = sample()
+    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    return n, (own1 - own0) / 1e6 / n, (children1 - children0) * tick_ms / n
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300, help="sequential samples per path")
@@ -161,6 +209,10 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
     def bare() -> None:
         subprocess.run(["bash", "-c", COMMAND], stdout=subprocess.DEVNULL, check=True)
 
+    def bare_piped() -> None:
+        # what the agent must do: capture stdout and stderr through pipes
+        subprocess.run(["bash", "-c", COMMAND], capture_output=True, check=True)
+
     def direct_call() -> Callable[[], None]:
         conn = Http(row.endpoint_host, int(row.endpoint_port or 0), agent_headers)
 
@@ -204,8 +256,14 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
                     assert frame["result"]["exit_code"] == 0
                     break
 
-    paths = {"a bare subprocess": bare, "b direct agent": direct_call(), "c REST exec": rest_call()}
+    paths = {
+        "a bare subprocess": bare,
+        "a' bare, stdout+stderr piped": bare_piped,
+        "b direct agent": direct_call(),
+        "c REST exec": rest_call(),
+    }
     results = {name: summary(s) for name, s in timed_interleaved(args.n, paths).items()}
+    agent_cpu = agent_cpu_per_exec(row, direct_call(), max(args.n * 3, 500))
     stream_n = max(50, args.n // 3)
     stream_api.append(Http("127.0.0.1", stack.port, auth))
     exit_samples = timed(stream_n, streamed, warmup=10)
@@ -222,8 +280,13 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
         print(f"| {name} | {s['p50']:.2f} | {s['p95']:.2f} | {s['p99']:.2f} | {s['mean']:.2f} |")
     a, b = results["a bare subprocess"]["p50"], results["b direct agent"]["p50"]
     c, d = results["c REST exec"]["p50"], results["d stream: exit"]["p50"]
+    a2 = results["a' bare, stdout+stderr piped"]["p50"]
     print(f"\nratios of p50: c/b = {c / b:.2f} (target ≤ 2), d/b = {d / b:.2f}, "
-          f"b/a = {b / a:.2f} (target ≤ 1.3)")  # fmt: skip
+          f"b/a = {b / a:.2f} (target ≤ 1.3), b/a' = {b / a2:.2f}")  # fmt: skip
+    if agent_cpu is not None:
+        n_cpu, own, reaped = agent_cpu
+        print(f"agent CPU per direct exec ({n_cpu} sequential): agent {own:.3f} ms, "
+              f"the commands it reaped {reaped:.3f} ms")  # fmt: skip
     print("\nthroughput (exec/s, completed commands):\n| clients | REST | direct agent |")
     print("|---:|---:|---:|")
     for clients in (1, 4, 16):

@@ -139,8 +139,16 @@ class ExecService:
             )
         return op, created
 
-    def execute(self, op: Operation, req: ExecRequest, emit: Optional[Emit]) -> Dict[str, Any]:
-        """Run the claimed operation on this thread; emit frames as they happen."""
+    def execute(
+        self,
+        op: Operation,
+        req: ExecRequest,
+        emit: Optional[Emit],
+        on_spawn: Optional[Callable[[], None]] = None,
+    ) -> Dict[str, Any]:
+        """Run the claimed operation on this thread; emit frames as they happen.
+        `on_spawn` runs once the command was started (or failed to start): work
+        there overlaps the command's own start-up instead of delaying it."""
         sink: List[Optional[Emit]] = [emit]
 
         def send(frame: Frame) -> None:
@@ -156,6 +164,8 @@ class ExecService:
 
         def on_start(pid: Optional[int]) -> None:
             send(op.record("start", pid))
+            if on_spawn is not None:
+                on_spawn()
 
         def on_output(kind: str, data: bytes) -> None:
             send(op.record(kind, data))

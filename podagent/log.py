@@ -9,6 +9,9 @@ import threading
 import time
 from typing import IO, Any, Optional
 
+# json.dumps with any non-default argument builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
 
 class JsonLog:
     def __init__(self, path: Optional[str]) -> None:
@@ -26,6 +29,6 @@ class JsonLog:
             return
         fields["ts"] = round(time.time(), 6)
         fields["event"] = event
-        line = json.dumps(fields, separators=(",", ":"), default=str)
+        line = _ENCODER.encode(fields)
         with self._lock, contextlib.suppress(OSError, ValueError):
             self._fh.write(line + "\n")

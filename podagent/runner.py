@@ -1,6 +1,6 @@
 """Runs one command to completion with bounded output and typed termination.
 
-The run happens on the calling thread: one selector multiplexes stdout,
+The run happens on the calling thread: one poll(2) multiplexes stdout,
 stderr, stdin and (when the platform has it) a pidfd for the exit, so an exec
 costs no extra threads, sleeps or polling.
 """
@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
+import select
 import signal
-import subprocess
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .output import StreamCapture
 from .procutil import signal_name, signal_session
+from .spawn import spawn
 
 CHILDREN_GRACE_S = 0.5
 READ_SIZE = 65536
@@ -97,6 +97,26 @@ def _termination(reason: str, status: Optional[int], message: Optional[str]) -> 
     return {"reason": reason, "exit_code": exit_code, "signal": sig, "message": message}
 
 
+_devnull: List[int] = []
+_devnull_lock = threading.Lock()
+
+
+def _devnull_fd() -> int:
+    """One /dev/null descriptor for every command's stdin (opened on first use, in the
+    agent process itself, and never closed): saves an open and a close per exec."""
+    if not _devnull:
+        with _devnull_lock:
+            if not _devnull:
+                _devnull.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+    return _devnull[0]
+
+
+def _close(fd: Optional[int]) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def run(
     spec: ExecSpec, control: Control, on_start: StartSink, on_output: OutputSink
 ) -> Dict[str, Any]:
@@ -104,17 +124,27 @@ def run(
     t0 = time.monotonic()
     out = StreamCapture(spec.window)
     err = StreamCapture(spec.window)
+    # Plain descriptors, not Popen's PIPE: Popen would wrap each end in a buffered file
+    # object we never use, and close them through an ExitStack, on every exec; and
+    # posix_spawn (see spawn.py) takes descriptors only.
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r: Optional[int] = None
+    in_w: Optional[int] = None
+    if spec.stdin:
+        in_r, in_w = os.pipe()
     try:
-        proc = subprocess.Popen(
+        pid = spawn(
             spec.argv,
-            cwd=spec.cwd,
-            env=spec.env,
-            stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+            spec.cwd,
+            spec.env,
+            in_r if in_r is not None else _devnull_fd(),
+            out_w,
+            err_w,
         )
     except OSError as exc:
+        for fd in (out_r, err_r, in_w):
+            _close(fd)
         on_start(None)
         return {
             "termination": _termination("agent_error", None, f"cannot start command: {exc}"),
@@ -123,7 +153,10 @@ def run(
             "usage": _usage(t0, started_at, None),
             "children_remained": False,
         }
-    pid = proc.pid
+    finally:
+        # Only the child may hold the write ends, or we would never see EOF.
+        for fd in (out_w, err_w, in_r):
+            _close(fd)
     with control.lock:
         control.pid = pid
         cancelled_early = control.cancelled
@@ -131,23 +164,29 @@ def run(
         signal_session(pid, signal.SIGKILL)
     on_start(pid)
 
-    assert proc.stdout is not None and proc.stderr is not None
-    sel = selectors.DefaultSelector()
-    captures = {"stdout": out, "stderr": err}
-    sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "stdout")
-    sel.register(proc.stderr.fileno(), selectors.EVENT_READ, "stderr")
+    # poll(2), not a selectors.DefaultSelector: epoll costs a descriptor plus a
+    # syscall per register/unregister/close, and the Python layer on top of it was a
+    # measurable share of the agent's CPU per exec; a command has at most 4 fds.
+    poller = select.poll()
+    tags: Dict[int, str] = {out_r: "stdout", err_r: "stderr"}
+    captures = {out_r: out, err_r: err}
+    poller.register(out_r, select.POLLIN)
+    poller.register(err_r, select.POLLIN)
     pending = memoryview(spec.stdin or b"")
-    if proc.stdin is not None:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+    if in_w is not None:
+        os.set_blocking(in_w, False)
+        poller.register(in_w, select.POLLOUT)
+        tags[in_w] = "stdin"
     pidfd: Optional[int] = None
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is not None:
         try:
             pidfd = pidfd_open(pid)
-            sel.register(pidfd, selectors.EVENT_READ, "exit")
         except OSError:
             pidfd = None
+        else:
+            poller.register(pidfd, select.POLLIN)
+            tags[pidfd] = "exit"
 
     status: Optional[int] = None
     rusage: Any = None
@@ -163,7 +202,6 @@ def run(
         rpid, st, ru = os.wait4(pid, flags)
         if rpid == pid:
             status, rusage, exited_at = st, ru, time.monotonic()
-            proc.returncode = -1  # reaped by us; keeps Popen from waiting again
 
     def terminate(why: str) -> None:
         nonlocal reason, kill_at
@@ -173,53 +211,58 @@ def run(
 
     try:
         while open_streams or status is None:
-            now = time.monotonic()
-            wake: List[float] = []
-            if deadline is not None and reason is None:
-                if now >= deadline:
-                    terminate("timeout")
-                else:
-                    wake.append(deadline)
-            if kill_at is not None:
-                if now >= kill_at:
-                    signal_session(pid, signal.SIGKILL)
-                    kill_at = None
-                else:
-                    wake.append(kill_at)
-            if status is not None:
-                # Main process gone but a background child holds the pipes.
-                if now >= exited_at + CHILDREN_GRACE_S:
-                    children_remained = True
-                    break
-                wake.append(exited_at + CHILDREN_GRACE_S)
-            elif pidfd is None:
-                if not open_streams and not wake:
+            wake: Optional[float] = None
+            if deadline is not None or kill_at is not None or status is not None:
+                now = time.monotonic()
+                if deadline is not None and reason is None:
+                    if now >= deadline:
+                        terminate("timeout")
+                    else:
+                        wake = deadline
+                if kill_at is not None:
+                    if now >= kill_at:
+                        signal_session(pid, signal.SIGKILL)
+                        kill_at = None
+                    elif wake is None or kill_at < wake:
+                        wake = kill_at
+                if status is not None:
+                    # Main process gone but a background child holds the pipes.
+                    if now >= exited_at + CHILDREN_GRACE_S:
+                        children_remained = True
+                        break
+                    if wake is None or exited_at + CHILDREN_GRACE_S < wake:
+                        wake = exited_at + CHILDREN_GRACE_S
+            if pidfd is None and status is None:
+                if not open_streams and wake is None:
                     reap(0)
                     continue
-                wake.append(now + _FALLBACK_POLL_S)
-            timeout = max(0.0, min(wake) - now) if wake else None
-            for key, _ in sel.select(timeout):
-                tag = key.data
-                fd = int(key.fd)
+                fallback = time.monotonic() + _FALLBACK_POLL_S
+                if wake is None or fallback < wake:
+                    wake = fallback
+            # poll takes milliseconds and rounds a fraction up, so no busy loop.
+            timeout_ms = None if wake is None else max(0.0, wake - time.monotonic()) * 1e3
+            for fd, events in poller.poll(timeout_ms):
+                tag = tags[fd]
                 if tag == "exit":
-                    sel.unregister(fd)
+                    poller.unregister(fd)
                     reap(os.WNOHANG)
                 elif tag == "stdin":
                     try:
                         pending = pending[os.write(fd, pending[:READ_SIZE]) :]
-                    except (BrokenPipeError, OSError):
+                    except OSError:
                         pending = pending[:0]
                     if not pending:
-                        sel.unregister(fd)
-                        assert proc.stdin is not None
-                        proc.stdin.close()
+                        poller.unregister(fd)
+                        os.close(fd)
+                        in_w = None
                 else:
-                    data = os.read(fd, READ_SIZE)
+                    # POLLHUP without POLLIN: no writer left and nothing buffered.
+                    data = os.read(fd, READ_SIZE) if events & select.POLLIN else b""
                     if not data:
-                        sel.unregister(fd)
+                        poller.unregister(fd)
                         open_streams -= 1
                         continue
-                    cap = captures[tag]
+                    cap = captures[fd]
                     cap.feed(data)
                     on_output(tag, data)
                     if spec.limit is not None and cap.total > spec.limit and reason is None:
@@ -231,13 +274,8 @@ def run(
         signal_session(pid, signal.SIGKILL)
         raise
     finally:
-        sel.close()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        if pidfd is not None:
-            os.close(pidfd)
+        for fd in (in_w, out_r, err_r, pidfd):
+            _close(fd)
         with control.lock:
             control.finished = True
             cancelled = control.cancelled

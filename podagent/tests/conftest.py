@@ -74,7 +74,9 @@ def free_port() -> int:
 
 
 class Agent:
-    def __init__(self, tmp: Path, extra_env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(
+        self, tmp: Path, extra_env: Optional[Dict[str, str]] = None, pass_fds: Tuple[int, ...] = ()
+    ) -> None:
         self.tmp = tmp
         self.workdir = tmp / "work"
         self.workdir.mkdir()
@@ -82,7 +84,11 @@ class Agent:
         self.token_file.write_text(TOKEN + "\n")
         self.log_file = tmp / "agent.log"
         self.port = free_port()
+        # Started as the local backend starts it: in its workdir, the package found
+        # through PYTHONPATH, which the agent then hides from commands.
         env = dict(os.environ)
+        env["HEDGEROW_AGENT_ENV_RESTORE"] = json.dumps({"PYTHONPATH": env.get("PYTHONPATH")})
+        env["PYTHONPATH"] = str(REPO)
         env.update(extra_env or {})
         argv = [
             "--listen", f"127.0.0.1:{self.port}", "--token-file", str(self.token_file),
@@ -92,7 +98,7 @@ class Agent:
         if LAUNCH == "zygote":
             stderr_path = tmp / "agent.stderr"
             answer = _zygote_call({
-                "op": "spawn_plain", "log": str(stderr_path), "workdir": str(REPO),
+                "op": "spawn_plain", "log": str(stderr_path), "workdir": str(self.workdir),
                 "env": env, "agent_args": argv, "umask": 0o022,
             })  # fmt: skip
             self.proc = _Forked(int(answer["agent_pid"]), stderr_path)
@@ -100,7 +106,8 @@ class Agent:
             return
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "podagent", *argv],
-            cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd=str(self.workdir), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
         )  # fmt: skip
         self._wait_listening(lambda: self.proc.stderr.read().decode() if self.proc.stderr else "")
 

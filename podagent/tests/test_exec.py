@@ -198,3 +198,35 @@ def test_it_truncates_to_head_and_tail_windows(client: Client) -> None:
     assert s["head"] == "1\n2\n3\n4\n5\n"
     assert s["tail"] == "\n9998\n9999\n10000\n"[-10:]
     assert re.fullmatch(r"[0-9a-f]{64}", s["sha256"])
+
+
+def test_it_starts_commands_alike_in_the_workdir_and_elsewhere(tmp_path: Path) -> None:
+    # The workdir (the agent's own cwd) takes the posix_spawn path, another cwd Popen's;
+    # a command must not see a difference: only fds 0-2 (not one the agent inherited),
+    # SIGPIPE at its default, the leader of its own session.
+    r_fd, w_fd = os.pipe()
+    os.set_inheritable(w_fd, True)
+    agent = Agent(tmp_path, pass_fds=(w_fd,))
+    os.close(w_fd)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    script = (
+        # (ls writes to a file: a pipe or $(...) would be one more fd in the shell)
+        "ls /proc/$$/fd >.fds; tr '\\n' ' ' <.fds; echo; yes | head -1 >/dev/null; "
+        "echo ${PIPESTATUS[0]}; "
+        "cut -d' ' -f6 /proc/$$/stat; echo $$"
+    )
+    try:
+        c = agent.client()
+        for cwd in (None, str(other)):
+            fields = {"cwd": cwd} if cwd else {}
+            r = c.exec(script, **fields)
+            fds, pipestatus, sid, pid = out(r).splitlines()
+            assert fds.split() == ["0", "1", "2"], (cwd, fds)
+            assert pipestatus == "141", cwd  # 128 + SIGPIPE: yes was killed, not ignoring it
+            assert sid.strip() == pid, cwd
+            assert out(r, "stderr") == ""
+        c.close()
+    finally:
+        agent.stop()
+        os.close(r_fd)

@@ -128,3 +128,52 @@ def test_it_closes_the_connection_when_it_did_not_read_the_body(agent: Agent) ->
 def test_it_serves_many_requests_on_one_connection(client: Client) -> None:
     for i in range(200):
         assert out(client.exec(["echo", str(i)])) == f"{i}\n"
+
+
+def test_it_parses_request_headers_as_http_server_would(agent: Agent, tmp_path: Path) -> None:
+    # Header names in any case, padded values, obs-folded continuation lines.
+    body = json.dumps({"operation_id": new_op_id(), "command": ["echo", "ok"]}).encode()
+    reply = raw(
+        agent,
+        b"POST /exec HTTP/1.1\r\nauthorization:   Bearer " + TOKEN.encode() + b"  \r\n"
+        b"x-REQUEST-id: rid-1\r\nX-Folded: a\r\n  b\r\ncontent-length: %d\r\n"
+        b"Connection: close\r\n\r\n" % len(body) + body,
+    )  # fmt: skip
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), reply
+    assert b"X-Request-Id: rid-1" in head
+    assert b"Connection: close" in head
+    assert json.loads(payload)["stdout"]["head"] == "ok\n"
+
+    # Expect: 100-continue gets its interim answer before the body is read.
+    target = tmp_path / "continued.txt"
+    reply = raw(
+        agent,
+        b"PUT /files?path=%s HTTP/1.1\r\nAuthorization: Bearer %s\r\nContent-Length: 5\r\n"
+        b"Expect: 100-continue\r\nConnection: close\r\n\r\nhello"
+        % (str(target).encode(), TOKEN.encode()),
+    )  # fmt: skip
+    assert reply.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200"), reply
+    assert target.read_bytes() == b"hello"
+
+    # The limits http.client applies: 431 for a line too long or too many headers.
+    too_long = b"GET /health HTTP/1.1\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n"
+    too_many = b"GET /health HTTP/1.1\r\n" + b"H: v\r\n" * 101 + b"\r\n"
+    for data in (too_long, too_many):
+        reply = raw(agent, data)
+        assert reply.startswith(b"HTTP/1.1 431"), reply[:80]
+        assert b"Connection: close" in reply
+
+    # HTTP/1.0 (no keep-alive) and Connection: close end the connection after one
+    # answer: the second, pipelined request is never answered.
+    for first in (
+        b"GET /health HTTP/1.0\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n",
+    ):
+        reply = raw(agent, first + b"GET /health HTTP/1.1\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        assert reply.count(b"HTTP/1.1 ") == 1
+
+    # A bad version is a 400, HTTP/2 a 505.
+    assert raw(agent, b"GET /health HTTP/1.x\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert raw(agent, b"GET /health HTTP/2.0\r\n\r\n").startswith(b"HTTP/1.1 505")
