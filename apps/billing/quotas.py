@@ -73,8 +73,13 @@ def quota_lock(*, tenant: Tenant) -> TenantQuota:
     if settings.HEDGEROW_MAX_LIVE_SANDBOXES:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CLUSTER_LOCK_KEY])
-    quota_get(tenant=tenant)
-    return TenantQuota.objects.select_for_update().get(tenant=tenant)
+    quota = TenantQuota.objects.select_for_update().filter(tenant=tenant).first()
+    if quota is None:  # first use: create it (race-free), then lock it
+        quota_get(tenant=tenant)
+        quota = TenantQuota.objects.select_for_update().get(tenant=tenant)
+    # The caller's tenant, so reading quota.tenant (budget, key limits) costs no query.
+    quota.tenant = tenant
+    return quota
 
 
 @dataclass(frozen=True)
@@ -133,14 +138,12 @@ def check_budget(*, quota: TenantQuota) -> None:
         )
 
 
-def _key_limits(actor: str, tenant: Tenant) -> ApiKeyLimits | None:
+def _key_limits(actor: str, tenant_id: Any) -> ApiKeyLimits | None:
     if not actor.startswith("key:"):
         return None
-    return (
-        ApiKeyLimits.objects.filter(api_key__tenant=tenant, api_key__prefix=actor[4:])
-        .select_related("api_key")
-        .first()
-    )
+    return ApiKeyLimits.objects.filter(
+        api_key__tenant_id=tenant_id, api_key__prefix=actor[4:]
+    ).first()
 
 
 def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
@@ -188,7 +191,7 @@ def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
             message=f"{ask.memory_mib}Mi more memory would exceed the team's "
             f"{quota.max_memory_mib}Mi ({mem}Mi in use)",
         )
-    key_limits = _key_limits(ask.actor, quota.tenant)
+    key_limits = _key_limits(ask.actor, quota.tenant_id)
     if key_limits is not None and key_limits.max_concurrent_sandboxes is not None:
         mine = Sandbox.objects.filter(
             tenant_id=quota.tenant_id, state__in=LIVE_STATES, created_by=ask.actor
