@@ -40,21 +40,24 @@ PG_LOG = Path(os.environ.get("HEDGEROW_BENCH_PG_LOG", "/work/main/.state/postgre
 _LINE = re.compile(r"^\S+ \S+ \S+ \[(\d+)\] (?:LOG|ERROR):  (.*)$")
 
 
-def tree_ticks(root: int) -> int:
-    """utime+stime+cutime+cstime of a process tree (reaped children included)."""
-    total, stack = 0, [root]
+def tree_ticks(root: int) -> tuple[int, int]:
+    """(utime+stime of a process tree, cutime+cstime: the children it reaped — for the
+    worker, its ip/nft/launch commands)."""
+    own = reaped = 0
+    stack = [root]
     while stack:
         pid = stack.pop()
         try:
             with open(f"/proc/{pid}/stat") as f:
                 raw = f.read()
             fields = raw[raw.rindex(")") + 2 :].split()
-            total += sum(int(x) for x in fields[11:15])
+            own += int(fields[11]) + int(fields[12])
+            reaped += int(fields[13]) + int(fields[14])
             with open(f"/proc/{pid}/task/{pid}/children") as f:
                 stack.extend(int(c) for c in f.read().split())
         except (OSError, ValueError):
             continue
-    return total
+    return own, reaped
 
 
 class Statements:
@@ -211,12 +214,12 @@ def main() -> int:
             f"worker-concurrency={args.worker_concurrency} "
             f"load={Path('/proc/loadavg').read_text().split()[0]}"
         )
-        head = ("step", "count", "web ms", "worker ms", "SQL web", "SQL wrk")
-        print("{:<10} {:>6} {:>8} {:>10} {:>8} {:>8}".format(*head))
-        for name, count, web_s, worker_s, sql in rows:
+        head = ("step", "count", "web ms", "worker ms", "+children", "SQL web", "SQL wrk")
+        print("{:<10} {:>6} {:>8} {:>10} {:>10} {:>8} {:>8}".format(*head))
+        for name, count, web_s, worker_s, children_s, sql in rows:
             print(
                 f"{name:<10} {count:>6} {1e3 * web_s / count:8.2f} "
-                f"{1e3 * worker_s / max(count, 1):10.2f} "
+                f"{1e3 * worker_s / count:10.2f} {1e3 * children_s / count:10.2f} "
                 f"{sql.get('web', 0) / count:8.2f} {sql.get('worker', 0) / count:8.2f}"
             )
     return 0
@@ -224,10 +227,10 @@ def main() -> int:
 
 async def run(
     url: str, secret: str, args: Any, web: int, worker: int, statements: Statements | None
-) -> list[tuple[str, int, float, float, Counter[str]]]:
+) -> list[tuple[str, int, float, float, float, Counter[str]]]:
     client = Client(url + "/api/v1", headers={"Authorization": f"Bearer {secret}"})
     ids: list[str] = [""] * args.n
-    rows: list[tuple[str, int, float, float, Counter[str]]] = []
+    rows: list[tuple[str, int, float, float, float, Counter[str]]] = []
     all_shapes: list[tuple[str, Counter[tuple[str, str]]]] = []
 
     async def measured(name: str, count: int, body: Callable[[], Awaitable[None]]) -> None:
@@ -236,6 +239,9 @@ async def run(
         await body()
         await asyncio.sleep(0.3)  # let the step's after-commit work land
         w1, k1 = tree_ticks(web), tree_ticks(worker)
+        web_s = (sum(w1) - sum(w0)) / _TICK
+        worker_s = (k1[0] - k0[0]) / _TICK
+        children_s = (k1[1] - k0[1]) / _TICK
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait()
@@ -243,7 +249,7 @@ async def run(
         if statements is not None:
             sql, shapes = statements.take()
             all_shapes.append((name, shapes))
-        rows.append((name, count, (w1 - w0) / _TICK, (k1 - k0) / _TICK, sql))
+        rows.append((name, count, web_s, worker_s, children_s, sql))
 
     async def create(i: int) -> None:
         r = await client.request(
