@@ -8,10 +8,13 @@ step sends, by process.
 Boots a private stack (one uvicorn worker, so one process to measure), then runs the
 phases one after another over N sandboxes, C requests in flight: N creates; N waits
 (until every sandbox is ready — the worker's provisioning CPU is measured from the
-first create to the last ready); N×K execs; N deletes (worker CPU until every sandbox
-is deleted). With ``--statements`` the private database logs every statement
-(``ALTER DATABASE … SET log_statement = 'all'``, on this run's database only) and the
-server log is read back: statements per step, per process (web / worker, told apart by
+first create to the last ready); two baselines, N × GET /healthz (Django's middleware
+alone) and N × GET /sandboxes/<id> (a DRF read of one row); N×K execs; N deletes
+(worker CPU until every sandbox is deleted). A sandbox that failed to start is
+reported and skipped by the steps that need it ready. With ``--statements`` the
+private database logs every statement (``ALTER DATABASE … SET log_statement = 'all'``,
+on this run's database only) and the server log is read back: statements per step,
+per process (web / worker, told apart by
 ``application_name``) and the most frequent statement shapes.
 """
 
@@ -230,6 +233,7 @@ async def run(
 ) -> list[tuple[str, int, float, float, float, Counter[str]]]:
     client = Client(url + "/api/v1", headers={"Authorization": f"Bearer {secret}"})
     ids: list[str] = [""] * args.n
+    failed: set[int] = set()
     rows: list[tuple[str, int, float, float, float, Counter[str]]] = []
     all_shapes: list[tuple[str, Counter[tuple[str, str]]]] = []
 
@@ -263,10 +267,24 @@ async def run(
 
     async def wait(i: int) -> None:
         r = await client.request("GET", f"/sandboxes/{ids[i]}/wait", params={"timeout": 120})
+        if r.status_code != 200:
+            failed.add(i)
+            print(f"sandbox {ids[i]} did not start: {r.text[:160]}")
+
+    root = Client(url)
+
+    async def healthz(i: int) -> None:
+        r = await root.request("GET", "/healthz")
+        assert r.status_code == 200, r.text
+
+    async def get(i: int) -> None:
+        r = await client.request("GET", f"/sandboxes/{ids[i]}")
         assert r.status_code == 200, r.text
 
     async def execute(i: int) -> None:
         j = i % args.k
+        if i // args.k in failed:
+            return
         r = await client.request(
             "POST",
             f"/sandboxes/{ids[i // args.k]}/exec",
@@ -282,12 +300,15 @@ async def run(
         for i in range(args.n):
             while True:
                 r = await client.request("GET", f"/sandboxes/{ids[i]}")
-                if r.json()["state"] == "deleted":
+                if r.json()["state"] in ("deleted", "failed"):
                     break
                 await asyncio.sleep(0.2)
 
     await measured("create", args.n, lambda: _many(args.n, args.concurrency, create))
     await measured("wait", args.n, lambda: _many(args.n, args.concurrency, wait))
+    # Baselines: Django's middleware stack alone, and a DRF read of one row.
+    await measured("healthz", args.n, lambda: _many(args.n, args.concurrency, healthz))
+    await measured("get", args.n, lambda: _many(args.n, args.concurrency, get))
     await measured(
         "exec", args.n * args.k, lambda: _many(args.n * args.k, args.concurrency, execute)
     )
@@ -296,6 +317,7 @@ async def run(
     # worker column (destroy) here.
     await measured("destroyed", args.n, deleted)
     await client.aclose()
+    await root.aclose()
     if all_shapes:
         for name, shapes in all_shapes:
             print(f"-- {name}: most frequent statements (count, process, shape)")
