@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 
 from apps.billing.models import ApiKeyLimits, Tenant, TenantQuota
 from apps.billing.pricing import money
@@ -146,9 +146,41 @@ def _key_limits(actor: str, tenant_id: Any) -> ApiKeyLimits | None:
     ).first()
 
 
-def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
+@dataclass(frozen=True)
+class TenantUse:
+    """A tenant's live sandboxes (count, cpu, memory) and how many wait in the queue."""
+
+    live: int
+    cpu_millis: int
+    memory_mib: int
+    queued: int
+
+
+def tenant_use(*, tenant_id: Any) -> TenantUse:
+    """One statement; call with the quota row locked for a decision that must be exact."""
+    live = Q(state__in=LIVE_STATES)
+    row = Sandbox.objects.filter(
+        tenant_id=tenant_id, state__in=(*LIVE_STATES, State.QUEUED)
+    ).aggregate(
+        n=Count("pk", filter=live),
+        cpu=Sum("cpu_millis", filter=live),
+        mem=Sum("memory_mib", filter=live),
+        queued=Count("pk", filter=Q(state=State.QUEUED)),
+    )
+    return TenantUse(
+        live=row["n"] or 0,
+        cpu_millis=row["cpu"] or 0,
+        memory_mib=row["mem"] or 0,
+        queued=row["queued"] or 0,
+    )
+
+
+def capacity_shortfall(
+    *, quota: TenantQuota, ask: Ask, use: TenantUse | None = None
+) -> ApiError | None:
     """The first limit one more sandbox would break right now, or None. Counts live
-    sandboxes from the database; call with the quota row locked."""
+    sandboxes from the database (or takes ``use``, read under the same lock); call with
+    the quota row locked."""
     cluster_cap = settings.HEDGEROW_MAX_LIVE_SANDBOXES
     if cluster_cap:
         live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
@@ -160,10 +192,9 @@ def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
                 current=live,
                 message=f"the cluster runs its maximum of {cluster_cap} live sandboxes",
             )
-    use = Sandbox.objects.filter(tenant_id=quota.tenant_id, state__in=LIVE_STATES).aggregate(
-        n=Count("pk"), cpu=Sum("cpu_millis"), mem=Sum("memory_mib")
-    )
-    count, cpu, mem = use["n"] or 0, use["cpu"] or 0, use["mem"] or 0
+    if use is None:
+        use = tenant_use(tenant_id=quota.tenant_id)
+    count, cpu, mem = use.live, use.cpu_millis, use.memory_mib
     if quota.max_concurrent_sandboxes is not None and count >= quota.max_concurrent_sandboxes:
         return limit_error(
             QuotaExceeded,
