@@ -10,7 +10,7 @@ HEDGEROW_INSTANCE, then runs N client tasks (at most C in flight). Each: POST
 DELETE; 5xx answers are retried like the SDK does (same key / operation id,
 counted). Reports success rate, end-to-end wall time, create-to-ready and exec latency
 percentiles, commands per second, the control plane's peak memory (RSS of the web and
-worker process trees, sampled every 100 ms), and, once every sandbox is deleted, a
+worker process trees, sampled every 250 ms), and, once every sandbox is deleted, a
 reconciler round and the leak audit's equation (must show leaked 0, live 0).
 """
 
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._http import Client, TransportError
 from bench._stack import private_stack
-from bench.cpu_account import CpuAccount
+from bench.cpu_account import WEB, WORKER, CpuAccount, Scope
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -55,6 +56,7 @@ class Results:
     lifecycles: list[float] = field(default_factory=list)
     ok: int = 0
     retries: int = 0
+    reconnects: int = 0
     failures: list[str] = field(default_factory=list)
 
 
@@ -79,25 +81,26 @@ class MemorySampler(threading.Thread):
     def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
         self.pids, self.peak_kib, self.running = pids, 0, True
+        self.cpu = 0.0  # this thread's own CPU: measurement, not load
 
     def run(self) -> None:
+        started = time.thread_time()
         while self.running:
             self.peak_kib = max(self.peak_kib, sum(_tree_rss_kib(p) for p in self.pids))
-            time.sleep(0.1)
+            self.cpu = time.thread_time() - started
+            time.sleep(0.25)
 
 
 async def _call(client: Any, results: Results, method: str, url: str, **kw: Any) -> Any:
     """What a careful client (the SDK) does: retry 5xx and transport errors a few times
     with the same Idempotency-Key / operation id, so a retry never creates or runs
     twice. Every retry is counted and reported."""
-    import httpx
-
     for attempt in range(4):
         try:
             response = await client.request(method, url, **kw)
             if response.status_code < 500 or attempt == 3:
                 return response
-        except httpx.TransportError:
+        except TransportError:
             if attempt == 3:
                 raise
         results.retries += 1
@@ -106,8 +109,6 @@ async def _call(client: Any, results: Results, method: str, url: str, **kw: Any)
 
 
 async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Semaphore) -> None:
-    import httpx
-
     async with gate:
         start = time.perf_counter()
         sandbox_id = None
@@ -124,7 +125,9 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
             if created.status_code not in (200, 201):
                 raise RuntimeError(f"create {created.status_code}: {created.text[:200]}")
             sandbox_id = created.json()["id"]
-            waited = await client.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300})
+            waited = await client.request(
+                "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300}
+            )
             if waited.status_code != 200:
                 raise RuntimeError(f"wait {waited.status_code}: {waited.text[:200]}")
             results.ready.append(time.perf_counter() - start)
@@ -146,47 +149,90 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
                 raise RuntimeError(f"delete {deleted.status_code}: {deleted.text[:200]}")
             results.lifecycles.append(time.perf_counter() - start)
             results.ok += 1
-        except (RuntimeError, httpx.HTTPError, ValueError) as exc:
+        except (RuntimeError, TransportError, ValueError) as exc:
             results.failures.append(f"{type(exc).__name__}: {exc}")
             if sandbox_id is not None:  # a failed lifecycle still cleans up after itself
                 try:
-                    await client.delete(f"/sandboxes/{sandbox_id}")
-                except httpx.HTTPError:
+                    await client.request("DELETE", f"/sandboxes/{sandbox_id}")
+                except TransportError:
                     pass
 
 
-async def run_load(url: str, secret: str, n: int, k: int, concurrency: int) -> Results:
-    import httpx
+class HttpxClient:
+    """The previous load generator (httpx), kept to compare what the client costs."""
 
+    def __init__(self, base_url: str, headers: dict[str, str], concurrency: int) -> None:
+        import httpx
+
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            timeout=httpx.Timeout(600.0, connect=60.0),
+            limits=limits,
+            trust_env=False,
+        )
+        self.reconnects = 0
+
+    async def request(self, method: str, url: str, **kw: Any) -> Any:
+        import httpx
+
+        try:
+            return await self._client.request(method, url, **kw)
+        except httpx.TransportError as exc:
+            raise TransportError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+async def run_load(
+    url: str, secret: str, n: int, k: int, concurrency: int, use_httpx: bool = False
+) -> Results:
     results = Results()
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(
-        base_url=url + "/api/v1",
-        headers={"Authorization": f"Bearer {secret}"},
-        timeout=httpx.Timeout(600.0, connect=60.0),
-        limits=limits,
-        trust_env=False,
-    ) as client:
+    headers = {"Authorization": f"Bearer {secret}"}
+    client: Any = (
+        HttpxClient(url + "/api/v1", headers, concurrency)
+        if use_httpx
+        else Client(url + "/api/v1", headers=headers)
+    )
+    try:
         await asyncio.gather(*(one_lifecycle(client, k, results, gate) for _ in range(n)))
+    finally:
+        await client.aclose()
+        results.reconnects = client.reconnects
     return results
 
 
-def settle_and_audit(since: Any, timeout: float = 300) -> Any:
-    """Waits until nothing is live any more, then reconciles and audits."""
-    from django.utils import timezone
-
+def settle(timeout: float = 300) -> float:
+    """Waits until nothing is live any more; returns when (perf_counter)."""
     from apps.sandboxes.models import LIVE_STATES, Sandbox
-    from apps.sandboxes.services.audit import audit_run
-    from apps.sandboxes.services.reconcile import sandbox_reconcile
 
     deadline = time.monotonic() + timeout
     while Sandbox.objects.filter(state__in=LIVE_STATES).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    all_deleted = time.perf_counter()
+    return time.perf_counter()
+
+
+def reconcile_and_audit(since: Any) -> tuple[Any, Any]:
+    from django.utils import timezone
+
+    from apps.sandboxes.services.audit import audit_run
+    from apps.sandboxes.services.reconcile import sandbox_reconcile
+
     reconcile = sandbox_reconcile()
     audit = audit_run(period_start=since, period_end=timezone.now(), trigger="manual")
-    return all_deleted, reconcile, audit
+    return reconcile, audit
+
+
+def _loop_factory() -> Any:
+    try:
+        import uvloop  # with uvicorn[standard]; the cheaper loop for the load generator
+
+        return uvloop.new_event_loop
+    except ImportError:
+        return None
 
 
 def main() -> int:
@@ -196,6 +242,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=0, help="in flight; 0 = N")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--worker-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--httpx", action="store_true", help="the previous, costlier load generator (httpx)"
+    )
     parser.add_argument("--db-pool", type=int, default=60, help="per web worker")
     parser.add_argument(
         "--subnet",
@@ -223,16 +272,25 @@ def main() -> int:
         # The machine is shared: record how busy it was when the clock started.
         args.load_before = Path("/proc/loadavg").read_text().split()[0]
         since = timezone.now()
-        cpu = CpuAccount()
+        scope = Scope(
+            roots={stack.web.popen.pid: WEB, stack.worker.popen.pid: WORKER},
+            instance=os.environ["HEDGEROW_INSTANCE"],
+            db_name=os.environ["HEDGEROW_DB_NAME"],
+        )
+        cpu = CpuAccount(scope)
         cpu.start()
         started = time.perf_counter()
-        results = asyncio.run(
-            run_load(stack.url, secret, args.n, args.k, args.concurrency or args.n)
-        )
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            results = runner.run(
+                run_load(stack.url, secret, args.n, args.k, args.concurrency or args.n, args.httpx)
+            )
         wall = time.perf_counter() - started
-        all_deleted, reconcile, audit = settle_and_audit(since)
+        all_deleted = settle()
+        # Accounted up to here: the lifecycles, not the verification that follows.
+        cpu.other_samplers_cpu = sampler.cpu
         cpu.stop()
         sampler.running = False
+        reconcile, audit = reconcile_and_audit(since)
         report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
         print("\n".join(cpu.report(args.n, "sandbox")))
     return 0
@@ -254,7 +312,7 @@ def report(
         f"web-workers={args.web_workers} worker-concurrency={args.worker_concurrency} "
         f"db-pool={args.db_pool} cpus={os.cpu_count()} load-before={load_before}",
         f"success                {results.ok}/{n} ({100.0 * results.ok / n:.1f}%), "
-        f"client retries {results.retries}",
+        f"client retries {results.retries}, reconnects {results.reconnects}",
         f"wall time              {wall:.2f} s (first create → last delete accepted)",
         f"                       {until_deleted:.2f} s (first create → every sandbox deleted)",
         line("create→ready", results.ready),

@@ -27,6 +27,7 @@ from apps.billing.quotas import (
     check_request_fits,
     limit_error,
     quota_lock,
+    tenant_use,
 )
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
 
@@ -45,8 +46,11 @@ def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None) -> bool:
     check_request_fits(quota=quota, ask=ask)
     check_budget(quota=quota)
     wants_queue = quota.queue_by_default if queue is None else queue
-    queued = Sandbox.objects.filter(tenant=tenant, state=State.QUEUED).count()
-    shortfall = None if (wants_queue and queued) else capacity_shortfall(quota=quota, ask=ask)
+    use = tenant_use(tenant_id=tenant.pk)  # live use and queue length, one statement
+    queued = use.queued
+    shortfall = (
+        None if (wants_queue and queued) else capacity_shortfall(quota=quota, ask=ask, use=use)
+    )
     if not (wants_queue and queued) and shortfall is None:
         return True
     if not wants_queue:

@@ -77,13 +77,15 @@ def price_books_ensure() -> None:
 
 def price_book_in_force(*, at: datetime) -> PriceBook:
     """The newest non-reference book whose ``effective_from`` ≤ ``at``."""
-    if not PriceBook.objects.filter(is_reference=False).exists():
-        price_books_ensure()
-    book = (
-        PriceBook.objects.filter(is_reference=False, effective_from__lte=at)
-        .order_by("-effective_from", "-version")
-        .first()
+    in_force = PriceBook.objects.filter(is_reference=False, effective_from__lte=at).order_by(
+        "-effective_from", "-version"
     )
+    # Every provision prices its sandbox here: look for the book first, and only when
+    # there is none check whether the defaults were never created.
+    book = in_force.first()
+    if book is None and not PriceBook.objects.filter(is_reference=False).exists():
+        price_books_ensure()
+        book = in_force.first()
     if book is None:
         raise ServiceUnavailable(
             f"no price book is in force at {at.isoformat()}", code="no_price_book"

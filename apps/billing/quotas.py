@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 
 from apps.billing.models import ApiKeyLimits, Tenant, TenantQuota
 from apps.billing.pricing import money
@@ -73,8 +73,13 @@ def quota_lock(*, tenant: Tenant) -> TenantQuota:
     if settings.HEDGEROW_MAX_LIVE_SANDBOXES:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CLUSTER_LOCK_KEY])
-    quota_get(tenant=tenant)
-    return TenantQuota.objects.select_for_update().get(tenant=tenant)
+    quota = TenantQuota.objects.select_for_update().filter(tenant=tenant).first()
+    if quota is None:  # first use: create it (race-free), then lock it
+        quota_get(tenant=tenant)
+        quota = TenantQuota.objects.select_for_update().get(tenant=tenant)
+    # The caller's tenant, so reading quota.tenant (budget, key limits) costs no query.
+    quota.tenant = tenant
+    return quota
 
 
 @dataclass(frozen=True)
@@ -133,19 +138,49 @@ def check_budget(*, quota: TenantQuota) -> None:
         )
 
 
-def _key_limits(actor: str, tenant: Tenant) -> ApiKeyLimits | None:
+def _key_limits(actor: str, tenant_id: Any) -> ApiKeyLimits | None:
     if not actor.startswith("key:"):
         return None
-    return (
-        ApiKeyLimits.objects.filter(api_key__tenant=tenant, api_key__prefix=actor[4:])
-        .select_related("api_key")
-        .first()
+    return ApiKeyLimits.objects.filter(
+        api_key__tenant_id=tenant_id, api_key__prefix=actor[4:]
+    ).first()
+
+
+@dataclass(frozen=True)
+class TenantUse:
+    """A tenant's live sandboxes (count, cpu, memory) and how many wait in the queue."""
+
+    live: int
+    cpu_millis: int
+    memory_mib: int
+    queued: int
+
+
+def tenant_use(*, tenant_id: Any) -> TenantUse:
+    """One statement; call with the quota row locked for a decision that must be exact."""
+    live = Q(state__in=LIVE_STATES)
+    row = Sandbox.objects.filter(
+        tenant_id=tenant_id, state__in=(*LIVE_STATES, State.QUEUED)
+    ).aggregate(
+        n=Count("pk", filter=live),
+        cpu=Sum("cpu_millis", filter=live),
+        mem=Sum("memory_mib", filter=live),
+        queued=Count("pk", filter=Q(state=State.QUEUED)),
+    )
+    return TenantUse(
+        live=row["n"] or 0,
+        cpu_millis=row["cpu"] or 0,
+        memory_mib=row["mem"] or 0,
+        queued=row["queued"] or 0,
     )
 
 
-def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
+def capacity_shortfall(
+    *, quota: TenantQuota, ask: Ask, use: TenantUse | None = None
+) -> ApiError | None:
     """The first limit one more sandbox would break right now, or None. Counts live
-    sandboxes from the database; call with the quota row locked."""
+    sandboxes from the database (or takes ``use``, read under the same lock); call with
+    the quota row locked."""
     cluster_cap = settings.HEDGEROW_MAX_LIVE_SANDBOXES
     if cluster_cap:
         live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
@@ -157,10 +192,9 @@ def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
                 current=live,
                 message=f"the cluster runs its maximum of {cluster_cap} live sandboxes",
             )
-    use = Sandbox.objects.filter(tenant_id=quota.tenant_id, state__in=LIVE_STATES).aggregate(
-        n=Count("pk"), cpu=Sum("cpu_millis"), mem=Sum("memory_mib")
-    )
-    count, cpu, mem = use["n"] or 0, use["cpu"] or 0, use["mem"] or 0
+    if use is None:
+        use = tenant_use(tenant_id=quota.tenant_id)
+    count, cpu, mem = use.live, use.cpu_millis, use.memory_mib
     if quota.max_concurrent_sandboxes is not None and count >= quota.max_concurrent_sandboxes:
         return limit_error(
             QuotaExceeded,
@@ -188,7 +222,7 @@ def capacity_shortfall(*, quota: TenantQuota, ask: Ask) -> ApiError | None:
             message=f"{ask.memory_mib}Mi more memory would exceed the team's "
             f"{quota.max_memory_mib}Mi ({mem}Mi in use)",
         )
-    key_limits = _key_limits(ask.actor, quota.tenant)
+    key_limits = _key_limits(ask.actor, quota.tenant_id)
     if key_limits is not None and key_limits.max_concurrent_sandboxes is not None:
         mine = Sandbox.objects.filter(
             tenant_id=quota.tenant_id, state__in=LIVE_STATES, created_by=ask.actor

@@ -48,22 +48,31 @@ def _capacity_type(labels: dict[str, Any]) -> str:
     return CapacityType.SPOT if labels.get(SPOT_LABEL) == "spot" else CapacityType.ON_DEMAND
 
 
-def usage_record_sync(*, sandbox_id: uuid.UUID | str) -> UsageRecord | None:
+def usage_record_sync(
+    *, sandbox_id: uuid.UUID | str, event: SandboxEvent | None = None
+) -> UsageRecord | None:
     """Makes the sandbox's usage record agree with its lifecycle ledger. Idempotent.
 
     Opens the record (pricing it with the book in force at the start), fills in the
     node once known and closes it at the terminal transition. Never reprices.
+    ``event``: the transition the ledger hook is syncing for. Its sandbox instance is
+    the one the transition just moved (fields applied in memory), which saves reading
+    the row again, and only a move to a final state can close the record.
     """
-    sandbox = Sandbox.objects.filter(pk=sandbox_id).first()
+    sandbox = None
+    if event is not None and SandboxEvent.sandbox.is_cached(event):
+        sandbox = event.sandbox
+    if sandbox is None:
+        sandbox = Sandbox.objects.filter(pk=sandbox_id).first()
     if sandbox is None:
         return None
     transitions = SandboxEvent.objects.filter(sandbox_id=sandbox.pk, event="transition")
-    started = transitions.filter(to_state=State.PROVISIONING).order_by("at", "id").first()
-    if started is None:
-        return None
-    ended = transitions.filter(to_state__in=FINAL_STATES).order_by("at", "id").first()
     record = UsageRecord.objects.filter(sandbox_id=sandbox.pk).first()
+    changed = record is None
     if record is None:
+        started = transitions.filter(to_state=State.PROVISIONING).order_by("at", "id").first()
+        if started is None:
+            return None
         capacity = _capacity_type(sandbox.labels)
         book = price_book_in_force(at=started.at)
         rate = price_rate(book=book, capacity_type=capacity)
@@ -83,12 +92,19 @@ def usage_record_sync(*, sandbox_id: uuid.UUID | str) -> UsageRecord | None:
             ),
             startup_fee=rate.startup_fee,
         )
-    record.node = sandbox.node or record.node
-    if ended is not None and record.ended_at is None:
-        record.ended_at = ended.at
-        record.end_state = ended.to_state
-        record.end_reason = ended.reason
-    record.save()
+    if sandbox.node and sandbox.node != record.node:
+        record.node = sandbox.node
+        changed = True
+    may_end = event is None or event.to_state in FINAL_STATES or sandbox.state in FINAL_STATES
+    if record.ended_at is None and may_end:
+        ended = transitions.filter(to_state__in=FINAL_STATES).order_by("at", "id").first()
+        if ended is not None:
+            record.ended_at = ended.at
+            record.end_state = ended.to_state
+            record.end_reason = ended.reason
+            changed = True
+    if changed:
+        record.save()
     return record
 
 
@@ -101,15 +117,24 @@ def on_sandbox_event(event: SandboxEvent) -> None:
         # periodic sweep repairs whatever was skipped.
         try:
             with transaction.atomic():
-                usage_record_sync(sandbox_id=event.sandbox_id)
+                usage_record_sync(sandbox_id=event.sandbox_id, event=event)
         except Exception as exc:  # noqa: BLE001 - see above; the sweep retries
             log.warning(
                 "usage record sync failed: %s", exc, extra={"sandbox_id": str(event.sandbox_id)}
             )
     if event.to_state in FINAL_STATES:
-        from apps.billing.tasks import admission_drain
+        transaction.on_commit(_drain_if_queued)
 
-        transaction.on_commit(lambda: admission_drain.delay())
+
+def _drain_if_queued() -> None:
+    """A sandbox ended: let the admission queue use the freed capacity. Nothing queued
+    (the usual case) costs one indexed read instead of a task. A create queued by a
+    transaction that commits after this read is admitted by the periodic sweep
+    (``HEDGEROW_ADMISSION_SWEEP_S``)."""
+    from apps.billing.tasks import admission_drain
+
+    if Sandbox.objects.filter(state=State.QUEUED).exists():
+        admission_drain.delay()
 
 
 def usage_sweep(*, limit: int = 2000) -> int:
@@ -280,7 +305,12 @@ def sandbox_billing(*, sandboxes: Iterable[Sandbox]) -> dict[uuid.UUID, SandboxB
 
     rows = list(sandboxes)
     now = timezone.now()
-    records = {r.sandbox_id: r for r in UsageRecord.objects.filter(sandbox__in=rows)}
+    # A record opens at → provisioning: a queued or requested sandbox has none yet
+    # (a fresh create's answer then costs no query).
+    billable = [s for s in rows if s.state not in (State.QUEUED, State.REQUESTED)]
+    records = {}
+    if billable:
+        records = {r.sandbox_id: r for r in UsageRecord.objects.filter(sandbox__in=billable)}
     positions: dict[str, int] = {}
     if any(s.state == State.QUEUED for s in rows):
         positions = {pk: i + 1 for i, (pk, _) in enumerate(queue_order())}

@@ -163,7 +163,34 @@ class AgentClient:
         return response
 
     def health(self, timeout: float = 2.0) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("GET", "/health", timeout=timeout).json()
+        # Polled by provisioning until a starting agent answers, mostly failing: a
+        # one-shot http.client connection costs a fraction of httpx's CPU per attempt
+        # (its failure path especially), and is closed so no idle connection waits on
+        # an agent that may be deleted in a moment.
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request("GET", "/health", headers=self._headers({"Connection": "close"}))
+            response = conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise AgentUnreachable(f"agent at {self.base} unreachable: {exc!r}") from exc
+        finally:
+            conn.close()
+        if response.status >= 400:
+            try:
+                err = json.loads(data).get("error", {})
+            except (ValueError, AttributeError):
+                err = {}
+            raise AgentError(
+                response.status,
+                str(err.get("code", "agent_error")),
+                str(err.get("message", data[:200].decode(errors="replace"))),
+                err.get("field"),
+            )
+        try:
+            result: dict[str, Any] = json.loads(data)
+        except ValueError as exc:
+            raise AgentError(response.status, "agent_error", "health: not JSON") from exc
         return result
 
     def exec(self, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:

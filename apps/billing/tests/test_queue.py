@@ -175,3 +175,11 @@ def test_it_fails_a_queued_sandbox_whose_team_spent_its_budget_meanwhile(
     last = waiting.events.last()
     assert last is not None and last.reason == "budget_exhausted"
     assert no_enqueue["provision"] == [(str(running.pk),)]
+
+
+def test_it_enqueues_no_drain_when_a_sandbox_ends_with_nothing_queued(make_tenant, no_enqueue):
+    tenant, _ = make_tenant()
+    running = _create(tenant, "run-1", queue=False)
+    _end(running)
+    assert no_enqueue["drain"] == []  # nothing to admit: no task
+    assert Sandbox.objects.get(pk=running.pk).state == State.DELETED

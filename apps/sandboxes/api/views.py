@@ -29,6 +29,13 @@ from apps.sandboxes.services.streaming import operation_exec_stream, operation_r
 from apps.sandboxes.services.waiting import sandbox_wait_settled
 from controlplane.errors import ApiError
 
+# One long-lived renderer for single sandboxes (see SandboxSerializer.render).
+_sandbox_renderer = SandboxSerializer()
+
+
+def _render_sandbox(sandbox: Sandbox) -> dict[str, Any]:
+    return _sandbox_renderer.render(sandbox)
+
 
 class SandboxListCreateView(APIView):
     @extend_schema(
@@ -71,7 +78,7 @@ class SandboxListCreateView(APIView):
             actor=principal.actor,
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        return Response(SandboxSerializer(sandbox).data, status=code)
+        return Response(_render_sandbox(sandbox), status=code)
 
 
 class SandboxDetailView(APIView):
@@ -79,14 +86,14 @@ class SandboxDetailView(APIView):
     def get(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
-        return Response(SandboxSerializer(sandbox).data)
+        return Response(_render_sandbox(sandbox))
 
     @extend_schema(responses={202: SandboxSerializer, **ERROR_RESPONSES})
     def delete(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         sandbox = sandbox_delete(sandbox=sandbox, actor=principal.actor)
-        return Response(SandboxSerializer(sandbox).data, status=status.HTTP_202_ACCEPTED)
+        return Response(_render_sandbox(sandbox), status=status.HTTP_202_ACCEPTED)
 
 
 class SandboxWaitView(APIView):
@@ -105,7 +112,7 @@ class SandboxWaitView(APIView):
             raise ApiError("timeout must be a number", field="timeout") from None
         sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=timeout)
         if sandbox.state == State.READY:
-            return Response(SandboxSerializer(sandbox).data)
+            return Response(_render_sandbox(sandbox))
         if sandbox.state in (State.QUEUED, State.REQUESTED, State.PROVISIONING):
             raise ApiError(
                 f"sandbox not ready after {timeout:g}s (still {sandbox.state})",
@@ -129,7 +136,7 @@ class SandboxHeartbeatView(APIView):
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         sandbox = sandbox_heartbeat(sandbox=sandbox)
-        return Response(SandboxSerializer(sandbox).data)
+        return Response(_render_sandbox(sandbox))
 
 
 class SandboxEventsView(APIView):

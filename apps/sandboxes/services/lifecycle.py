@@ -152,7 +152,10 @@ def sandbox_transition(
         else:
             sandbox.refresh_from_db()
             return False
-        sandbox.refresh_from_db()
+        # The row now holds exactly ``updates`` (the CAS matched state and generation);
+        # apply them here rather than read the row back (one SELECT per transition).
+        for name, value in updates.items():
+            setattr(sandbox, name, value)
         _event(
             sandbox,
             event="transition",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 from django.db import connection
 
@@ -20,20 +22,40 @@ def sandbox_wait_settled(*, sandbox: Sandbox, timeout_s: float) -> Sandbox:
     """
     if sandbox.state in SETTLED_STATES:
         return sandbox
-    pubsub = redis_client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = redis_client().pubsub()  # type: ignore[no-untyped-call]
     try:
         pubsub.subscribe(sandbox_channel(str(sandbox.id)))
         deadline = time.monotonic() + timeout_s
+        reread = True
         while True:
-            sandbox.refresh_from_db()
             remaining = deadline - time.monotonic()
-            if sandbox.state in SETTLED_STATES or remaining <= 0:
-                return sandbox
-            # Hand the DB connection back while blocked: a thousand clients waiting at
-            # once must not hold a thousand connections (the pool would time out).
-            if not connection.in_atomic_block:
-                connection.close()
-            # Wake on any message for this sandbox, then re-read the row (the source of truth).
-            pubsub.get_message(timeout=min(remaining, 5.0))
+            if reread or remaining <= 0:
+                sandbox.refresh_from_db()
+                if sandbox.state in SETTLED_STATES or remaining <= 0:
+                    return sandbox
+                # Hand the DB connection back while blocked: a thousand clients waiting
+                # at once must not hold a thousand connections (the pool would time out).
+                if not connection.in_atomic_block:
+                    connection.close()
+            # Wake on any message for this sandbox, then re-read the row (the source of
+            # truth) — unless the message names a state we keep waiting through
+            # (requested → provisioning): states are published after commit, so that
+            # read could only say "not yet", at the cost of a pool checkout and a query.
+            message = pubsub.get_message(timeout=min(remaining, 5.0))
+            if message is not None and message.get("type") != "message":
+                reread = False  # our subscription's confirmation, not news
+            else:
+                reread = message is None or _published_state(message) not in _UNSETTLED
     finally:
         pubsub.close()
+
+
+_UNSETTLED = frozenset({State.QUEUED, State.REQUESTED, State.PROVISIONING})
+
+
+def _published_state(message: dict[str, Any]) -> str | None:
+    try:
+        state = json.loads(message["data"]).get("state")
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+    return state if isinstance(state, str) else None

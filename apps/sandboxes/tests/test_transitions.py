@@ -3,6 +3,8 @@ never silently dropped."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db.models import QuerySet
 
@@ -63,3 +65,48 @@ def test_it_gives_up_when_the_race_leaves_the_row_outside_its_from_states(make_t
     assert moved is False
     assert sandbox.state == State.READY
     assert not SandboxEvent.objects.filter(sandbox=sandbox).exists()
+
+
+def _row_statements(queries: list[dict[str, str]]) -> list[str]:
+    """The statements that touch the sandbox row itself (not its events or usage)."""
+    return [
+        q["sql"].split(" ", 1)[0]
+        for q in queries
+        if '"sandboxes_sandbox"' in q["sql"].split(" WHERE ")[0]
+    ]
+
+
+def test_it_leaves_the_instance_equal_to_the_row_without_reading_it_back(make_tenant):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from apps.billing.models import UsageRecord
+
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0, node="")
+    steps: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
+        ((State.REQUESTED,), State.PROVISIONING, {"bump_generation": True}),
+        ((State.PROVISIONING,), State.READY, {"node": "node-a", "ready_at": timezone.now()}),
+        ((State.READY,), State.TERMINATING, {}),
+        ((State.TERMINATING,), State.DELETED, {"terminated_at": timezone.now()}),
+    ]
+    for from_states, to_state, fields in steps:
+        with CaptureQueriesContext(connection) as captured:
+            assert lifecycle.sandbox_transition(
+                sandbox=sandbox, from_states=from_states, to_state=to_state, reason="t", **fields
+            )
+        # One compare-and-set read and one write of the row; the ledger hook (usage
+        # metering) uses this instance instead of reading the row again.
+        assert _row_statements(captured.captured_queries) == ["SELECT", "UPDATE"], to_state
+        row = Sandbox.objects.get(pk=sandbox.pk)
+        for name in ("state", "generation", "updated_at", "node", "ready_at", "terminated_at"):
+            assert getattr(sandbox, name) == getattr(row, name), (to_state, name)
+    assert sandbox.generation == 1
+    record = UsageRecord.objects.get(sandbox=sandbox)
+    events = {
+        e.to_state: e.at for e in SandboxEvent.objects.filter(sandbox=sandbox, event="transition")
+    }
+    assert record.started_at == events[State.PROVISIONING]
+    assert record.ended_at == events[State.DELETED]
+    assert (record.node, record.end_state, record.end_reason) == ("node-a", State.DELETED, "t")

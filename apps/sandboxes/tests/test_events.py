@@ -1,0 +1,84 @@
+"""State fan-out (Redis pub/sub for waits, the channel layer for UIs) and the
+server-side wait that listens to it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from apps.sandboxes import events
+from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.services.waiting import sandbox_wait_settled
+from apps.sandboxes.tests.factories import make_sandbox
+
+
+def test_it_fans_out_to_the_tenant_group_from_threads_without_an_event_loop():
+    layer = get_channel_layer()
+    assert layer is not None
+    tenant_id = uuid.uuid4().hex
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.tenant_group(tenant_id), channel)
+
+    async def receive() -> dict[str, object]:
+        return await asyncio.wait_for(layer.receive(channel), timeout=10)
+
+    for state in ("provisioning", "ready"):  # the second send reuses the process's loop
+        payload = {"type": "sandbox.state", "sandbox_id": "sb-x", "state": state}
+        # A Celery task's thread: no ASGI loop behind it.
+        sender = threading.Thread(target=events._publish, args=("x", tenant_id, payload))
+        sender.start()
+        sender.join()
+        assert async_to_sync(receive)() == payload
+    async_to_sync(layer.group_discard)(events.tenant_group(tenant_id), channel)
+
+
+def test_it_shares_one_result_backend_across_request_threads():
+    # Under ASGI each request runs in a new thread; a per-thread backend was rebuilt
+    # (entry points scanned) on every enqueue.
+    from controlplane.celery import app
+
+    seen: list[object] = []
+    for _ in range(2):
+        thread = threading.Thread(target=lambda: seen.append(app.backend))
+        thread.start()
+        thread.join()
+    assert seen[0] is seen[1]
+
+
+@pytest.mark.django_db
+def test_it_waits_through_published_unsettled_states_without_rereading(make_tenant, monkeypatch):
+    from redis.client import PubSub
+
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0)
+    channel = events.sandbox_channel(str(sandbox.id))
+    real_refresh, real_get = Sandbox.refresh_from_db, PubSub.get_message
+    reads: list[str] = []
+    polls: list[int] = []
+
+    def refresh(self: Sandbox, *args: Any, **kwargs: Any) -> None:
+        real_refresh(self, *args, **kwargs)
+        reads.append(self.state)
+        if len(reads) == 1:  # subscribed by now: the worker claims the sandbox
+            events.redis_client().publish(channel, json.dumps({"state": State.PROVISIONING}))
+
+    def get_message(self: PubSub, *args: Any, **kwargs: Any) -> Any:
+        polls.append(1)
+        if len(polls) == 2:  # after `provisioning` was taken: the sandbox becomes ready
+            Sandbox.objects.filter(pk=sandbox.pk).update(state=State.READY, generation=1)
+            events.redis_client().publish(channel, json.dumps({"state": State.READY}))
+        return real_get(self, *args, **kwargs)
+
+    monkeypatch.setattr(Sandbox, "refresh_from_db", refresh)
+    monkeypatch.setattr(PubSub, "get_message", get_message)
+    settled = sandbox_wait_settled(sandbox=sandbox, timeout_s=30)
+    assert settled.state == State.READY
+    # Read once after subscribing and once on `ready`; `provisioning` needs no read.
+    assert reads == [State.REQUESTED, State.READY]
