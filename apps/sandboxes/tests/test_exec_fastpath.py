@@ -8,11 +8,13 @@ test database, Redis and a fake pod agent on loopback for the path itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import uvloop
 from rest_framework.renderers import JSONRenderer
 
 from apps.billing.auth import forget_cached_keys, principal_for_key
@@ -85,6 +87,10 @@ def test_it_accepts_only_bodies_drf_turns_into_the_same_request(body):
     request, operation_id, generation = parsed
     assert request == serializer.to_request()
     assert request.fingerprint() == serializer.to_request().fingerprint()
+    assert exec_async.request_record(request) == (
+        json.dumps(dataclasses.asdict(request)),
+        request.fingerprint(),
+    )
     assert operation_id == serializer.validated_data.get("operation_id")
     assert generation == serializer.validated_data.get("generation")
 
@@ -230,11 +236,12 @@ def _call(
     return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]
 
 
-@pytest.fixture
-def fast(transactional_db, make_tenant):
+@pytest.fixture(params=["asyncio", "uvloop"])
+def fast(request, transactional_db, make_tenant):
     """A tenant whose key and limits are cached, a ready sandbox on a fake agent, and
-    the fast path in front of a recording stand-in for Django."""
-    loop = asyncio.new_event_loop()
+    the fast path in front of a recording stand-in for Django; on both event loops
+    (uvicorn runs uvloop: a path that only fails there would fall back silently)."""
+    loop = uvloop.new_event_loop() if request.param == "uvloop" else asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     agent = FakeAgent()
     server = loop.run_until_complete(agent.start())
