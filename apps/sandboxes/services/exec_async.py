@@ -38,13 +38,13 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 from django.utils import timezone
-from psycopg_pool import AsyncConnectionPool
 
 from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits_cached
 from apps.billing.principal import Principal
 from apps.sandboxes.agent_async import agent_exec
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus
+from apps.sandboxes.pg_async import PgPool, Statement
 from apps.sandboxes.redis_async import Batches, ReplyError, batches_for_url
 from apps.sandboxes.services.operations import (
     ExecRequest,
@@ -61,19 +61,20 @@ FALLBACK: Final = None
 # hundreds of concurrent execs.
 DB_POOL_MAX = 8
 
-# Written out (tests check them against the models' db_table names).
+# Written out (tests check them against the models' db_table names). Parameters are
+# sent as text (apps/sandboxes/pg_async.py), so each carries its type.
 _START_SQL = """
 WITH s AS (
   SELECT id, generation, endpoint_host, endpoint_port FROM sandboxes_sandbox
-  WHERE tenant_id = %(tenant)s AND external_id = %(sandbox)s AND state = 'ready'
+  WHERE tenant_id = $1::uuid AND external_id = $2::text AND state = 'ready'
 ), ins AS (
   INSERT INTO sandboxes_operation (id, tenant_id, sandbox_id, operation_id, kind,
     generation, request, request_hash, status, termination, exit_code, signal, stdout,
     stderr, usage, children_remained, error, actor, created_at, finished_at)
-  SELECT %(pk)s, %(tenant)s, s.id, %(op)s, 'exec', s.generation, %(request)s::jsonb,
-    %(hash)s, 'running', '', NULL, NULL, '{}'::jsonb, '{}'::jsonb, '{}'::jsonb,
-    false, NULL, %(actor)s, %(now)s, NULL
-  FROM s WHERE %(generation)s::bigint IS NULL OR s.generation = %(generation)s::bigint
+  SELECT $3::uuid, $1::uuid, s.id, $4::text, 'exec', s.generation, $5::jsonb,
+    $6::text, 'running', '', NULL, NULL, '{}'::jsonb, '{}'::jsonb, '{}'::jsonb,
+    false, NULL, $7::text, $8::timestamptz, NULL
+  FROM s WHERE $9::bigint IS NULL OR s.generation = $9::bigint
   ON CONFLICT (sandbox_id, operation_id) DO NOTHING
   RETURNING id
 )
@@ -81,13 +82,16 @@ SELECT s.id, s.generation, s.endpoint_host, s.endpoint_port, (SELECT count(*) FR
 FROM s
 """
 _FINISH_SQL = """
-UPDATE sandboxes_operation SET status = %(status)s, termination = %(termination)s,
-  exit_code = %(exit_code)s, signal = %(signal)s, stdout = %(stdout)s::jsonb,
-  stderr = %(stderr)s::jsonb, usage = %(usage)s::jsonb,
-  children_remained = %(children_remained)s, error = %(error)s::jsonb,
-  finished_at = %(finished_at)s
-WHERE id = %(pk)s AND status = 'running'
+UPDATE sandboxes_operation SET status = $2::text, termination = $3::text,
+  exit_code = $4::integer, signal = $5::integer, stdout = $6::jsonb, stderr = $7::jsonb,
+  usage = $8::jsonb, children_remained = $9::boolean, error = $10::jsonb,
+  finished_at = $11::timestamptz
+WHERE id = $1::uuid AND status = 'running'
 """
+_FORGET_SQL = "DELETE FROM sandboxes_operation WHERE id = $1::uuid AND status = 'running'"
+_START = Statement(b"hedgerow_exec_start", _START_SQL.encode())
+_FINISH = Statement(b"hedgerow_exec_finish", _FINISH_SQL.encode())
+_FORGET = Statement(b"hedgerow_exec_forget", _FORGET_SQL.encode())
 
 
 _DJANGO_OPTIONS = {
@@ -105,19 +109,18 @@ class _Clients:
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.db: AsyncConnectionPool | None = None
+        self.db: PgPool | None = None
         self.redis: Batches | None = None
 
-    async def get(self) -> tuple[AsyncConnectionPool, Batches]:
+    async def get(self) -> tuple[PgPool, Batches]:
         loop = asyncio.get_running_loop()
         if self.loop is not loop or self.db is None or self.redis is None:
             # A new loop (tests run one per test): the old clients belong to the old one.
             self.loop = loop
             db = connections["default"].settings_dict
             # libpq options (sslmode…) as Django passes them; not Django's own keys.
-            options = {
-                k: v for k, v in (db.get("OPTIONS") or {}).items() if k not in _DJANGO_OPTIONS
-            }
+            db_options = db.get("OPTIONS") or {}
+            options = {k: v for k, v in db_options.items() if k not in _DJANGO_OPTIONS}
             conninfo = psycopg.conninfo.make_conninfo(
                 dbname=db["NAME"],
                 user=db["USER"],
@@ -126,15 +129,9 @@ class _Clients:
                 port=str(db["PORT"]),
                 **options,
             )
-            self.db = AsyncConnectionPool(
-                conninfo,
-                min_size=1,
-                max_size=DB_POOL_MAX,
-                kwargs={"autocommit": True},
-                open=False,
-                timeout=10,
-            )
-            await self.db.open()
+            # Named prepared statements, unless Django was told not to (PgBouncer).
+            prepare = db_options.get("prepare_threshold", 5) is not None
+            self.db = PgPool(conninfo, max_size=DB_POOL_MAX, prepare=prepare, timeout=10)
             self.redis = batches_for_url(settings.REDIS_URL)
         return self.db, self.redis
 
@@ -175,19 +172,27 @@ async def _admit(client: Batches, plan: ExecAdmitPlan, operation_pk: str) -> boo
     return int(reply[0]) == 0
 
 
-async def _start(db: AsyncConnectionPool, params: dict[str, Any]) -> tuple[Any, ...] | None:
-    async with db.connection() as conn:
-        cursor = await conn.execute(_START_SQL, params)
-        return await cursor.fetchone()
+async def _start(db: PgPool, params: list[Any]) -> tuple[Any, ...] | None:
+    """(sandbox pk, generation, agent host, agent port, rows inserted), or None when no
+    ready sandbox of this tenant has that id."""
+    result = await db.execute(_START, params)
+    if not result.ntuples:
+        return None
+    pk, generation, host, port, inserted = (result.get_value(0, i) for i in range(5))
+    assert pk is not None and generation is not None and host is not None
+    return (
+        uuid.UUID(pk.decode()),
+        int(generation),
+        host.decode(),
+        None if port is None else int(port),
+        int(inserted or 0),
+    )
 
 
-async def _forget(db: AsyncConnectionPool, pk: uuid.UUID) -> None:
+async def _forget(db: PgPool, pk: uuid.UUID) -> None:
     """Removes a row that will not run (as ``exec_admit_operation`` does on a 429)."""
     try:
-        async with db.connection() as conn:
-            await conn.execute(
-                "DELETE FROM sandboxes_operation WHERE id = %s AND status = 'running'", [pk]
-            )
+        await db.execute(_FORGET, [pk])
     except (psycopg.Error, OSError):
         await sync_to_async(_forget_orm)(pk)
 
@@ -245,17 +250,17 @@ async def operation_exec_async(
         log.warning("exec fast path: Postgres unavailable", exc_info=True)
         return FALLBACK
     request_json, fingerprint = request_record(request)
-    params = {
-        "tenant": principal.tenant.pk,
-        "sandbox": sandbox_external_id,
-        "pk": pk,
-        "op": op_id,
-        "request": request_json,
-        "hash": fingerprint,
-        "actor": principal.actor,
-        "now": created_at,
-        "generation": expected_generation,
-    }
+    params = [
+        principal.tenant.pk,
+        sandbox_external_id,
+        pk,
+        op_id,
+        request_json,
+        fingerprint,
+        principal.actor,
+        created_at,
+        expected_generation,
+    ]
     # Admission and the row are independent: one round trip of waiting, not two.
     admitted, row = await asyncio.gather(
         _admit(client, plan, str(pk)), _start(db, params), return_exceptions=True
@@ -312,20 +317,23 @@ async def operation_exec_async(
     return fields
 
 
-async def _finish(db: AsyncConnectionPool, pk: uuid.UUID, fields: dict[str, Any]) -> bool:
-    params = {
-        **fields,
-        "pk": pk,
-        "status": str(fields["status"]),
-        "stdout": json.dumps(fields["stdout"]),
-        "stderr": json.dumps(fields["stderr"]),
-        "usage": json.dumps(fields["usage"]),
-        "error": _dumps(fields["error"]),
-    }
+async def _finish(db: PgPool, pk: uuid.UUID, fields: dict[str, Any]) -> bool:
+    params = [
+        pk,
+        str(fields["status"]),
+        fields["termination"],
+        fields["exit_code"],
+        fields["signal"],
+        json.dumps(fields["stdout"]),
+        json.dumps(fields["stderr"]),
+        json.dumps(fields["usage"]),
+        fields["children_remained"],
+        _dumps(fields["error"]),
+        fields["finished_at"],
+    ]
     try:
-        async with db.connection() as conn:
-            cursor = await conn.execute(_FINISH_SQL, params)
-            return cursor.rowcount > 0
+        result = await db.execute(_FINISH, params)
+        return bool(result.command_tuples)
     except (psycopg.Error, OSError):
         # The command ran: its result must be stored, through the regular path's pool.
         log.warning("exec fast path: result update failed; retrying via the ORM", exc_info=True)
