@@ -172,7 +172,7 @@ class PgPool:
 
     async def execute(self, statement: Statement, params: list[Any]) -> pq.abc.PGresult:
         """Runs one statement in its own transaction (autocommit); its last result."""
-        values = [text(p) for p in params]
+        values = [p.encode() if type(p) is str else text(p) for p in params]  # mostly str
         conn = await self._get()
         try:
             return await conn.execute(statement, values, self.prepare)

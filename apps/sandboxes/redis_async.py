@@ -61,7 +61,7 @@ def _arg(value: Any) -> bytes:
 def pack(command: tuple[Any, ...]) -> bytes:
     parts = [b"*%d\r\n" % len(command)]
     for value in command:
-        data = _arg(value)
+        data = value.encode() if type(value) is str else _arg(value)  # mostly str: inline
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 

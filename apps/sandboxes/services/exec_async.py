@@ -261,16 +261,28 @@ async def operation_exec_async(
         created_at,
         expected_generation,
     ]
-    # Admission and the row are independent: one round trip of waiting, not two.
-    admitted, row = await asyncio.gather(
-        _admit(client, plan, str(pk)), _start(db, params), return_exceptions=True
-    )
+    # Admission and the row are independent: one round trip of waiting, not two. The
+    # statement is sent inline, the admission in a task (one task, not gather's two).
+    admitting = asyncio.ensure_future(_admit(client, plan, str(pk)))
+    row: tuple[Any, ...] | BaseException | None
+    admitted: bool | BaseException
+    # Any failure before the agent call means: undo, log, let the regular path answer.
+    try:
+        row = await _start(db, params)
+    except Exception as exc:  # noqa: BLE001
+        row = exc
+    try:
+        admitted = await admitting
+    except Exception as exc:  # noqa: BLE001
+        admitted = exc
     inserted = isinstance(row, tuple) and bool(row[4])
     if admitted is not True or not inserted:
         # Refused, missing, not ready, stale generation, a replay, or trouble: nothing
         # ran; undo what was taken and let the regular path answer.
-        if isinstance(admitted, BaseException) or isinstance(row, BaseException):
-            log.warning("exec fast path: Redis or Postgres failed", exc_info=True)
+        for failure in (admitted, row):
+            if isinstance(failure, BaseException):
+                # Not raised here: the exception itself carries the traceback.
+                log.warning("exec fast path: Redis or Postgres failed", exc_info=failure)
         if admitted is True:
             await _release(client, plan)
         if inserted:
@@ -296,7 +308,9 @@ async def operation_exec_async(
             await sync_to_async(_agent_failed)(pk, exc)
             raise AssertionError("operation_agent_failed always raises") from exc
         fields = result_fields(result)
-        updated, _ = await asyncio.gather(_finish(db, pk, fields), _release(client, plan))
+        releasing = asyncio.ensure_future(_release(client, plan))
+        updated = await _finish(db, pk, fields)
+        await releasing
         released = True
     finally:
         # Whatever happened, the slot is given back and the liveness key left to expire

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from apps.sandboxes.api.exec_fastpath import ExecFastPath, parse_exec_body, rend
 from apps.sandboxes.api.serializers import ExecSerializer, OperationSerializer
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from apps.sandboxes.redis_async import RedisBatches
 from apps.sandboxes.services import exec_async
 from apps.sandboxes.services.exec_async import clients_close, operation_fields
 from apps.sandboxes.services.streaming import pump_key, pumps
@@ -381,3 +383,21 @@ def test_it_answers_an_unexpected_failure_in_the_envelope_and_gives_the_slot_bac
     operation = Operation.objects.get(operation_id="op-bug")
     assert operation.status == OperationStatus.RUNNING
     assert pump_key(str(operation.pk)) not in pumps._keys
+
+
+def test_it_hands_the_exec_to_django_when_redis_is_down_leaving_no_row(fast, caplog):
+    loop = fast["loop"]
+    loop.run_until_complete(exec_async._clients.get())
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    exec_async._clients.redis = RedisBatches(host="127.0.0.1", port=port)
+    before = Operation.objects.count()
+    body = json.dumps({"command": "echo hi", "operation_id": "op-noredis"}).encode()
+    status, _headers, payload = _call(fast["app"], fast["sandbox"].external_id, body, fast["auth"])
+    assert (status, payload) == (299, b"django")
+    assert fast["agent"].requests == []
+    assert Operation.objects.count() == before  # the inserted row was taken back
+    failures = [r for r in caplog.records if "Redis or Postgres failed" in r.getMessage()]
+    assert failures and failures[0].exc_info is not None
+    assert issubclass(failures[0].exc_info[0], OSError)  # the real error, with its traceback
