@@ -11,7 +11,7 @@ Only the plain case runs here, in three round trips before the agent call and tw
 3. the agent call over a pooled keep-alive connection;
 4. the result UPDATE (compare-and-set from ``running``) and the lease release.
 
-Anything else — limits or key not cached in this process, a refused admission, a
+Anything else — a limits lookup that failed, a refused admission, a
 sandbox that is missing, not ready or at another generation, a replayed operation id,
 Redis or Postgres trouble before the agent call — returns ``FALLBACK`` having changed
 nothing the regular path would see (a taken lease is released), and the caller hands
@@ -39,7 +39,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits_cached
+from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits, hot_limits_cached
 from apps.billing.principal import Principal
 from apps.sandboxes.agent_async import agent_exec
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable, agent_token
@@ -237,7 +237,11 @@ async def operation_exec_async(
     tenant_id = str(principal.tenant.pk)
     limits = hot_limits_cached(tenant_id)
     if limits is None:
-        return FALLBACK
+        try:
+            limits = await single_flight(f"limits:{tenant_id}", hot_limits, tenant_id)
+        except Exception:  # noqa: BLE001 - the regular path answers (and reports) it
+            log.warning("exec fast path: limits lookup failed", exc_info=True)
+            return FALLBACK
     key_id = str(principal.api_key.pk) if principal.api_key is not None else None
     timeout = _agent_timeout(request)
     plan = exec_admit_plan(limits=limits, tenant_id=tenant_id, api_key_id=key_id, timeout_s=timeout)
@@ -356,6 +360,29 @@ async def _finish(db: PgPool, pk: uuid.UUID, fields: dict[str, Any]) -> bool:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+_flights: dict[str, asyncio.Future[Any]] = {}
+
+
+async def single_flight(key: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``fn(*args)`` in a thread (it uses the ORM), one at a time per ``key`` in this
+    process; callers arriving meanwhile wait for the same result. For the caches the
+    fast path reads (key → principal, limits; 5 s each): when an entry goes stale, one
+    exec refreshes it and the concurrent ones wait for that, instead of every exec in
+    flight taking the regular path at once, every 5 s, in every process."""
+    pending = _flights.get(key)
+    if pending is None or pending.get_loop() is not asyncio.get_running_loop():
+        call = sync_to_async(_in_thread(fn), thread_sensitive=False)(*args, **kwargs)
+        flight: asyncio.Future[Any] = asyncio.ensure_future(call)
+        _flights[key] = pending = flight
+
+        def landed(done: asyncio.Future[Any]) -> None:
+            if _flights.get(key) is done:
+                del _flights[key]
+
+        flight.add_done_callback(landed)
+    result: R = await asyncio.shield(pending)  # one waiter cancelled: the others still wait
+    return result
 
 
 def _in_thread(fn: Callable[P, R]) -> Callable[P, R]:
