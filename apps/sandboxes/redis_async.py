@@ -59,11 +59,19 @@ def _arg(value: Any) -> bytes:
 
 
 def pack(command: tuple[Any, ...]) -> bytes:
-    parts = [b"*%d\r\n" % len(command)]
+    packed = bytearray(b"*%d\r\n" % len(command))
     for value in command:
-        data = value.encode() if type(value) is str else _arg(value)  # mostly str: inline
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
+        kind = type(value)  # the common types inline: this runs ~25 times per exec
+        if kind is str:
+            data = value.encode()
+        elif kind is int:
+            data = b"%d" % value  # what repr gives for an int
+        else:
+            data = _arg(value)
+        packed += b"$%d\r\n" % len(data)
+        packed += data
+        packed += b"\r\n"
+    return bytes(packed)
 
 
 def parse(buf: bytes | bytearray, pos: int) -> tuple[Any, int]:
