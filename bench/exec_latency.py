@@ -7,9 +7,11 @@ HEDGEROW_INSTANCE, creates one `host` sandbox, then measures `bash -c 'echo hi'`
 (a) a bare local subprocess, (b) a direct HTTP call to the sandbox's pod agent,
 (c) exec through the REST API (auth + operation record), (d) streamed exec received
 over the websocket (time to first byte and to exit); then REST throughput with 1, 4
-and 16 concurrent clients. Prints p50/p95/p99 and the ratios c/b, d/b, b/a; also
-(a') a bare subprocess that captures stdout and stderr through pipes as the agent must
-(b/a'), and the agent's CPU per exec.
+and 16 concurrent clients, with the CPU the web workers and this run's Postgres
+backends spent per REST exec (utime+stime from /proc: unlike latency, it does not move
+with the load other processes put on the shared cores). Prints p50/p95/p99 and the
+ratios c/b, d/b, b/a; also (a') a bare subprocess that captures stdout and stderr
+through pipes as the agent must (b/a'), and the agent's CPU per exec.
 """
 
 from __future__ import annotations
@@ -165,6 +167,62 @@ def agent_cpu_per_exec(
     return n, (own1 - own0) / 1e6 / n, (children1 - children0) * tick_ms / n
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _ticks(pid: int) -> int:
+    """utime + stime of one process, in clock ticks (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return 0
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _web_pids(root: int) -> list[int]:
+    """The uvicorn process and its workers."""
+    pids = [root]
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            if int(raw[raw.rindex(")") + 2 :].split()[1]) == root:
+                pids.append(int(name))
+    return pids
+
+
+def _postgres_pids() -> list[int]:
+    """This run's database backends (the stack's own database: nobody else's load)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return [int(row[0]) for row in cursor.fetchall()]
+
+
+def cpu_per_exec(
+    make_call: Callable[[], Callable[[], None]], clients: int, seconds: float, web_pid: int
+) -> tuple[float, float, float]:
+    """(exec/s, web CPU ms per exec, Postgres CPU ms per exec): CPU time does not depend
+    on what else the shared cores run, as latency does."""
+    web, postgres = _web_pids(web_pid), _postgres_pids()
+    web0, pg0 = sum(map(_ticks, web)), {pid: _ticks(pid) for pid in postgres}
+    rate = throughput(make_call, clients, seconds)
+    done = rate * seconds
+    web_ms = (sum(map(_ticks, web)) - web0) / _TICK * 1e3 / done
+    # A backend the pool opened during the run counts from zero.
+    pg_ms = sum(_ticks(pid) - pg0.get(pid, 0) for pid in _postgres_pids()) / _TICK * 1e3 / done
+    return rate, web_ms, pg_ms
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300, help="sequential samples per path")
@@ -180,6 +238,7 @@ def main() -> int:
     def configure(stack: Any) -> None:
         # The web process as scripts/stack.sh runs it: N workers and a DB pool.
         stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
+        stack.web.args += ["--loop", "uvloop", "--http", "httptools"]
         stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
         if args.no_fast_path:
             stack.web.env["HEDGEROW_EXEC_FAST_PATH"] = "0"
@@ -287,12 +346,13 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
         n_cpu, own, reaped = agent_cpu
         print(f"agent CPU per direct exec ({n_cpu} sequential): agent {own:.3f} ms, "
               f"the commands it reaped {reaped:.3f} ms")  # fmt: skip
-    print("\nthroughput (exec/s, completed commands):\n| clients | REST | direct agent |")
-    print("|---:|---:|---:|")
+    print("\nthroughput (exec/s, completed commands) and CPU per REST exec (ms):")
+    print("| clients | REST | direct agent | web CPU | Postgres CPU |\n|---:|---:|---:|---:|---:|")
+    assert stack.web.popen is not None
     for clients in (1, 4, 16):
-        rest = throughput(rest_call, clients, args.seconds)
+        rest, web_ms, pg_ms = cpu_per_exec(rest_call, clients, args.seconds, stack.web.popen.pid)
         direct = throughput(direct_call, clients, args.seconds)
-        print(f"| {clients} | {rest:.0f} | {direct:.0f} |")
+        print(f"| {clients} | {rest:.0f} | {direct:.0f} | {web_ms:.2f} | {pg_ms:.2f} |")
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 

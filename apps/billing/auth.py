@@ -89,6 +89,19 @@ def principal_cached(secret: str) -> Principal | None:
     return None
 
 
+def principal_refresh(secret: str) -> Principal | None:
+    """For the async exec fast path, when ``principal_cached`` missed: the key looked up
+    again (and cached) if this process had it cached before, else None — a key never
+    seen, or one that no longer authenticates, goes to the regular path, which answers
+    it (so a stream of bad keys costs no extra lookups)."""
+    if hash_secret(secret) not in _key_cache:
+        return None
+    try:
+        return principal_for_key(secret)
+    except AuthFailed:
+        return None
+
+
 def _principal_for_digest(digest: str) -> Principal:
     try:
         key = ApiKey.objects.select_related("tenant").get(secret_hash=digest)

@@ -7,7 +7,8 @@ sync-only middleware, costs a hop into a thread, and DRF's request/serializer/re
 machinery on top was most of the control plane's CPU per exec on 2 shared cores.
 
 Everything this path does not handle exactly goes to Django unchanged (the body is
-replayed): session auth, a key or limits not cached in this process, a missing scope,
+replayed): session auth, a key this process never cached (a stale one is looked up again,
+once for all concurrent execs), one that no longer authenticates, a missing scope,
 any body the strict check below does not accept (DRF then gives the precise
 validation error), ``stream: true``, content negotiation other than JSON, a query
 string, a disallowed Host, and whatever ``operation_exec_async`` returns FALLBACK for.
@@ -26,9 +27,11 @@ from typing import Any
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from apps.billing.auth import principal_cached
+from apps.billing.auth import principal_cached, principal_refresh
+from apps.billing.principal import Principal
+from apps.billing.services import hash_secret
 from apps.sandboxes.api.serializers import render_stream
-from apps.sandboxes.services.exec_async import iso, operation_exec_async
+from apps.sandboxes.services.exec_async import iso, operation_exec_async, single_flight
 from apps.sandboxes.services.operations import ExecRequest
 from controlplane.errors import ApiError, _internal_error_body
 from controlplane.logging import request_id_var
@@ -133,7 +136,11 @@ async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> tuple[int, byte
     if not _acceptable(headers):
         return None
     secret = _key(headers)
-    principal = principal_cached(secret) if secret else None
+    if not secret:
+        return None
+    principal = principal_cached(secret)
+    if principal is None:
+        principal = await _refreshed_principal(secret)
     if principal is None or not principal.has_scope("write"):
         return None
     parsed = parse_exec_body(body)
@@ -164,6 +171,17 @@ async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> tuple[int, byte
     if fields is None:
         return None
     return 200, render_operation(fields), request_id
+
+
+async def _refreshed_principal(secret: str) -> Principal | None:
+    """A key whose cache entry went stale, looked up again once for all the execs that
+    arrive meanwhile; None (the regular path answers) for a key this process never
+    cached or one that no longer authenticates."""
+    try:
+        return await single_flight(f"key:{hash_secret(secret)}", principal_refresh, secret)
+    except Exception:  # noqa: BLE001 - the regular path answers (and reports) it
+        log.warning("exec fast path: key lookup failed", exc_info=True)
+        return None
 
 
 def _acceptable(headers: dict[bytes, bytes]) -> bool:

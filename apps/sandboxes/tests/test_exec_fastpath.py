@@ -8,21 +8,29 @@ test database, Redis and a fake pod agent on loopback for the path itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import socket
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import uvloop
+from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
+from apps.billing import auth, limits
 from apps.billing.auth import forget_cached_keys, principal_for_key
 from apps.billing.limits import _key, hot_limits, limits_cache_clear
-from apps.billing.models import TenantQuota
+from apps.billing.models import ApiKey, TenantQuota
+from apps.billing.services import hash_secret
 from apps.sandboxes.agent_async import pool_clear
 from apps.sandboxes.api.exec_fastpath import ExecFastPath, parse_exec_body, render_operation
 from apps.sandboxes.api.serializers import ExecSerializer, OperationSerializer
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from apps.sandboxes.redis_async import RedisBatches
 from apps.sandboxes.services import exec_async
 from apps.sandboxes.services.exec_async import clients_close, operation_fields
 from apps.sandboxes.services.streaming import pump_key, pumps
@@ -85,6 +93,10 @@ def test_it_accepts_only_bodies_drf_turns_into_the_same_request(body):
     request, operation_id, generation = parsed
     assert request == serializer.to_request()
     assert request.fingerprint() == serializer.to_request().fingerprint()
+    assert exec_async.request_record(request) == (
+        json.dumps(dataclasses.asdict(request)),
+        request.fingerprint(),
+    )
     assert operation_id == serializer.validated_data.get("operation_id")
     assert generation == serializer.validated_data.get("generation")
 
@@ -230,11 +242,12 @@ def _call(
     return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]
 
 
-@pytest.fixture
-def fast(transactional_db, make_tenant):
+@pytest.fixture(params=["asyncio", "uvloop"])
+def fast(request, transactional_db, make_tenant):
     """A tenant whose key and limits are cached, a ready sandbox on a fake agent, and
-    the fast path in front of a recording stand-in for Django."""
-    loop = asyncio.new_event_loop()
+    the fast path in front of a recording stand-in for Django; on both event loops
+    (uvicorn runs uvloop: a path that only fails there would fall back silently)."""
+    loop = uvloop.new_event_loop() if request.param == "uvloop" else asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     agent = FakeAgent()
     server = loop.run_until_complete(agent.start())
@@ -374,3 +387,83 @@ def test_it_answers_an_unexpected_failure_in_the_envelope_and_gives_the_slot_bac
     operation = Operation.objects.get(operation_id="op-bug")
     assert operation.status == OperationStatus.RUNNING
     assert pump_key(str(operation.pk)) not in pumps._keys
+
+
+def test_it_hands_the_exec_to_django_when_redis_is_down_leaving_no_row(fast, caplog):
+    loop = fast["loop"]
+    loop.run_until_complete(exec_async._clients.get())
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    exec_async._clients.redis = RedisBatches(host="127.0.0.1", port=port)
+    before = Operation.objects.count()
+    body = json.dumps({"command": "echo hi", "operation_id": "op-noredis"}).encode()
+    status, _headers, payload = _call(fast["app"], fast["sandbox"].external_id, body, fast["auth"])
+    assert (status, payload) == (299, b"django")
+    assert fast["agent"].requests == []
+    assert Operation.objects.count() == before  # the inserted row was taken back
+    failures = [r for r in caplog.records if "Redis or Postgres failed" in r.getMessage()]
+    assert failures and failures[0].exc_info is not None
+    assert issubclass(failures[0].exc_info[0], OSError)  # the real error, with its traceback
+
+
+def _age_cached_key_and_limits(secret: str, tenant: Any) -> None:
+    digest = hash_secret(secret)
+    principal, _at = auth._key_cache[digest]
+    auth._key_cache[digest] = (principal, time.monotonic() - 60)
+    limits._cache[str(tenant.pk)] = (time.monotonic() - 1, limits._cache[str(tenant.pk)][1])
+
+
+def test_it_refreshes_a_stale_key_and_limits_once_for_concurrent_execs(fast, monkeypatch):
+    lookups: list[str] = []
+    real_lookup, real_limits = auth._principal_for_digest, limits.hot_limits
+
+    def counted_lookup(digest: str) -> Any:
+        lookups.append("key")
+        return real_lookup(digest)
+
+    def counted_limits(tenant_id: str) -> Any:
+        lookups.append("limits")
+        return real_limits(tenant_id)
+
+    monkeypatch.setattr(auth, "_principal_for_digest", counted_lookup)
+    monkeypatch.setattr(exec_async, "hot_limits", counted_limits)
+    _age_cached_key_and_limits(fast["secret"], fast["tenant"])
+    sent: list[list[dict[str, Any]]] = [[], [], []]
+
+    async def one(i: int) -> None:
+        body = json.dumps({"command": "echo hi", "operation_id": f"op-stale-{i}"}).encode()
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": f"/api/v1/sandboxes/{fast['sandbox'].external_id}/exec",
+            "query_string": b"",
+            "headers": [(b"host", b"testserver"), *fast["auth"]],
+        }
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent[i].append(message)
+
+        await fast["app"](scope, receive, send)
+
+    async def three() -> None:
+        await asyncio.gather(one(0), one(1), one(2))
+
+    fast["loop"].run_until_complete(three())
+    assert [messages[0]["status"] for messages in sent] == [200, 200, 200]
+    assert fast["inner"].calls == []  # none took the regular path
+    assert sorted(lookups) == ["key", "limits"]  # one lookup each, shared by the three
+    assert Operation.objects.filter(operation_id__startswith="op-stale-").count() == 3
+
+
+def test_it_hands_a_stale_key_that_was_revoked_meanwhile_to_django(fast):
+    _age_cached_key_and_limits(fast["secret"], fast["tenant"])
+    ApiKey.objects.filter(secret_hash=hash_secret(fast["secret"])).update(revoked_at=timezone.now())
+    body = json.dumps({"command": "echo hi", "operation_id": "op-revoked"}).encode()
+    status, _headers, payload = _call(fast["app"], fast["sandbox"].external_id, body, fast["auth"])
+    assert (status, payload) == (299, b"django")  # the view answers the 401 with its reason
+    assert fast["agent"].requests == []
+    assert not Operation.objects.filter(operation_id="op-revoked").exists()
