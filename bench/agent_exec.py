@@ -8,7 +8,7 @@ with, logging JSON lines to a file as it does in a sandbox) and measures
 `bash -c 'echo hi'`, interleaved, n rounds:
 (a) a bare subprocess as `bench.exec_latency` runs it (stdout to /dev/null),
 (a') a bare subprocess capturing stdout and stderr through pipes, as the agent does,
-(b) a keep-alive POST /exec to the agent, as `bench.exec_latency` sends it.
+(b) a keep-alive POST /exec to the agent, as `bench.exec_latency` sends it (`AgentHttp`).
 Then the agent's CPU per exec over cpu-n sequential execs: the agent's own threads
 (/proc/<pid>/task/*/schedstat) and the children it reaped (cutime+cstime, the bash).
 CPU time does not depend on the load the other engineers put on the machine; the
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import os
 import socket
@@ -32,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.exec_latency import COMMAND, pct, summary, timed_interleaved
+from bench.exec_latency import COMMAND, AgentHttp, pct, summary, timed_interleaved
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token-0123456789"
@@ -94,15 +93,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = start_agent(args.python, Path(tmp), args.agent_root)
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+            conn = AgentHttp("127.0.0.1", port, {"Authorization": f"Bearer {TOKEN}"})
 
             def direct() -> None:
                 body = {"operation_id": uuid.uuid4().hex, "command": COMMAND, "timeout": 30}
-                conn.request("POST", "/exec", body=json.dumps(body), headers=headers)
-                response = conn.getresponse()
-                data = json.loads(response.read())
-                assert response.status == 200 and data["termination"]["exit_code"] == 0, data
+                status, data = conn.post("/exec", body)
+                assert status == 200 and data["termination"]["exit_code"] == 0, data
 
             def bare() -> None:
                 subprocess.run(["bash", "-c", COMMAND], stdout=subprocess.DEVNULL, check=True)
