@@ -8,7 +8,7 @@ with, logging JSON lines to a file as it does in a sandbox) and measures
 `bash -c 'echo hi'`, interleaved, n rounds:
 (a) a bare subprocess as `bench.exec_latency` runs it (stdout to /dev/null),
 (a') a bare subprocess capturing stdout and stderr through pipes, as the agent does,
-(b) a keep-alive POST /exec to the agent, as `bench.exec_latency` sends it (`AgentHttp`).
+(b) a keep-alive POST /exec to the agent, as `bench.exec_latency` sends it (`LeanHttp`).
 Then the agent's CPU per exec over cpu-n sequential execs: the agent's own threads
 (/proc/<pid>/task/*/schedstat) and the children it reaped (cutime+cstime, the bash).
 CPU time does not depend on the load the other engineers put on the machine; the
@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.exec_latency import COMMAND, AgentHttp, pct, summary, timed_interleaved
+from bench.exec_latency import COMMAND, LeanHttp, pct, summary, timed_interleaved
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token-0123456789"
@@ -93,7 +93,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = start_agent(args.python, Path(tmp), args.agent_root)
         try:
-            conn = AgentHttp("127.0.0.1", port, {"Authorization": f"Bearer {TOKEN}"})
+            conn = LeanHttp("127.0.0.1", port, {"Authorization": f"Bearer {TOKEN}"})
 
             def direct() -> None:
                 body = {"operation_id": uuid.uuid4().hex, "command": COMMAND, "timeout": 30}

@@ -65,8 +65,9 @@ class Http:
         return response.status, data
 
 
-class AgentHttp:
-    """The direct path's client (b): what the control plane's own agent client
+class LeanHttp:
+    """The client of the direct path (b) and of the REST path (c), so the two are
+    compared like with like: what the control plane's own agent client
     (`apps/sandboxes/agent_async.py`) does per exec — the request head and the JSON body
     in one write, the response head split on CRLF, a Content-Length body — on a plain
     keep-alive socket. http.client, used before, sent the head and the body in two
@@ -323,7 +324,7 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
         subprocess.run(["bash", "-c", COMMAND], capture_output=True, check=True)
 
     def direct_call() -> Callable[[], None]:
-        conn = AgentHttp(row.endpoint_host, int(row.endpoint_port or 0), agent_headers)
+        conn = LeanHttp(row.endpoint_host, int(row.endpoint_port or 0), agent_headers)
 
         def call() -> None:
             status, body = conn.post(
@@ -334,7 +335,7 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
         return call
 
     def rest_call() -> Callable[[], None]:
-        conn = Http("127.0.0.1", stack.port, auth)
+        conn = LeanHttp("127.0.0.1", stack.port, auth)
         path = f"/api/v1/sandboxes/{sandbox_id}/exec"
 
         def call() -> None:
