@@ -63,6 +63,18 @@ def tree_ticks(root: int) -> tuple[int, int]:
     return own, reaped
 
 
+def own_ticks(pid: int) -> int:
+    """utime+stime of one process: the Celery worker's main process (the consumer that
+    receives, acks and hands tasks to the pool), apart from its pool."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return 0
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
 class Statements:
     """Reads this run's statements back from the Postgres server log."""
 
@@ -184,6 +196,9 @@ def main() -> int:
     parser.add_argument("k", type=int, nargs="?", default=4)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--worker-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--worker-pool", default="prefork", help="Celery pool (-P): prefork, threads, solo"
+    )
     parser.add_argument("--statements", action="store_true")
     parser.add_argument("--spy", default="", help="directory: py-spy profiles per step")
     parser.add_argument("--top", type=int, default=12, help="statement shapes to list")
@@ -194,6 +209,7 @@ def main() -> int:
         stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1", "PGAPPNAME": "web"}
         stack.worker.env = {**stack.env, "PGAPPNAME": "worker"}
         stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
+        stack.worker.args += ["-P", args.worker_pool]
         if args.statements:
             import psycopg
 
@@ -214,15 +230,16 @@ def main() -> int:
         rows = asyncio.run(run(stack.url, secret, args, web, worker, statements))
         print(
             f"lifecycle_cost: N={args.n} K={args.k} concurrency={args.concurrency} "
-            f"worker-concurrency={args.worker_concurrency} "
+            f"worker-concurrency={args.worker_concurrency} pool={args.worker_pool} "
             f"load={Path('/proc/loadavg').read_text().split()[0]}"
         )
-        head = ("step", "count", "web ms", "worker ms", "+children", "SQL web", "SQL wrk")
-        print("{:<10} {:>6} {:>8} {:>10} {:>10} {:>8} {:>8}".format(*head))
-        for name, count, web_s, worker_s, children_s, sql in rows:
+        head = ("step", "count", "web ms", "worker ms", "(main)", "+children", "SQL web", "SQL wrk")
+        print("{:<10} {:>6} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8}".format(*head))
+        for name, count, web_s, worker_s, main_s, children_s, sql in rows:
             print(
                 f"{name:<10} {count:>6} {1e3 * web_s / count:8.2f} "
-                f"{1e3 * worker_s / count:10.2f} {1e3 * children_s / count:10.2f} "
+                f"{1e3 * worker_s / count:10.2f} {1e3 * main_s / count:8.2f} "
+                f"{1e3 * children_s / count:10.2f} "
                 f"{sql.get('web', 0) / count:8.2f} {sql.get('worker', 0) / count:8.2f}"
             )
     return 0
@@ -230,19 +247,19 @@ def main() -> int:
 
 async def run(
     url: str, secret: str, args: Any, web: int, worker: int, statements: Statements | None
-) -> list[tuple[str, int, float, float, float, Counter[str]]]:
+) -> list[tuple[str, int, float, float, float, float, Counter[str]]]:
     client = Client(url + "/api/v1", headers={"Authorization": f"Bearer {secret}"})
     ids: list[str] = [""] * args.n
     failed: set[int] = set()
-    rows: list[tuple[str, int, float, float, float, Counter[str]]] = []
+    rows: list[tuple[str, int, float, float, float, float, Counter[str]]] = []
     all_shapes: list[tuple[str, Counter[tuple[str, str]]]] = []
 
     async def measured(name: str, count: int, body: Callable[[], Awaitable[None]]) -> None:
         spies = _spy_start(name, web, worker, args.spy) if args.spy else []
-        w0, k0 = tree_ticks(web), tree_ticks(worker)
+        w0, k0, m0 = tree_ticks(web), tree_ticks(worker), own_ticks(worker)
         await body()
         await asyncio.sleep(0.3)  # let the step's after-commit work land
-        w1, k1 = tree_ticks(web), tree_ticks(worker)
+        w1, k1, m1 = tree_ticks(web), tree_ticks(worker), own_ticks(worker)
         web_s = (sum(w1) - sum(w0)) / _TICK
         worker_s = (k1[0] - k0[0]) / _TICK
         children_s = (k1[1] - k0[1]) / _TICK
@@ -253,7 +270,7 @@ async def run(
         if statements is not None:
             sql, shapes = statements.take()
             all_shapes.append((name, shapes))
-        rows.append((name, count, web_s, worker_s, children_s, sql))
+        rows.append((name, count, web_s, worker_s, (m1 - m0) / _TICK, children_s, sql))
 
     async def create(i: int) -> None:
         r = await client.request(

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import importlib
 import os
 
 from celery import Celery
-from celery.signals import before_task_publish, task_postrun, task_prerun
+from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init
 
 from controlplane.logging import request_id_var
 
@@ -31,3 +32,27 @@ def _restore_request_id(task: object = None, **_: object) -> None:
 @task_postrun.connect
 def _clear_request_id(**_: object) -> None:
     request_id_var.set("")
+
+
+# Imported by the first task of each pool process otherwise: the local backend (its
+# netlink/nft/zygote modules, libnftables loaded through ctypes) and channels_redis
+# (cryptography with it) cost ~0.2 s of CPU per process, paid again by every prefork
+# child. Imported once in the parent before the pool forks, they are shared. Only
+# imports: nothing here opens a connection or a socket a fork would then share.
+WARM_IMPORTS = ("apps.sandboxes.backends.local", "channels_redis.core")
+
+
+@worker_init.connect
+def _warm_imports(**_: object) -> None:
+    from django.conf import settings
+
+    for name in WARM_IMPORTS:
+        if (
+            name.startswith("apps.sandboxes.backends.local")
+            and settings.HEDGEROW_BACKEND != "local"
+        ):
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional dependency missing: the task imports it then
+            continue

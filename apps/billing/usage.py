@@ -70,7 +70,12 @@ def usage_record_sync(
     record = UsageRecord.objects.filter(sandbox_id=sandbox.pk).first()
     changed = record is None
     if record is None:
-        started = transitions.filter(to_state=State.PROVISIONING).order_by("at", "id").first()
+        # Provisioning is entered once (only from ``requested``, itself entered only
+        # from ``queued``): the event that moves there is the start.
+        if event is not None and event.to_state == State.PROVISIONING:
+            started: SandboxEvent | None = event
+        else:
+            started = transitions.filter(to_state=State.PROVISIONING).order_by("at", "id").first()
         if started is None:
             return None
         capacity = _capacity_type(sandbox.labels)
@@ -117,13 +122,44 @@ def on_sandbox_event(event: SandboxEvent) -> None:
         # periodic sweep repairs whatever was skipped.
         try:
             with transaction.atomic():
-                usage_record_sync(sandbox_id=event.sandbox_id, event=event)
+                if not _record_follow(event):
+                    usage_record_sync(sandbox_id=event.sandbox_id, event=event)
         except Exception as exc:  # noqa: BLE001 - see above; the sweep retries
             log.warning(
                 "usage record sync failed: %s", exc, extra={"sandbox_id": str(event.sandbox_id)}
             )
     if event.to_state in FINAL_STATES:
         transaction.on_commit(_drain_if_queued)
+
+
+def _record_follow(event: SandboxEvent) -> bool:
+    """The usual transitions after the record was opened, as one UPDATE each instead of
+    a read and a save of the whole record: ``ready`` fills in the node, a final state
+    closes the record with this event. False (nothing written) when the record is not
+    as expected — missing (a hook missed, repaired by the sweep), already closed, no
+    node known — and ``usage_record_sync`` then works it out from the ledger.
+
+    A final state is never left (no transition starts from one), so a move into one
+    from a live state is the sandbox's first and only end: the event itself is the
+    "first final transition" ``usage_record_sync`` would look up.
+    """
+    sandbox = event.sandbox if SandboxEvent.sandbox.is_cached(event) else None
+    if sandbox is None or not sandbox.node:
+        return False
+    records = UsageRecord.objects.filter(sandbox_id=event.sandbox_id)
+    if event.to_state == State.READY:
+        return records.update(node=sandbox.node) == 1
+    if event.to_state in FINAL_STATES and event.from_state not in FINAL_STATES:
+        return (
+            records.filter(ended_at__isnull=True).update(
+                node=sandbox.node,
+                ended_at=event.at,
+                end_state=event.to_state,
+                end_reason=event.reason,
+            )
+            == 1
+        )
+    return False
 
 
 def _drain_if_queued() -> None:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import redis
@@ -47,19 +48,48 @@ def sandbox_state_payload(sandbox: Sandbox) -> dict[str, Any]:
     }
 
 
+def _group_members_key(layer: Any, group: str) -> tuple[bytes, int] | None:
+    """Where channels_redis keeps ``group``'s members (a sorted set of channel names
+    scored by when they joined) and how long a member counts, when that set lives in
+    the Redis this process publishes to (one host, the same URL); else None."""
+    from channels_redis.core import RedisChannelLayer
+
+    if not isinstance(layer, RedisChannelLayer):
+        return None
+    hosts = layer.hosts
+    if len(hosts) != 1 or hosts[0].get("address") != settings.REDIS_URL:
+        return None
+    return layer._group_key(group), int(layer.group_expiry)
+
+
 def _publish(sandbox_uuid: str, tenant_id: str, payload: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    group = tenant_group(tenant_id)
+    members = _group_members_key(layer, group) if layer is not None else None
     try:
-        redis_client().publish(sandbox_channel(sandbox_uuid), json.dumps(payload))
+        if members is None:
+            redis_client().publish(sandbox_channel(sandbox_uuid), json.dumps(payload))
+        else:
+            # With the publish, count the group's live members (those group_send would
+            # not discard as expired): with no UI open for the tenant — the usual case
+            # for the worker's transitions — the group_send (a hop to the fan-out loop
+            # and two Redis round trips there) is skipped. A UI joining after this
+            # count misses the message as it would joining after group_send's read.
+            key, expiry = members
+            pipe = redis_client().pipeline(transaction=False)
+            pipe.publish(sandbox_channel(sandbox_uuid), json.dumps(payload))
+            pipe.zcount(key, f"({int(time.time()) - expiry}", "+inf")
+            if pipe.execute()[1] == 0:
+                return
     except redis.RedisError:
         log.warning("could not publish sandbox state", extra={"sandbox_id": sandbox_uuid})
-    layer = get_channel_layer()
     if layer is not None:
         try:
             if _asgi_loop_behind_this_thread():
-                async_to_sync(layer.group_send)(tenant_group(tenant_id), payload)
+                async_to_sync(layer.group_send)(group, payload)
             else:
                 sent = asyncio.run_coroutine_threadsafe(
-                    layer.group_send(tenant_group(tenant_id), payload), _fanout_loop()
+                    layer.group_send(group, payload), _fanout_loop()
                 )
                 sent.result(timeout=5)
         except Exception:  # noqa: BLE001 - a UI fan-out failure must never break a transition

@@ -126,12 +126,23 @@ def sandbox_transition(
         # requested → provisioning). If the row is then still in one of our
         # from_states, the move is still ours to make: read again and retry, instead
         # of silently dropping it (a lost delete left sandboxes running).
-        for _attempt in range(_CAS_ATTEMPTS):
-            current = (
-                Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
-                .values_list("state", "generation")
-                .first()
-            )
+        # First try from the caller's own view of the row (a task that has just loaded
+        # it, a view that has just fetched it): when the row is still as the caller
+        # saw it, the compare-and-set is the UPDATE alone, one statement instead of a
+        # read and an update. Otherwise (a stale instance, a lost race) read and retry.
+        seen: tuple[str, int] | None = None
+        if sandbox.state in from_states and sandbox.generation is not None:
+            seen = (sandbox.state, sandbox.generation)
+        for _attempt in range(_CAS_ATTEMPTS + (seen is not None)):
+            current: tuple[str, int] | None
+            if seen is not None:
+                current, seen = seen, None
+            else:
+                current = (
+                    Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
+                    .values_list("state", "generation")
+                    .first()
+                )
             if current is None:
                 sandbox.refresh_from_db()
                 return False

@@ -39,6 +39,39 @@ def test_it_fans_out_to_the_tenant_group_from_threads_without_an_event_loop():
     async_to_sync(layer.group_discard)(events.tenant_group(tenant_id), channel)
 
 
+def test_it_publishes_for_waits_but_skips_the_group_send_when_no_ui_is_in_the_group(
+    monkeypatch,
+):
+    layer = get_channel_layer()
+    assert layer is not None
+    tenant_id, sandbox_uuid = uuid.uuid4().hex, uuid.uuid4().hex
+    sends: list[str] = []
+    real_group_send = layer.group_send
+
+    async def counting_group_send(group: str, message: dict[str, Any]) -> None:
+        sends.append(group)
+        await real_group_send(group, message)
+
+    monkeypatch.setattr(layer, "group_send", counting_group_send)
+    pubsub = events.redis_client().pubsub()
+    pubsub.subscribe(events.sandbox_channel(sandbox_uuid))
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    payload = {"type": "sandbox.state", "sandbox_id": "sb-x", "state": "ready"}
+
+    events._publish(sandbox_uuid, tenant_id, payload)  # nobody in the tenant's group
+    message = pubsub.get_message(timeout=5)
+    assert message is not None and json.loads(message["data"]) == payload
+    assert sends == []
+
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.tenant_group(tenant_id), channel)
+    events._publish(sandbox_uuid, tenant_id, payload)  # a UI joined: it gets the state
+    assert sends == [events.tenant_group(tenant_id)]
+    assert async_to_sync(layer.receive)(channel) == payload
+    async_to_sync(layer.group_discard)(events.tenant_group(tenant_id), channel)
+    pubsub.close()
+
+
 def test_it_shares_one_result_backend_across_request_threads():
     # Under ASGI each request runs in a new thread; a per-thread backend was rebuilt
     # (entry points scanned) on every enqueue.

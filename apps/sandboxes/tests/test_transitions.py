@@ -91,14 +91,21 @@ def test_it_leaves_the_instance_equal_to_the_row_without_reading_it_back(make_te
         ((State.READY,), State.TERMINATING, {}),
         ((State.TERMINATING,), State.DELETED, {"terminated_at": timezone.now()}),
     ]
+    usage: dict[str, list[str]] = {}
     for from_states, to_state, fields in steps:
         with CaptureQueriesContext(connection) as captured:
             assert lifecycle.sandbox_transition(
                 sandbox=sandbox, from_states=from_states, to_state=to_state, reason="t", **fields
             )
-        # One compare-and-set read and one write of the row; the ledger hook (usage
+        # The instance is as the row: the compare-and-set is the UPDATE alone (on the
+        # state and generation this instance holds), and the ledger hook (usage
         # metering) uses this instance instead of reading the row again.
-        assert _row_statements(captured.captured_queries) == ["SELECT", "UPDATE"], to_state
+        assert _row_statements(captured.captured_queries) == ["UPDATE"], to_state
+        usage[to_state] = [
+            q["sql"].split(" ", 1)[0]
+            for q in captured.captured_queries
+            if '"billing_usagerecord"' in q["sql"].split(" WHERE ")[0]
+        ]
         row = Sandbox.objects.get(pk=sandbox.pk)
         for name in ("state", "generation", "updated_at", "node", "ready_at", "terminated_at"):
             assert getattr(sandbox, name) == getattr(row, name), (to_state, name)
@@ -110,3 +117,54 @@ def test_it_leaves_the_instance_equal_to_the_row_without_reading_it_back(make_te
     assert record.started_at == events[State.PROVISIONING]
     assert record.ended_at == events[State.DELETED]
     assert (record.node, record.end_state, record.end_reason) == ("node-a", State.DELETED, "t")
+    # The record is opened once (a read to find none, an insert); the node and the end
+    # are one UPDATE each, without reading the record or the ledger back.
+    assert usage == {
+        State.PROVISIONING: ["SELECT", "INSERT"],
+        State.READY: ["UPDATE"],
+        State.TERMINATING: [],
+        State.DELETED: ["UPDATE"],
+    }
+
+
+def test_a_stale_instance_reads_the_row_and_moves_from_what_it_holds(make_tenant):
+    """The first compare-and-set uses the instance's state and generation; when the row
+    has moved on (here: claimed by a provisioner since this instance was loaded) that
+    UPDATE changes nothing, and the transition reads the row and moves from there."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0)
+    Sandbox.objects.filter(pk=sandbox.pk).update(state=State.PROVISIONING, generation=1)
+    with CaptureQueriesContext(connection) as captured:
+        moved = lifecycle.sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.REQUESTED, State.PROVISIONING),
+            to_state=State.TERMINATING,
+            reason="deleted",
+        )
+    assert moved is True
+    assert _row_statements(captured.captured_queries) == ["UPDATE", "SELECT", "UPDATE"]
+    row = Sandbox.objects.get(pk=sandbox.pk)
+    assert (row.state, row.generation) == (State.TERMINATING, 1)
+    assert (sandbox.state, sandbox.generation) == (State.TERMINATING, 1)
+    event = SandboxEvent.objects.get(sandbox=sandbox, event="transition")
+    assert (event.from_state, event.to_state, event.generation) == (
+        State.PROVISIONING,
+        State.TERMINATING,
+        1,
+    )
+
+
+def test_a_stale_instance_outside_the_row_s_state_does_not_move_it(make_tenant):
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.READY, generation=1)
+    Sandbox.objects.filter(pk=sandbox.pk).update(state=State.TERMINATING)
+    moved = lifecycle.sandbox_transition(
+        sandbox=sandbox, from_states=(State.READY,), to_state=State.LOST, reason="gone"
+    )
+    assert moved is False
+    assert sandbox.state == State.TERMINATING
+    assert Sandbox.objects.get(pk=sandbox.pk).state == State.TERMINATING
+    assert not SandboxEvent.objects.filter(sandbox=sandbox).exists()
