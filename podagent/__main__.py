@@ -43,6 +43,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--workdir", default="/workspace")
     parser.add_argument("--log-file")
     parser.add_argument("--max-pty", type=int, default=8)
+    # a launcher's pipe: one byte once the socket listens (the zygote answers then)
+    parser.add_argument("--listening-fd", type=int)
     args = parser.parse_args(argv)
 
     # Launchers often start us as a shell's background job, which POSIX makes ignore
@@ -62,6 +64,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     state = AgentState(token, base_env, find_shell(base_env), workdir, log, args.max_pty)
     server = AgentServer(args.listen, state)
     log.write("listening", address=str(server.server_address[:2]), pid=os.getpid())
+    if args.listening_fd is not None:
+        os.write(args.listening_fd, b"1")
+        os.close(args.listening_fd)
     host, port = server.server_address[:2]
     print(f"podagent listening on {host!s}:{port}", file=sys.stderr, flush=True)
     with contextlib.suppress(KeyboardInterrupt):

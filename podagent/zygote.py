@@ -245,6 +245,18 @@ def _wait_ready(bwrap_pid: int, ready_r: int, info_r: int, deadline: float) -> i
                 raise ZygoteError("ready", f"bad --info-fd answer: {info!r}") from None
 
 
+def _wait_listening(listening_r: int, deadline: float) -> None:
+    """Waits for the agent's byte saying its socket listens (EOF: it died first)."""
+    try:
+        left = max(0.0, deadline - time.monotonic())
+        if not select.select([listening_r], [], [], left)[0]:
+            raise ZygoteError("agent", "the agent did not listen in time")
+        if os.read(listening_r, 1) != b"1":
+            raise ZygoteError("agent", "the agent exited before it listened (see agent.log)")
+    finally:
+        os.close(listening_r)
+
+
 def _pause_pid(init_pid: int) -> int:
     with open(f"/proc/{init_pid}/task/{init_pid}/children") as fh:
         children = fh.read().split()
@@ -288,7 +300,12 @@ class _Inherited:
 
 
 def _agent_main(
-    req: Dict[str, Any], null: int, log_fd: int, hold_w: Optional[int], keep: _Inherited
+    req: Dict[str, Any],
+    null: int,
+    log_fd: int,
+    hold_w: Optional[int],
+    keep: _Inherited,
+    listening_w: Optional[int] = None,
 ) -> NoReturn:
     code = 1
     try:
@@ -301,12 +318,18 @@ def _agent_main(
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         keep.detach_all()
-        if hold_w is None:  # a plain agent (tests): no sandbox to hold
-            os.closerange(3, 1 << 16)
-        else:
-            hold = fcntl.fcntl(hold_w, fcntl.F_DUPFD_CLOEXEC, 3)  # commands never inherit it
-            os.closerange(3, hold)
-            os.closerange(hold + 1, 1 << 16)
+        # Kept: the hold pipe (a plain agent in tests has no sandbox to hold) and the
+        # pipe that says "listening"; close-on-exec, so commands never inherit them.
+        wanted = [fd for fd in (hold_w, listening_w) if fd is not None]
+        kept = sorted(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in wanted)
+        low = 3
+        for fd in kept:
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 16)
+        agent_args = list(req["agent_args"])
+        if listening_w is not None:
+            agent_args += ["--listening-fd", str(kept[wanted.index(listening_w)])]
         if hold_w is not None or os.geteuid() == 0:
             drop_all_capabilities()
         # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
@@ -318,8 +341,8 @@ def _agent_main(
         sys.meta_path.insert(0, _LateImportGuard())
         sys.path[:] = []
         sys.path_importer_cache.clear()
-        sys.argv = ["podagent", *req["agent_args"]]
-        code = agent_main.main(list(req["agent_args"]))
+        sys.argv = ["podagent", *agent_args]
+        code = agent_main.main(agent_args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int) and exc.code is not None:
@@ -379,9 +402,14 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
             "init_start_time": _proc_start_time(init_pid),
         }
         _enter_sandbox(req, pause)
+        # The answer waits until the agent listens: the backend's first readiness probe
+        # then succeeds instead of being refused and retried after a sleep.
+        listening_r, listening_w = os.pipe()
         agent_pid = os.fork()
         if agent_pid == 0:
-            _agent_main(req, null, log_fd, hold_w, keep)
+            _agent_main(req, null, log_fd, hold_w, keep, listening_w)
+        os.close(listening_w)
+        _wait_listening(listening_r, deadline)
     except BaseException:
         # pause reads EOF once hold_w is closed; the kill covers a pause never started
         os.close(hold_w)

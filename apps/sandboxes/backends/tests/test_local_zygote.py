@@ -398,3 +398,30 @@ def test_it_falls_back_to_exec_when_gcc_is_missing(
     assert "agents start by exec: gcc is not installed" in caplog.text
     with pytest.raises(ZygoteUnavailable, match="gcc is not installed"):
         _ = LocalBackend(replace(config, agent_launch="zygote")).agent_launch
+
+
+def test_it_answers_once_the_agent_listens_so_one_probe_is_enough(
+    backend: LocalBackend,
+) -> None:
+    # No retry: the zygote replies only after the agent's socket listens, so the very
+    # first connection is accepted (before, it was refused and polled again after a
+    # sleep, ~2.4 probes per sandbox).
+    spec = new_spec()
+    endpoint = backend.provision(spec)
+    try:
+        conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=10)
+        conn.request("GET", "/health", headers={"Authorization": f"Bearer {spec.agent_token}"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        backend.destroy(spec.sandbox_id)
+
+
+def test_it_reports_an_agent_that_exits_before_listening_typed_and_leaves_nothing(
+    backend: LocalBackend,
+) -> None:
+    spec = new_spec(agent_token="")  # the agent refuses to start without a token
+    with pytest.raises(BackendError, match="exited before it listened"):
+        backend.provision(spec)
+    assert [i for i in backend.inventory() if i.sandbox_id == spec.sandbox_id] == []
+    assert backend.zygote.ping() is not None
