@@ -126,12 +126,19 @@ def sandbox_transition(
         # requested → provisioning). If the row is then still in one of our
         # from_states, the move is still ours to make: read again and retry, instead
         # of silently dropping it (a lost delete left sandboxes running).
-        for _attempt in range(_CAS_ATTEMPTS):
-            current = (
+        # The first attempt trusts the instance's state and generation: the UPDATE below
+        # matches both, so a stale instance only costs a retry with a fresh read, and a
+        # fresh one (the usual case: just read by the caller) saves that read.
+        known: tuple[str, int] | None = (
+            (sandbox.state, sandbox.generation) if sandbox.state in from_states else None
+        )
+        for _attempt in range(_CAS_ATTEMPTS + (known is not None)):
+            current = known or (
                 Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
                 .values_list("state", "generation")
                 .first()
             )
+            known = None
             if current is None:
                 sandbox.refresh_from_db()
                 return False

@@ -96,9 +96,10 @@ def test_it_leaves_the_instance_equal_to_the_row_without_reading_it_back(make_te
             assert lifecycle.sandbox_transition(
                 sandbox=sandbox, from_states=from_states, to_state=to_state, reason="t", **fields
             )
-        # One compare-and-set read and one write of the row; the ledger hook (usage
-        # metering) uses this instance instead of reading the row again.
-        assert _row_statements(captured.captured_queries) == ["SELECT", "UPDATE"], to_state
+        # One compare-and-set write of the row, from the instance's state and generation
+        # (no read first); the ledger hook (usage metering) uses this instance instead of
+        # reading the row again.
+        assert _row_statements(captured.captured_queries) == ["UPDATE"], to_state
         row = Sandbox.objects.get(pk=sandbox.pk)
         for name in ("state", "generation", "updated_at", "node", "ready_at", "terminated_at"):
             assert getattr(sandbox, name) == getattr(row, name), (to_state, name)
@@ -110,3 +111,26 @@ def test_it_leaves_the_instance_equal_to_the_row_without_reading_it_back(make_te
     assert record.started_at == events[State.PROVISIONING]
     assert record.ended_at == events[State.DELETED]
     assert (record.node, record.end_state, record.end_reason) == ("node-a", State.DELETED, "t")
+
+
+def test_it_reads_the_row_when_the_instance_is_stale(make_tenant):
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.READY, generation=1)
+    # Re-provisioned behind this instance's back: same state, a newer generation.
+    Sandbox.objects.filter(pk=sandbox.pk).update(generation=2)
+    assert lifecycle.sandbox_transition(
+        sandbox=sandbox, from_states=(State.READY,), to_state=State.TERMINATING, reason="t"
+    )
+    row = Sandbox.objects.get(pk=sandbox.pk)
+    assert (row.state, row.generation) == (State.TERMINATING, 2)
+    assert (sandbox.state, sandbox.generation) == (State.TERMINATING, 2)
+    event = SandboxEvent.objects.get(sandbox=sandbox, event="transition")
+    assert (event.from_state, event.generation) == (State.READY, 2)
+    # An instance that is stale and outside the from_states: nothing moves.
+    other = make_sandbox(tenant, state=State.READY, generation=1)
+    Sandbox.objects.filter(pk=other.pk).update(state=State.DELETED)
+    assert not lifecycle.sandbox_transition(
+        sandbox=other, from_states=(State.READY,), to_state=State.TERMINATING, reason="t"
+    )
+    assert other.state == State.DELETED
+    assert not SandboxEvent.objects.filter(sandbox=other).exists()
