@@ -1,10 +1,15 @@
 import os
 from typing import Any
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # what django.core.asgi.get_asgi_application does
+
+from controlplane.asgi_handler import SyncChainASGIHandler  # noqa: E402
+
+# Django's middleware chain in one thread hop per request (controlplane/asgi_handler.py).
+django_asgi_app = SyncChainASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

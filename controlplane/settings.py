@@ -111,6 +111,9 @@ DATABASES = {
 # pool); scripts/stack.sh turns it on for uvicorn.
 if env_bool("HEDGEROW_DB_POOL", False):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # The pool checks a connection only after it sat idle (controlplane/dbpool.py), not
+    # with an extra round trip on every checkout as CONN_HEALTH_CHECKS has it.
+    DATABASES["default"]["ENGINE"] = "controlplane.pgpool"
     DATABASES["default"]["OPTIONS"] = {
         "pool": {"min_size": 2, "max_size": env_int("HEDGEROW_DB_POOL_MAX", 20), "timeout": 10}
     }

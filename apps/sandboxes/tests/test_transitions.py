@@ -168,3 +168,26 @@ def test_a_stale_instance_outside_the_row_s_state_does_not_move_it(make_tenant):
     assert sandbox.state == State.TERMINATING
     assert Sandbox.objects.get(pk=sandbox.pk).state == State.TERMINATING
     assert not SandboxEvent.objects.filter(sandbox=sandbox).exists()
+
+
+def test_it_reads_the_row_when_the_instance_is_stale(make_tenant):
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.READY, generation=1)
+    # Re-provisioned behind this instance's back: same state, a newer generation.
+    Sandbox.objects.filter(pk=sandbox.pk).update(generation=2)
+    assert lifecycle.sandbox_transition(
+        sandbox=sandbox, from_states=(State.READY,), to_state=State.TERMINATING, reason="t"
+    )
+    row = Sandbox.objects.get(pk=sandbox.pk)
+    assert (row.state, row.generation) == (State.TERMINATING, 2)
+    assert (sandbox.state, sandbox.generation) == (State.TERMINATING, 2)
+    event = SandboxEvent.objects.get(sandbox=sandbox, event="transition")
+    assert (event.from_state, event.generation) == (State.READY, 2)
+    # An instance that is stale and outside the from_states: nothing moves.
+    other = make_sandbox(tenant, state=State.READY, generation=1)
+    Sandbox.objects.filter(pk=other.pk).update(state=State.DELETED)
+    assert not lifecycle.sandbox_transition(
+        sandbox=other, from_states=(State.READY,), to_state=State.TERMINATING, reason="t"
+    )
+    assert other.state == State.DELETED
+    assert not SandboxEvent.objects.filter(sandbox=other).exists()

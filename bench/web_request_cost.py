@@ -1,0 +1,264 @@
+"""CPU of one web request, in process, without the noise of the other processes: the
+ASGI application (``controlplane.asgi.application``, the object uvicorn serves) is
+called directly, sequentially, and this process's CPU time is read around each
+batch. Postgres and Redis are the real ones (a private database and instance);
+no Celery worker runs, so created sandboxes stay ``requested`` (their enqueued
+provision tasks are dropped with the instance's Redis keys at the end).
+
+    .venv/bin/python -m bench.web_request_cost [N] [--profile STEP] [--sort cumulative]
+
+Steps: ``healthz`` (Django's middleware alone), ``get`` (GET /sandboxes/<id>),
+``create`` (POST /sandboxes with an Idempotency-Key), ``wait`` (GET
+/sandboxes/<id>/wait on a ready sandbox), ``delete`` (DELETE /sandboxes/<id> on a
+ready one), ``exec404`` (POST exec on a missing sandbox: the fast path's hand-off to
+DRF). ``--profile STEP`` prints a cProfile of that step's N requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import pstats
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup() -> tuple[str, str]:
+    pid = os.getpid()
+    db_name = f"hr_bench_wrc_{pid}"
+    os.environ.update(
+        HEDGEROW_INSTANCE=f"wrc{pid}",
+        HEDGEROW_DB_NAME=db_name,
+        HEDGEROW_DB_POOL="1",
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        HEDGEROW_LOG_LEVEL="WARNING",
+        HEDGEROW_MAX_LIVE_SANDBOXES="0",
+    )
+    os.environ.setdefault("HEDGEROW_SECRET_KEY", uuid.uuid4().hex + uuid.uuid4().hex)
+    sys.path.insert(0, str(ROOT))
+    import psycopg
+
+    with psycopg.connect(
+        "host=127.0.0.1 port=55432 user=hedgerow dbname=postgres", autocommit=True
+    ) as admin:
+        admin.execute(f'CREATE DATABASE "{db_name}"')
+    import subprocess
+
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True)
+    return db_name, f"wrc{pid}"
+
+
+def _teardown(db_name: str) -> None:
+    import psycopg
+    from django.conf import settings
+    from django.db import connections
+
+    from apps.sandboxes.events import redis_client
+
+    connections.close_all()
+    client = redis_client()
+    keys = list(client.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    with psycopg.connect(
+        "host=127.0.0.1 port=55432 user=hedgerow dbname=postgres", autocommit=True
+    ) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+
+
+async def _call(
+    app: Any, method: str, path: str, secret: str, body: bytes = b"", **headers: str
+) -> tuple[int, bytes]:
+    query = b""
+    if "?" in path:
+        path, q = path.split("?", 1)
+        query = q.encode()
+    raw = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"authorization", f"Bearer {secret}".encode()),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ] + [(k.lower().replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": raw,
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
+    }
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    status = 0
+    chunks: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status, b"".join(chunks)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("n", type=int, nargs="?", default=300)
+    parser.add_argument("--profile", default="")
+    parser.add_argument("--sort", default="cumulative")
+    parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--spy", default="", help="STEP:FILE: py-spy (raw, all threads) of a step")
+    args = parser.parse_args()
+    db_name, _instance = _setup()
+    try:
+        return asyncio.run(_run(args))
+    finally:
+        _teardown(db_name)
+
+
+async def _run(args: Any) -> int:
+    import django
+
+    django.setup()
+    from asgiref.sync import sync_to_async
+
+    from apps.billing.services import api_key_create, tenant_create
+    from apps.sandboxes.models import Sandbox, State
+    from controlplane.asgi import application
+
+    tenant = await sync_to_async(tenant_create)(slug="bench")
+    secret = (
+        await sync_to_async(api_key_create)(tenant=tenant, name="b", scopes=["read", "write"])
+    ).secret
+    n = args.n
+    ids: list[str] = []
+
+    async def create(i: int) -> None:
+        status, body = await _call(
+            application,
+            "POST",
+            "/api/v1/sandboxes",
+            secret,
+            json.dumps({"image": "host"}).encode(),
+            idempotency_key=uuid.uuid4().hex,
+        )
+        assert status == 201, body
+        ids.append(json.loads(body)["id"])
+
+    def make_ready() -> None:
+        Sandbox.objects.filter(external_id__in=ids).update(state=State.READY)
+
+    async def get(i: int) -> None:
+        status, body = await _call(application, "GET", f"/api/v1/sandboxes/{ids[i]}", secret)
+        assert status == 200, body
+
+    async def wait(i: int) -> None:
+        path = f"/api/v1/sandboxes/{ids[i]}/wait?timeout=5"
+        status, body = await _call(application, "GET", path, secret)
+        assert status == 200, body
+
+    async def delete(i: int) -> None:
+        status, body = await _call(application, "DELETE", f"/api/v1/sandboxes/{ids[i]}", secret)
+        assert status == 202, body
+
+    async def healthz(i: int) -> None:
+        status, body = await _call(application, "GET", "/healthz", secret)
+        assert status == 200, body
+
+    async def exec404(i: int) -> None:
+        body = json.dumps({"command": "echo hi"}).encode()
+        status, out = await _call(
+            application, "POST", "/api/v1/sandboxes/sb-nope/exec", secret, body
+        )
+        assert status == 404, out
+
+    # Warm-up: first requests import and compile lazily.
+    for _ in range(5):
+        await healthz(0)
+    await create(0)
+    ids.clear()
+
+    steps: list[tuple[str, Callable[[int], Any]]] = [
+        ("healthz", healthz),
+        ("create", create),
+        ("get", get),
+        ("wait", wait),
+        ("exec404", exec404),
+        ("delete", delete),
+    ]
+    print(f"web_request_cost: N={n} load={Path('/proc/loadavg').read_text().split()[0]}")
+    print(f"{'step':<9} {'cpu ms/req':>10} {'wall ms/req':>11}")
+    for name, step in steps:
+        if name == "get":
+            await sync_to_async(make_ready)()
+        profiler = cProfile.Profile() if args.profile == name else None
+        spy = None
+        if args.spy and args.spy.split(":", 1)[0] == name:
+            import subprocess
+
+            spy = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "-p",
+                    str(os.getpid()),
+                    "-r",
+                    "400",
+                    "-f",
+                    "raw",
+                    "--gil",
+                    "-o",
+                    args.spy.split(":", 1)[1],
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1.0)
+        c0, w0 = time.process_time(), time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        for i in range(n):
+            await step(i)
+        if profiler is not None:
+            profiler.disable()
+        c1, w1 = time.process_time(), time.perf_counter()
+        if spy is not None:
+            import signal
+
+            spy.send_signal(signal.SIGINT)
+            spy.wait()
+        print(f"{name:<9} {1e3 * (c1 - c0) / n:10.2f} {1e3 * (w1 - w0) / n:11.2f}")
+        if profiler is not None:
+            stats = pstats.Stats(profiler)
+            stats.sort_stats(args.sort).print_stats(args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
