@@ -66,13 +66,9 @@ def tree_ticks(root: int) -> tuple[int, int]:
 def own_ticks(pid: int) -> int:
     """utime+stime of one process: the Celery worker's main process (the consumer that
     receives, acks and hands tasks to the pool), apart from its pool."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            raw = f.read()
-    except OSError:
-        return 0
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
+    from bench.exec_latency import _ticks
+
+    return _ticks(pid)
 
 
 class Statements:

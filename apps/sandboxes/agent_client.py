@@ -176,17 +176,7 @@ class AgentClient:
             raise AgentUnreachable(f"agent at {self.base} unreachable: {exc!r}") from exc
         finally:
             conn.close()
-        if response.status >= 400:
-            try:
-                err = json.loads(data).get("error", {})
-            except (ValueError, AttributeError):
-                err = {}
-            raise AgentError(
-                response.status,
-                str(err.get("code", "agent_error")),
-                str(err.get("message", data[:200].decode(errors="replace"))),
-                err.get("field"),
-            )
+        _raise_for_status(response.status, data)
         try:
             result: dict[str, Any] = json.loads(data)
         except ValueError as exc:
@@ -227,17 +217,7 @@ class AgentClient:
                 conn.close()
             else:
                 _pool.give(self.host, self.port, conn)
-            if response.status >= 400:
-                try:
-                    err = json.loads(data).get("error", {})
-                except (ValueError, AttributeError):
-                    err = {}
-                raise AgentError(
-                    response.status,
-                    str(err.get("code", "agent_error")),
-                    str(err.get("message", data[:200].decode(errors="replace"))),
-                    err.get("field"),
-                )
+            _raise_for_status(response.status, data)
             return json.loads(data)
         raise AssertionError("unreachable")
 
@@ -285,3 +265,20 @@ class AgentClient:
             ctx.__exit__(None, None, None)
             self._raise_for(response)
         return response, ctx
+
+
+def _raise_for_status(status: int, data: bytes) -> None:
+    """The agent's error envelope as a typed AgentError (a 4xx/5xx without one keeps
+    the start of the body as its message)."""
+    if status < 400:
+        return
+    try:
+        err = json.loads(data).get("error", {})
+    except (ValueError, AttributeError):
+        err = {}
+    raise AgentError(
+        status,
+        str(err.get("code", "agent_error")),
+        str(err.get("message", data[:200].decode(errors="replace"))),
+        err.get("field"),
+    )
