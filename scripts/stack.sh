@@ -89,9 +89,17 @@ pg_up() {
   if runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     return 0
   fi
+  # Crash-safe by default: fsync and full-page writes on (a power cut cannot corrupt
+  # the cluster); commits are asynchronous (an OS crash may lose the last ~0.6 s of
+  # commits, never consistency). HEDGEROW_PG_UNSAFE_FAST=1 turns fsync and full-page
+  # writes off for a throwaway cluster (a scratch CI machine), never for real data.
+  local durability="-c synchronous_commit=off"
+  if [ "${HEDGEROW_PG_UNSAFE_FAST:-0}" = 1 ]; then
+    durability="$durability -c fsync=off -c full_page_writes=off"
+  fi
   log "starting Postgres on 127.0.0.1:$PG_PORT"
   runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" -w -l "$data/server.log" \
-    -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" start >/dev/null
+    -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=400 $durability" start >/dev/null
   "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow -d postgres -tAc \
     "SELECT 1 FROM pg_database WHERE datname='hedgerow'" | grep -q 1 || \
     "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow hedgerow
