@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from bench._stack import private_stack
-from bench.exec_latency import Http, cpu_per_exec, summary, timed_interleaved
+from bench.exec_latency import (
+    Http,
+    cpu_per_exec,
+    ready_host_sandbox,
+    summary,
+    timed_interleaved,
+)
 
 
 def _free_port() -> int:
@@ -60,17 +66,11 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, stack: Any, secret: str, other_port: int, other: int) -> None:
-    from apps.sandboxes.models import Sandbox
     from apps.sandboxes.services.operations import agent_for
 
     auth = {"Authorization": f"Bearer {secret}"}
     api = Http("127.0.0.1", stack.port, auth)
-    status, created = api.post("/api/v1/sandboxes", {"image": "host"})
-    assert status == 201, created
-    sandbox_id = created["id"]
-    api.conn.request("GET", f"/api/v1/sandboxes/{sandbox_id}/wait?timeout=60", headers=auth)
-    assert api.conn.getresponse().read()
-    row = Sandbox.objects.get(external_id=sandbox_id)
+    sandbox_id, row = ready_host_sandbox(api, auth)
     agent_headers = dict(agent_for(row).headers)
     direct = Http(row.endpoint_host, int(row.endpoint_port or 0), agent_headers)
 

@@ -65,6 +65,19 @@ class Http:
         return response.status, data
 
 
+def ready_host_sandbox(api: Http, auth: dict[str, str]) -> tuple[str, Any]:
+    """Creates a `host` sandbox through the API, waits until it is ready; its id and
+    its row (endpoint, generation)."""
+    from apps.sandboxes.models import Sandbox
+
+    status, created = api.post("/api/v1/sandboxes", {"image": "host"})
+    assert status == 201, created
+    sandbox_id = created["id"]
+    api.conn.request("GET", f"/api/v1/sandboxes/{sandbox_id}/wait?timeout=60", headers=auth)
+    assert api.conn.getresponse().read()
+    return sandbox_id, Sandbox.objects.get(external_id=sandbox_id)
+
+
 class LeanHttp:
     """The client of the direct path (b) and of the REST path (c), so the two are
     compared like with like: what the control plane's own agent client
@@ -302,17 +315,11 @@ def main() -> int:
 def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
     from websockets.sync.client import connect
 
-    from apps.sandboxes.models import Sandbox
     from apps.sandboxes.services.operations import agent_for
 
     auth = {"Authorization": f"Bearer {secret}"}
     api = Http("127.0.0.1", stack.port, auth)
-    status, created = api.post("/api/v1/sandboxes", {"image": "host"})
-    assert status == 201, created
-    sandbox_id = created["id"]
-    api.conn.request("GET", f"/api/v1/sandboxes/{sandbox_id}/wait?timeout=60", headers=auth)
-    assert api.conn.getresponse().read()
-    row = Sandbox.objects.get(external_id=sandbox_id)
+    sandbox_id, row = ready_host_sandbox(api, auth)
     agent = agent_for(row)
     agent_headers = dict(agent.headers)
 

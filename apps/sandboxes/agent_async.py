@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from apps.sandboxes.agent_client import AgentError, AgentUnreachable
+from apps.sandboxes.agent_client import AgentUnreachable, raise_for_agent_status
 
 IDLE_S = 30.0
 PER_AGENT = 32
@@ -137,17 +137,7 @@ async def agent_exec(
             _give(host, port, conn)
         else:
             conn[1].close()
-        if status >= 400:
-            try:
-                err = json.loads(data).get("error", {})
-            except (ValueError, AttributeError):
-                err = {}
-            raise AgentError(
-                status,
-                str(err.get("code", "agent_error")),
-                str(err.get("message", data[:200].decode(errors="replace"))),
-                err.get("field"),
-            )
+        raise_for_agent_status(status, data)
         result: dict[str, Any] = json.loads(data)
         return result
     raise AssertionError("unreachable")

@@ -176,7 +176,7 @@ class AgentClient:
             raise AgentUnreachable(f"agent at {self.base} unreachable: {exc!r}") from exc
         finally:
             conn.close()
-        _raise_for_status(response.status, data)
+        raise_for_agent_status(response.status, data)
         try:
             result: dict[str, Any] = json.loads(data)
         except ValueError as exc:
@@ -217,7 +217,7 @@ class AgentClient:
                 conn.close()
             else:
                 _pool.give(self.host, self.port, conn)
-            _raise_for_status(response.status, data)
+            raise_for_agent_status(response.status, data)
             return json.loads(data)
         raise AssertionError("unreachable")
 
@@ -267,7 +267,7 @@ class AgentClient:
         return response, ctx
 
 
-def _raise_for_status(status: int, data: bytes) -> None:
+def raise_for_agent_status(status: int, data: bytes) -> None:
     """The agent's error envelope as a typed AgentError (a 4xx/5xx without one keeps
     the start of the body as its message)."""
     if status < 400:
