@@ -16,7 +16,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import (
     Case,
     DateTimeField,
@@ -27,6 +27,7 @@ from django.db.models import (
     Func,
     Q,
     QuerySet,
+    Subquery,
     Sum,
     Value,
     When,
@@ -34,7 +35,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from apps.billing.models import CapacityType, Tenant, UsageRecord
+from apps.billing.models import CapacityType, PriceBook, PriceRate, Tenant, UsageRecord
 from apps.billing.pricing import HOUR, gibs, hourly_rate, price_book_in_force, price_rate
 from apps.billing.pricing import seconds_of as _seconds_of
 from apps.billing.pricing import vcpus as _vcpus
@@ -113,8 +114,152 @@ def usage_record_sync(
     return record
 
 
+@dataclass(frozen=True)
+class UsageWrite:
+    """The usage ledger's share of one lifecycle transition, folded into the
+    transition's own statement (``services/lifecycle.py``): ``sql`` is a data-modifying
+    statement over ``moved`` — the sandbox row the compare-and-set just moved (id,
+    tenant_id, image, backend, node, labels, cpu_millis, memory_mib) — that returns one
+    row per usage record it wrote. ``drain_check``: the sandbox ended, so the statement
+    also says whether anything waits in the admission queue."""
+
+    sql: str | None
+    params: tuple[Any, ...]
+    drain_check: bool
+
+    # The admission-queue check that ``_drain_if_queued`` makes after commit, read in
+    # the transition's statement instead: the same answer for any create queued before
+    # it, and one queued by a transaction that commits later is admitted by the sweep
+    # either way (``HEDGEROW_ADMISSION_SWEEP_S``).
+    # Names from the models only, no input: not an injection.
+    DRAIN_SQL = (
+        f'EXISTS (SELECT 1 FROM "{Sandbox._meta.db_table}" '  # noqa: S608
+        f"WHERE \"state\" = '{State.QUEUED.value}')"
+    )
+
+
+_RECORDS = UsageRecord._meta.db_table
+
+
+def usage_write_for_transition(
+    *, sandbox: Sandbox, from_state: str, to_state: str, reason: str, at: datetime
+) -> UsageWrite | None:
+    """What a transition ``from_state → to_state`` at ``at`` writes to the usage ledger,
+    as SQL for the transition's statement, so the transition, its ledger row and its
+    metering are one round trip and commit together.
+
+    * ``→ provisioning`` opens the record, priced by the book in force at ``at`` (read
+      here, before the statement: one SELECT); without a price book nothing is written
+      (logged) and the periodic sweep opens it later, as it did when the hook failed.
+    * ``→ ready`` fills in the node.
+    * the first move into a final state closes the record with this transition (a final
+      state is never left, so it is the sandbox's one end).
+
+    The statement's parts cannot fail on metering data: the insert skips a record that
+    exists, the updates match zero or one row; a metering problem never blocks a
+    lifecycle transition. ``usage_after_transition`` repairs a record that was not
+    where it was expected.
+    """
+    if to_state == State.PROVISIONING:
+        opened = _open_record_sql(sandbox=sandbox, at=at)
+        return None if opened is None else UsageWrite(*opened, drain_check=False)
+    if to_state == State.READY:
+        if not sandbox.node:
+            return None
+        return UsageWrite(
+            f'UPDATE "{_RECORDS}" AS u SET "node" = m."node" FROM moved AS m '  # noqa: S608
+            'WHERE u."sandbox_id" = m."id" RETURNING 1',
+            (),
+            drain_check=False,
+        )
+    if to_state in FINAL_STATES and from_state not in FINAL_STATES:
+        return UsageWrite(
+            f'UPDATE "{_RECORDS}" AS u '  # noqa: S608 - table name from the model
+            'SET "node" = COALESCE(NULLIF(m."node", \'\'), u."node"), '
+            '"ended_at" = %s, "end_state" = %s, "end_reason" = %s FROM moved AS m '
+            'WHERE u."sandbox_id" = m."id" AND u."ended_at" IS NULL RETURNING 1',
+            (at, to_state, reason),
+            drain_check=True,
+        )
+    if to_state in FINAL_STATES:
+        return UsageWrite(None, (), drain_check=True)
+    return None
+
+
+def _field_value(model: type[Any], name: str, value: Any) -> Any:
+    """``value`` as the ORM would send it for ``model.name`` (a Decimal as is: Postgres
+    rounds it to the column's scale, as it does for the ORM's own saves)."""
+    return model._meta.get_field(name).get_db_prep_save(value, connection)
+
+
+def _open_record_sql(*, sandbox: Sandbox, at: datetime) -> tuple[str, tuple[Any, ...]] | None:
+    capacity = _capacity_type(sandbox.labels)
+    try:
+        book, rate = _price_at(at=at, capacity_type=capacity)
+    except Exception as exc:  # noqa: BLE001 - metering must never block a transition
+        log.warning("usage record not opened: %s", exc, extra={"sandbox_id": str(sandbox.pk)})
+        return None
+    per_hour = hourly_rate(cpu_millis=sandbox.cpu_millis, memory_mib=sandbox.memory_mib, rate=rate)
+    sql = (
+        f'INSERT INTO "{_RECORDS}" ("sandbox_id", "tenant_id", "image", "backend", "node", '  # noqa: S608
+        '"labels", "capacity_type", "cpu_millis", "memory_mib", "started_at", "ended_at", '
+        '"end_state", "end_reason", "price_book_id", "hourly_rate", "startup_fee") '
+        'SELECT m."id", m."tenant_id", m."image", m."backend", m."node", m."labels", %s, '
+        "m.\"cpu_millis\", m.\"memory_mib\", %s, NULL, '', '', %s, %s, %s FROM moved AS m "
+        'ON CONFLICT ("sandbox_id") DO NOTHING RETURNING 1'
+    )
+    params = (
+        capacity,
+        at,
+        book.pk,
+        _field_value(UsageRecord, "hourly_rate", per_hour),
+        _field_value(UsageRecord, "startup_fee", rate.startup_fee),
+    )
+    return sql, params
+
+
+def _price_at(*, at: datetime, capacity_type: str) -> tuple[PriceBook, PriceRate]:
+    """The book in force at ``at`` and its row for ``capacity_type``, in one query (the
+    book's rows with the book joined) when the book exists; otherwise as
+    ``price_book_in_force`` finds it (recreating the default books, or raising)."""
+    in_force = PriceBook.objects.filter(is_reference=False, effective_from__lte=at).order_by(
+        "-effective_from", "-version"
+    )
+    rates = list(
+        PriceRate.objects.select_related("price_book").filter(
+            price_book=Subquery(in_force.values("pk")[:1])
+        )
+    )
+    if rates:
+        book = rates[0].price_book
+        by_type = {rate.capacity_type: rate for rate in rates}
+        rate = by_type.get(capacity_type) or by_type.get(CapacityType.ON_DEMAND)
+        if rate is not None:
+            return book, rate
+    book = price_book_in_force(at=at)
+    return book, price_rate(book=book, capacity_type=capacity_type)
+
+
+def usage_after_transition(
+    *, sandbox: Sandbox, to_state: str, written: int | None, queue_waiting: bool
+) -> None:
+    """After a transition's statement: repair a record that was not where the write
+    expected it (missing because a hook was skipped, or already closed) from the
+    ledger, and let the admission queue use capacity a sandbox freed."""
+    if written == 0 and to_state != State.PROVISIONING:
+        try:
+            with transaction.atomic():
+                usage_record_sync(sandbox_id=sandbox.pk)
+        except Exception as exc:  # noqa: BLE001 - the sweep retries
+            log.warning("usage record sync failed: %s", exc, extra={"sandbox_id": str(sandbox.pk)})
+    if queue_waiting:
+        transaction.on_commit(_enqueue_drain)
+
+
 def on_sandbox_event(event: SandboxEvent) -> None:
-    """Ledger hook (post_save of SandboxEvent, inside the transition's transaction)."""
+    """Ledger hook (post_save of SandboxEvent, inside the transition's transaction), for
+    ledger rows written through the ORM. ``sandbox_transition`` writes its own usage in
+    its statement (``usage_write_for_transition``) and does not come here."""
     if event.event != "transition":
         return
     if event.to_state in (State.PROVISIONING, State.READY, *FINAL_STATES):
@@ -167,10 +312,14 @@ def _drain_if_queued() -> None:
     (the usual case) costs one indexed read instead of a task. A create queued by a
     transaction that commits after this read is admitted by the periodic sweep
     (``HEDGEROW_ADMISSION_SWEEP_S``)."""
+    if Sandbox.objects.filter(state=State.QUEUED).exists():
+        _enqueue_drain()
+
+
+def _enqueue_drain() -> None:
     from apps.billing.tasks import admission_drain
 
-    if Sandbox.objects.filter(state=State.QUEUED).exists():
-        admission_drain.delay()
+    admission_drain.delay()
 
 
 def usage_sweep(*, limit: int = 2000) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -9,10 +10,11 @@ import re
 import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from apps.billing.models import Tenant
@@ -118,65 +120,70 @@ def sandbox_transition(
     """Compare-and-set: moves the row only if it is still in one of ``from_states``.
 
     Returns True if this caller made the transition (exactly one row changed), in
-    which case the ledger has the event and listeners are told after commit. On
-    False nothing was written and ``sandbox`` is refreshed from the database.
+    which case the ledger has the event, the usage ledger its metering, and listeners
+    are told after commit. On False nothing was written and ``sandbox`` is refreshed
+    from the database.
+
+    The move, its ledger row and its metering are one statement (``_compare_and_set``):
+    atomic on its own, so it needs no transaction of its own, and when the caller has
+    one it commits with it.
     """
-    with transaction.atomic():
-        # Another transition may commit between our read and our update (a delete racing
-        # requested → provisioning). If the row is then still in one of our
-        # from_states, the move is still ours to make: read again and retry, instead
-        # of silently dropping it (a lost delete left sandboxes running).
-        # First try from the caller's own view of the row (a task that has just loaded
-        # it, a view that has just fetched it): when the row is still as the caller
-        # saw it, the compare-and-set is the UPDATE alone, one statement instead of a
-        # read and an update. Otherwise (a stale instance, a lost race) read and retry.
-        seen: tuple[str, int] | None = None
-        if sandbox.state in from_states and sandbox.generation is not None:
-            seen = (sandbox.state, sandbox.generation)
-        for _attempt in range(_CAS_ATTEMPTS + (seen is not None)):
-            current: tuple[str, int] | None
-            if seen is not None:
-                current, seen = seen, None
-            else:
-                current = (
-                    Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
-                    .values_list("state", "generation")
-                    .first()
-                )
-            if current is None:
-                sandbox.refresh_from_db()
-                return False
-            from_state, generation = current
-            updates: dict[str, Any] = {
-                "state": to_state,
-                "generation": generation + 1 if bump_generation else generation,
-                "updated_at": timezone.now(),
-                **fields,
-            }
-            if message or to_state in (State.FAILED, State.LOST):
-                updates["status_message"] = message
-            changed = Sandbox.objects.filter(
-                pk=sandbox.pk, state=from_state, generation=generation
-            ).update(**updates)
-            if changed == 1:
-                break
+    # Another transition may commit between our read and our update (a delete racing
+    # requested → provisioning). If the row is then still in one of our from_states,
+    # the move is still ours to make: read again and retry, instead of silently
+    # dropping it (a lost delete left sandboxes running).
+    # First try from the caller's own view of the row (a task that has just loaded it,
+    # a view that has just fetched it): when the row is still as the caller saw it,
+    # the compare-and-set is the statement alone. Otherwise (a stale instance, a lost
+    # race) read and retry.
+    from apps.billing.usage import usage_after_transition
+
+    seen: tuple[str, int] | None = None
+    if sandbox.state in from_states and sandbox.generation is not None:
+        seen = (sandbox.state, sandbox.generation)
+    for _attempt in range(_CAS_ATTEMPTS + (seen is not None)):
+        current: tuple[str, int] | None
+        if seen is not None:
+            current, seen = seen, None
         else:
+            current = (
+                Sandbox.objects.filter(pk=sandbox.pk, state__in=from_states)
+                .values_list("state", "generation")
+                .first()
+            )
+        if current is None:
             sandbox.refresh_from_db()
             return False
-        # The row now holds exactly ``updates`` (the CAS matched state and generation);
-        # apply them here rather than read the row back (one SELECT per transition).
-        for name, value in updates.items():
-            setattr(sandbox, name, value)
-        _event(
+        from_state, generation = current
+        updates: dict[str, Any] = {
+            "state": to_state,
+            "generation": generation + 1 if bump_generation else generation,
+            "updated_at": timezone.now(),
+            **fields,
+        }
+        if message or to_state in (State.FAILED, State.LOST):
+            updates["status_message"] = message
+        moved = _compare_and_set(
             sandbox,
-            event="transition",
             from_state=from_state,
-            to_state=to_state,
+            generation=generation,
+            updates=updates,
             reason=reason,
             message=message,
             actor=actor,
         )
-        publish_sandbox_state(sandbox)
+        if moved is not None:
+            break
+    else:
+        sandbox.refresh_from_db()
+        return False
+    usage_after_transition(
+        sandbox=sandbox,
+        to_state=to_state,
+        written=moved.usage_written,
+        queue_waiting=moved.queue_waiting,
+    )
+    publish_sandbox_state(sandbox)
     log.info(
         "sandbox %s: %s -> %s (%s)",
         sandbox.external_id,
@@ -186,6 +193,114 @@ def sandbox_transition(
         extra={"sandbox_id": str(sandbox.id), "event": "transition"},
     )
     return True
+
+
+@dataclass(frozen=True)
+class _Moved:
+    event_id: int
+    usage_written: int | None  # usage records written; None: the move meters nothing
+    queue_waiting: bool
+
+
+_EVENT_COLUMNS = (
+    "sandbox_id",
+    "tenant_id",
+    "at",
+    "event",
+    "from_state",
+    "to_state",
+    "reason",
+    "message",
+    "actor",
+    "generation",
+)
+# What the usage ledger's part of the statement reads from the moved row.
+_MOVED_COLUMNS = (
+    "id",
+    "tenant_id",
+    "image",
+    "backend",
+    "node",
+    "labels",
+    "cpu_millis",
+    "memory_mib",
+)
+
+
+def _compare_and_set(
+    sandbox: Sandbox,
+    *,
+    from_state: str,
+    generation: int,
+    updates: dict[str, Any],
+    reason: str,
+    message: str,
+    actor: str,
+) -> _Moved | None:
+    """One statement: the UPDATE of the row if it is still in ``from_state`` at
+    ``generation``, and — only if it matched — the ledger INSERT and the usage ledger's
+    write (``usage_write_for_transition``). None when the row had moved on (nothing
+    written). On success ``updates`` are applied to ``sandbox``: the row now holds
+    exactly them, so it is not read back.
+
+    Three statements and a savepoint inside a transaction before (UPDATE, INSERT, the
+    usage hook through ``post_save``), each a round trip and a parse; with Postgres's
+    data-modifying CTEs all three see the same snapshot and commit together.
+    """
+    from apps.billing.usage import UsageWrite, usage_write_for_transition
+
+    at = timezone.now()
+    to_state = updates["state"]
+    # Metering reads what the row holds after the move (the node a move to ready sets).
+    after = copy.copy(sandbox)
+    for name, value in updates.items():
+        setattr(after, name, value)
+    usage = usage_write_for_transition(
+        sandbox=after, from_state=from_state, to_state=to_state, reason=reason, at=at
+    )
+    query = Sandbox.objects.filter(pk=sandbox.pk, state=from_state, generation=generation).query
+    update = cast(UpdateQuery, query.chain(UpdateQuery))
+    update.add_update_values(updates)
+    update_sql, update_params = update.get_compiler(connection.alias).as_sql()
+    table = connection.ops.quote_name(Sandbox._meta.db_table)
+    events = connection.ops.quote_name(SandboxEvent._meta.db_table)
+    returning = ", ".join(f"{table}.{connection.ops.quote_name(c)}" for c in _MOVED_COLUMNS)
+    columns = ", ".join(connection.ops.quote_name(c) for c in _EVENT_COLUMNS)
+    sql = [
+        # Names from the models, values as parameters: not an injection.
+        f"WITH moved AS ({update_sql} RETURNING {returning}), "  # noqa: S608
+        f"logged AS (INSERT INTO {events} ({columns}) "
+        "SELECT m.id, m.tenant_id, %s, 'transition', %s, %s, %s, %s, %s, %s FROM moved AS m "
+        "RETURNING id)"
+    ]
+    params: list[Any] = [
+        *update_params,
+        at,
+        from_state,
+        to_state,
+        reason,
+        message[:2000],
+        actor,
+        updates["generation"],
+    ]
+    if usage is not None and usage.sql is not None:
+        sql.append(f", metered AS ({usage.sql})")
+        params.extend(usage.params)
+        sql.append(" SELECT logged.id, (SELECT count(*) FROM metered)")
+    else:
+        sql.append(" SELECT logged.id, NULL")
+    sql.append(
+        f", {UsageWrite.DRAIN_SQL}" if usage is not None and usage.drain_check else ", false"
+    )
+    sql.append(" FROM logged")
+    with connection.cursor() as cursor:
+        cursor.execute("".join(sql), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    for name, value in updates.items():
+        setattr(sandbox, name, value)
+    return _Moved(event_id=row[0], usage_written=row[1], queue_waiting=bool(row[2]))
 
 
 def _new_external_id() -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db.models import QuerySet
 
+from apps.billing.models import UsageRecord
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
 from apps.sandboxes.services import lifecycle
 from apps.sandboxes.tests.factories import make_sandbox
@@ -18,19 +18,18 @@ pytestmark = pytest.mark.django_db
 def test_it_still_deletes_when_provisioning_claims_the_row_mid_transition(make_tenant, monkeypatch):
     tenant, _ = make_tenant()
     sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0)
-    real_update = QuerySet.update
+    real_cas = lifecycle._compare_and_set
     raced = {"done": False}
 
-    def update_after_a_race(self, **kwargs):
-        # Between the delete's read and its update, the provisioner claims the row.
-        if self.model is Sandbox and not raced["done"]:
+    def cas_after_a_race(*args: Any, **kwargs: Any) -> Any:
+        # Between the delete's read and its compare-and-set, the provisioner claims
+        # the row.
+        if not raced["done"]:
             raced["done"] = True
-            real_update(
-                Sandbox.objects.filter(pk=sandbox.pk), state=State.PROVISIONING, generation=1
-            )
-        return real_update(self, **kwargs)
+            Sandbox.objects.filter(pk=sandbox.pk).update(state=State.PROVISIONING, generation=1)
+        return real_cas(*args, **kwargs)
 
-    monkeypatch.setattr(QuerySet, "update", update_after_a_race)
+    monkeypatch.setattr(lifecycle, "_compare_and_set", cas_after_a_race)
     moved = lifecycle.sandbox_transition(
         sandbox=sandbox,
         from_states=(State.REQUESTED, State.PROVISIONING, State.READY),
@@ -48,14 +47,13 @@ def test_it_still_deletes_when_provisioning_claims_the_row_mid_transition(make_t
 def test_it_gives_up_when_the_race_leaves_the_row_outside_its_from_states(make_tenant, monkeypatch):
     tenant, _ = make_tenant()
     sandbox = make_sandbox(tenant, state=State.PROVISIONING, generation=1)
-    real_update = QuerySet.update
+    real_cas = lifecycle._compare_and_set
 
-    def update_after_a_race(self, **kwargs):
-        if self.model is Sandbox:
-            real_update(Sandbox.objects.filter(pk=sandbox.pk), state=State.READY)
-        return real_update(self, **kwargs)
+    def cas_after_a_race(*args: Any, **kwargs: Any) -> Any:
+        Sandbox.objects.filter(pk=sandbox.pk).update(state=State.READY)
+        return real_cas(*args, **kwargs)
 
-    monkeypatch.setattr(QuerySet, "update", update_after_a_race)
+    monkeypatch.setattr(lifecycle, "_compare_and_set", cas_after_a_race)
     moved = lifecycle.sandbox_transition(
         sandbox=sandbox,
         from_states=(State.PROVISIONING,),
@@ -65,23 +63,18 @@ def test_it_gives_up_when_the_race_leaves_the_row_outside_its_from_states(make_t
     assert moved is False
     assert sandbox.state == State.READY
     assert not SandboxEvent.objects.filter(sandbox=sandbox).exists()
+    assert not UsageRecord.objects.filter(sandbox=sandbox).exists()
 
 
-def _row_statements(queries: list[dict[str, str]]) -> list[str]:
-    """The statements that touch the sandbox row itself (not its events or usage)."""
-    return [
-        q["sql"].split(" ", 1)[0]
-        for q in queries
-        if '"sandboxes_sandbox"' in q["sql"].split(" WHERE ")[0]
-    ]
+def _statements(queries: list[dict[str, str]]) -> list[str]:
+    """The first word of each statement: WITH is the transition's one statement."""
+    return [q["sql"].split(" ", 1)[0] for q in queries]
 
 
-def test_it_leaves_the_instance_equal_to_the_row_without_reading_it_back(make_tenant):
+def test_it_moves_logs_and_meters_in_one_statement_per_transition(make_tenant):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
-
-    from apps.billing.models import UsageRecord
 
     tenant, _ = make_tenant()
     sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0, node="")
@@ -91,40 +84,91 @@ def test_it_leaves_the_instance_equal_to_the_row_without_reading_it_back(make_te
         ((State.READY,), State.TERMINATING, {}),
         ((State.TERMINATING,), State.DELETED, {"terminated_at": timezone.now()}),
     ]
-    usage: dict[str, list[str]] = {}
+    statements: dict[str, list[str]] = {}
     for from_states, to_state, fields in steps:
         with CaptureQueriesContext(connection) as captured:
             assert lifecycle.sandbox_transition(
                 sandbox=sandbox, from_states=from_states, to_state=to_state, reason="t", **fields
             )
-        # The instance is as the row: the compare-and-set is the UPDATE alone (on the
-        # state and generation this instance holds), and the ledger hook (usage
-        # metering) uses this instance instead of reading the row again.
-        assert _row_statements(captured.captured_queries) == ["UPDATE"], to_state
-        usage[to_state] = [
-            q["sql"].split(" ", 1)[0]
-            for q in captured.captured_queries
-            if '"billing_usagerecord"' in q["sql"].split(" WHERE ")[0]
-        ]
+        statements[to_state] = _statements(captured.captured_queries)
+        # The instance is as the row, without reading the row back.
         row = Sandbox.objects.get(pk=sandbox.pk)
         for name in ("state", "generation", "updated_at", "node", "ready_at", "terminated_at"):
             assert getattr(sandbox, name) == getattr(row, name), (to_state, name)
+    # The compare-and-set, the ledger row and the usage write are one statement (no
+    # BEGIN/COMMIT, no savepoint, no read of the record); opening the record first
+    # reads the price book in force (book and rows in one SELECT).
+    assert statements == {
+        State.PROVISIONING: ["SELECT", "WITH"],
+        State.READY: ["WITH"],
+        State.TERMINATING: ["WITH"],
+        State.DELETED: ["WITH"],
+    }
     assert sandbox.generation == 1
     record = UsageRecord.objects.get(sandbox=sandbox)
     events = {
-        e.to_state: e.at for e in SandboxEvent.objects.filter(sandbox=sandbox, event="transition")
+        e.to_state: e for e in SandboxEvent.objects.filter(sandbox=sandbox, event="transition")
     }
-    assert record.started_at == events[State.PROVISIONING]
-    assert record.ended_at == events[State.DELETED]
+    assert [(e.from_state, e.generation) for e in events.values()] == [
+        (State.REQUESTED, 1),
+        (State.PROVISIONING, 1),
+        (State.READY, 1),
+        (State.TERMINATING, 1),
+    ]
+    assert all(e.tenant_id == tenant.pk and e.reason == "t" for e in events.values())
+    assert record.started_at == events[State.PROVISIONING].at
+    assert record.ended_at == events[State.DELETED].at
     assert (record.node, record.end_state, record.end_reason) == ("node-a", State.DELETED, "t")
-    # The record is opened once (a read to find none, an insert); the node and the end
-    # are one UPDATE each, without reading the record or the ledger back.
-    assert usage == {
-        State.PROVISIONING: ["SELECT", "INSERT"],
-        State.READY: ["UPDATE"],
-        State.TERMINATING: [],
-        State.DELETED: ["UPDATE"],
-    }
+    assert (record.tenant_id, record.cpu_millis, record.memory_mib, record.image) == (
+        tenant.pk,
+        sandbox.cpu_millis,
+        sandbox.memory_mib,
+        sandbox.image,
+    )
+
+
+def test_it_opens_the_record_at_the_price_the_orm_would_store(make_tenant):
+    """The record the transition's statement opens is the one the ORM's path
+    (``usage_record_sync``, which the sweep uses) makes from the ledger: same book,
+    same rate rounded the same way to the column's 12 places."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from apps.billing.models import PriceBook, PriceRate
+    from apps.billing.pricing import hourly_rate
+    from apps.billing.usage import usage_record_sync
+
+    book = PriceBook.objects.create(
+        slug="hedgerow", name="t", version=9, effective_from=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    rate = PriceRate.objects.create(
+        price_book=book,
+        capacity_type="on_demand",
+        vcpu_hour=Decimal("0.04"),
+        gib_hour=Decimal("0.005"),
+        startup_fee=Decimal("0.0005"),
+    )
+    tenant, _ = make_tenant()
+    # 1 MiB at 0.005/GiB-hour is 0.0000048828125/h: a tie at the 13th place.
+    sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0, cpu_millis=0, memory_mib=1)
+    assert lifecycle.sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.REQUESTED,),
+        to_state=State.PROVISIONING,
+        reason="scheduled",
+        bump_generation=True,
+    )
+    record = UsageRecord.objects.get(sandbox=sandbox)
+    assert record.price_book_id == book.pk
+    assert hourly_rate(cpu_millis=0, memory_mib=1, rate=rate) == Decimal("0.0000048828125")
+    UsageRecord.objects.filter(pk=record.pk).delete()
+    synced = usage_record_sync(sandbox_id=sandbox.pk)
+    assert synced is not None
+    synced.refresh_from_db()
+    fields = ("price_book_id", "hourly_rate", "startup_fee", "started_at", "capacity_type")
+    fields += ("cpu_millis", "memory_mib", "labels", "node", "ended_at", "tenant_id")
+    assert {f: getattr(record, f) for f in fields} == {f: getattr(synced, f) for f in fields}
+    assert record.hourly_rate == Decimal("0.000004882813")  # Postgres rounds ties up
 
 
 def test_a_stale_instance_reads_the_row_and_moves_from_what_it_holds(make_tenant):
@@ -145,7 +189,7 @@ def test_a_stale_instance_reads_the_row_and_moves_from_what_it_holds(make_tenant
             reason="deleted",
         )
     assert moved is True
-    assert _row_statements(captured.captured_queries) == ["UPDATE", "SELECT", "UPDATE"]
+    assert _statements(captured.captured_queries) == ["WITH", "SELECT", "WITH"]
     row = Sandbox.objects.get(pk=sandbox.pk)
     assert (row.state, row.generation) == (State.TERMINATING, 1)
     assert (sandbox.state, sandbox.generation) == (State.TERMINATING, 1)
@@ -191,3 +235,33 @@ def test_it_reads_the_row_when_the_instance_is_stale(make_tenant):
     )
     assert other.state == State.DELETED
     assert not SandboxEvent.objects.filter(sandbox=other).exists()
+
+
+def test_it_repairs_a_record_the_end_did_not_find_from_the_ledger(make_tenant):
+    """A record missing at the end (its opening write lost) is rebuilt from the ledger
+    by the transition itself, as the post_save hook did, not left to the sweep."""
+    from django.utils import timezone
+
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0, node="")
+    assert lifecycle.sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.REQUESTED,),
+        to_state=State.PROVISIONING,
+        reason="scheduled",
+        bump_generation=True,
+        provisioning_started_at=timezone.now(),
+    )
+    UsageRecord.objects.filter(sandbox=sandbox).delete()
+    assert lifecycle.sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.PROVISIONING,),
+        to_state=State.FAILED,
+        reason="provision_error",
+        message="boom",
+    )
+    record = UsageRecord.objects.get(sandbox=sandbox)
+    ledger = SandboxEvent.objects.filter(sandbox=sandbox, event="transition")
+    assert record.started_at == ledger.get(to_state=State.PROVISIONING).at
+    assert record.ended_at == ledger.get(to_state=State.FAILED).at
+    assert (record.end_state, record.end_reason) == (State.FAILED, "provision_error")
