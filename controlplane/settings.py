@@ -94,7 +94,9 @@ TEMPLATES = [
 
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",
+        # Django's backend, with a health check that needs no round trip when the
+        # connection is quiet (controlplane/pgconn).
+        "ENGINE": "controlplane.pgconn",
         "NAME": env_str("HEDGEROW_DB_NAME", "hedgerow"),
         "USER": env_str("HEDGEROW_DB_USER", "hedgerow"),
         "PASSWORD": env_str("HEDGEROW_DB_PASSWORD", ""),
