@@ -16,7 +16,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import (
     Case,
     DateTimeField,
@@ -27,7 +27,6 @@ from django.db.models import (
     Func,
     Q,
     QuerySet,
-    Subquery,
     Sum,
     Value,
     When,
@@ -148,9 +147,8 @@ def usage_write_for_transition(
     as SQL for the transition's statement, so the transition, its ledger row and its
     metering are one round trip and commit together.
 
-    * ``→ provisioning`` opens the record, priced by the book in force at ``at`` (read
-      here, before the statement: one SELECT); without a price book nothing is written
-      (logged) and the periodic sweep opens it later, as it did when the hook failed.
+    * ``→ provisioning`` opens the record, priced by the book in force at ``at``
+      (looked up in the statement, ``_OPEN_SQL``).
     * ``→ ready`` fills in the node.
     * the first move into a final state closes the record with this transition (a final
       state is never left, so it is the sandbox's one end).
@@ -161,8 +159,7 @@ def usage_write_for_transition(
     where it was expected.
     """
     if to_state == State.PROVISIONING:
-        opened = _open_record_sql(sandbox=sandbox, at=at)
-        return None if opened is None else UsageWrite(*opened, drain_check=False)
+        return UsageWrite(*_open_record_sql(sandbox=sandbox, at=at), drain_check=False)
     if to_state == State.READY:
         if not sandbox.node:
             return None
@@ -186,58 +183,41 @@ def usage_write_for_transition(
     return None
 
 
-def _field_value(model: type[Any], name: str, value: Any) -> Any:
-    """``value`` as the ORM would send it for ``model.name`` (a Decimal as is: Postgres
-    rounds it to the column's scale, as it does for the ORM's own saves)."""
-    return model._meta.get_field(name).get_db_prep_save(value, connection)
+_BOOKS = PriceBook._meta.db_table
+_RATES = PriceRate._meta.db_table
+# Opens the record priced by the book in force at the start, in the statement: the
+# newest non-reference book with effective_from ≤ start (``price_book_in_force``), its
+# row for the capacity type or else its on-demand row (``price_rate``), and
+# ``hourly_rate``'s formula in numeric. Postgres's numeric division by 1000 and 1024 is
+# exact, as Python's Decimal is, and the column rounds the exact value as it does for
+# the ORM's save. No book or no row: nothing is inserted (zero rows), and
+# ``usage_after_transition`` opens it the ORM's way, which recreates the default books
+# or logs why it cannot.
+_OPEN_SQL = (
+    f'INSERT INTO "{_RECORDS}" ("sandbox_id", "tenant_id", "image", "backend", "node", '  # noqa: S608
+    '"labels", "capacity_type", "cpu_millis", "memory_mib", "started_at", "ended_at", '
+    '"end_state", "end_reason", "price_book_id", "hourly_rate", "startup_fee") '
+    'SELECT m."id", m."tenant_id", m."image", m."backend", m."node", m."labels", %s, '
+    'm."cpu_millis", m."memory_mib", %s, NULL, \'\', \'\', r."price_book_id", '
+    'm."cpu_millis"::numeric / 1000 * r."vcpu_hour" '
+    '+ m."memory_mib"::numeric / 1024 * r."gib_hour", r."startup_fee" '
+    "FROM moved AS m CROSS JOIN LATERAL ("
+    f'SELECT rate.* FROM "{_RATES}" AS rate WHERE rate."price_book_id" = ('
+    f'SELECT b."id" FROM "{_BOOKS}" AS b WHERE NOT b."is_reference" '
+    'AND b."effective_from" <= %s ORDER BY b."effective_from" DESC, b."version" DESC '
+    'LIMIT 1) AND rate."capacity_type" IN (%s, %s) '
+    'ORDER BY rate."capacity_type" = %s DESC LIMIT 1) AS r '
+    # Past the column's 12 integer digits the ORM's save would raise; here the row is
+    # left out instead, so the transition never fails on it (the ORM's way then logs).
+    'WHERE m."cpu_millis"::numeric / 1000 * r."vcpu_hour" '
+    '+ m."memory_mib"::numeric / 1024 * r."gib_hour" < 1e12 '
+    'ON CONFLICT ("sandbox_id") DO NOTHING RETURNING 1'
+)
 
 
-def _open_record_sql(*, sandbox: Sandbox, at: datetime) -> tuple[str, tuple[Any, ...]] | None:
+def _open_record_sql(*, sandbox: Sandbox, at: datetime) -> tuple[str, tuple[Any, ...]]:
     capacity = _capacity_type(sandbox.labels)
-    try:
-        book, rate = _price_at(at=at, capacity_type=capacity)
-    except Exception as exc:  # noqa: BLE001 - metering must never block a transition
-        log.warning("usage record not opened: %s", exc, extra={"sandbox_id": str(sandbox.pk)})
-        return None
-    per_hour = hourly_rate(cpu_millis=sandbox.cpu_millis, memory_mib=sandbox.memory_mib, rate=rate)
-    sql = (
-        f'INSERT INTO "{_RECORDS}" ("sandbox_id", "tenant_id", "image", "backend", "node", '  # noqa: S608
-        '"labels", "capacity_type", "cpu_millis", "memory_mib", "started_at", "ended_at", '
-        '"end_state", "end_reason", "price_book_id", "hourly_rate", "startup_fee") '
-        'SELECT m."id", m."tenant_id", m."image", m."backend", m."node", m."labels", %s, '
-        "m.\"cpu_millis\", m.\"memory_mib\", %s, NULL, '', '', %s, %s, %s FROM moved AS m "
-        'ON CONFLICT ("sandbox_id") DO NOTHING RETURNING 1'
-    )
-    params = (
-        capacity,
-        at,
-        book.pk,
-        _field_value(UsageRecord, "hourly_rate", per_hour),
-        _field_value(UsageRecord, "startup_fee", rate.startup_fee),
-    )
-    return sql, params
-
-
-def _price_at(*, at: datetime, capacity_type: str) -> tuple[PriceBook, PriceRate]:
-    """The book in force at ``at`` and its row for ``capacity_type``, in one query (the
-    book's rows with the book joined) when the book exists; otherwise as
-    ``price_book_in_force`` finds it (recreating the default books, or raising)."""
-    in_force = PriceBook.objects.filter(is_reference=False, effective_from__lte=at).order_by(
-        "-effective_from", "-version"
-    )
-    rates = list(
-        PriceRate.objects.select_related("price_book").filter(
-            price_book=Subquery(in_force.values("pk")[:1])
-        )
-    )
-    if rates:
-        book = rates[0].price_book
-        by_type = {rate.capacity_type: rate for rate in rates}
-        rate = by_type.get(capacity_type) or by_type.get(CapacityType.ON_DEMAND)
-        if rate is not None:
-            return book, rate
-    book = price_book_in_force(at=at)
-    return book, price_rate(book=book, capacity_type=capacity_type)
+    return _OPEN_SQL, (capacity, at, at, capacity, CapacityType.ON_DEMAND.value, capacity)
 
 
 def usage_after_transition(
@@ -246,7 +226,7 @@ def usage_after_transition(
     """After a transition's statement: repair a record that was not where the write
     expected it (missing because a hook was skipped, or already closed) from the
     ledger, and let the admission queue use capacity a sandbox freed."""
-    if written == 0 and to_state != State.PROVISIONING:
+    if written == 0:
         try:
             with transaction.atomic():
                 usage_record_sync(sandbox_id=sandbox.pk)

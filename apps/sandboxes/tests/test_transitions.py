@@ -96,10 +96,9 @@ def test_it_moves_logs_and_meters_in_one_statement_per_transition(make_tenant):
         for name in ("state", "generation", "updated_at", "node", "ready_at", "terminated_at"):
             assert getattr(sandbox, name) == getattr(row, name), (to_state, name)
     # The compare-and-set, the ledger row and the usage write are one statement (no
-    # BEGIN/COMMIT, no savepoint, no read of the record); opening the record first
-    # reads the price book in force (book and rows in one SELECT).
+    # BEGIN/COMMIT, no savepoint, no read of the record or of the price book).
     assert statements == {
-        State.PROVISIONING: ["SELECT", "WITH"],
+        State.PROVISIONING: ["WITH"],
         State.READY: ["WITH"],
         State.TERMINATING: ["WITH"],
         State.DELETED: ["WITH"],
@@ -127,30 +126,56 @@ def test_it_moves_logs_and_meters_in_one_statement_per_transition(make_tenant):
     )
 
 
-def test_it_opens_the_record_at_the_price_the_orm_would_store(make_tenant):
-    """The record the transition's statement opens is the one the ORM's path
-    (``usage_record_sync``, which the sweep uses) makes from the ledger: same book,
-    same rate rounded the same way to the column's 12 places."""
+@pytest.mark.parametrize(
+    ("labels", "spot_row", "expected_rate"),
+    [
+        # 1 MiB at 0.005/GiB-hour is 0.0000048828125/h: a tie at the 13th place.
+        ({}, False, "0.000004882813"),
+        ({"capacity": "spot"}, True, "0.000001464844"),  # 0.0015/GiB-hour
+        ({"capacity": "spot"}, False, "0.000004882813"),  # no spot row: on demand
+    ],
+)
+def test_it_opens_the_record_at_the_price_the_orm_path_sets(
+    make_tenant, labels, spot_row, expected_rate
+):
+    """The record the transition's statement opens (price looked up and computed in
+    SQL) is the one the ORM's path (``usage_record_sync``, which the sweep uses) makes
+    from the ledger: same book, same row, same rate rounded the same way."""
     from datetime import UTC, datetime
     from decimal import Decimal
 
     from apps.billing.models import PriceBook, PriceRate
-    from apps.billing.pricing import hourly_rate
     from apps.billing.usage import usage_record_sync
 
+    old = PriceBook.objects.create(
+        slug="hedgerow", name="t", version=8, effective_from=datetime(2025, 1, 1, tzinfo=UTC)
+    )
     book = PriceBook.objects.create(
         slug="hedgerow", name="t", version=9, effective_from=datetime(2026, 1, 1, tzinfo=UTC)
     )
-    rate = PriceRate.objects.create(
-        price_book=book,
-        capacity_type="on_demand",
-        vcpu_hour=Decimal("0.04"),
-        gib_hour=Decimal("0.005"),
-        startup_fee=Decimal("0.0005"),
+    later = PriceBook.objects.create(
+        slug="hedgerow", name="t", version=10, effective_from=datetime(2999, 1, 1, tzinfo=UTC)
     )
+    for b, factor in ((old, 7), (book, 1), (later, 3)):
+        PriceRate.objects.create(
+            price_book=b,
+            capacity_type="on_demand",
+            vcpu_hour=Decimal("0.04") * factor,
+            gib_hour=Decimal("0.005") * factor,
+            startup_fee=Decimal("0.0005"),
+        )
+        if spot_row:
+            PriceRate.objects.create(
+                price_book=b,
+                capacity_type="spot",
+                vcpu_hour=Decimal("0.012") * factor,
+                gib_hour=Decimal("0.0015") * factor,
+                startup_fee=Decimal("0.0005"),
+            )
     tenant, _ = make_tenant()
-    # 1 MiB at 0.005/GiB-hour is 0.0000048828125/h: a tie at the 13th place.
-    sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0, cpu_millis=0, memory_mib=1)
+    sandbox = make_sandbox(
+        tenant, state=State.REQUESTED, generation=0, cpu_millis=0, memory_mib=1, labels=labels
+    )
     assert lifecycle.sandbox_transition(
         sandbox=sandbox,
         from_states=(State.REQUESTED,),
@@ -160,15 +185,34 @@ def test_it_opens_the_record_at_the_price_the_orm_would_store(make_tenant):
     )
     record = UsageRecord.objects.get(sandbox=sandbox)
     assert record.price_book_id == book.pk
-    assert hourly_rate(cpu_millis=0, memory_mib=1, rate=rate) == Decimal("0.0000048828125")
+    assert record.hourly_rate == Decimal(expected_rate)  # Postgres rounds ties up
     UsageRecord.objects.filter(pk=record.pk).delete()
     synced = usage_record_sync(sandbox_id=sandbox.pk)
     assert synced is not None
     synced.refresh_from_db()
     fields = ("price_book_id", "hourly_rate", "startup_fee", "started_at", "capacity_type")
-    fields += ("cpu_millis", "memory_mib", "labels", "node", "ended_at", "tenant_id")
+    fields += ("cpu_millis", "memory_mib", "labels", "node", "ended_at", "tenant_id", "image")
     assert {f: getattr(record, f) for f in fields} == {f: getattr(synced, f) for f in fields}
-    assert record.hourly_rate == Decimal("0.000004882813")  # Postgres rounds ties up
+
+
+def test_it_opens_the_record_with_the_default_books_when_there_are_none(make_tenant):
+    from apps.billing.models import PriceBook, PriceRate
+
+    PriceRate.objects.all().delete()
+    PriceBook.objects.all().delete()
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0)
+    assert lifecycle.sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.REQUESTED,),
+        to_state=State.PROVISIONING,
+        reason="scheduled",
+        bump_generation=True,
+    )
+    record = UsageRecord.objects.get(sandbox=sandbox)
+    assert str(record.price_book) == "hedgerow v1"
+    started = SandboxEvent.objects.get(sandbox=sandbox, to_state=State.PROVISIONING)
+    assert record.started_at == started.at
 
 
 def test_a_stale_instance_reads_the_row_and_moves_from_what_it_holds(make_tenant):
