@@ -190,8 +190,9 @@ def test_it_opens_the_record_at_the_price_the_orm_path_sets(
     synced = usage_record_sync(sandbox_id=sandbox.pk)
     assert synced is not None
     synced.refresh_from_db()
-    fields = ("price_book_id", "hourly_rate", "startup_fee", "started_at", "capacity_type")
-    fields += ("cpu_millis", "memory_mib", "labels", "node", "ended_at", "tenant_id", "image")
+    fields: tuple[str, ...] = ("price_book_id", "hourly_rate", "startup_fee", "started_at")
+    fields += ("capacity_type", "cpu_millis", "memory_mib", "labels", "node", "ended_at")
+    fields += ("tenant_id", "image")
     assert {f: getattr(record, f) for f in fields} == {f: getattr(synced, f) for f in fields}
 
 
