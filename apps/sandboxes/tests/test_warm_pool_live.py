@@ -285,3 +285,18 @@ def test_it_drains_the_pool(pool: Any) -> None:
     assert warm_pool.warm_pool_drain() == 2
     assert not WarmMember.objects.exists()
     assert all(_resources(m.hex) == set() for m in members)
+
+
+def test_it_reports_pool_gauges_in_metrics(pool: Any, make_tenant: Any) -> None:
+    _fill(2)
+    _, secret = make_tenant()
+    assert _client(pool, secret).post("/sandboxes", json=SHAPE).json()["state"] == "ready"
+    text = httpx.get(
+        pool.url + "/metrics",
+        headers={"Authorization": f"Bearer {pool.metrics_token}"},
+        trust_env=False,
+        timeout=30,
+    ).text
+    assert 'hedgerow_warm_pool_members{shape="host:250m:128Mi:none",state="warm"} 1.0' in text
+    assert 'hedgerow_warm_pool_target{shape="host:250m:128Mi:none"} 2.0' in text
+    assert "hedgerow_warm_pool_claims_total 1.0" in text
