@@ -449,6 +449,13 @@ def warm_pool_drain() -> int:
     return count
 
 
+def warm_pool_forget() -> int:
+    """Deletes every member row without touching the backend (the caller destroys
+    every resource anyway: ``hedgerow_backend_cleanup``). Returns how many."""
+    deleted, _ = WarmMember.objects.all().delete()
+    return deleted
+
+
 def warm_pool_stats() -> dict[str, Any]:
     """Gauges for /metrics: members by shape and state; claims (from the ledger),
     misses, discards and start failures (Redis counters since the counters' start)."""

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 
 from apps.sandboxes.backends import get_backend
-from apps.sandboxes.services.warm_pool import warm_pool_drain
+from apps.sandboxes.services.warm_pool import warm_pool_forget
 
 
 class Command(BaseCommand):
@@ -14,10 +14,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         backend = get_backend()
-        # Warm pool members' rows go first (their resources with them), so nothing is
-        # left claiming a sandbox that no longer runs; then everything else listed.
+        # Warm pool members' rows go first, so no row is left naming a member whose
+        # resources are destroyed below with everything else listed.
         try:
-            drained = warm_pool_drain()
+            drained = warm_pool_forget()
         except DatabaseError as exc:  # the database may already be down at `make down`
             self.stderr.write(f"warm pool rows not removed: {exc}")
             drained = 0
