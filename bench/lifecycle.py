@@ -3,6 +3,7 @@
 
     .venv/bin/python -m bench.lifecycle N K [--concurrency C] [--web-workers W]
                                             [--worker-concurrency P]
+                                            [--warm-pool M [--warm-pool-warming W]]
 
 Boots its own stack (fresh database, Celery worker, uvicorn) under a private
 HEDGEROW_INSTANCE, then runs N client tasks (at most C in flight). Each: POST
@@ -29,7 +30,17 @@ from typing import Any
 
 from bench._http import Client, TransportError
 from bench._stack import private_stack
-from bench.cpu_account import WEB, WORKER, CpuAccount, Scope
+from bench.cpu_account import (
+    CLIENT,
+    ELSEWHERE,
+    REDIS,
+    RESIDUAL,
+    SAMPLERS,
+    WEB,
+    WORKER,
+    CpuAccount,
+    Scope,
+)
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -251,6 +262,19 @@ def main() -> int:
         default=f"10.214.{4 * (os.getpid() % 60)}.0/22",
         help="the local backend's subnet: a /24 holds only ~250 live sandboxes",
     )
+    parser.add_argument(
+        "--warm-pool",
+        type=int,
+        default=0,
+        help="keep this many started sandboxes of the run's shape (warm pool); the run "
+        "starts once they are all warm, and the prewarm is reported apart",
+    )
+    parser.add_argument(
+        "--warm-pool-warming",
+        type=int,
+        default=4,
+        help="members starting at once (HEDGEROW_WARM_POOL_MAX_WARMING), prewarm and refill",
+    )
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:
@@ -263,20 +287,26 @@ def main() -> int:
         stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
 
     env = {"HEDGEROW_MAX_LIVE_SANDBOXES": "0", "HEDGEROW_LOCAL_SUBNET": args.subnet}
+    if args.warm_pool:
+        # The shape every create of this run asks for ({"image": "host"}: the defaults).
+        env["HEDGEROW_WARM_POOL"] = f"{POOL_SHAPE}={args.warm_pool}"
+        env["HEDGEROW_WARM_POOL_MAX_WARMING"] = str(args.warm_pool_warming)
     with private_stack("lc", env, configure) as (stack, secret):
         from django.utils import timezone
 
         assert stack.web.popen is not None and stack.worker.popen is not None
-        sampler = MemorySampler([stack.web.popen.pid, stack.worker.popen.pid])
-        sampler.start()
-        # The machine is shared: record how busy it was when the clock started.
-        args.load_before = Path("/proc/loadavg").read_text().split()[0]
-        since = timezone.now()
         scope = Scope(
             roots={stack.web.popen.pid: WEB, stack.worker.popen.pid: WORKER},
             instance=os.environ["HEDGEROW_INSTANCE"],
             db_name=os.environ["HEDGEROW_DB_NAME"],
         )
+        prewarm = prewarm_pool(args.warm_pool, scope) if args.warm_pool else None
+        sampler = MemorySampler([stack.web.popen.pid, stack.worker.popen.pid])
+        sampler.start()
+        # The machine is shared: record how busy it was when the clock started.
+        args.load_before = Path("/proc/loadavg").read_text().split()[0]
+        since = timezone.now()
+        pool_before = pool_counts()
         cpu = CpuAccount(scope)
         cpu.start()
         started = time.perf_counter()
@@ -286,6 +316,7 @@ def main() -> int:
             )
         wall = time.perf_counter() - started
         all_deleted = settle()
+        pool_after = pool_counts()
         # Accounted up to here: the lifecycles, not the verification that follows.
         cpu.other_samplers_cpu = sampler.cpu
         cpu.stop()
@@ -293,7 +324,84 @@ def main() -> int:
         reconcile, audit = reconcile_and_audit(since)
         report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
         print("\n".join(cpu.report(args.n, "sandbox")))
+        if prewarm is not None:
+            print("\n".join(pool_report(prewarm, pool_before, pool_after)))
     return 0
+
+
+POOL_SHAPE = "host:1000m:1024Mi:none"
+
+
+def pool_counts() -> dict[str, int]:
+    """Members now (warm, warming), claims and members started so far (ledger + rows)."""
+    from apps.sandboxes.models import WarmMember, WarmMemberState
+    from apps.sandboxes.services.warm_pool import warm_pool_stats
+
+    stats = warm_pool_stats()
+    warm = WarmMember.objects.filter(state=WarmMemberState.WARM).count()
+    warming = WarmMember.objects.filter(state=WarmMemberState.WARMING).count()
+    return {
+        "warm": warm,
+        "warming": warming,
+        "claims": int(stats["claims"]),
+        "misses": int(stats.get("misses", 0)),
+        "discards": int(stats.get("discards", 0)),
+        "failures": int(stats.get("failures", 0)),
+    }
+
+
+@dataclass
+class Prewarm:
+    members: int
+    wall: float
+    cpu_lines: list[str]
+    cpu_per_member_ms: float
+
+
+def prewarm_pool(n: int, scope: Scope) -> Prewarm:
+    """Fills the pool before the clock starts, measuring what it cost: the refill the
+    run does later costs the same per member and lands inside the measured window."""
+    from apps.sandboxes.models import WarmMember, WarmMemberState
+    from apps.sandboxes.services.warm_pool import warm_pool_refill
+
+    cpu = CpuAccount(scope)
+    cpu.start()
+    started = time.perf_counter()
+    deadline = time.monotonic() + 60 + n
+    while WarmMember.objects.filter(state=WarmMemberState.WARM).count() < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"warm pool did not reach {n} members")
+        warm_pool_refill()  # no beat in the bench stack: this is its refill tick
+        time.sleep(0.5)
+    wall = time.perf_counter() - started
+    cpu.stop()
+    ours = sum(
+        v
+        for k, v in cpu.breakdown().items()
+        if k not in (ELSEWHERE, RESIDUAL, REDIS, SAMPLERS, CLIENT)
+    )
+    return Prewarm(n, wall, cpu.report(n, "member"), 1e3 * ours / n)
+
+
+def pool_report(prewarm: Prewarm, before: dict[str, int], after: dict[str, int]) -> list[str]:
+    claims = after["claims"] - before["claims"]
+    members_before = before["warm"] + before["warming"]
+    members_after = after["warm"] + after["warming"]
+    # Every member started in the window either was claimed in it or is still here.
+    refilled = members_after + claims - members_before
+    refilled += after["failures"] - before["failures"] + after["discards"] - before["discards"]
+    return [
+        f"warm pool              {prewarm.members} members prewarmed in {prewarm.wall:.1f} s "
+        f"before the clock, {prewarm.cpu_per_member_ms:.1f} ms of this stack's CPU per member",
+        f"                       in the measured window: {claims} claims, "
+        f"{after['misses'] - before['misses']} misses, "
+        f"{after['discards'] - before['discards']} discarded, {refilled} members started "
+        f"by refill (≈ {refilled * prewarm.cpu_per_member_ms / 1e3:.1f} s CPU, already in "
+        "the figures above); "
+        f"pool at the end: {after['warm']} warm, {after['warming']} warming",
+        "prewarm CPU breakdown:",
+        *("  " + line for line in prewarm.cpu_lines),
+    ]
 
 
 def report(

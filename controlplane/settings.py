@@ -330,6 +330,22 @@ CELERY_BEAT_SCHEDULE["usage-rollup"] = {
 # broker) is enqueued again by the reconciler.
 HEDGEROW_REQUEUE_AFTER_S = env_float("HEDGEROW_REQUEUE_AFTER_S", 30.0)
 
+# --- Warm pool (docs/operations.md "Warm pool") ----------------------------------
+# Started sandboxes kept ahead of demand, per shape: "IMAGE:CPU:MEMORY:NETWORK=COUNT"
+# entries separated by commas, e.g. "host:1000m:1024Mi:none=50" (NETWORK is none or
+# egress). Empty (the default): no pool, every create takes the cold path.
+HEDGEROW_WARM_POOL = env_str("HEDGEROW_WARM_POOL", "")
+# At most this many members start at once (they share the worker with tenants' own
+# provisioning, so this bounds what the pool can take from them).
+HEDGEROW_WARM_POOL_MAX_WARMING = env_int("HEDGEROW_WARM_POOL_MAX_WARMING", 2)
+# After a member fails to start, its shape is not refilled for this long.
+HEDGEROW_WARM_POOL_BACKOFF_S = env_float("HEDGEROW_WARM_POOL_BACKOFF_S", 30.0)
+HEDGEROW_WARM_POOL_REFILL_S = env_float("HEDGEROW_WARM_POOL_REFILL_S", 10.0)
+CELERY_BEAT_SCHEDULE["warm-pool-refill"] = {
+    "task": "apps.sandboxes.tasks.warm_pool_refill",
+    "schedule": HEDGEROW_WARM_POOL_REFILL_S,
+}
+
 # Workers log through LOGGING above (JSON, with the request id carried into tasks);
 # Celery must not replace the root handler with its own plain-text one.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -41,6 +41,7 @@ from apps.billing.pricing import vcpus as _vcpus
 from apps.sandboxes.models import FINAL_STATES, Sandbox, SandboxEvent, State
 
 log = logging.getLogger(__name__)
+WARM_POOL_REASON = "warm_pool"  # apps.sandboxes.services.warm_pool.CLAIM_REASON
 SPOT_LABEL = "capacity"  # labels {"capacity": "spot"} bill at the spot row
 
 
@@ -71,11 +72,21 @@ def usage_record_sync(
     changed = record is None
     if record is None:
         # Provisioning is entered once (only from ``requested``, itself entered only
-        # from ``queued``): the event that moves there is the start.
-        if event is not None and event.to_state == State.PROVISIONING:
+        # from ``queued``): the event that moves there is the start. A sandbox that
+        # claimed a warm pool member goes requested → ready directly: metering
+        # starts at that claim.
+        first_move = event is not None and (
+            event.to_state == State.PROVISIONING
+            or (event.to_state == State.READY and event.reason == WARM_POOL_REASON)
+        )
+        if first_move:
             started: SandboxEvent | None = event
         else:
-            started = transitions.filter(to_state=State.PROVISIONING).order_by("at", "id").first()
+            started = (
+                transitions.filter(to_state__in=(State.PROVISIONING, State.READY))
+                .order_by("at", "id")
+                .first()
+            )
         if started is None:
             return None
         capacity = _capacity_type(sandbox.labels)

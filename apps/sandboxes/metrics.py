@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import AuditRun, ReconcileRun, Sandbox, SandboxEvent, State
 from apps.sandboxes.services.audit import TERMS
+from apps.sandboxes.services.warm_pool import warm_pool_stats, warm_pool_targets
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class HedgerowCollector(Collector):
         yield from self._audit()
         yield from self._reconcile()
         yield from self._queues()
+        yield from self._warm_pool()
 
     def _sandboxes(self) -> Iterator[Metric]:
         by_state = GaugeMetricFamily(
@@ -197,6 +199,39 @@ class HedgerowCollector(Collector):
         except redis.RedisError as exc:
             log.warning("metrics: cannot read queue lengths: %s", exc)
         yield queues
+
+    def _warm_pool(self) -> Iterator[Metric]:
+        stats = warm_pool_stats()
+        members = GaugeMetricFamily(
+            "hedgerow_warm_pool_members",
+            "Warm pool members by shape and state (warming: starting; warm: claimable).",
+            labels=["shape", "state"],
+        )
+        targets = {shape.key(): n for shape, n in warm_pool_targets().items()}
+        target = GaugeMetricFamily(
+            "hedgerow_warm_pool_target", "Configured members per shape.", labels=["shape"]
+        )
+        for shape_key, n in sorted(targets.items()):
+            target.add_metric([shape_key], n)
+            for state in ("warm", "warming"):
+                members.add_metric([shape_key, state], stats["members"].get((shape_key, state), 0))
+        for (shape_key, state), n in sorted(stats["members"].items()):
+            if shape_key not in targets:  # a shape no longer configured, still draining
+                members.add_metric([shape_key, state], n)
+        yield members
+        yield target
+        yield CounterMetricFamily(
+            "hedgerow_warm_pool_claims",
+            "Creates that claimed a warm member.",
+            value=stats["claims"],
+        )
+        for name, doc in (
+            ("misses", "Creates of a pooled shape that found no warm member (cold path)."),
+            ("discards", "Members found dead at claim and dropped (never handed out)."),
+            ("failures", "Members that failed to start."),
+        ):
+            if name in stats:
+                yield CounterMetricFamily(f"hedgerow_warm_pool_{name}", doc, value=stats[name])
 
 
 def render_metrics() -> bytes:

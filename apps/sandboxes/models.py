@@ -229,3 +229,47 @@ class AuditRun(models.Model):
 
     def __str__(self) -> str:
         return f"audit {self.created_at:%Y-%m-%d %H:%M} leaked={self.leaked}"
+
+
+class WarmMemberState(models.TextChoices):
+    WARMING = "warming"  # row written, the backend is starting it
+    WARM = "warm"  # its agent answered /health: ready to be claimed
+
+
+class WarmMember(models.Model):
+    """A started sandbox that belongs to no tenant yet (the warm pool).
+
+    Its id is the UUID the backend's resources are named after; a create that claims it
+    becomes a ``Sandbox`` with this very id and generation, so the agent token (derived
+    from both) is the one the running agent already holds. The row is removed in the
+    claiming transaction, so a member is either here or a sandbox record, never both.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    backend = models.CharField(max_length=32)
+    # The shape: what the backend bakes in at provision (a claim must match it exactly).
+    image = models.CharField(max_length=200)
+    cpu_millis = models.PositiveIntegerField()
+    memory_mib = models.PositiveIntegerField()
+    network_access = models.BooleanField(default=False)
+    state = models.CharField(
+        max_length=16, choices=WarmMemberState.choices, default=WarmMemberState.WARMING
+    )
+    generation = models.PositiveIntegerField(default=1)
+    endpoint_host = models.CharField(max_length=64, blank=True)
+    endpoint_port = models.PositiveIntegerField(null=True, blank=True)
+    isolation = models.CharField(max_length=32, blank=True)
+    node = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    warm_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["image", "cpu_millis", "memory_mib", "network_access", "state", "warm_at"],
+                name="warmmember_shape_state",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"warm {self.image}/{self.cpu_millis}m/{self.memory_mib}Mi ({self.state})"

@@ -62,3 +62,30 @@ def recover_operations() -> dict[str, int]:
     from apps.sandboxes.services.recovery import operation_recover_stale
 
     return operation_recover_stale()
+
+
+# The warm pool's tasks share the cold queue with tenants' own provisioning; the pool
+# never has more than HEDGEROW_WARM_POOL_MAX_WARMING members starting, so it cannot
+# take more than that many worker slots from them.
+@shared_task(soft_time_limit=60, time_limit=90)
+def warm_pool_refill() -> dict[str, int]:
+    from apps.sandboxes.services.warm_pool import warm_pool_refill as refill
+
+    return refill()
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=180, time_limit=240)
+def warm_member_provision(member_id: str) -> None:
+    from apps.sandboxes.services.warm_pool import warm_member_provision as provision
+
+    provision(member_id=member_id)
+
+
+@shared_task(bind=True, acks_late=True, max_retries=5, soft_time_limit=120, time_limit=180)
+def warm_member_destroy(self: Any, member_hex: str) -> None:
+    from apps.sandboxes.services.warm_pool import warm_member_destroy as destroy
+
+    try:
+        destroy(member_hex=member_hex)
+    except BackendError as exc:
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 60)) from exc

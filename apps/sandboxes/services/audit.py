@@ -20,7 +20,8 @@ Resources outside the period's cohort that no live record owns (``orphaned``: no
 record at all, or a sandbox created earlier that has ended) cannot be attributed to
 this period's equation; unsliced audits list them and they make the audit fail. A ready record
 whose running resource is missing (``ghost``) is also flagged: the reconciler turns it
-into ``lost``.
+into ``lost``. Warm pool members (started, no tenant yet) are listed apart
+(``pool_members``), neither orphaned nor in any tenant's equation.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from apps.sandboxes.services.reconcile import (
     inventory_view,
     leak_reclaim,
 )
+from apps.sandboxes.services.warm_pool import warm_pool_member_ids
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,10 @@ class AuditReport:
     leaked_ids: list[str] = field(default_factory=list)
     imbalance: dict[str, list[str]] = field(default_factory=dict)
     ghosts: list[str] = field(default_factory=list)
+    # Warm pool members alive in the backend: no tenant, not in the equation (a claim
+    # is a tenant's ``created``), shown apart so ``leaked`` keeps its meaning.
+    pool_members: int = 0
+    pool_resources_by_kind: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     inventory_error: str = ""
 
@@ -129,7 +135,8 @@ class AuditReport:
     def equation(self) -> str:
         rhs = " + ".join(f"{t} {self.terms[t]}" for t in TERMS)
         sign = "=" if self.created == self.accounted else "≠"
-        return f"created {self.created} {sign} {rhs}"
+        pool = f"; warm pool members {self.pool_members}" if self.pool_members else ""
+        return f"created {self.created} {sign} {rhs}{pool}"
 
 
 def _slice_filter(prefix: str, sl: AuditSlice) -> Q:
@@ -167,12 +174,17 @@ def audit_compute(
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         rows, created_ids, facts, known = _read_records(period_start, period_end, sl)
+        pool_ids = warm_pool_member_ids() if sl.is_global else set()
     if view is None:
         try:
             view = inventory_view(get_backend())
         except BackendError as exc:
             report.inventory_error = str(exc)
             view = InventoryView()
+    if sl.is_global:
+        # Read again after the listing: a member that started after the snapshot is
+        # listed but was not in it. A member claimed since is in the first read.
+        pool_ids |= warm_pool_member_ids()
     report.created = len(created_ids)
     last_to, exit_reason, end_reason = facts
     reasons: dict[str, Counter[str]] = {t: Counter() for t in ("failed", "lost", "deleted")}
@@ -205,8 +217,14 @@ def audit_compute(
         report.terms[term] += 1
     if sl.is_global:
         row_ids = {sid for sid, _ in rows}
+        pool_kinds: Counter[str] = Counter()
         for sid, items in view.by_sandbox.items():
             matching = [i for i in items if not sl.node or i.node == sl.node]
+            if sid in pool_ids and sid not in row_ids and sid not in known:
+                if matching:
+                    report.pool_members += 1
+                    pool_kinds.update(item.kind for item in matching)
+                continue
             if sid not in known and sid not in row_ids and matching:
                 report.orphaned.append(sid.hex)
                 residual.update(item.kind for item in matching)
@@ -214,6 +232,7 @@ def audit_compute(
             if not sl.node or item.node == sl.node:
                 report.orphaned.append(f"{item.kind}:{item.name}")
                 residual[item.kind] += 1
+        report.pool_resources_by_kind = dict(pool_kinds)
     report.reasons = {k: dict(v) for k, v in reasons.items() if v}
     report.residual_by_kind = dict(residual)
     report.live_resources_by_kind = dict(live_kinds)

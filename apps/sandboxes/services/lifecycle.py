@@ -316,7 +316,9 @@ def sandbox_create(
     backend_name: str | None = None,
 ) -> tuple[Sandbox, bool]:
     """Records a sandbox in ``requested`` and enqueues provisioning after commit, or in
-    ``queued`` when admission says it must wait (provisioned later by the queue).
+    ``queued`` when admission says it must wait (provisioned later by the queue). An
+    admitted create whose shape matches a warm pool member claims it instead and is
+    ``ready`` at once (``services/warm_pool.py``).
 
     Idempotent by ``idempotency_key``: the same key and body return the existing
     sandbox (created=False); the same key with a different body is a 409. A taken
@@ -324,6 +326,7 @@ def sandbox_create(
     event and the enqueue happen together or not at all.
     """
     from apps.sandboxes.admission import admission_check  # quotas live with billing
+    from apps.sandboxes.services.warm_pool import warm_pool_claim, warm_pool_record_claim
     from apps.sandboxes.tasks import provision_sandbox
 
     if idempotency_key is not None:
@@ -336,8 +339,21 @@ def sandbox_create(
     try:
         with transaction.atomic():
             admitted = admission_check(tenant=tenant, request=request, actor=actor)
+            # A queued create claims nothing: it holds no resources until admitted.
+            warm = (
+                warm_pool_claim(
+                    image=request.image,
+                    cpu_millis=request.cpu_millis,
+                    memory_mib=request.memory_mib,
+                    network_access=request.network_access,
+                    backend_name=backend_name,
+                )
+                if admitted
+                else None
+            )
             sandbox = Sandbox.objects.create(
-                state=State.REQUESTED if admitted else State.QUEUED,
+                **(warm.sandbox_fields(now) if warm else {}),
+                state=State.READY if warm else State.REQUESTED if admitted else State.QUEUED,
                 admitted_at=now if admitted else None,
                 tenant=tenant,
                 external_id=external_id,
@@ -356,6 +372,9 @@ def sandbox_create(
                 created_by=actor,
                 created_at=now,
             )
+            if warm is not None:
+                warm_pool_record_claim(sandbox=sandbox, claimed=warm, actor=actor)
+                return sandbox, True
             _event(sandbox, event="created", to_state=sandbox.state, reason="api", actor=actor)
             publish_sandbox_state(sandbox)
             sandbox_id = str(sandbox.id)

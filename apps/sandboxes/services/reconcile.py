@@ -6,6 +6,9 @@
   ``resource_missing``);
 * a ``provisioning`` record past its deadline becomes ``failed`` (reason
   ``provision_deadline``) and its resources are destroyed;
+* warm pool members (``services/warm_pool.py``) are inventory without a record and
+  are left alone; a member the backend no longer runs is dropped
+  (``pool_member_vanished``), one stuck starting too (``pool_member_stuck``);
 * a ``requested`` record no worker picked up (task lost with the broker) is enqueued
   again (``provision_requeued``).
 
@@ -35,6 +38,7 @@ from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import Backend, BackendError, InventoryItem
 from apps.sandboxes.models import FINAL_STATES, ReconcileRun, Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
+from apps.sandboxes.services.warm_pool import warm_pool_drop_vanished, warm_pool_member_ids
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +159,10 @@ def sandbox_reconcile(*, now: datetime | None = None, reclaim: bool = True) -> R
             log.warning("reconcile skipped: inventory failed: %s", exc)
             return _finish(run, skipped=f"inventory failed: {exc}"[:200])
         run.inventory_items = view.total
+        # Pool members before records: a member claimed in between is then in one of
+        # the two reads (read the other way round it could be in neither, and a
+        # just-claimed sandbox would be reclaimed as a leak).
+        members = warm_pool_member_ids()
         records = {
             s.id: s
             for s in Sandbox.objects.filter(pk__in=list(view.by_sandbox)).only("id", "state")
@@ -164,15 +172,24 @@ def sandbox_reconcile(*, now: datetime | None = None, reclaim: bool = True) -> R
                 record = records.get(sid)
                 if record is not None and record.state not in FINAL_STATES:
                     continue
+                if record is None and sid in members:
+                    continue  # a warm pool member: backend inventory without a sandbox yet
                 reason = "no_record" if record is None else f"record_{record.state}"
                 _reclaim_counted(backend, sid, items, reason, actions, details)
             if view.unowned:
                 _reclaim_counted(backend, None, view.unowned, "unparseable_name", actions, details)
+        running = {sid for sid, items in view.by_sandbox.items() if _running(items)}
+        for reason, n in warm_pool_drop_vanished(running_ids=running, listed_at=listed_at).items():
+            actions[reason] += n
         _mark_lost(view, listed_at, actions, details)
         _fail_overdue(listed_at, actions, details)
         _requeue_stalled(listed_at, actions, details)
     run.details = details
     return _finish(run, actions=dict(actions))
+
+
+def _running(items: list[InventoryItem]) -> bool:
+    return any(item.kind in RUNNING_KINDS for item in items)
 
 
 def _reclaim_counted(

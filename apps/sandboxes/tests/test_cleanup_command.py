@@ -15,6 +15,7 @@ from apps.sandboxes.backends.local import LocalBackend, wait_healthy
 from apps.sandboxes.backends.local._sys import is_alive
 from apps.sandboxes.backends.tests.conftest import make_config, needs_root, new_spec
 from apps.sandboxes.management.commands import hedgerow_backend_cleanup
+from apps.sandboxes.models import WarmMember, WarmMemberState
 
 
 @pytest.fixture
@@ -30,13 +31,25 @@ def private_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
 
 @needs_root
-def test_it_destroys_every_sandbox_and_stops_the_zygote(private_backend: LocalBackend) -> None:
+def test_it_destroys_every_sandbox_and_stops_the_zygote(
+    private_backend: LocalBackend, db: None
+) -> None:
     specs = [new_spec(), new_spec()]
     for spec in specs:
         wait_healthy(private_backend.provision(spec), spec.agent_token, timeout=20)
+    # The second one is a warm pool member: its row goes with its resources.
+    member = WarmMember.objects.create(
+        id=uuid.UUID(hex=specs[1].sandbox_id),
+        backend="local",
+        image="host",
+        cpu_millis=1000,
+        memory_mib=1024,
+        state=WarmMemberState.WARM,
+    )
     answer = private_backend.zygote.ping()
     assert private_backend.agent_launch == "zygote" and answer is not None
     call_command("hedgerow_backend_cleanup")
     assert [i for i in private_backend.inventory() if i.sandbox_id] == []
+    assert not WarmMember.objects.filter(pk=member.pk).exists()
     assert not is_alive(int(answer["pid"]), None)
     assert private_backend.zygote.ping() is None

@@ -59,6 +59,9 @@ UNISOLATED = "none"
 
 class LocalBackend:
     name = "local"
+    # Sandboxes can start before a tenant claims them: the tenant id is only metadata
+    # here (meta.json), every resource is named after the sandbox id.
+    supports_warm_pool = True
 
     def __init__(self, config: LocalBackendConfig) -> None:
         check_instance(config.instance)

@@ -3,8 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand
+from django.db import DatabaseError
 
 from apps.sandboxes.backends import get_backend
+from apps.sandboxes.services.warm_pool import warm_pool_forget
 
 
 class Command(BaseCommand):
@@ -12,6 +14,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         backend = get_backend()
+        # Warm pool members' rows go first, so no row is left naming a member whose
+        # resources are destroyed below with everything else listed.
+        try:
+            drained = warm_pool_forget()
+        except DatabaseError as exc:  # the database may already be down at `make down`
+            self.stderr.write(f"warm pool rows not removed: {exc}")
+            drained = 0
         ids = {item.sandbox_id for item in backend.inventory() if item.sandbox_id}
         for sandbox_id in sorted(ids):
             backend.destroy(sandbox_id)
@@ -20,4 +29,4 @@ class Command(BaseCommand):
         zygote = getattr(backend, "zygote", None)
         if zygote is not None:
             zygote.stop()
-        self.stdout.write(f"destroyed {len(ids)} sandbox(es)")
+        self.stdout.write(f"destroyed {len(ids)} sandbox(es), {drained} warm pool member(s)")

@@ -1,0 +1,302 @@
+"""The warm pool against the real stack: members are real sandboxes started by the real
+worker, claimed through the real web process (restarted with a pool configured)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
+
+from apps.billing.models import UsageRecord
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.models import Sandbox, SandboxEvent, State, WarmMember, WarmMemberState
+from apps.sandboxes.services import warm_pool
+from apps.sandboxes.services.audit import audit_run
+from apps.sandboxes.services.reconcile import sandbox_reconcile
+
+pytestmark = pytest.mark.timeout(240)
+
+# A shape no other test creates, so the pool configured in the shared web process
+# changes nothing for them.
+POOL = "host:250m:128Mi:none=2"
+SHAPE = {"image": "host", "cpu": "250m", "memory": "128Mi"}
+
+
+@pytest.fixture(scope="module")
+def pool_web(stack: Any) -> Iterator[Any]:
+    stack.web.env = {**stack.env, "HEDGEROW_WARM_POOL": POOL}
+    stack.restart_web()
+    try:
+        yield stack
+    finally:
+        stack.web.env = stack.env
+        stack.restart_web()
+
+
+@pytest.fixture
+def pool(pool_web: Any, live: Any, settings: Any) -> Iterator[Any]:
+    settings.HEDGEROW_WARM_POOL = POOL
+    settings.HEDGEROW_WARM_POOL_MAX_WARMING = 2
+    yield live
+    warm_pool.warm_pool_drain()
+
+
+def _client(live: Any, secret: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=live.url + "/api/v1",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=90,
+        trust_env=False,
+    )
+
+
+def _until(predicate: Any, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _warm_ids() -> list[Any]:
+    return list(
+        WarmMember.objects.filter(state=WarmMemberState.WARM)
+        .order_by("warm_at")
+        .values_list("id", flat=True)
+    )
+
+
+def _fill(n: int) -> list[Any]:
+    """Refills (the worker starts the members) until ``n`` are warm."""
+    deadline = time.monotonic() + 90
+    while len(_warm_ids()) < n:
+        assert time.monotonic() < deadline, "pool did not fill"
+        warm_pool.warm_pool_refill()
+        time.sleep(0.2)
+    return _warm_ids()
+
+
+def _resources(hex_id: str) -> set[str]:
+    return {i.kind for i in get_backend().inventory() if i.sandbox_id == hex_id}
+
+
+def _kill_member(member_id: Any) -> None:
+    pids = [
+        int(i.name)
+        for i in get_backend().inventory()
+        if i.sandbox_id == member_id.hex and i.kind == "process"
+    ]
+    assert pids, "member has no process"
+    os.kill(pids[0], signal.SIGKILL)
+    _until(lambda: get_backend().endpoint(member_id.hex) is None, 10, "member death")
+
+
+def test_it_parses_the_pool_setting_and_refuses_bad_entries() -> None:
+    targets = warm_pool.parse_targets("host:1000m:1Gi:none=3, img:0.5:512Mi:egress=1,x:1:64:none=0")
+    assert targets == {
+        warm_pool.Shape("host", 1000, 1024, False): 3,
+        warm_pool.Shape("img", 500, 512, True): 1,
+    }
+    for bad in ("host:1000m:1Gi=3", "host:1000m:1Gi:open=3", "host:1000m:1Gi:none=x", "host=2"):
+        with pytest.raises(ImproperlyConfigured, match="HEDGEROW_WARM_POOL"):
+            warm_pool.parse_targets(bad)
+
+
+def test_it_claims_a_warm_member_ready_at_once_and_deletes_it_normally(
+    pool: Any, make_tenant: Any
+) -> None:
+    tenant, secret = make_tenant()
+    oldest = _fill(2)[0]
+    http = _client(pool, secret)
+    created = http.post("/sandboxes", json=SHAPE)
+    assert created.status_code == 201, created.text
+    assert created.json()["state"] == "ready"
+    row = Sandbox.objects.get(tenant=tenant, external_id=created.json()["id"])
+    assert row.id == oldest and row.generation == 1 and row.state == State.READY
+    assert not WarmMember.objects.filter(pk=oldest).exists()
+    waited = http.get(f"/sandboxes/{created.json()['id']}/wait", params={"timeout": 1})
+    assert waited.status_code == 200 and waited.json()["state"] == "ready"
+    ran = http.post(f"/sandboxes/{row.external_id}/exec", json={"command": "echo warm"})
+    assert ran.status_code == 200, ran.text
+    assert ran.json()["stdout"] == "warm\n"
+    events = list(
+        SandboxEvent.objects.filter(sandbox=row).values_list("event", "to_state", "reason")
+    )
+    assert events == [("created", "requested", "api"), ("transition", "ready", "warm_pool")]
+    usage = UsageRecord.objects.get(sandbox=row)  # metering starts at the claim
+    assert usage.started_at == SandboxEvent.objects.get(sandbox=row, reason="warm_pool").at
+
+    assert http.delete(f"/sandboxes/{row.external_id}").status_code == 202
+    _until(lambda: Sandbox.objects.get(pk=row.pk).state == State.DELETED, 30, "deleted")
+    assert _resources(row.id.hex) == set()
+
+
+def test_it_hides_a_claimed_sandbox_from_another_tenant(pool: Any, make_tenant: Any) -> None:
+    _, owner = make_tenant()
+    _, outsider = make_tenant()
+    _fill(1)
+    created = _client(pool, owner).post("/sandboxes", json=SHAPE)
+    assert created.json()["state"] == "ready"
+    sid = created.json()["id"]
+    other = _client(pool, outsider)
+    assert other.get(f"/sandboxes/{sid}").status_code == 404
+    assert other.post(f"/sandboxes/{sid}/exec", json={"command": "id"}).status_code == 404
+    assert other.delete(f"/sandboxes/{sid}").status_code == 404
+
+
+def test_it_takes_the_cold_path_for_another_shape(pool: Any, make_tenant: Any) -> None:
+    tenant, secret = make_tenant()
+    members = _fill(1)
+    created = _client(pool, secret).post("/sandboxes", json={**SHAPE, "cpu": "500m"})
+    assert created.status_code == 201 and created.json()["state"] == "requested"
+    row = Sandbox.objects.get(tenant=tenant)
+    assert row.id not in members and _warm_ids() == members
+    _until(lambda: Sandbox.objects.get(pk=row.pk).state == State.READY, 60, "cold ready")
+    reasons = list(
+        SandboxEvent.objects.filter(sandbox=row, event="transition").values_list("reason")
+    )
+    assert ("warm_pool",) not in reasons
+
+
+def test_it_never_hands_out_a_dead_member(pool: Any, make_tenant: Any, settings: Any) -> None:
+    tenant, secret = make_tenant()
+    dead, alive = _fill(2)[:2]
+    _kill_member(dead)
+    before = warm_pool.warm_pool_stats().get("discards", 0)
+    http = _client(pool, secret)
+    created = http.post("/sandboxes", json=SHAPE)
+    assert created.json()["state"] == "ready", created.text
+    row = Sandbox.objects.get(tenant=tenant)
+    assert row.id == alive
+    assert (
+        http.post(f"/sandboxes/{row.external_id}/exec", json={"command": "true"}).json()[
+            "exit_code"
+        ]
+        == 0
+    )
+    assert not WarmMember.objects.filter(pk=dead).exists()
+    assert warm_pool.warm_pool_stats()["discards"] == before + 1
+    _until(lambda: not _resources(dead.hex), 30, "dead member's resources destroyed")
+    # Only dead members left: the cold path, never a dead one.
+    settings.HEDGEROW_WARM_POOL_MAX_WARMING = 1
+    assert not WarmMember.objects.exists()
+    only = _fill(1)[0]
+    _kill_member(only)
+    cold = http.post("/sandboxes", json=SHAPE)
+    assert cold.json()["state"] == "requested"
+    assert Sandbox.objects.get(external_id=cold.json()["id"], tenant=tenant).id != only
+
+
+def test_it_never_gives_one_member_to_two_creates(pool: Any, make_tenant: Any) -> None:
+    tenant, secret = make_tenant()
+    members = set(_fill(2))
+    answers: list[httpx.Response] = []
+
+    def create() -> None:
+        with _client(pool, secret) as http:
+            answers.append(http.post("/sandboxes", json=SHAPE))
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(a.status_code for a in answers) == [201] * 6
+    rows = list(Sandbox.objects.filter(tenant=tenant))
+    claimed = [r.id for r in rows if r.id in members]
+    assert sorted(map(str, claimed)) == sorted(map(str, members))  # each exactly once
+    assert len({r.id for r in rows}) == 6
+    _until(
+        lambda: Sandbox.objects.filter(tenant=tenant, state=State.READY).count() == 6, 90, "ready"
+    )
+
+
+def test_it_replays_an_idempotent_create_without_claiming_twice(
+    pool: Any, make_tenant: Any
+) -> None:
+    tenant, secret = make_tenant()
+    _fill(2)
+    http = _client(pool, secret)
+    first = http.post("/sandboxes", json=SHAPE, headers={"Idempotency-Key": "k-1"})
+    again = http.post("/sandboxes", json=SHAPE, headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    assert Sandbox.objects.filter(tenant=tenant).count() == 1
+    assert len(_warm_ids()) == 1
+
+
+def test_it_refills_to_the_target_with_bounded_concurrency(
+    pool: Any, make_tenant: Any, settings: Any
+) -> None:
+    settings.HEDGEROW_WARM_POOL_MAX_WARMING = 1
+    assert warm_pool.warm_pool_refill() == {"host:250m:128Mi:none": 1}
+    assert WarmMember.objects.count() == 1  # one warming at a time
+    _fill(2)
+    assert warm_pool.warm_pool_refill() == {}  # at target
+    _, secret = make_tenant()
+    assert _client(pool, secret).post("/sandboxes", json=SHAPE).json()["state"] == "ready"
+    assert len(_warm_ids()) == 1
+    assert warm_pool.warm_pool_refill() == {"host:250m:128Mi:none": 1}
+    _until(lambda: len(_warm_ids()) == 2, 60, "refilled")
+
+
+def test_it_reconciles_members_and_reclaims_orphaned_member_resources(pool: Any) -> None:
+    kept, orphan = _fill(2)[:2]
+    run = sandbox_reconcile()
+    assert not run.skipped and "leak_reclaimed" not in run.actions, run.actions
+    assert _warm_ids() == [kept, orphan] and "process" in _resources(kept.hex)
+    WarmMember.objects.filter(pk=orphan).delete()  # its row is gone: a leak now
+    run = sandbox_reconcile()
+    assert run.actions.get("leak_reclaimed") == 1, run.actions
+    assert _resources(orphan.hex) == set() and "process" in _resources(kept.hex)
+    _kill_member(kept)  # its resources vanished: dropped, not handed out later
+    run = sandbox_reconcile()
+    assert run.actions.get("pool_member_vanished") == 1, run.actions
+    assert not WarmMember.objects.exists() and _resources(kept.hex) == set()
+
+
+def test_it_balances_the_audit_with_members_alive(pool: Any, make_tenant: Any) -> None:
+    since = timezone.now() - timedelta(seconds=1)
+    _, secret = make_tenant()
+    _fill(2)
+    http = _client(pool, secret)
+    sid = http.post("/sandboxes", json=SHAPE).json()["id"]
+    http.delete(f"/sandboxes/{sid}")
+    _until(lambda: not Sandbox.objects.exclude(state=State.DELETED).exists(), 30, "deleted")
+    _until(lambda: len(_warm_ids()) >= 1, 30, "a member")
+    run = audit_run(period_start=since, period_end=timezone.now())
+    assert (run.created, run.deleted, run.live, run.leaked, run.orphaned) == (1, 1, 0, 0, 0)
+    assert run.balanced, run.report
+    assert run.report["pool_members"] == WarmMember.objects.count() >= 1
+    assert "warm pool members" in run.report["equation"]
+
+
+def test_it_drains_the_pool(pool: Any) -> None:
+    members = _fill(2)
+    assert warm_pool.warm_pool_drain() == 2
+    assert not WarmMember.objects.exists()
+    assert all(_resources(m.hex) == set() for m in members)
+
+
+def test_it_reports_pool_gauges_in_metrics(pool: Any, make_tenant: Any) -> None:
+    _fill(2)
+    _, secret = make_tenant()
+    assert _client(pool, secret).post("/sandboxes", json=SHAPE).json()["state"] == "ready"
+    text = httpx.get(
+        pool.url + "/metrics",
+        headers={"Authorization": f"Bearer {pool.metrics_token}"},
+        trust_env=False,
+        timeout=30,
+    ).text
+    assert 'hedgerow_warm_pool_members{shape="host:250m:128Mi:none",state="warm"} 1.0' in text
+    assert 'hedgerow_warm_pool_target{shape="host:250m:128Mi:none"} 2.0' in text
+    assert "hedgerow_warm_pool_claims_total 1.0" in text
