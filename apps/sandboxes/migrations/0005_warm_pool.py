@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sandboxes', '0003_sandbox_queued_state_admitted_at'),
+        ('sandboxes', '0004_tenant_indexed_by_composites'),
     ]
 
     operations = [
