@@ -344,6 +344,15 @@ def test_it_makes_a_launcher_namespace_without_the_hidden_mounts(tmp_path: Path)
     assert len(launcher) == len(own) - 3  # hide, and deep twice
 
 
+def test_it_passes_agent_arguments_the_agent_reads_without_argparse() -> None:
+    from podagent.__main__ import _parse_plain
+
+    args = [*process.agent_args(8000), "--listening-fd", "5"]
+    parsed = _parse_plain(args)
+    assert parsed is not None, "an option the agent's plain reader does not know"
+    assert parsed.listen == ("0.0.0.0", 8000) and parsed.unlink_token is True
+
+
 def test_it_keeps_sandboxes_running_when_the_zygote_dies_and_starts_a_new_one(
     sandbox_factory: Callable[..., Sandbox],
 ) -> None:
