@@ -239,3 +239,25 @@ def test_it_gives_sandbox_links_no_ipv6_but_keeps_loopback(
     )
     host_end = Path(f"/proc/sys/net/ipv6/conf/{backend.names.host_veth(sb.id)}/disable_ipv6")
     assert host_end.read_text().strip() == "1"
+
+
+def test_it_leaves_ipv6_on_rather_than_fail_where_proc_sys_is_read_only() -> None:
+    # a throwaway mount and network namespace: the host's settings are never touched
+    script = (
+        "import apps.sandboxes.backends.local.network as n; "
+        "n._disable_ipv6('default'); "
+        "print(open('/proc/sys/net/ipv6/conf/default/disable_ipv6').read().strip())"
+    )
+    shell = (
+        "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && "
+        'exec "$0" -c "$1"'
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "-n", "sh", "-c", shell, sys.executable, script],
+        capture_output=True,
+        text=True,
+        cwd=str(Path(__file__).resolve().parents[4]),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"  # left on, and said so
+    assert "cannot disable IPv6" in done.stderr
