@@ -224,8 +224,8 @@ def make_launcher_ns(hidden: "tuple[str, ...]" = LAUNCHER_HIDDEN) -> int:
     /run/netns mount per live sandbox, so with 200 live sandboxes a bwrap cost ~29 ms
     instead of ~6. Without those lines the cost no longer depends on how many
     sandboxes live. What a sandbox sees is unchanged: it binds nothing from /run/netns
-    or /sys, and mounts made later on the host still propagate (slave), except below
-    ``hidden``, whose mount points are gone from the copy.
+    or /sys, and mounts made later in the host's shared subtrees still propagate into
+    the copy (slave), except below ``hidden``, whose mount points are gone from it.
 
     Made by a short-lived child (unshare would move the zygote itself), whose
     namespace lives on through the returned fd.
