@@ -2,7 +2,8 @@
 
 Isolation model (see docs/local-backend.md):
 * inside each netns: no default route and an output policy-drop table, loaded
-  before the agent starts (replies to the control plane pass as established);
+  before the agent starts (stateless without network access: the agent's port to
+  and from the gateway; with it, replies pass as established); no IPv6 but on lo;
 * host table ``inet hedgerow_<hash>``: nothing from the bridge may open a
   connection to the host; forwarding only for sandboxes in the ``egress`` set;
 * host table ``bridge hedgerow_<hash>`` plus bridge port isolation: no frame is
@@ -15,6 +16,7 @@ import contextlib
 import errno
 import ipaddress
 import json
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +43,8 @@ from ._netlink import (
 )
 from ._sys import run
 from .config import LocalBackendConfig, Names
+
+log = logging.getLogger(__name__)
 
 
 class Network:
@@ -272,6 +276,8 @@ table bridge {t} {{
             # the filter is in place before any interface is up or process exists
             with _nft.Nft() as nft:
                 nft.run(ruleset)
+            # eth0 (created below) gets no IPv6; lo, made with the netns, keeps ::1
+            _disable_ipv6("default")
             rt.set_link("lo", up=True)
 
         try:
@@ -315,6 +321,7 @@ table bridge {t} {{
             )
             with Rtnl() as rt:
                 rt.add_veth(hv, peer)
+                _disable_ipv6(hv)  # before it is up: no link-local address, DAD or MLD
                 bridge = link_index(self.names.bridge)
                 if not bridge:
                     raise OSError(f"bridge {self.names.bridge} is missing")
@@ -330,19 +337,43 @@ table bridge {t} {{
             os.close(ns_fd)
 
     def _sandbox_ruleset(self, network_access: bool) -> str:
-        policy = "accept" if network_access else "drop"
-        return f"""
+        gw, port = self.gateway, self.config.agent_port
+        if network_access:
+            # replies to the sandbox's own connections: stateful, so conntrack
+            return f"""
 table inet hedgerow {{
   chain input {{
     type filter hook input priority 0; policy drop;
     iif "lo" accept
     ct state established,related accept
-    ip saddr {self.gateway} tcp dport {self.config.agent_port} accept
+    ip saddr {gw} tcp dport {port} accept
   }}
   chain output {{
-    type filter hook output priority 0; policy {policy};
+    type filter hook output priority 0; policy accept;
     oif "lo" accept
     ct state established,related accept
+  }}
+}}
+"""
+        # Without network access the only connections on eth0 are the control plane's
+        # to the agent, so the rules need no state: no ct expression, hence no
+        # conntrack in this netns at all. A netns holding conntrack entries when it
+        # dies costs a walk of the machine's whole conntrack hash (262144 buckets)
+        # in a kworker, and every packet a lookup. Nothing more leaves than before:
+        # the agent's port is taken by its listener (no other socket can send from
+        # it), and the host's input chain drops whatever is not an established
+        # connection of the host's.
+        return f"""
+table inet hedgerow {{
+  chain input {{
+    type filter hook input priority 0; policy drop;
+    iif "lo" accept
+    ip saddr {gw} tcp dport {port} accept
+  }}
+  chain output {{
+    type filter hook output priority 0; policy drop;
+    oif "lo" accept
+    ip daddr {gw} tcp sport {port} accept
   }}
 }}
 """
@@ -424,6 +455,27 @@ def _enable_forwarding() -> None:
     except OSError as exc:
         if exc.errno != errno.EROFS:
             raise BackendError(f"cannot enable forwarding: {exc}") from exc
+
+
+_ipv6_warned = False
+
+
+def _disable_ipv6(device: str) -> None:
+    """IPv6 off for ``device`` (or ``default``: devices made later) in the calling
+    thread's netns. Sandboxes have IPv4 only by design (every host rule is IPv4);
+    IPv6 on their links only cost address configuration, DAD and MLD timers and
+    route teardown (fib6) when the link goes. Best effort: where /proc/sys is
+    read-only (some containers) IPv6 stays on, which costs CPU, not isolation."""
+    global _ipv6_warned
+    try:
+        with open(f"/proc/sys/net/ipv6/conf/{device}/disable_ipv6", "w") as fh:
+            fh.write("1\n")
+    except FileNotFoundError:
+        return  # a kernel without IPv6
+    except OSError as exc:
+        if not _ipv6_warned:
+            _ipv6_warned = True
+            log.warning("cannot disable IPv6 on sandbox links (%s): left on", exc)
 
 
 def _mac_for(ip: str) -> str:

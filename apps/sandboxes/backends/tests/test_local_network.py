@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,73 @@ def test_it_builds_the_network_that_ip_and_nft_see(
     ruleset = json.loads(out("ip", "netns", "exec", ns, "nft", "-j", "list", "ruleset"))
     chains = {c["chain"]["name"]: c["chain"]["policy"] for c in ruleset["nftables"] if "chain" in c}
     assert chains == {"input": "drop", "output": "drop"}
+
+
+def conntrack_entries(backend: LocalBackend, sb: Sandbox) -> int:
+    ns = backend.names.netns(sb.id)
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "cat", "/proc/sys/net/netfilter/nf_conntrack_count"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(out)
+
+
+def test_it_tracks_no_connections_in_a_sandbox_without_network_access(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, outside: str
+) -> None:
+    closed = sandbox_factory(network_access=False)
+    opened = sandbox_factory(network_access=True)
+    for sb in (closed, opened):
+        assert sb.sh("echo hi") == (0, "hi\n", "")  # connections to the agent
+    assert probe(opened, [outside])[outside] == "open"
+    # a netns with conntrack entries costs its teardown a walk of the whole table
+    assert conntrack_entries(backend, closed) == 0
+    assert conntrack_entries(backend, opened) > 0  # stateful: replies to its own
+    # the stateless output rule lets out only the agent's port, which no command can
+    # take from its listener (with SO_REUSEADDR too)
+    port = closed.endpoint.port
+    bind = (
+        "import socket; s = socket.socket(); "
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('0.0.0.0', {port}))"
+    )
+    code, _, err = closed.sh(f'python3 -c "{bind}"')
+    assert code != 0 and "Address already in use" in err, err
+
+
+def test_it_gives_sandbox_links_no_ipv6_but_keeps_loopback(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend
+) -> None:
+    sb = sandbox_factory()
+    _, out, _ = sb.sh("cat /proc/net/if_inet6")
+    assert [line.split()[-1] for line in out.splitlines()] == ["lo"], out  # ::1 only
+    assert (
+        sb.sh("python3 -c \"import socket; socket.socket(socket.AF_INET6).bind(('::1', 0))\"")[0]
+        == 0
+    )
+    host_end = Path(f"/proc/sys/net/ipv6/conf/{backend.names.host_veth(sb.id)}/disable_ipv6")
+    assert host_end.read_text().strip() == "1"
+
+
+def test_it_leaves_ipv6_on_rather_than_fail_where_proc_sys_is_read_only() -> None:
+    # a throwaway mount and network namespace: the host's settings are never touched
+    script = (
+        "import apps.sandboxes.backends.local.network as n; "
+        "n._disable_ipv6('default'); "
+        "print(open('/proc/sys/net/ipv6/conf/default/disable_ipv6').read().strip())"
+    )
+    shell = (
+        "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && "
+        'exec "$0" -c "$1"'
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "-n", "sh", "-c", shell, sys.executable, script],
+        capture_output=True,
+        text=True,
+        cwd=str(Path(__file__).resolve().parents[4]),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"  # left on, and said so
+    assert "cannot disable IPv6" in done.stderr

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 import uuid
@@ -267,6 +268,89 @@ def test_it_ends_the_sandbox_when_its_agent_dies(
         until(functools.partial(all_gone, pids), "the sandbox to end")
         assert sb.backend.endpoint(sb.id) is None
         assert sb.backend.network.netns_pids(sb.id) == []
+
+
+def mount_points(pid: int | str) -> list[str]:
+    return [line.split(" ")[4] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
+
+
+def test_it_starts_bwrap_where_no_other_sandbox_netns_is_mounted(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    first, second = sandbox_factory(), sandbox_factory()
+    host = mount_points("self")
+    first_ns = f"/run/netns/{first.backend.names.netns(first.id)}"
+    assert first_ns in host  # the host's table has one mount per live sandbox
+    # bwrap's outer process stays in the namespace it was started in: the launcher's
+    bwrap_pid = meta(second)["bwrap_pid"]
+    assert os.readlink(f"/proc/{bwrap_pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    launcher = mount_points(bwrap_pid)
+    hidden = [p for p in launcher if p.startswith(("/run/netns", "/sys"))]
+    assert hidden == [], hidden
+    assert {"/", "/proc", "/dev"} <= set(launcher)
+    # and a third sandbox's bwrap sees no more mounts than the second's did
+    third = sandbox_factory()
+    assert len(mount_points(meta(third)["bwrap_pid"])) == len(launcher)
+    assert third.sh("echo ok") == (0, "ok\n", "")
+
+
+_LAUNCHER_PROBE = """
+import json, os, subprocess, sys
+import podagent.zygote as z
+root = sys.argv[1]
+def mount(*args):
+    subprocess.run(["mount", *args], check=True)
+mount("--make-rprivate", "/")
+mount("-t", "tmpfs", "none", root)
+os.makedirs(root + "/hide")
+os.makedirs(root + "/keep")
+mount("-t", "tmpfs", "none", root + "/hide")
+os.makedirs(root + "/hide/deep")
+mount("-t", "tmpfs", "none", root + "/hide/deep")
+mount("-t", "tmpfs", "none", root + "/hide/deep")  # stacked on the same point
+mount("-t", "tmpfs", "none", root + "/keep")
+fd = z.make_launcher_ns((root + "/hide",))
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    z._setns(fd, z.CLONE_NEWNS, "launcher")
+    os.write(w, json.dumps(z._mount_points()).encode())
+    os._exit(0)
+os.close(w)
+seen = json.loads(os.read(r, 1 << 20))
+os.waitpid(pid, 0)
+print(json.dumps({"launcher": seen, "own": z._mount_points()}))
+"""
+
+
+def test_it_makes_a_launcher_namespace_without_the_hidden_mounts(tmp_path: Path) -> None:
+    root = str(tmp_path / "m")
+    os.makedirs(root)
+    # in a throwaway mount namespace: the host's table is never touched
+    out = subprocess.run(
+        ["unshare", "-m", sys.executable, "-c", _LAUNCHER_PROBE, root],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(PODAGENT.parent),
+    ).stdout
+    tables = json.loads(out)
+    own, launcher = tables["own"], tables["launcher"]
+    # the namespace that made it keeps all its mounts
+    assert own.count(f"{root}/hide/deep") == 2 and f"{root}/hide" in own
+    # the launcher: nothing at or below the hidden point, everything else
+    assert [p for p in launcher if p.startswith(f"{root}/hide")] == []
+    assert f"{root}/keep" in launcher and root in launcher
+    assert len(launcher) == len(own) - 3  # hide, and deep twice
+
+
+def test_it_passes_agent_arguments_the_agent_reads_without_argparse() -> None:
+    from podagent.__main__ import _parse_plain
+
+    args = [*process.agent_args(8000), "--listening-fd", "5"]
+    parsed = _parse_plain(args)
+    assert parsed is not None, "an option the agent's plain reader does not know"
+    assert parsed.listen == ("0.0.0.0", 8000) and parsed.unlink_token is True
 
 
 def test_it_keeps_sandboxes_running_when_the_zygote_dies_and_starts_a_new_one(
