@@ -24,6 +24,7 @@ from apps.billing.models import ApiKey, ApiKeyLimits, Tenant, TenantQuota
 from apps.billing.pricing import money
 from apps.billing.usage import tenant_month_cost
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
+from controlplane.dbrows import instance_from_row, select_list
 from controlplane.errors import ApiError
 
 # Any constant unique to this lock; pg advisory locks are per database.
@@ -76,7 +77,7 @@ def quota_lock(*, tenant: Tenant) -> TenantQuota:
 
 
 @functools.cache
-def _quota_lock_sql() -> tuple[str, list[str]]:
+def _quota_lock_sql() -> str:
     """The quota row, locked, and the calling key's sandbox limit, in one statement.
 
     Written out once: the ORM spent ~1.5 ms of CPU compiling the ``select_for_update``
@@ -85,21 +86,18 @@ def _quota_lock_sql() -> tuple[str, list[str]]:
     that is fine for a limit (a setting), unlike the use counted under the lock, which
     must be a statement of its own (``tenant_use``). A test holds it to the ORM's read.
     """
-    fields = TenantQuota._meta.concrete_fields
-    limits, keys = ApiKeyLimits._meta, ApiKey._meta
-    cols = ", ".join(f'q."{f.column}"' for f in fields)
+    quotas, limits, keys = TenantQuota._meta, ApiKeyLimits._meta, ApiKey._meta
     # Identifiers only from the models' own metadata; values are parameters.
-    sql = f"""
-SELECT {cols},
+    return f"""
+SELECT {select_list(TenantQuota)},
        (SELECT kl.max_concurrent_sandboxes
           FROM "{limits.db_table}" kl JOIN "{keys.db_table}" k ON k.id = kl.api_key_id
-         WHERE k.tenant_id = q.tenant_id AND k.prefix = %(prefix)s
+         WHERE k.tenant_id = "{quotas.db_table}".tenant_id AND k.prefix = %(prefix)s
          ORDER BY kl.id LIMIT 1)
-  FROM "{TenantQuota._meta.db_table}" q
- WHERE q.tenant_id = %(tenant)s
-   FOR UPDATE OF q
+  FROM "{quotas.db_table}"
+ WHERE "{quotas.db_table}".tenant_id = %(tenant)s
+   FOR UPDATE OF "{quotas.db_table}"
 """  # noqa: S608
-    return sql, [f.attname for f in fields]
 
 
 def quota_lock_for(*, tenant: Tenant, actor: str) -> tuple[TenantQuota, int | None]:
@@ -108,7 +106,7 @@ def quota_lock_for(*, tenant: Tenant, actor: str) -> tuple[TenantQuota, int | No
     if settings.HEDGEROW_MAX_LIVE_SANDBOXES:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CLUSTER_LOCK_KEY])
-    sql, names = _quota_lock_sql()
+    sql = _quota_lock_sql()
     params = {"tenant": str(tenant.pk), "prefix": actor[4:] if actor.startswith("key:") else None}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -119,10 +117,10 @@ def quota_lock_for(*, tenant: Tenant, actor: str) -> tuple[TenantQuota, int | No
             row = cursor.fetchone()
     if row is None:  # the tenant is gone (deleted meanwhile)
         raise TenantQuota.DoesNotExist(f"no quota row for tenant {tenant.pk}")
-    quota = TenantQuota.from_db(connection.alias, names, row[: len(names)])
+    quota = instance_from_row(TenantQuota, row)
     # The caller's tenant, so reading quota.tenant (budget, key limits) costs no query.
     quota.tenant = tenant
-    key_max: int | None = row[len(names)]
+    key_max: int | None = row[-1]
     return quota, key_max
 
 

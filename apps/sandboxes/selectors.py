@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
-
 from django.db import connection
 from django.db.models import QuerySet
-from django.db.models.expressions import Col
 
 from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox, SandboxEvent
+from controlplane.dbrows import instance_from_row, select_list
 from controlplane.errors import NotFound
 
 
@@ -38,27 +34,6 @@ def sandbox_by_idempotency_key(*, tenant: Tenant, idempotency_key: str) -> Sandb
     return _sandbox_where("tenant_id", tenant, "idempotency_key", idempotency_key)
 
 
-_Converter = Callable[[Any, Any, Any], Any]
-
-
-@functools.cache
-def _sandbox_select() -> tuple[str, list[str], list[tuple[int, Col, list[_Converter]]]]:
-    """``SELECT <every column> FROM sandboxes``, the attribute names and each column's
-    converters (JSON labels), as the ORM's ModelIterable applies them."""
-    meta = Sandbox._meta
-    fields = meta.concrete_fields
-    cols = ", ".join(f'"{f.column}"' for f in fields)
-    converters = []
-    for i, f in enumerate(fields):
-        col = f.get_col(meta.db_table)
-        found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-        if found:
-            converters.append((i, col, found))
-    # Identifiers only from the model's own metadata; values are parameters.
-    select = f'SELECT {cols} FROM "{meta.db_table}" WHERE '  # noqa: S608
-    return select, [f.attname for f in fields], converters
-
-
 def _sandbox_where(
     tenant_column: str, tenant: Tenant | None, column: str, value: str
 ) -> Sandbox | None:
@@ -69,20 +44,16 @@ def _sandbox_where(
     no ORDER BY is needed. A test holds it to the ORM's answer."""
     if tenant is None:
         return None
-    select, names, converters = _sandbox_select()
+    table = Sandbox._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f'{select}"{tenant_column}" = %s AND "{column}" = %s LIMIT 1',
+            # Identifiers only from the model's metadata and the callers' constants.
+            f'SELECT {select_list(Sandbox)} FROM "{table}" '  # noqa: S608
+            f'WHERE "{tenant_column}" = %s AND "{column}" = %s LIMIT 1',
             [tenant.pk, value],
         )
         row = cursor.fetchone()
-    if row is None:
-        return None
-    values = list(row)
-    for i, col, functions in converters:
-        for convert in functions:
-            values[i] = convert(values[i], col, connection)
-    return Sandbox.from_db(connection.alias, names, values)
+    return None if row is None else instance_from_row(Sandbox, row)
 
 
 def sandbox_events(*, sandbox: Sandbox) -> QuerySet[SandboxEvent]:

@@ -38,6 +38,7 @@ def test_it_returns_what_the_orm_returns(make_tenant):
     bare = make_sandbox(tenant, external_id="sb-bare", state=State.REQUESTED, endpoint_port=None)
     for sandbox in (full, bare):
         orm = Sandbox.objects.for_tenant(tenant).filter(external_id=sandbox.external_id).first()
+        assert orm is not None
         got = sandbox_get(tenant=tenant, sandbox_id=sandbox.external_id)
         assert type(got) is Sandbox and not got._state.adding and got._state.db == "default"
         assert _fields(got) == _fields(orm)
