@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import connection
 
+from apps.sandboxes import selectors
 from apps.sandboxes.events import redis_client, sandbox_channel
 from apps.sandboxes.models import Sandbox, State
 
@@ -30,7 +31,7 @@ def sandbox_wait_settled(*, sandbox: Sandbox, timeout_s: float) -> Sandbox:
         while True:
             remaining = deadline - time.monotonic()
             if reread or remaining <= 0:
-                sandbox.refresh_from_db()
+                selectors.sandbox_refresh(sandbox=sandbox)
                 if sandbox.state in SETTLED_STATES or remaining <= 0:
                     return sandbox
                 # Hand the DB connection back while blocked: a thousand clients waiting

@@ -92,13 +92,15 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
     tenant, _ = make_tenant()
     sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0)
     channel = events.sandbox_channel(str(sandbox.id))
-    real_refresh, real_get = Sandbox.refresh_from_db, PubSub.get_message
+    from apps.sandboxes import selectors
+
+    real_refresh, real_get = selectors.sandbox_refresh, PubSub.get_message
     reads: list[str] = []
     polls: list[int] = []
 
-    def refresh(self: Sandbox, *args: Any, **kwargs: Any) -> None:
-        real_refresh(self, *args, **kwargs)
-        reads.append(self.state)
+    def refresh(*, sandbox: Sandbox) -> None:
+        real_refresh(sandbox=sandbox)
+        reads.append(sandbox.state)
         if len(reads) == 1:  # subscribed by now: the worker claims the sandbox
             events.redis_client().publish(channel, json.dumps({"state": State.PROVISIONING}))
 
@@ -109,7 +111,7 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
             events.redis_client().publish(channel, json.dumps({"state": State.READY}))
         return real_get(self, *args, **kwargs)
 
-    monkeypatch.setattr(Sandbox, "refresh_from_db", refresh)
+    monkeypatch.setattr(selectors, "sandbox_refresh", refresh)
     monkeypatch.setattr(PubSub, "get_message", get_message)
     settled = sandbox_wait_settled(sandbox=sandbox, timeout_s=30)
     assert settled.state == State.READY

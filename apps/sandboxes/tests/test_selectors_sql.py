@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from apps.sandboxes.models import Sandbox, State
-from apps.sandboxes.selectors import sandbox_by_idempotency_key, sandbox_get
+from apps.sandboxes.selectors import sandbox_by_idempotency_key, sandbox_get, sandbox_refresh
 from apps.sandboxes.tests.factories import make_sandbox
 from controlplane.errors import NotFound
 
@@ -64,3 +64,19 @@ def test_it_never_returns_another_tenants_sandbox(make_tenant):
     found = sandbox_by_idempotency_key(tenant=tenant, idempotency_key="shared")
     assert found is not None and found.pk == mine.pk
     assert sandbox_get(tenant=other, sandbox_id="sb-theirs").pk != mine.pk
+
+
+def test_it_refreshes_an_instance_as_refresh_from_db_does(make_tenant):
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, external_id="sb-r", state=State.REQUESTED, labels={"a": "1"})
+    stale = sandbox_get(tenant=tenant, sandbox_id="sb-r")
+    Sandbox.objects.filter(pk=sandbox.pk).update(
+        state=State.READY, generation=5, node="n1", labels={"b": "2"}, ready_at=timezone.now()
+    )
+    sandbox_refresh(sandbox=stale)
+    orm = Sandbox.objects.get(pk=sandbox.pk)
+    assert _fields(stale) == _fields(orm)
+    assert stale.state == State.READY and stale.labels == {"b": "2"}
+    Sandbox.objects.filter(pk=sandbox.pk).delete()
+    with pytest.raises(Sandbox.DoesNotExist):
+        sandbox_refresh(sandbox=stale)
