@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -117,3 +118,38 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
     assert settled.state == State.READY
     # Read once after subscribing and once on `ready`; `provisioning` needs no read.
     assert reads == [State.REQUESTED, State.READY]
+
+
+def test_it_keeps_one_subscriber_connection_per_thread_and_leaves_it_unsubscribed(
+    transactional_db, make_tenant
+):
+    from apps.sandboxes.services import waiting
+
+    tenant, _ = make_tenant()
+    first = make_sandbox(tenant, state=State.REQUESTED, generation=0)
+    second = make_sandbox(tenant, state=State.REQUESTED, generation=0)
+    assert sandbox_wait_settled(sandbox=first, timeout_s=0.2).state == State.REQUESTED
+    kept = waiting._threads.pubsub
+    assert kept is not None and kept.connection is not None
+    assert not kept.subscribed and not kept.channels
+    connection = kept.connection
+    # Published after that wait ended: nobody listens on this connection any more.
+    events.redis_client().publish(events.sandbox_channel(str(first.id)), "late")
+
+    def ready_soon() -> None:
+        time.sleep(0.3)
+        Sandbox.objects.filter(pk=second.pk).update(state=State.READY, generation=1)
+        events.redis_client().publish(
+            events.sandbox_channel(str(second.id)), json.dumps({"state": State.READY})
+        )
+
+    thread = threading.Thread(target=ready_soon)
+    thread.start()
+    assert sandbox_wait_settled(sandbox=second, timeout_s=30).state == State.READY
+    thread.join()
+    assert waiting._threads.pubsub is kept and kept.connection is connection
+    assert not kept.subscribed
+
+    connection.disconnect()  # Redis dropped it while the thread was idle
+    assert sandbox_wait_settled(sandbox=first, timeout_s=0.2).state == State.REQUESTED
+    assert waiting._threads.pubsub is kept and not kept.subscribed
