@@ -88,8 +88,7 @@ def _quota_lock_sql() -> str:
     """
     quotas, limits, keys = TenantQuota._meta, ApiKeyLimits._meta, ApiKey._meta
     # Identifiers only from the models' own metadata; values are parameters.
-    return f"""
-SELECT {select_list(TenantQuota)},
+    return f"""SELECT {select_list(TenantQuota)},
        (SELECT kl.max_concurrent_sandboxes
           FROM "{limits.db_table}" kl JOIN "{keys.db_table}" k ON k.id = kl.api_key_id
          WHERE k.tenant_id = "{quotas.db_table}".tenant_id AND k.prefix = %(prefix)s
@@ -200,8 +199,7 @@ class TenantUse:
 
 # Written out once: the ORM spent ~1.4 ms of CPU compiling this aggregate on every
 # create (py-spy, docs/benchmarks.md). A test holds it to the ORM's answer.
-_TENANT_USE_SQL = """
-SELECT COUNT(*) FILTER (WHERE state = ANY(%(live)s)),
+_TENANT_USE_SQL = """SELECT COUNT(*) FILTER (WHERE state = ANY(%(live)s)),
        SUM(cpu_millis) FILTER (WHERE state = ANY(%(live)s)),
        SUM(memory_mib) FILTER (WHERE state = ANY(%(live)s)),
        COUNT(*) FILTER (WHERE state = %(queued)s)
