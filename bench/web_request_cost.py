@@ -8,8 +8,11 @@ provision tasks are dropped with the instance's Redis keys at the end).
     .venv/bin/python -m bench.web_request_cost [N] [--profile STEP] [--sort cumulative]
 
 Steps: ``healthz`` (Django's middleware alone), ``get`` (GET /sandboxes/<id>),
-``create`` (POST /sandboxes with an Idempotency-Key), ``wait`` (GET
-/sandboxes/<id>/wait on a ready sandbox), ``delete`` (DELETE /sandboxes/<id> on a
+``create`` (POST /sandboxes with an Idempotency-Key), ``readysim`` (what the worker
+does for a waiter — publish ``provisioning``, commit ``ready``, publish — with no
+request: the baseline of the next step), ``waitblock`` (GET /sandboxes/<id>/wait on a
+requested sandbox that becomes ready while it waits: subtract ``readysim``), ``wait``
+(GET /sandboxes/<id>/wait on a ready sandbox), ``delete`` (DELETE /sandboxes/<id> on a
 ready one), ``exec404`` (POST exec on a missing sandbox: the fast path's hand-off to
 DRF). ``--profile STEP`` prints a cProfile of that step's N requests.
 """
@@ -183,6 +186,37 @@ async def _run(args: Any) -> int:
         status, body = await _call(application, "GET", path, secret)
         assert status == 200, body
 
+    uuids: dict[str, str] = {}
+
+    def make_requested() -> None:
+        Sandbox.objects.filter(external_id__in=ids).update(state=State.REQUESTED)
+        uuids.update(
+            (ext, str(pk))
+            for ext, pk in Sandbox.objects.filter(external_id__in=ids).values_list(
+                "external_id", "id"
+            )
+        )
+
+    def become_ready(i: int) -> None:
+        # What the worker does for a waiter: publish provisioning, commit ready, publish.
+        from apps.sandboxes.events import redis_client, sandbox_channel
+
+        channel = sandbox_channel(uuids[ids[i]])
+        redis_client().publish(channel, json.dumps({"state": State.PROVISIONING}))
+        Sandbox.objects.filter(pk=uuids[ids[i]]).update(state=State.READY)
+        redis_client().publish(channel, json.dumps({"state": State.READY}))
+
+    async def readysim(i: int) -> None:
+        await asyncio.sleep(0.002)
+        await sync_to_async(become_ready)(i)
+
+    async def waitblock(i: int) -> None:
+        path = f"/api/v1/sandboxes/{ids[i]}/wait?timeout=10"
+        answer = asyncio.ensure_future(_call(application, "GET", path, secret))
+        await readysim(i)
+        status, body = await answer
+        assert status == 200, body
+
     async def delete(i: int) -> None:
         status, body = await _call(application, "DELETE", f"/api/v1/sandboxes/{ids[i]}", secret)
         assert status == 202, body
@@ -207,6 +241,8 @@ async def _run(args: Any) -> int:
     steps: list[tuple[str, Callable[[int], Any]]] = [
         ("healthz", healthz),
         ("create", create),
+        ("readysim", readysim),
+        ("waitblock", waitblock),
         ("get", get),
         ("wait", wait),
         ("exec404", exec404),
@@ -215,6 +251,8 @@ async def _run(args: Any) -> int:
     print(f"web_request_cost: N={n} load={Path('/proc/loadavg').read_text().split()[0]}")
     print(f"{'step':<9} {'cpu ms/req':>10} {'wall ms/req':>11}")
     for name, step in steps:
+        if name in ("readysim", "waitblock"):
+            await sync_to_async(make_requested)()
         if name == "get":
             await sync_to_async(make_ready)()
         profiler = cProfile.Profile() if args.profile == name else None

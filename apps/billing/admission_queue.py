@@ -26,7 +26,7 @@ from apps.billing.quotas import (
     check_budget,
     check_request_fits,
     limit_error,
-    quota_lock,
+    quota_lock_for,
     tenant_use,
 )
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
@@ -42,14 +42,16 @@ def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None) -> bool:
     (without queueing) any limit in the way. With queueing, a tenant's new create
     waits behind its already queued ones, so its queue stays FIFO.
     """
-    quota = quota_lock(tenant=tenant)
+    quota, key_max = quota_lock_for(tenant=tenant, actor=ask.actor)
     check_request_fits(quota=quota, ask=ask)
     check_budget(quota=quota)
     wants_queue = quota.queue_by_default if queue is None else queue
     use = tenant_use(tenant_id=tenant.pk)  # live use and queue length, one statement
     queued = use.queued
     shortfall = (
-        None if (wants_queue and queued) else capacity_shortfall(quota=quota, ask=ask, use=use)
+        None
+        if (wants_queue and queued)
+        else capacity_shortfall(quota=quota, ask=ask, use=use, key_max_sandboxes=key_max)
     )
     if not (wants_queue and queued) and shortfall is None:
         return True
@@ -126,7 +128,7 @@ def _try_admit(sandbox_pk: str) -> str:
         sandbox = Sandbox.objects.select_related("tenant").filter(pk=sandbox_pk).first()
         if sandbox is None or sandbox.state != State.QUEUED:
             return "gone"
-        quota = quota_lock(tenant=sandbox.tenant)
+        quota, key_max = quota_lock_for(tenant=sandbox.tenant, actor=sandbox.created_by)
         try:
             check_budget(quota=quota)
         except BudgetExhausted as exc:
@@ -146,7 +148,7 @@ def _try_admit(sandbox_pk: str) -> str:
             ttl_seconds=sandbox.ttl_seconds,
             actor=sandbox.created_by,
         )
-        shortfall = capacity_shortfall(quota=quota, ask=ask)
+        shortfall = capacity_shortfall(quota=quota, ask=ask, key_max_sandboxes=key_max)
         if shortfall is not None:
             full = shortfall.extra.get("limit") == "cluster_live_sandboxes"
             return "cluster_full" if full else "tenant_full"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from django.core.handlers.asgi import ASGIHandler
 
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.tests.factories import make_sandbox
-from controlplane.asgi_handler import SyncChainASGIHandler
+from controlplane.asgi_handler import RequestThreads, SyncChainASGIHandler
 
 
 def _call(
@@ -154,3 +155,46 @@ def test_it_runs_the_whole_chain_in_one_hop_to_a_thread(handlers, make_tenant, m
     # request_started's receivers, get_response, response.close(): one each.
     assert len(hops) == 3, hops
     assert stock_hops > 3
+
+
+def test_it_serves_one_request_after_another_from_the_same_thread(handlers):
+    from django.core.signals import request_started
+
+    stock, chained = handlers
+    seen: list[threading.Thread] = []
+
+    def record(**_: Any) -> None:
+        seen.append(threading.current_thread())
+
+    request_started.connect(record, weak=False, dispatch_uid="test-request-thread")
+    try:
+        for app in (chained, chained, stock, stock):
+            assert _call(app, "GET", "/healthz", [])[0] == 200
+    finally:
+        request_started.disconnect(dispatch_uid="test-request-thread")
+    assert seen[0] is seen[1] and seen[0].name.startswith("hedgerow-request")
+    assert seen[0].is_alive()
+    assert seen[2] is not seen[3]  # the stock handler starts a thread per request
+
+
+def test_it_never_hands_out_a_thread_that_is_still_busy():
+    pool = RequestThreads(max_idle=4)
+    quick = pool.lease()
+    assert quick.submit(lambda: 42).result(timeout=5) == 42
+    pool.give_back(quick)
+    assert pool.lease() is quick  # idle: taken again
+
+    release = threading.Event()
+    busy = pool.lease()
+    running = busy.submit(release.wait, 10)
+    pool.give_back(busy)  # its client went away while the view still runs
+    other = pool.lease()
+    assert other is not busy
+    assert other.submit(lambda: "free").result(timeout=5) == "free"
+    release.set()
+    assert running.result(timeout=5) is True
+    with pytest.raises(RuntimeError):  # it was shut down, not pooled
+        busy.submit(lambda: None)
+    pool.give_back(other)
+    pool.give_back(quick)
+    assert pool.lease() is quick and pool.lease() is other

@@ -262,3 +262,26 @@ def test_it_repairs_a_missing_or_unclosed_record_from_the_ledger(make_tenant, bo
     assert usage_sweep() == 1  # the sandbox ended but the record stayed open
     assert UsageRecord.objects.get(sandbox=sandbox).end_state == "deleted"
     assert usage_rollup(day="2026-03-10") == 2  # total and image (no labels)
+
+
+def test_it_reads_usage_records_as_the_orm_does_and_prices_them_alike(make_tenant, book):
+    from apps.billing.usage import sandbox_billing, usage_records_of
+
+    tenant, _ = make_tenant()
+    live = ledger_sandbox(
+        tenant, T0, [("provisioning", 0), ("ready", 3)], labels={"capacity": "spot"}
+    )
+    ended = ledger_sandbox(tenant, T0, [("provisioning", 0), ("ready", 3), ("deleted", 3600)])
+    never = ledger_sandbox(tenant, T0, [("deleted", 5)])  # never held resources
+    ids = [live.pk, ended.pk, never.pk]
+    fields = [f.attname for f in UsageRecord._meta.concrete_fields]
+    got = {r.sandbox_id: r for r in usage_records_of(sandbox_ids=ids)}
+    orm = {r.sandbox_id: r for r in UsageRecord.objects.filter(sandbox_id__in=ids)}
+    assert set(got) == set(orm) == {live.pk, ended.pk}
+    for pk, record in got.items():
+        assert {f: getattr(record, f) for f in fields} == {f: getattr(orm[pk], f) for f in fields}
+    assert got[live.pk].labels == {"capacity": "spot"} and got[live.pk].ended_at is None
+    billing = sandbox_billing(sandboxes=[live, ended, never])
+    assert billing[ended.pk].cost == _cost(ended)
+    assert billing[live.pk].cost is not None and billing[never.pk].cost is None
+    assert usage_records_of(sandbox_ids=[]) == []

@@ -20,6 +20,7 @@ from django.utils import timezone
 from apps.billing.models import Tenant
 from apps.sandboxes.events import publish_sandbox_state
 from apps.sandboxes.models import LIVE_STATES, Sandbox, SandboxEvent, State
+from apps.sandboxes.selectors import sandbox_by_idempotency_key
 from controlplane.errors import Conflict, ValidationFailed
 
 log = logging.getLogger(__name__)
@@ -330,7 +331,7 @@ def sandbox_create(
     from apps.sandboxes.tasks import provision_sandbox
 
     if idempotency_key is not None:
-        existing = Sandbox.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        existing = sandbox_by_idempotency_key(tenant=tenant, idempotency_key=idempotency_key)
         if existing is not None:
             return _replayed(existing, request), False
     fingerprint = request.fingerprint()

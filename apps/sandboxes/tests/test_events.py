@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -92,13 +93,15 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
     tenant, _ = make_tenant()
     sandbox = make_sandbox(tenant, state=State.REQUESTED, generation=0)
     channel = events.sandbox_channel(str(sandbox.id))
-    real_refresh, real_get = Sandbox.refresh_from_db, PubSub.get_message
+    from apps.sandboxes import selectors
+
+    real_refresh, real_get = selectors.sandbox_refresh, PubSub.get_message
     reads: list[str] = []
     polls: list[int] = []
 
-    def refresh(self: Sandbox, *args: Any, **kwargs: Any) -> None:
-        real_refresh(self, *args, **kwargs)
-        reads.append(self.state)
+    def refresh(*, sandbox: Sandbox) -> None:
+        real_refresh(sandbox=sandbox)
+        reads.append(sandbox.state)
         if len(reads) == 1:  # subscribed by now: the worker claims the sandbox
             events.redis_client().publish(channel, json.dumps({"state": State.PROVISIONING}))
 
@@ -109,9 +112,44 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
             events.redis_client().publish(channel, json.dumps({"state": State.READY}))
         return real_get(self, *args, **kwargs)
 
-    monkeypatch.setattr(Sandbox, "refresh_from_db", refresh)
+    monkeypatch.setattr(selectors, "sandbox_refresh", refresh)
     monkeypatch.setattr(PubSub, "get_message", get_message)
     settled = sandbox_wait_settled(sandbox=sandbox, timeout_s=30)
     assert settled.state == State.READY
     # Read once after subscribing and once on `ready`; `provisioning` needs no read.
     assert reads == [State.REQUESTED, State.READY]
+
+
+def test_it_keeps_one_subscriber_connection_per_thread_and_leaves_it_unsubscribed(
+    transactional_db, make_tenant
+):
+    from apps.sandboxes.services import waiting
+
+    tenant, _ = make_tenant()
+    first = make_sandbox(tenant, state=State.REQUESTED, generation=0)
+    second = make_sandbox(tenant, state=State.REQUESTED, generation=0)
+    assert sandbox_wait_settled(sandbox=first, timeout_s=0.2).state == State.REQUESTED
+    kept = waiting._threads.pubsub
+    assert kept is not None and kept.connection is not None
+    assert not kept.subscribed and not kept.channels
+    connection = kept.connection
+    # Published after that wait ended: nobody listens on this connection any more.
+    events.redis_client().publish(events.sandbox_channel(str(first.id)), "late")
+
+    def ready_soon() -> None:
+        time.sleep(0.3)
+        Sandbox.objects.filter(pk=second.pk).update(state=State.READY, generation=1)
+        events.redis_client().publish(
+            events.sandbox_channel(str(second.id)), json.dumps({"state": State.READY})
+        )
+
+    thread = threading.Thread(target=ready_soon)
+    thread.start()
+    assert sandbox_wait_settled(sandbox=second, timeout_s=30).state == State.READY
+    thread.join()
+    assert waiting._threads.pubsub is kept and kept.connection is connection
+    assert not kept.subscribed
+
+    connection.disconnect()  # Redis dropped it while the thread was idle
+    assert sandbox_wait_settled(sandbox=first, timeout_s=0.2).state == State.REQUESTED
+    assert waiting._threads.pubsub is kept and not kept.subscribed
