@@ -153,7 +153,9 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
                 )
                 body = ran.json()
                 if ran.status_code != 200 or body.get("stdout") != f"{i}\n":
-                    raise RuntimeError(f"exec {ran.status_code}: {ran.text[:200]}")
+                    # The operation's error names the cause (its head is the same for all).
+                    why = body.get("error") or ran.text[:200]
+                    raise RuntimeError(f"exec {ran.status_code}: {why}")
                 results.execs.append(time.perf_counter() - t0)
             deleted = await _call(client, results, "DELETE", f"/sandboxes/{sandbox_id}")
             if deleted.status_code != 202:
