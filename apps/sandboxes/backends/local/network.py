@@ -425,12 +425,28 @@ table inet hedgerow {{
     def list_veths(self) -> list[tuple[str, str | None]]:
         """(host veth name, sandbox id from its alias)."""
         out = run(["ip", "-j", "-d", "link", "show", "type", "veth"]).stdout
-        found = []
+        found: list[tuple[str, str | None]] = []
+        unaliased: list[str] = []
         for link in json.loads(out or "[]"):
             name, alias = link.get("ifname", ""), link.get("ifalias", "")
             sid = self.names.sandbox_from_alias(alias)
-            if sid is not None or (name.startswith(self.names.veth_prefix) and not alias):
+            if sid is not None:
                 found.append((name, sid))
+            elif name.startswith(self.names.veth_prefix) and not alias:
+                unaliased.append(name)
+        if unaliased:
+            # The kernel takes no alias when it creates a link, so a veth being set up
+            # has none for a moment. Its name is derived from its sandbox's id, and its
+            # far end already sits in that sandbox's named netns: match it against our
+            # netns, or a reconciler round (the warm pool's refill provisions while one
+            # runs) reclaims a starting sandbox's veth as unparseable. Without such a
+            # netns it is an orphan (sandbox id None).
+            by_veth = {}
+            for ns in self.list_netns():
+                sid = self.names.sandbox_from_netns(ns)
+                if sid is not None:
+                    by_veth[self.names.host_veth(sid)] = sid
+            found.extend((name, by_veth.get(name)) for name in unaliased)
         return found
 
     def list_egress(self) -> list[str]:

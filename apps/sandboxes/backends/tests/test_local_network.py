@@ -261,3 +261,33 @@ def test_it_leaves_ipv6_on_rather_than_fail_where_proc_sys_is_read_only() -> Non
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"  # left on, and said so
     assert "cannot disable IPv6" in done.stderr
+
+
+def test_it_owns_a_veth_caught_before_its_alias_by_its_far_end_netns(
+    backend: LocalBackend, sandbox_factory: Callable[..., Sandbox]
+) -> None:
+    """A veth is created without its alias (the kernel takes none at creation) and gets
+    it a moment later. A reconciler listing in that moment must still see whose it is,
+    or it reclaims a starting sandbox's veth as an unparseable orphan."""
+    sb = sandbox_factory(network_access=False)
+    hv = backend.names.host_veth(sb.id)
+    subprocess.run(["ip", "link", "set", "dev", hv, "alias", ""], check=True)
+    [host] = json.loads(
+        subprocess.run(
+            ["ip", "-d", "-j", "link", "show", "dev", hv], capture_output=True, text=True
+        ).stdout
+    )
+    assert not host.get("ifalias"), "the alias must be gone for this test to mean anything"
+
+    assert (hv, sb.id) in backend.network.list_veths()
+    veths = [item for item in backend.inventory() if item.kind == "veth"]
+    assert [(item.name, item.sandbox_id) for item in veths] == [(hv, sb.id)]
+
+    # Ours by its prefix, but with no sandbox netns at the far end: a real orphan.
+    stray, peer = backend.names.veth_prefix + "stray0", f"hrsp{os.getpid() % 10**8}"
+    subprocess.run(["ip", "link", "add", stray, "type", "veth", "peer", "name", peer], check=True)
+    try:
+        assert (stray, None) in backend.network.list_veths()
+        assert (hv, sb.id) in backend.network.list_veths()
+    finally:
+        subprocess.run(["ip", "link", "del", stray], check=False)
