@@ -148,13 +148,16 @@ class CpuAccount(threading.Thread):
         self.me = os.getpid()
         self.zygotes: set[int] = set()
         self._kinds: dict[Key, str] = {}
+        # A scan of a loaded machine takes a while and every process keeps running
+        # meanwhile: the machine's counter is read on both sides, its midpoint used.
+        before = _machine_busy_ticks()
         self._start = self._scan()
+        self._busy_start = (before + _machine_busy_ticks()) / 2
         self._last: dict[Key, _Proc] = dict(self._start)
         self._end: dict[Key, _Proc] = {}
-        self._busy_start = _machine_busy_ticks()
         self._mark_self(self._start)  # the scan above is outside the window
         self._wall_start = time.perf_counter()
-        self.busy_ticks = 0
+        self.busy_ticks = 0.0
         self.wall = 0.0
         self.thread_cpu = 0.0  # this sampler's own CPU, measured in its thread
         self.other_samplers_cpu = 0.0  # set by the caller (e.g. the memory sampler)
@@ -282,12 +285,13 @@ class CpuAccount(threading.Thread):
     def stop(self) -> None:
         self.running = False
         self.join()
-        self.busy_ticks = _machine_busy_ticks() - self._busy_start
         self.wall = time.perf_counter() - self._wall_start
         self._end = {}
         self._mark_self(self._end)  # before the scan, which is outside the window
         me = dict(self._end)
+        before = _machine_busy_ticks()
         self._end = self._scan()
+        self.busy_ticks = (before + _machine_busy_ticks()) / 2 - self._busy_start
         self._end.update(me)
         self._last.update(self._end)
 
