@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.lifecycle N K [--concurrency C] [--web-workers W]
                                             [--worker-concurrency P]
                                             [--warm-pool M [--warm-pool-warming W]]
+                                            [--cpu-sampler light|off] [--subnet CIDR]
 
 Boots its own stack (fresh database, Celery worker, uvicorn) under a private
 HEDGEROW_INSTANCE, then runs N client tasks (at most C in flight). Each: POST
@@ -12,13 +13,17 @@ DELETE; 5xx answers are retried like the SDK does (same key / operation id,
 counted). Reports success rate, end-to-end wall time, create-to-ready and exec latency
 percentiles, commands per second, the control plane's peak memory (RSS of the web and
 worker process trees, sampled every 250 ms), and, once every sandbox is deleted, a
-reconciler round and the leak audit's equation (must show leaked 0, live 0).
+reconciler round and the leak audit's equation (must show leaked 0, live 0), then
+where the machine's CPU went (bench/cpu_account.py; the first line names the mode:
+``--cpu-sampler off`` measures nothing per process inside the window). The default
+subnet is sized from N and the pool (N + M sandboxes may be live at once).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import statistics
 import threading
@@ -32,10 +37,8 @@ from bench._http import Client, TransportError
 from bench._stack import private_stack
 from bench.cpu_account import (
     CLIENT,
-    ELSEWHERE,
-    REDIS,
-    RESIDUAL,
-    SAMPLERS,
+    MODES,
+    NOT_OURS,
     WEB,
     WORKER,
     CpuAccount,
@@ -261,8 +264,17 @@ def main() -> int:
     parser.add_argument("--db-pool", type=int, default=60, help="per web worker")
     parser.add_argument(
         "--subnet",
-        default=f"10.214.{4 * (os.getpid() % 60)}.0/22",
-        help="the local backend's subnet: a /24 holds only ~250 live sandboxes",
+        default="",
+        help="the local backend's subnet; default: sized from N and --warm-pool (a /24 "
+        "holds only ~250 live sandboxes), in 10.214.0.0/16, chosen from the pid",
+    )
+    parser.add_argument(
+        "--cpu-sampler",
+        choices=MODES,
+        default="light",
+        help="light: sample the zygote's and worker pool's children in the window to "
+        "split the sandbox side by process kind; off: no per-process sampling in the "
+        "window (totals from /proc snapshots before and after; for headline figures)",
     )
     parser.add_argument(
         "--warm-pool",
@@ -278,6 +290,10 @@ def main() -> int:
         help="members starting at once (HEDGEROW_WARM_POOL_MAX_WARMING), prewarm and refill",
     )
     args = parser.parse_args()
+    try:
+        args.subnet = pick_subnet(args.subnet, needed_addresses(args.n, args.warm_pool))
+    except ValueError as exc:
+        parser.error(str(exc))
 
     def configure(stack: Any) -> None:
         stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "60"]
@@ -301,15 +317,16 @@ def main() -> int:
             roots={stack.web.popen.pid: WEB, stack.worker.popen.pid: WORKER},
             instance=os.environ["HEDGEROW_INSTANCE"],
             db_name=os.environ["HEDGEROW_DB_NAME"],
+            zygote=_zygote_pid,
         )
-        prewarm = prewarm_pool(args.warm_pool, scope) if args.warm_pool else None
+        prewarm = prewarm_pool(args.warm_pool, scope, args.cpu_sampler) if args.warm_pool else None
         sampler = MemorySampler([stack.web.popen.pid, stack.worker.popen.pid])
         sampler.start()
         # The machine is shared: record how busy it was when the clock started.
         args.load_before = Path("/proc/loadavg").read_text().split()[0]
         since = timezone.now()
         pool_before = pool_counts()
-        cpu = CpuAccount(scope)
+        cpu = CpuAccount(scope, args.cpu_sampler)
         cpu.start()
         started = time.perf_counter()
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
@@ -332,6 +349,79 @@ def main() -> int:
 
 
 POOL_SHAPE = "host:1000m:1024Mi:none"
+SUBNET_POOL = ipaddress.IPv4Network("10.214.0.0/16")
+
+
+def needed_addresses(n: int, warm_pool: int) -> int:
+    """Sandboxes that may be live at once: every one of the run (a DELETE answers
+    before the destroy), plus, with a pool, all its members again (refill starts one
+    per claim while the claimed ones still live)."""
+    return n + warm_pool
+
+
+def _prefix_for(needed: int) -> int:
+    """The longest prefix holding ``needed`` sandboxes with 25 % to spare (network,
+    bridge and broadcast take 3 addresses)."""
+    for prefix in range(24, 15, -1):
+        if 2 ** (32 - prefix) - 3 >= needed * 1.25:
+            return prefix
+    raise ValueError(f"{needed} live sandboxes do not fit in a /16")
+
+
+def _routed() -> list[ipaddress.IPv4Network]:
+    """Networks routed on this host (other instances' bridges among them)."""
+    out = []
+    try:
+        with open("/proc/net/route") as f:
+            next(f)
+            for row in f:
+                cols = row.split()
+                dest, mask = (int(cols[i], 16).to_bytes(4, "little") for i in (1, 7))
+                net = ipaddress.IPv4Network(
+                    (ipaddress.IPv4Address(dest), str(ipaddress.IPv4Address(mask))),
+                    strict=False,
+                )
+                if net.prefixlen:
+                    out.append(net)
+    except (OSError, ValueError, StopIteration):
+        pass
+    return out
+
+
+def pick_subnet(requested: str, needed: int, claims: Path = Path("/run/hedgerow/subnets")) -> str:
+    """``requested`` if it is large enough (else ValueError, before anything starts);
+    by default a subnet of ``_prefix_for(needed)`` in 10.214.0.0/16, the first free one
+    from an offset derived from the pid, so concurrent runs do not collide."""
+    if requested:
+        net = ipaddress.IPv4Network(requested)
+        if net.num_addresses - 3 < needed:
+            raise ValueError(
+                f"--subnet {net} holds {max(net.num_addresses - 3, 0)} sandboxes; this run may "
+                f"have {needed} live at once: use a /{_prefix_for(needed)} or larger"
+            )
+        return str(net)
+    prefix = _prefix_for(needed)
+    candidates = list(SUBNET_POOL.subnets(new_prefix=prefix))
+    used = _routed()
+    taken = {p.name for p in claims.iterdir()} if claims.is_dir() else set()
+    offset = os.getpid() % len(candidates)
+    for i in range(len(candidates)):
+        net = candidates[(offset + i) % len(candidates)]
+        if str(net.network_address) in taken or any(net.overlaps(u) for u in used):
+            continue
+        return str(net)
+    raise ValueError(f"no free /{prefix} in {SUBNET_POOL} for {needed} sandboxes: pass --subnet")
+
+
+def _zygote_pid() -> int | None:
+    """The pid of this instance's agent zygote (it answers a ping), or None."""
+    from django.conf import settings
+
+    from apps.sandboxes.backends.local.zygote import ZygoteClient
+
+    state_dir = Path(settings.STATE_DIR) / "sandboxes" / settings.HEDGEROW_INSTANCE
+    answer = ZygoteClient(state_dir, Path(settings.BASE_DIR) / "podagent").ping()
+    return int(answer["pid"]) if answer else None
 
 
 def pool_counts() -> dict[str, int]:
@@ -360,13 +450,13 @@ class Prewarm:
     cpu_per_member_ms: float
 
 
-def prewarm_pool(n: int, scope: Scope) -> Prewarm:
+def prewarm_pool(n: int, scope: Scope, mode: str) -> Prewarm:
     """Fills the pool before the clock starts, measuring what it cost: the refill the
     run does later costs the same per member and lands inside the measured window."""
     from apps.sandboxes.models import WarmMember, WarmMemberState
     from apps.sandboxes.services.warm_pool import warm_pool_refill
 
-    cpu = CpuAccount(scope)
+    cpu = CpuAccount(scope, mode)
     cpu.start()
     started = time.perf_counter()
     deadline = time.monotonic() + 60 + n
@@ -377,11 +467,7 @@ def prewarm_pool(n: int, scope: Scope) -> Prewarm:
         time.sleep(0.5)
     wall = time.perf_counter() - started
     cpu.stop()
-    ours = sum(
-        v
-        for k, v in cpu.breakdown().items()
-        if k not in (ELSEWHERE, RESIDUAL, REDIS, SAMPLERS, CLIENT)
-    )
+    ours = sum(v for k, v in cpu.breakdown().items() if k not in (*NOT_OURS, CLIENT))
     return Prewarm(n, wall, cpu.report(n, "member"), 1e3 * ours / n)
 
 
@@ -420,7 +506,8 @@ def report(
     out = [
         f"lifecycle: N={n} K={k} concurrency={args.concurrency or n} "
         f"web-workers={args.web_workers} worker-concurrency={args.worker_concurrency} "
-        f"db-pool={args.db_pool} cpus={os.cpu_count()} load-before={load_before}",
+        f"db-pool={args.db_pool} cpus={os.cpu_count()} load-before={load_before} "
+        f"subnet={args.subnet}",
         f"success                {results.ok}/{n} ({100.0 * results.ok / n:.1f}%), "
         f"client retries {results.retries}, reconnects {results.reconnects}",
         f"wall time              {wall:.2f} s (first create → last delete accepted)",
