@@ -483,6 +483,14 @@ class LocalBackend:
             for name, veth_sid in self.network.list_veths():
                 items.append(InventoryItem("veth", name, veth_sid, gen_of(veth_sid), self.node))
             owner = dict(claims)
+            if any(ip not in owner for ip in neighbours):
+                # A destroy between the two listings deletes its entry, then its claim:
+                # its entry would look unowned. Listed again, an entry that is still
+                # there was not being destroyed; its claim is read again too (a
+                # provision since the first listing claims before it adds the entry).
+                still = set(self.network.list_neighbours())
+                neighbours = [ip for ip in neighbours if ip in owner or ip in still]
+                owner.update(self.network.claims())
             for ip in neighbours:
                 neigh_sid = owner.get(ip)
                 items.append(
