@@ -3,8 +3,8 @@
 Spawning ``ip`` from a large Celery worker costs a fork+exec per command; a sandbox
 needed about ten of them to come and go. The same requests sent over one netlink
 socket cost a few syscalls. Only the handful of requests the local backend needs
-are here: create/delete links (veth pairs, the bridge), set flags, add addresses
-and a default route.
+are here: create/delete links (veth pairs, the bridge), set flags, add addresses,
+a default route, neighbour entries and bridge forwarding entries.
 
 Named netns follow ``ip netns``'s convention exactly (a bind mount of the
 namespace on ``/run/netns/<name>``, the directory a shared mount), so ``ip netns``,
@@ -46,6 +46,7 @@ NLMSG_ERROR = 2
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_NEWADDR = 20
 RTM_NEWROUTE = 24
+RTM_NEWNEIGH, RTM_DELNEIGH = 28, 29
 
 IFLA_ADDRESS = 1
 IFLA_IFNAME = 3
@@ -68,9 +69,17 @@ RT_TABLE_MAIN = 254
 RTPROT_BOOT = 3
 RTN_UNICAST = 1
 
+NDA_DST = 1
+NDA_LLADDR = 2
+NUD_NOARP = 0x40
+NUD_PERMANENT = 0x80
+NTF_MASTER = 0x04
+AF_BRIDGE = 7
+
 _IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")
+_NDMSG = struct.Struct("=BxxxiHBB")  # family, ifindex, state, flags, type
 _NLHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _NLA = struct.Struct("=HH")
 
@@ -173,9 +182,16 @@ class Rtnl:
         info = attr_str(IFLA_INFO_KIND, "veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer))
         self.new_link(ifinfo() + attr_str(IFLA_IFNAME, name) + attr(IFLA_LINKINFO, info))
 
-    def add_bridge(self, name: str) -> None:
+    def add_bridge(self, name: str, mac: str) -> None:
+        """A bridge with a fixed MAC: one created without keeps changing it to the
+        lowest of its ports' as they come and go."""
         info = attr_str(IFLA_INFO_KIND, "bridge")
-        self.new_link(ifinfo() + attr_str(IFLA_IFNAME, name) + attr(IFLA_LINKINFO, info))
+        self.new_link(
+            ifinfo()
+            + attr_str(IFLA_IFNAME, name)
+            + attr(IFLA_ADDRESS, mac_bytes(mac))
+            + attr(IFLA_LINKINFO, info)
+        )
 
     def set_link(self, name: str, *attrs: bytes, up: bool = False) -> None:
         body = ifinfo(flags=IFF_UP if up else 0, change=IFF_UP if up else 0)
@@ -223,6 +239,34 @@ class Rtnl:
         body = _RTMSG.pack(socket.AF_INET, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
         body += attr(RTA_GATEWAY, socket.inet_aton(gateway))
         self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body)
+
+    # ---- neighbours -----------------------------------------------------------------
+
+    def set_neigh(self, index: int, ip: str, mac: str) -> None:
+        """Permanent IPv4 neighbour ``ip`` → ``mac`` on link ``index`` (created or
+        replaced). Permanent entries are never probed and are exempt from neighbour
+        GC and from gc_thresh1-3 (``neigh_alloc``'s ``exempt_from_gc``, since 4.19)."""
+        body = _NDMSG.pack(socket.AF_INET, index, NUD_PERMANENT, 0, 0)
+        body += attr(NDA_DST, socket.inet_aton(ip)) + attr(NDA_LLADDR, mac_bytes(mac))
+        self.request(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, body)
+
+    def del_neigh(self, index: int, ip: str) -> bool:
+        """Delete the IPv4 neighbour ``ip`` of link ``index``; False when absent."""
+        body = _NDMSG.pack(socket.AF_INET, index, 0, 0, 0) + attr(NDA_DST, socket.inet_aton(ip))
+        try:
+            self.request(RTM_DELNEIGH, 0, body)
+        except NetlinkError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENODEV):
+                return False
+            raise
+        return True
+
+    def set_fdb_static(self, port_index: int, mac: str) -> None:
+        """Static bridge forwarding entry: frames to ``mac`` go to port ``port_index``
+        only (``bridge fdb replace MAC dev PORT master static``); it goes with the port."""
+        body = _NDMSG.pack(AF_BRIDGE, port_index, NUD_NOARP, NTF_MASTER, 0)
+        body += attr(NDA_LLADDR, mac_bytes(mac))
+        self.request(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, body)
 
 
 def link_index(name: str) -> int:

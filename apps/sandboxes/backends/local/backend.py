@@ -415,7 +415,8 @@ class LocalBackend:
         for path in cgroup_dirs:
             self.cgroups.remove(path)
         if self.isolated:
-            self.network.delete(sid, meta.get("ip"))
+            # no meta: whether it had network access is unknown, so look
+            self.network.delete(sid, meta.get("ip"), egress=meta.get("network_access", True))
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
         shutil.rmtree(self._dir(sid), ignore_errors=True)
         if self._dir(sid).exists():
@@ -462,6 +463,10 @@ class LocalBackend:
         def gen_of(sid: str | None) -> int | None:
             return metas.get(sid or "", {}).get("generation")
 
+        # Neighbour entries are listed before the claims: provision claims an address
+        # before it adds the entry, destroy deletes the entry before it releases the
+        # claim, so a live sandbox's entry always has its claim in this listing.
+        neighbours = self.network.list_neighbours() if self.isolated else []
         claims = self.network.claims()
         for ip, owner_id in claims:
             items.append(
@@ -478,6 +483,21 @@ class LocalBackend:
             for name, veth_sid in self.network.list_veths():
                 items.append(InventoryItem("veth", name, veth_sid, gen_of(veth_sid), self.node))
             owner = dict(claims)
+            if any(ip not in owner for ip in neighbours):
+                # A destroy between the two listings deletes its entry, then its claim:
+                # its entry would look unowned. Listed again, an entry that is still
+                # there was not being destroyed; its claim is read again too (a
+                # provision since the first listing claims before it adds the entry).
+                still = set(self.network.list_neighbours())
+                neighbours = [ip for ip in neighbours if ip in owner or ip in still]
+                owner.update(self.network.claims())
+            for ip in neighbours:
+                neigh_sid = owner.get(ip)
+                items.append(
+                    InventoryItem(
+                        "neighbour", f"neigh:{ip}", neigh_sid, gen_of(neigh_sid), self.node
+                    )
+                )
             for ip in self.network.list_egress():
                 rule_sid = owner.get(ip)
                 items.append(
@@ -513,6 +533,12 @@ class LocalBackend:
             if name not in {n for n, _ in self.network.list_veths()}:
                 return
             self.network.delete_veth(name)
+        elif kind == "neighbour":
+            ip = name.removeprefix("neigh:")
+            # Listed without a claim; claimed since, it is a new sandbox's entry
+            # (the same MAC: addresses keep theirs), which its destroy removes.
+            if ip not in dict(self.network.claims()):
+                self.network.delete_neighbour(ip)
         elif kind == "nft_rule":
             self.network.delete_egress(name.removeprefix("egress:"))
         else:

@@ -68,6 +68,10 @@ class Network:
     def gateway(self) -> str:
         return str(self.subnet.network_address + 1)
 
+    @property
+    def bridge_mac(self) -> str:
+        return _mac_for(self.gateway)
+
     def _claim_file(self, net: ipaddress.IPv4Network) -> Path:
         return self.config.claims_dir / str(net.network_address)
 
@@ -125,7 +129,13 @@ class Network:
         try:
             with Rtnl() as rt:
                 if not link_index(br):
-                    rt.add_bridge(br)
+                    rt.add_bridge(br, self.bridge_mac)
+                elif _link_mac(br) != self.bridge_mac:
+                    # A bridge made before its MAC was fixed. Every sandbox gets a
+                    # permanent neighbour entry for the gateway with this MAC. (A MAC
+                    # change flushes the bridge's neighbour entries, permanent ones
+                    # too: once, and they are all dynamic ones of such a bridge.)
+                    rt.set_link(br, attr(IFLA_ADDRESS, mac_bytes(self.bridge_mac)))
                 rt.add_addr(link_index(br), gw, self.subnet.prefixlen, replace=True)
                 rt.set_link(br, up=True)
             with _nft.NfNetlink() as nfnl:
@@ -292,7 +302,12 @@ table bridge {t} {{
                 raise BackendError(f"cannot create veth {hv}: {exc}") from exc
             hook("veth_created")
             try:
-                ns_rt.add_addr(ns_rt.index_of("eth0"), ip, self.subnet.prefixlen)
+                eth0 = ns_rt.index_of("eth0")
+                ns_rt.add_addr(eth0, ip, self.subnet.prefixlen)
+                # the gateway's entry, like the host's for the sandbox: no ARP either
+                # way, and neither counts against the neighbour table's gc_thresh3
+                # (the table is machine-wide: every netns's entries count)
+                ns_rt.set_neigh(eth0, self.gateway, self.bridge_mac)
                 ns_rt.set_link("eth0", up=True)
                 if network_access:
                     ns_rt.add_default_route(self.gateway)
@@ -313,10 +328,11 @@ table bridge {t} {{
             # The far end is created inside the netns, already named eth0 and with
             # its MAC: nothing to rename. (Its ifindex is left to the kernel: a new
             # netns may hold fallback tunnel devices, sit0 & co., besides lo.)
+            mac = _mac_for(ip)
             peer = (
                 ifinfo()
                 + attr_str(IFLA_IFNAME, "eth0")
-                + attr(IFLA_ADDRESS, mac_bytes(_mac_for(ip)))
+                + attr(IFLA_ADDRESS, mac_bytes(mac))
                 + attr_u32(IFLA_NET_NS_FD, ns_fd)
             )
             with Rtnl() as rt:
@@ -330,6 +346,16 @@ table bridge {t} {{
                     attr_str(IFLA_IFALIAS, self.names.veth_alias(sandbox_id)),
                     attr_u32(IFLA_MASTER, bridge),
                 )
+                # The sandbox's MAC is known: a static forwarding entry on its port
+                # spares the bridge learning it, and the first frame to a new
+                # sandbox a flood to every port of the instance.
+                rt.set_fdb_static(link_index(hv), mac)
+                # A permanent neighbour entry on the bridge: the host never ARPs for
+                # a sandbox, and the entry is exempt from neighbour GC. Dynamic
+                # entries (one per live sandbox, plus one per sandbox for its
+                # gateway) overflowed gc_thresh3 (1024 by default) past ~1000 live
+                # sandboxes: connects to agents failed with EHOSTUNREACH.
+                rt.set_neigh(bridge, ip, mac)
                 # the port is isolated before it is up (the kernel applies slave
                 # options before link flags within one request)
                 rt.set_link(hv, bridge_port_isolated(), up=True)
@@ -381,15 +407,42 @@ table inet hedgerow {{
     def netns_pids(self, sandbox_id: str) -> list[int]:
         return _netlink.netns_pids(self.names.netns(sandbox_id))
 
-    def delete(self, sandbox_id: str, ip: str | None) -> None:
-        self.delete_veth(self.names.host_veth(sandbox_id))
+    def delete(self, sandbox_id: str, ip: str | None, *, egress: bool = True) -> None:
+        """Neighbour entry, veth, netns and egress element of ``sandbox_id``.
+
+        ``ip``: the address its meta.json records; without it (a provision that
+        died before writing it) every address the sandbox still claims.
+        ``egress=False``: the sandbox had no network access, so it has no egress
+        element to delete (a netfilter transaction saved per destroy).
+        """
+        ips = [ip] if ip else [a for a, owner in self.claims() if owner == sandbox_id]
+        hv = self.names.host_veth(sandbox_id)
+        try:
+            with Rtnl() as rt:
+                bridge = link_index(self.names.bridge)
+                for address in ips if bridge else []:
+                    rt.del_neigh(bridge, address)
+                # Deleting the netns would take the pair with it, but only once its
+                # last user is gone and then asynchronously: deleted here, it is gone
+                # on return.
+                rt.del_link(hv)
+        except OSError as exc:
+            raise BackendError(f"cannot delete neighbour entry or veth {hv}: {exc}") from exc
         self.delete_netns(self.names.netns(sandbox_id))
-        if ip:
-            self.delete_egress(ip)
+        for address in ips if egress else []:
+            self.delete_egress(address)
+
+    def delete_neighbour(self, ip: str) -> None:
+        bridge = link_index(self.names.bridge)
+        if not bridge:
+            return  # gone with the bridge
+        try:
+            with Rtnl() as rt:
+                rt.del_neigh(bridge, ip)
+        except OSError as exc:
+            raise BackendError(f"cannot delete neighbour entry {ip}: {exc}") from exc
 
     def delete_veth(self, name: str) -> None:
-        # Deleting the netns would take the pair with it, but only once its last
-        # user is gone and then asynchronously: deleted here, it is gone on return.
         try:
             with Rtnl() as rt:
                 rt.del_link(name)
@@ -449,6 +502,13 @@ table inet hedgerow {{
             found.extend((name, by_veth.get(name)) for name in unaliased)
         return found
 
+    def list_neighbours(self) -> list[str]:
+        """Addresses with a permanent neighbour entry on this instance's bridge."""
+        if not link_index(self.names.bridge):
+            return []
+        out = run(["ip", "-j", "-4", "neigh", "show", "dev", self.names.bridge, "nud", "permanent"])
+        return [n["dst"] for n in json.loads(out.stdout or "[]") if n.get("dst")]
+
     def list_egress(self) -> list[str]:
         try:
             out = _nft.host_run(f"list set inet {self.names.nft_table} egress", json=True)
@@ -492,6 +552,13 @@ def _disable_ipv6(device: str) -> None:
         if not _ipv6_warned:
             _ipv6_warned = True
             log.warning("cannot disable IPv6 on sandbox links (%s): left on", exc)
+
+
+def _link_mac(name: str) -> str:
+    try:
+        return Path(f"/sys/class/net/{name}/address").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _mac_for(ip: str) -> str:
