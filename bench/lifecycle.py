@@ -7,7 +7,8 @@
 
 Boots its own stack (fresh database, Celery worker, uvicorn) under a private
 HEDGEROW_INSTANCE, then runs N client tasks (at most C in flight). Each: POST
-/sandboxes (Idempotency-Key), GET /wait, K × POST /exec (`echo <i>`, operation id),
+/sandboxes (Idempotency-Key), GET /wait (not when the create answered ``ready``: a
+warm pool claim, create → ready is then the create's answer), K × POST /exec (`echo <i>`, operation id),
 DELETE; 5xx answers are retried like the SDK does (same key / operation id,
 counted). Reports success rate, end-to-end wall time, create-to-ready and exec latency
 percentiles, commands per second, the control plane's peak memory (RSS of the web and
@@ -135,12 +136,15 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
             )
             if created.status_code not in (200, 201):
                 raise RuntimeError(f"create {created.status_code}: {created.text[:200]}")
-            sandbox_id = created.json()["id"]
-            waited = await client.request(
-                "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300}
-            )
-            if waited.status_code != 200:
-                raise RuntimeError(f"wait {waited.status_code}: {waited.text[:200]}")
+            body = created.json()
+            sandbox_id = body["id"]
+            # A warm pool claim is answered ``ready``: as the SDK, no /wait round trip.
+            if body.get("state") != "ready":
+                waited = await client.request(
+                    "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300}
+                )
+                if waited.status_code != 200:
+                    raise RuntimeError(f"wait {waited.status_code}: {waited.text[:200]}")
             results.ready.append(time.perf_counter() - start)
             for i in range(k):
                 t0 = time.perf_counter()
