@@ -70,10 +70,10 @@ def recover_operations() -> dict[str, int]:
 # Beat's tick and the claims' debounced check: refills only once claims are quiet (or a
 # refill was held back too long), see warm_pool_refill_when_due.
 @shared_task(soft_time_limit=60, time_limit=90)
-def warm_pool_refill() -> dict[str, int]:
+def warm_pool_refill(chained: bool = False) -> dict[str, int]:
     from apps.sandboxes.services.warm_pool import warm_pool_refill_when_due
 
-    return warm_pool_refill_when_due()
+    return warm_pool_refill_when_due(chained=chained)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=180, time_limit=240)

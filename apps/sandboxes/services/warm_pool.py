@@ -351,7 +351,7 @@ def _enqueue_refill(*, countdown: float, demand: bool) -> None:
             pipe.set(_deferred_key(), now, nx=True, ex=86400)
         pipe.set(_refill_flag(), "1", nx=True, ex=int(countdown) + 30)
         if pipe.execute()[-1]:
-            warm_pool_refill.apply_async(countdown=max(countdown, 0.2))
+            warm_pool_refill.apply_async(kwargs={"chained": True}, countdown=max(countdown, 0.2))
     except Exception as exc:  # noqa: BLE001 - the beat refill is the backstop
         log.warning("warm pool refill not enqueued: %s", exc)
 
@@ -375,16 +375,19 @@ def warm_pool_refill_wait(*, now: float | None = None) -> float:
     return max(0.0, quiet_left)
 
 
-def warm_pool_refill_when_due() -> dict[str, int]:
+def warm_pool_refill_when_due(*, chained: bool = False) -> dict[str, int]:
     """What beat and the claims' debounced task run: ``warm_pool_refill`` if it is due
     (``warm_pool_refill_wait``), else nothing now and one check enqueued for when it
-    will be. Returns {shape: members started}."""
+    will be, unless one is pending already. ``chained``: this is that pending check
+    (it holds the pending flag and lets it go); beat's tick is not, so it never starts
+    a second chain beside one. Returns {shape: members started}."""
     if not warm_pool_targets():
         return {}
-    try:
-        redis_client().delete(_refill_flag())
-    except redis.RedisError:
-        pass
+    if chained:
+        try:
+            redis_client().delete(_refill_flag())
+        except redis.RedisError:
+            pass
     wait = warm_pool_refill_wait()
     if wait > 0:
         _enqueue_refill(countdown=wait, demand=False)
