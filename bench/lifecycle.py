@@ -3,20 +3,22 @@
 
     .venv/bin/python -m bench.lifecycle N K [--concurrency C] [--web-workers W]
                                             [--worker-concurrency P]
-                                            [--warm-pool M [--warm-pool-warming W]]
+                                            [--warm-pool M [--warm-pool-warming W]
+                                             [--refill-quiet S] [--refill-after]]
                                             [--cpu-sampler light|off] [--subnet CIDR]
 
 Boots its own stack (fresh database, Celery worker, uvicorn) under a private
 HEDGEROW_INSTANCE, then runs N client tasks (at most C in flight). Each: POST
-/sandboxes (Idempotency-Key), GET /wait, K × POST /exec (`echo <i>`, operation id),
-DELETE; 5xx answers are retried like the SDK does (same key / operation id,
-counted). Reports success rate, end-to-end wall time, create-to-ready and exec latency
-percentiles, commands per second, the control plane's peak memory (RSS of the web and
-worker process trees, sampled every 250 ms), and, once every sandbox is deleted, a
-reconciler round and the leak audit's equation (must show leaked 0, live 0), then
-where the machine's CPU went (bench/cpu_account.py; the first line names the mode:
-``--cpu-sampler off`` measures nothing per process inside the window). The default
-subnet is sized from N and the pool (N + M sandboxes may be live at once).
+/sandboxes (Idempotency-Key), GET /wait (not when the create answered ``ready``: a
+warm pool claim, create → ready is then the create's answer), K × POST /exec (`echo
+<i>`, operation id), DELETE; 5xx answers are retried like the SDK does (same key /
+operation id, counted). Reports success rate, end-to-end wall time, create-to-ready
+and exec latency percentiles, commands per second, the control plane's peak memory
+(RSS of the web and worker process trees, sampled every 250 ms), and, once every
+sandbox is deleted, a reconciler round and the leak audit's equation (must show leaked
+0, live 0), then where the machine's CPU went (bench/cpu_account.py; the first line
+names the mode: ``--cpu-sampler off`` measures nothing per process inside the window).
+The default subnet is sized from N and the pool (N + M sandboxes may be live at once).
 """
 
 from __future__ import annotations
@@ -138,12 +140,15 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
             )
             if created.status_code not in (200, 201):
                 raise RuntimeError(f"create {created.status_code}: {created.text[:200]}")
-            sandbox_id = created.json()["id"]
-            waited = await client.request(
-                "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300}
-            )
-            if waited.status_code != 200:
-                raise RuntimeError(f"wait {waited.status_code}: {waited.text[:200]}")
+            body = created.json()
+            sandbox_id = body["id"]
+            # A warm pool claim is answered ``ready``: as the SDK, no /wait round trip.
+            if body.get("state") != "ready":
+                waited = await client.request(
+                    "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300}
+                )
+                if waited.status_code != 200:
+                    raise RuntimeError(f"wait {waited.status_code}: {waited.text[:200]}")
             results.ready.append(time.perf_counter() - start)
             for i in range(k):
                 t0 = time.perf_counter()
@@ -289,6 +294,19 @@ def main() -> int:
         default=4,
         help="members starting at once (HEDGEROW_WARM_POOL_MAX_WARMING), prewarm and refill",
     )
+    parser.add_argument(
+        "--refill-quiet",
+        type=float,
+        default=None,
+        help="HEDGEROW_WARM_POOL_REFILL_QUIET_S (default: the setting's); 0 refills during "
+        "the burst, as every claim did before the quiet period",
+    )
+    parser.add_argument(
+        "--refill-after",
+        action="store_true",
+        help="after the window, wait until the pool is back at its target and report that "
+        "refill's wall time and CPU (outside the window's figures)",
+    )
     args = parser.parse_args()
     try:
         args.subnet = pick_subnet(args.subnet, needed_addresses(args.n, args.warm_pool))
@@ -309,6 +327,8 @@ def main() -> int:
         # The shape every create of this run asks for ({"image": "host"}: the defaults).
         env["HEDGEROW_WARM_POOL"] = f"{POOL_SHAPE}={args.warm_pool}"
         env["HEDGEROW_WARM_POOL_MAX_WARMING"] = str(args.warm_pool_warming)
+        if args.refill_quiet is not None:
+            env["HEDGEROW_WARM_POOL_REFILL_QUIET_S"] = str(args.refill_quiet)
     with private_stack("lc", env, configure) as (stack, secret):
         from django.utils import timezone
 
@@ -340,11 +360,14 @@ def main() -> int:
         cpu.other_samplers_cpu = sampler.cpu
         cpu.stop()
         sampler.running = False
+        after = (
+            refill_after(args.warm_pool, scope) if args.warm_pool and args.refill_after else None
+        )
         reconcile, audit = reconcile_and_audit(since)
         report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
         print("\n".join(cpu.report(args.n, "sandbox")))
         if prewarm is not None:
-            print("\n".join(pool_report(prewarm, pool_before, pool_after)))
+            print("\n".join(pool_report(prewarm, pool_before, pool_after, after)))
     return 0
 
 
@@ -471,14 +494,50 @@ def prewarm_pool(n: int, scope: Scope, mode: str) -> Prewarm:
     return Prewarm(n, wall, cpu.report(n, "member"), 1e3 * ours / n)
 
 
-def pool_report(prewarm: Prewarm, before: dict[str, int], after: dict[str, int]) -> list[str]:
+@dataclass
+class RefillAfter:
+    members: int  # started after the window
+    wall: float  # from the window's end until the pool was back at its target
+    cpu_s: float  # this stack's CPU in that time
+    cpu_lines: list[str]
+
+
+def refill_after(target: int, scope: Scope) -> RefillAfter:
+    """The refill the window left to do: from the window's end until the pool is back
+    at its target (the refill checks the claims enqueued run it, as in production;
+    the bench stack has no beat), with this stack's CPU in that time."""
+    from apps.sandboxes.models import WarmMember, WarmMemberState
+
+    at_end = pool_counts()
+    cpu = CpuAccount(scope)
+    cpu.start()
+    started = time.perf_counter()
+    deadline = time.monotonic() + 120 + target
+    while WarmMember.objects.filter(state=WarmMemberState.WARM).count() < target:
+        if time.monotonic() > deadline:
+            print(f"warm pool not back at {target} members after the window")
+            break
+        time.sleep(0.25)
+    wall = time.perf_counter() - started
+    cpu.stop()
+    ours = sum(v for k, v in cpu.breakdown().items() if k not in (*NOT_OURS, CLIENT))
+    members = max(0, target - at_end["warm"] - at_end["warming"]) + at_end["warming"]
+    return RefillAfter(members, wall, ours, cpu.report(max(members, 1), "member"))
+
+
+def pool_report(
+    prewarm: Prewarm,
+    before: dict[str, int],
+    after: dict[str, int],
+    refill: RefillAfter | None = None,
+) -> list[str]:
     claims = after["claims"] - before["claims"]
     members_before = before["warm"] + before["warming"]
     members_after = after["warm"] + after["warming"]
     # Every member started in the window either was claimed in it or is still here.
     refilled = members_after + claims - members_before
     refilled += after["failures"] - before["failures"] + after["discards"] - before["discards"]
-    return [
+    lines = [
         f"warm pool              {prewarm.members} members prewarmed in {prewarm.wall:.1f} s "
         f"before the clock, {prewarm.cpu_per_member_ms:.1f} ms of this stack's CPU per member",
         f"                       in the measured window: {claims} claims, "
@@ -490,6 +549,16 @@ def pool_report(prewarm: Prewarm, before: dict[str, int], after: dict[str, int])
         "prewarm CPU breakdown:",
         *("  " + line for line in prewarm.cpu_lines),
     ]
+    if refill is not None:
+        per = 1e3 * refill.cpu_s / refill.members if refill.members else 0.0
+        lines += [
+            f"refill after the window {refill.members} members (incl. those warming at its "
+            f"end) back in {refill.wall:.1f} s after the window, {refill.cpu_s:.1f} s of this "
+            f"stack's CPU ({per:.1f} ms per member), not in the figures above",
+            "refill-after CPU breakdown:",
+            *("  " + line for line in refill.cpu_lines),
+        ]
+    return lines
 
 
 def report(

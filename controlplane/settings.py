@@ -341,6 +341,13 @@ HEDGEROW_WARM_POOL_MAX_WARMING = env_int("HEDGEROW_WARM_POOL_MAX_WARMING", 2)
 # After a member fails to start, its shape is not refilled for this long.
 HEDGEROW_WARM_POOL_BACKOFF_S = env_float("HEDGEROW_WARM_POOL_BACKOFF_S", 30.0)
 HEDGEROW_WARM_POOL_REFILL_S = env_float("HEDGEROW_WARM_POOL_REFILL_S", 10.0)
+# Refill only once claims (and misses) have been quiet this long: members started during
+# a burst cost what the cold path costs and compete with the burst's own work, while
+# they are only needed after it.
+HEDGEROW_WARM_POOL_REFILL_QUIET_S = env_float("HEDGEROW_WARM_POOL_REFILL_QUIET_S", 5.0)
+# ...but a refill held back by claims this long goes ahead anyway (a steady stream of
+# claims is never quiet; the pool must not sit empty forever).
+HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S = env_float("HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S", 60.0)
 CELERY_BEAT_SCHEDULE["warm-pool-refill"] = {
     "task": "apps.sandboxes.tasks.warm_pool_refill",
     "schedule": HEDGEROW_WARM_POOL_REFILL_S,

@@ -171,7 +171,7 @@ def usage_write_for_transition(
     where it was expected.
     """
     if to_state == State.PROVISIONING:
-        return UsageWrite(*_open_record_sql(sandbox=sandbox, at=at), drain_check=False)
+        return UsageWrite(*open_record_sql(sandbox=sandbox, at=at), drain_check=False)
     if to_state == State.READY:
         if not sandbox.node:
             return None
@@ -227,7 +227,10 @@ _OPEN_SQL = (
 )
 
 
-def _open_record_sql(*, sandbox: Sandbox, at: datetime) -> tuple[str, tuple[Any, ...]]:
+def open_record_sql(*, sandbox: Sandbox, at: datetime) -> tuple[str, tuple[Any, ...]]:
+    """``_OPEN_SQL`` and its parameters: opens ``sandbox``'s usage record started at
+    ``at``, over a CTE named ``moved`` (the row's id, tenant_id, image, backend, node,
+    labels, cpu_millis, memory_mib). Used by transitions and by the warm pool's claim."""
     capacity = _capacity_type(sandbox.labels)
     return _OPEN_SQL, (capacity, at, at, capacity, CapacityType.ON_DEMAND.value, capacity)
 

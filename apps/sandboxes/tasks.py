@@ -67,11 +67,13 @@ def recover_operations() -> dict[str, int]:
 # The warm pool's tasks share the cold queue with tenants' own provisioning; the pool
 # never has more than HEDGEROW_WARM_POOL_MAX_WARMING members starting, so it cannot
 # take more than that many worker slots from them.
+# Beat's tick and the claims' debounced check: refills only once claims are quiet (or a
+# refill was held back too long), see warm_pool_refill_when_due.
 @shared_task(soft_time_limit=60, time_limit=90)
-def warm_pool_refill() -> dict[str, int]:
-    from apps.sandboxes.services.warm_pool import warm_pool_refill as refill
+def warm_pool_refill(chained: bool = False) -> dict[str, int]:
+    from apps.sandboxes.services.warm_pool import warm_pool_refill_when_due
 
-    return refill()
+    return warm_pool_refill_when_due(chained=chained)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=180, time_limit=240)

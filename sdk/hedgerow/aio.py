@@ -161,7 +161,8 @@ class AsyncClient:
         if self.cleanup:
             self._created[sandbox.id] = sandbox
             registry.add(self.url, self.api_key, sandbox.id, handle_signals=self.handle_signals)
-        if wait:
+        # A warm pool claim answers ``ready`` already: no /wait round trip.
+        if wait and sandbox.state != "ready":
             try:
                 await sandbox.wait(timeout=wait_timeout)
             except BaseException:

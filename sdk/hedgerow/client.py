@@ -156,7 +156,8 @@ class Client:
         queue: Optional[bool] = None,
     ) -> Sandbox:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
-        context manager that deletes it. One idempotency key covers all retries of this
+        context manager that deletes it. A create answered ``ready`` (a warm pool
+        claim) makes no /wait request. One idempotency key covers all retries of this
         call, so a lost response never creates a second sandbox. With
         ``heartbeat_timeout_s`` and ``heartbeat=True`` a background thread keeps it alive.
         ``queue=True``: over a team quota, wait in the admission queue (state ``queued``)
@@ -180,7 +181,9 @@ class Client:
         if self.cleanup:
             self._created[sandbox.id] = sandbox
             registry.add(self.url, self.api_key, sandbox.id, handle_signals=self.handle_signals)
-        if wait:
+        # A create that claimed a warm pool member answers ``ready`` already: the
+        # /wait round trip would only read back what this response says.
+        if wait and sandbox.state != "ready":
             try:
                 sandbox.wait(timeout=wait_timeout)
             except BaseException:

@@ -352,7 +352,7 @@ def sandbox_create(
                 if admitted
                 else None
             )
-            sandbox = Sandbox.objects.create(
+            sandbox = Sandbox(
                 **(warm.sandbox_fields(now) if warm else {}),
                 state=State.READY if warm else State.REQUESTED if admitted else State.QUEUED,
                 admitted_at=now if admitted else None,
@@ -374,8 +374,10 @@ def sandbox_create(
                 created_at=now,
             )
             if warm is not None:
+                # The row, its two ledger rows and its usage record: one statement.
                 warm_pool_record_claim(sandbox=sandbox, claimed=warm, actor=actor)
                 return sandbox, True
+            sandbox.save(force_insert=True)
             _event(sandbox, event="created", to_state=sandbox.state, reason="api", actor=actor)
             publish_sandbox_state(sandbox)
             sandbox_id = str(sandbox.id)

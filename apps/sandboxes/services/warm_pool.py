@@ -11,15 +11,21 @@
 * **Dead members** are never handed out: the backend's own view (is the sandbox's
   process alive, at the endpoint recorded?) is checked at claim; a dead one is dropped
   and its resources destroyed after commit, and the claim tries the next member.
-* **Refill** (``warm_pool_refill``): from beat and, debounced, after claims and after
-  each member comes up. At most ``HEDGEROW_WARM_POOL_MAX_WARMING`` members start at
-  once; a shape whose member failed to start waits ``HEDGEROW_WARM_POOL_BACKOFF_S``.
+* **Refill** (``warm_pool_refill``): at most ``HEDGEROW_WARM_POOL_MAX_WARMING``
+  members start at once; a shape whose member failed to start waits
+  ``HEDGEROW_WARM_POOL_BACKOFF_S``. *When* (``warm_pool_refill_when_due``, the task beat
+  and claims enqueue): once claims and misses have been quiet for
+  ``HEDGEROW_WARM_POOL_REFILL_QUIET_S`` — a member started during a burst costs what
+  the cold path costs, competes with the burst, and is only needed after it — or once
+  a refill has been held back ``HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S`` (a steady
+  stream of claims is never quiet). Each member that comes up asks for the next.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 import zlib
 from collections.abc import Callable
@@ -32,6 +38,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models import Count
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from apps.sandboxes.agent_client import agent_token
@@ -179,7 +186,7 @@ def warm_pool_claim(
             break
         claimed = Claimed(uuid.UUID(str(row[0])), row[1], row[2], row[3], row[4], row[5], row[6])
         if _member_alive(claimed):
-            transaction.on_commit(warm_pool_refill_soon)
+            transaction.on_commit(_claimed)
             return claimed
         log.warning(
             "warm pool member %s is dead at claim; dropped",
@@ -189,7 +196,7 @@ def warm_pool_claim(
         _incr("discards")
         transaction.on_commit(functools.partial(_enqueue_destroy, claimed.member_id.hex))
     _incr("misses")
-    transaction.on_commit(warm_pool_refill_soon)
+    transaction.on_commit(_claimed)
     return None
 
 
@@ -214,30 +221,93 @@ def _enqueue_destroy(member_hex: str) -> None:
 
 
 def warm_pool_record_claim(*, sandbox: Sandbox, claimed: Claimed, actor: str) -> None:
-    """The claimed sandbox's ledger: ``created`` (requested, as every create) then
-    requested → ready with reason ``warm_pool``; metering starts at this event."""
-    SandboxEvent.objects.create(
-        sandbox=sandbox,
-        tenant_id=sandbox.tenant_id,
-        event="created",
-        to_state=State.REQUESTED,
-        reason="api",
-        actor=actor,
-        generation=sandbox.generation,
-    )
+    """Inserts the claimed ``sandbox`` (not saved yet, in ``ready``) with its ledger —
+    ``created`` (requested, as every create) then requested → ready with reason
+    ``warm_pool`` — and opens its usage record at that event: one statement.
+
+    The same rows the ORM way writes (``Sandbox.objects.create``, two
+    ``SandboxEvent.objects.create`` and the ``post_save`` usage hook, a savepoint and
+    five or more statements): Postgres's data-modifying CTEs see one snapshot and
+    commit together. A usage record the statement could not open (no price book) is
+    opened the ORM's way (``usage_after_transition``), as a transition's is.
+    """
+    from apps.billing.usage import open_record_sql, usage_after_transition
+
+    created_at = sandbox.created_at or timezone.now()
+    ready_at = timezone.now()
     warm_since = claimed.warm_at.isoformat() if claimed.warm_at else "?"
-    SandboxEvent.objects.create(
-        sandbox=sandbox,
-        tenant_id=sandbox.tenant_id,
-        event="transition",
-        from_state=State.REQUESTED,
-        to_state=State.READY,
-        reason=CLAIM_REASON,
-        message=f"claimed a warm pool member (warm since {warm_since})",
-        actor=actor,
-        generation=sandbox.generation,
+    insert = InsertQuery(Sandbox)
+    insert.insert_values([f for f in Sandbox._meta.concrete_fields if not f.generated], [sandbox])
+    ((insert_sql, insert_params),) = insert.get_compiler(connection.alias).as_sql()
+    usage_sql, usage_params = open_record_sql(sandbox=sandbox, at=ready_at)
+    quote = connection.ops.quote_name
+    table = quote(Sandbox._meta.db_table)
+    returning = ", ".join(f"{table}.{quote(c)}" for c in _MOVED_COLUMNS)
+    events = quote(SandboxEvent._meta.db_table)
+    columns = ", ".join(quote(c) for c in _EVENT_COLUMNS)
+    # Names from the models, values as parameters: not an injection. The ledger rows
+    # are inserted in ``ord`` order, so their ids are in ledger order as before.
+    sql = (
+        f"WITH moved AS ({insert_sql} RETURNING {returning}), "  # noqa: S608
+        f"logged AS (INSERT INTO {events} ({columns}) "
+        "SELECT m.id, m.tenant_id, v.at, v.event, v.from_state, v.to_state, v.reason, "
+        "v.message, %s, %s FROM moved AS m CROSS JOIN (VALUES "
+        "(1, %s::timestamptz, 'created', '', %s, 'api', ''), "
+        "(2, %s::timestamptz, 'transition', %s, %s, %s, %s)) "
+        "AS v(ord, at, event, from_state, to_state, reason, message) "
+        "ORDER BY v.ord RETURNING 1), "
+        f"metered AS ({usage_sql}) "
+        "SELECT (SELECT count(*) FROM logged), (SELECT count(*) FROM metered)"
+    )
+    params = [
+        *insert_params,
+        actor,
+        sandbox.generation,
+        created_at,
+        State.REQUESTED.value,
+        ready_at,
+        State.REQUESTED.value,
+        State.READY.value,
+        CLAIM_REASON,
+        f"claimed a warm pool member (warm since {warm_since})",
+        *usage_params,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    assert row is not None and row[0] == 2, row
+    sandbox._state.adding = False
+    sandbox._state.db = connection.alias
+    usage_after_transition(
+        sandbox=sandbox, to_state=State.READY, written=row[1], queue_waiting=False
     )
     publish_sandbox_state(sandbox)
+
+
+# What the usage ledger's part of the statement reads from the inserted row, and the
+# ledger's columns (as ``services/lifecycle.py``'s transitions).
+_MOVED_COLUMNS = (
+    "id",
+    "tenant_id",
+    "image",
+    "backend",
+    "node",
+    "labels",
+    "cpu_millis",
+    "memory_mib",
+)
+_EVENT_COLUMNS = (
+    "sandbox_id",
+    "tenant_id",
+    "at",
+    "event",
+    "from_state",
+    "to_state",
+    "reason",
+    "message",
+    "actor",
+    "generation",
+)
 
 
 # ---- refill (Celery) ---------------------------------------------------------------
@@ -247,18 +317,82 @@ def _refill_flag() -> str:
     return _counter("refill_pending")
 
 
+def _last_claim_key() -> str:
+    return _counter("last_claim")
+
+
+def _deferred_key() -> str:
+    return _counter("refill_deferred_since")
+
+
+def _claimed() -> None:
+    """After a claim or a miss commits: records the demand (the quiet period restarts;
+    the hold-back clock starts unless it runs) and enqueues one refill for when the
+    quiet period would end, unless one is pending. One Redis round trip."""
+    _enqueue_refill(countdown=settings.HEDGEROW_WARM_POOL_REFILL_QUIET_S, demand=True)
+
+
 def warm_pool_refill_soon() -> None:
-    """Enqueues one refill unless one is already pending (after commit: claims and
-    members coming up call this; a burst of a thousand claims enqueues a handful)."""
+    """Enqueues one refill check unless one is already pending (a member coming up
+    calls this, to start the next while the pool is short)."""
+    _enqueue_refill(countdown=0.2, demand=False)
+
+
+def _enqueue_refill(*, countdown: float, demand: bool) -> None:
     if not warm_pool_targets():
         return
     from apps.sandboxes.tasks import warm_pool_refill
 
     try:
-        if redis_client().set(_refill_flag(), "1", nx=True, ex=30):
-            warm_pool_refill.apply_async(countdown=0.2)
+        pipe = redis_client().pipeline(transaction=False)
+        if demand:
+            now = str(time.time())
+            pipe.set(_last_claim_key(), now, ex=86400)
+            pipe.set(_deferred_key(), now, nx=True, ex=86400)
+        pipe.set(_refill_flag(), "1", nx=True, ex=int(countdown) + 30)
+        if pipe.execute()[-1]:
+            warm_pool_refill.apply_async(kwargs={"chained": True}, countdown=max(countdown, 0.2))
     except Exception as exc:  # noqa: BLE001 - the beat refill is the backstop
         log.warning("warm pool refill not enqueued: %s", exc)
+
+
+def warm_pool_refill_wait(*, now: float | None = None) -> float:
+    """Seconds until a refill is due: 0 once claims have been quiet for
+    ``HEDGEROW_WARM_POOL_REFILL_QUIET_S`` or a refill has been held back for
+    ``HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S``. Without Redis: 0 (refill as before)."""
+    now = time.time() if now is None else now
+    try:
+        values: list[Any] = redis_client().mget(_last_claim_key(), _deferred_key())  # type: ignore[assignment]
+    except redis.RedisError:
+        return 0.0
+    last, deferred = values
+    if last is None:
+        return 0.0
+    quiet_left = float(last) + settings.HEDGEROW_WARM_POOL_REFILL_QUIET_S - now
+    if deferred is not None:
+        held = float(deferred) + settings.HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S - now
+        quiet_left = min(quiet_left, held)
+    return max(0.0, quiet_left)
+
+
+def warm_pool_refill_when_due(*, chained: bool = False) -> dict[str, int]:
+    """What beat and the claims' debounced task run: ``warm_pool_refill`` if it is due
+    (``warm_pool_refill_wait``), else nothing now and one check enqueued for when it
+    will be, unless one is pending already. ``chained``: this is that pending check
+    (it holds the pending flag and lets it go); beat's tick is not, so it never starts
+    a second chain beside one. Returns {shape: members started}."""
+    if not warm_pool_targets():
+        return {}
+    if chained:
+        try:
+            redis_client().delete(_refill_flag())
+        except redis.RedisError:
+            pass
+    wait = warm_pool_refill_wait()
+    if wait > 0:
+        _enqueue_refill(countdown=wait, demand=False)
+        return {}
+    return warm_pool_refill()
 
 
 def _backoff_key(shape: Shape) -> str:
@@ -304,11 +438,11 @@ def warm_pool_refill(*, enqueue: Callable[[str], None] | None = None) -> dict[st
         }
         warming = sum(n for key, n in counts.items() if key[-1] == WarmMemberState.WARMING)
         slots = settings.HEDGEROW_WARM_POOL_MAX_WARMING - warming
+        short = False
         for shape, target in targets.items():
-            if slots <= 0:
-                break
             base = (shape.image, shape.cpu_millis, shape.memory_mib, shape.network_access)
             have = counts.get((*base, "warm"), 0) + counts.get((*base, "warming"), 0)
+            short = short or have < target
             want = min(target - have, slots)
             if want <= 0:
                 continue
@@ -324,6 +458,12 @@ def warm_pool_refill(*, enqueue: Callable[[str], None] | None = None) -> dict[st
             started[shape.key()] = want
             for member in members:
                 (enqueue or _enqueue_provision)(str(member.id))
+        if not short:
+            # At target: the hold-back clock starts again with the next claim.
+            try:
+                client.delete(_deferred_key())
+            except redis.RedisError:
+                pass
     return started
 
 

@@ -300,3 +300,157 @@ def test_it_reports_pool_gauges_in_metrics(pool: Any, make_tenant: Any) -> None:
     assert 'hedgerow_warm_pool_members{shape="host:250m:128Mi:none",state="warm"} 1.0' in text
     assert 'hedgerow_warm_pool_target{shape="host:250m:128Mi:none"} 2.0' in text
     assert "hedgerow_warm_pool_claims_total 1.0" in text
+
+
+def _wait_requests(http: httpx.Client | httpx.AsyncClient) -> list[str]:
+    """Records the path of every /wait request ``http`` sends (an httpx event hook)."""
+    waits: list[str] = []
+
+    def seen(request: httpx.Request) -> None:
+        if request.url.path.endswith("/wait"):
+            waits.append(request.url.path)
+
+    async def seen_async(request: httpx.Request) -> None:
+        seen(request)
+
+    http.event_hooks["request"].append(seen_async if isinstance(http, httpx.AsyncClient) else seen)
+    return waits
+
+
+def test_it_lets_the_sdk_skip_the_wait_for_a_claimed_sandbox(pool: Any, make_tenant: Any) -> None:
+    from hedgerow import Client
+
+    tenant, secret = make_tenant()
+    member = _fill(1)[0]
+    with Client(pool.url, secret) as hr:
+        waits = _wait_requests(hr._http)
+        with hr.create_sandbox(image="host", cpu="250m", memory="128Mi") as sandbox:
+            assert sandbox.state == "ready"
+            assert Sandbox.objects.get(tenant=tenant, external_id=sandbox.id).id == member
+            assert waits == []
+            assert sandbox.exec("echo warm").stdout == "warm\n"
+        # Not claimed (another shape): the create answers ``requested`` and the SDK waits.
+        with hr.create_sandbox(image="host", cpu="500m", memory="128Mi") as cold:
+            assert cold.state == "ready"
+            assert waits == [f"/api/v1/sandboxes/{cold.id}/wait"]
+
+
+def test_it_lets_the_async_sdk_skip_the_wait_for_a_claimed_sandbox(
+    pool: Any, make_tenant: Any
+) -> None:
+    import asyncio
+
+    from hedgerow import AsyncClient
+
+    tenant, secret = make_tenant()
+    member = _fill(1)[0]
+
+    async def run() -> tuple[list[str], str, str]:
+        async with AsyncClient(pool.url, secret) as hr:
+            waits = _wait_requests(hr._http)
+            warm = await hr.create_sandbox(image="host", cpu="250m", memory="128Mi")
+            claimed = (warm.state, list(waits))
+            await warm.delete()
+            cold = await hr.create_sandbox(image="host", cpu="500m", memory="128Mi")
+            await cold.delete()
+            assert claimed == ("ready", [])
+            return waits, warm.id, cold.id
+
+    waits, warm_id, cold_id = asyncio.run(run())
+    assert Sandbox.objects.get(tenant=tenant, external_id=warm_id).id == member
+    assert waits == [f"/api/v1/sandboxes/{cold_id}/wait"]
+
+
+def _forget_claims() -> None:
+    from apps.sandboxes.events import redis_client
+
+    redis_client().delete(warm_pool._last_claim_key(), warm_pool._deferred_key())
+
+
+def test_it_refills_only_once_claims_are_quiet(pool: Any, make_tenant: Any, settings: Any) -> None:
+    from apps.sandboxes import tasks
+
+    _forget_claims()
+    settings.HEDGEROW_WARM_POOL_REFILL_QUIET_S = 3600
+    settings.HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S = 7200
+    _fill(2)
+    _, secret = make_tenant()
+    # Claimed through the real web process: it records the claim for the refill.
+    assert _client(pool, secret).post("/sandboxes", json=SHAPE).json()["state"] == "ready"
+    assert warm_pool.warm_pool_refill_wait() > 3000
+    # The debounced check and beat's tick (the same task) start nothing inside the
+    # quiet period: the pool stays one short.
+    assert tasks.warm_pool_refill() == {}
+    assert WarmMember.objects.count() == 1
+    # Quiet for long enough (the period is over): the same task refills to the target.
+    settings.HEDGEROW_WARM_POOL_REFILL_QUIET_S = 0
+    assert warm_pool.warm_pool_refill_wait() == 0
+    assert tasks.warm_pool_refill() == {"host:250m:128Mi:none": 1}
+    _until(lambda: len(_warm_ids()) == 2, 60, "refilled after the quiet period")
+    assert tasks.warm_pool_refill() == {}
+
+
+def test_it_refills_a_pool_held_back_too_long_despite_claims(
+    pool: Any, make_tenant: Any, settings: Any
+) -> None:
+    from apps.sandboxes import tasks
+
+    _forget_claims()
+    settings.HEDGEROW_WARM_POOL_REFILL_QUIET_S = 3600
+    settings.HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S = 7200
+    _fill(2)
+    _, secret = make_tenant()
+    http = _client(pool, secret)
+    assert http.post("/sandboxes", json=SHAPE).json()["state"] == "ready"
+    assert tasks.warm_pool_refill() == {}
+    # A steady stream is never quiet: once held back past the cap, it refills anyway.
+    settings.HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S = 0
+    assert tasks.warm_pool_refill() == {"host:250m:128Mi:none": 1}
+    _until(lambda: len(_warm_ids()) == 2, 60, "refilled despite claims")
+    # Back at target: the hold-back clock restarts with the next claim.
+    assert tasks.warm_pool_refill() == {}
+    settings.HEDGEROW_WARM_POOL_REFILL_MAX_DEFER_S = 7200
+    assert http.post("/sandboxes", json=SHAPE).json()["state"] == "ready"
+    assert tasks.warm_pool_refill() == {}
+    assert len(_warm_ids()) == 1
+
+
+def test_it_lets_beat_fill_an_empty_pool(pool: Any, settings: Any) -> None:
+    from apps.sandboxes import tasks
+
+    _forget_claims()
+    entry = settings.CELERY_BEAT_SCHEDULE["warm-pool-refill"]
+    assert entry["task"] == "apps.sandboxes.tasks.warm_pool_refill"
+    assert not WarmMember.objects.exists()
+    assert tasks.warm_pool_refill() == {"host:250m:128Mi:none": 2}
+    _until(lambda: len(_warm_ids()) == 2, 60, "filled by beat's tick")
+
+
+def test_it_claims_in_two_writes(pool: Any, make_tenant: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create
+
+    tenant, _ = make_tenant()
+    first, member = _fill(2)[:2]
+    request = SandboxRequest(image="host", cpu_millis=250, memory_mib=128)
+    # The tenant's first create also writes its quota row: not the claim's cost.
+    assert (
+        sandbox_create(tenant=tenant, request=request, idempotency_key="k-0", actor="test")[0].id
+        == first
+    )
+    with CaptureQueriesContext(connection) as captured:
+        sandbox, created = sandbox_create(
+            tenant=tenant, request=request, idempotency_key="k-stmt", actor="test"
+        )
+    assert created and sandbox.state == State.READY and sandbox.id == member
+    heads = [q["sql"].split(None, 1)[0] for q in captured.captured_queries]
+    print(f"statements in a claiming create: {len(heads)} {heads}")
+    # The claim (DELETE … RETURNING) and the row + ledger + usage record (one WITH);
+    # the rest are admission's reads and locks.
+    assert [h for h in heads if h in ("INSERT", "UPDATE", "DELETE", "WITH")] == [
+        "DELETE",
+        "WITH",
+    ], [q["sql"][:90] for q in captured.captured_queries]
+    assert UsageRecord.objects.get(sandbox=sandbox).node == sandbox.node
