@@ -15,6 +15,11 @@ requested sandbox that becomes ready while it waits: subtract ``readysim``), ``w
 (GET /sandboxes/<id>/wait on a ready sandbox), ``delete`` (DELETE /sandboxes/<id> on a
 ready one), ``exec404`` (POST exec on a missing sandbox: the fast path's hand-off to
 DRF). ``--profile STEP`` prints a cProfile of that step's N requests.
+
+``--concurrency C`` keeps C requests of each step in flight at once (as under load;
+the DB pool is then min(C, ``--db-pool``)), ``--uvloop`` runs the loop uvicorn runs on,
+``--steps a,b`` runs a subset. Besides CPU, each step reports the context switches of
+this process's threads and the cyclic collector's CPU time and runs per request.
 """
 
 from __future__ import annotations
@@ -137,9 +142,21 @@ def main() -> int:
     parser.add_argument("--sort", default="cumulative")
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--spy", default="", help="STEP:FILE: py-spy (raw, all threads) of a step")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="requests of a step in flight at once"
+    )
+    parser.add_argument("--db-pool", type=int, default=60, help="with --concurrency > 1")
+    parser.add_argument("--uvloop", action="store_true", help="the loop uvicorn runs on")
+    parser.add_argument("--steps", default="", help="comma-separated subset (create is kept)")
     args = parser.parse_args()
+    if args.concurrency > 1:
+        os.environ["HEDGEROW_DB_POOL_MAX"] = str(min(args.concurrency, args.db_pool))
     db_name, _instance = _setup()
     try:
+        if args.uvloop:
+            import uvloop
+
+            uvloop.install()
         return asyncio.run(_run(args))
     finally:
         _teardown(db_name)
@@ -248,8 +265,19 @@ async def _run(args: Any) -> int:
         ("exec404", exec404),
         ("delete", delete),
     ]
-    print(f"web_request_cost: N={n} load={Path('/proc/loadavg').read_text().split()[0]}")
-    print(f"{'step':<9} {'cpu ms/req':>10} {'wall ms/req':>11}")
+    if args.steps:
+        wanted = set(args.steps.split(",")) | {"create"}
+        steps = [(name, step) for name, step in steps if name in wanted]
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(f"web_request_cost: N={n} concurrency={args.concurrency} load={load}")
+    import gc
+
+    print(f"gc thresholds {gc.get_threshold()}, frozen objects {gc.get_freeze_count()}")
+    gc_clock = _GcClock()
+    print(
+        f"{'step':<9} {'cpu ms/req':>10} {'wall ms/req':>11} {'vcsw/req':>8} {'ivcsw/req':>9}"
+        f" {'gc ms/req':>9} gc runs (gen 0/1/2)"
+    )
     for name, step in steps:
         if name in ("readysim", "waitblock"):
             await sync_to_async(make_requested)()
@@ -278,24 +306,85 @@ async def _run(args: Any) -> int:
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(1.0)
+        s0, g0 = _switches(), gc_clock.snapshot()
         c0, w0 = time.process_time(), time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        for i in range(n):
-            await step(i)
+        await _in_flight(step, n, args.concurrency)
         if profiler is not None:
             profiler.disable()
         c1, w1 = time.process_time(), time.perf_counter()
+        s1, g1 = _switches(), gc_clock.snapshot()
         if spy is not None:
             import signal
 
             spy.send_signal(signal.SIGINT)
             spy.wait()
-        print(f"{name:<9} {1e3 * (c1 - c0) / n:10.2f} {1e3 * (w1 - w0) / n:11.2f}")
+        runs = "/".join(str(b - a) for a, b in zip(g0[1], g1[1], strict=True))
+        print(
+            f"{name:<9} {1e3 * (c1 - c0) / n:10.2f} {1e3 * (w1 - w0) / n:11.2f}"
+            f" {(s1[0] - s0[0]) / n:8.1f} {(s1[1] - s0[1]) / n:9.1f}"
+            f" {1e3 * (g1[0] - g0[0]) / n:9.3f} {runs}"
+        )
         if profiler is not None:
             stats = pstats.Stats(profiler)
             stats.sort_stats(args.sort).print_stats(args.top)
     return 0
+
+
+async def _in_flight(step: Callable[[int], Any], n: int, concurrency: int) -> None:
+    """Requests 0..n-1 of a step, ``concurrency`` of them in flight at any time."""
+    if concurrency <= 1:
+        for i in range(n):
+            await step(i)
+        return
+    next_index = 0
+
+    async def lane() -> None:
+        nonlocal next_index
+        while next_index < n:
+            i = next_index
+            next_index += 1
+            await step(i)
+
+    await asyncio.gather(*(lane() for _ in range(concurrency)))
+
+
+class _GcClock:
+    """CPU time spent in the cyclic collector, and collections per generation."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds = 0.0
+        self.runs = [0, 0, 0]
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+            self.runs[info["generation"]] += 1
+
+    def snapshot(self) -> tuple[float, list[int]]:
+        return self.seconds, list(self.runs)
+
+
+def _switches() -> tuple[int, int]:
+    """Voluntary and involuntary context switches of all this process's threads."""
+    voluntary = involuntary = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    involuntary += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended meanwhile
+    return voluntary, involuntary
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from apps.sandboxes.api.exec_fastpath import ExecFastPath  # noqa: E402
 from apps.sandboxes.services.stream_pump import remember_loop  # noqa: E402
 from controlplane.logging import redact_server_logs  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
+from controlplane.webgc import web_gc_tune  # noqa: E402
 from controlplane.ws_auth import WebsocketAuthStack  # noqa: E402
 
 # The server logs each websocket's URL, query string included: the Orchard PTY's key.
@@ -35,3 +36,7 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     # Streamed-exec pumps run on this loop (apps/sandboxes/services/stream_pump.py).
     remember_loop()
     await router(scope, receive, send)
+
+
+# Last: everything start-up loaded is in the heap now (controlplane/webgc.py).
+web_gc_tune()

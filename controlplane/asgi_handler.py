@@ -11,7 +11,10 @@ about half of the web process's CPU for a one-row DRF read (docs/benchmarks.md).
 Here the chain is loaded in sync mode, as under WSGI, and the whole of
 ``get_response`` (URL resolution, every middleware, the view, rendering) runs in the
 request's thread in one ``sync_to_async`` call: the same middleware, in the same
-order, with the same results — only the thread hops go. An async view would still
+order, with the same results — only the thread hops go. ``request_started``'s
+receivers run in that same call, first (the stock handler gives them a hop of their
+own): two hops per request in all, the second being ``response.close()`` after the
+response is sent. An async view would still
 work (Django wraps it in ``async_to_sync``); there is none.
 
 Each request still gets a thread of its own (a wait blocks its thread for up to its
@@ -24,15 +27,19 @@ client went away while the view ran) — that one is shut down when it finishes.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.core import signals
+from django.core.exceptions import RequestAborted
 from django.core.handlers import base
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.http import HttpRequest, HttpResponseBase
+from django.urls import set_script_prefix
 
 
 class _OneThread(ThreadPoolExecutor):
@@ -98,8 +105,70 @@ class SyncChainASGIHandler(ASGIHandler):
         finally:
             self.request_threads.give_back(executor)
 
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """``ASGIHandler.handle`` (Django 5.2) with one hop fewer: ``request_started`` is
+        sent in the request's own hop, just before ``get_response``, not in a hop of its
+        own before the request object is built (building it reads only the scope and the
+        body). Same receivers, same thread, before the same middleware; a request Django
+        cannot build (400/413) is answered exactly as the stock handler does it."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            assert error_response is not None
+            await signals.request_started.asend(sender=self.__class__, scope=scope)
+            body_file.close()
+            await self.send_response(error_response, send)
+            await sync_to_async(error_response.close)()
+            return
+
+        async def process_request(request: HttpRequest, send: Any) -> HttpResponseBase:
+            response = await self.run_get_response(request)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # the client left while the response was sent
+            return response
+
+        # From here on as the stock handler: a disconnect while the view runs cancels
+        # the answer (the thread finishes its call), then request_finished is sent.
+        listening = asyncio.create_task(self.listen_for_disconnect(receive))
+        answering = asyncio.create_task(process_request(request, send))
+        await asyncio.wait((listening, answering), return_when=asyncio.FIRST_COMPLETED)
+        task: asyncio.Task[Any]
+        for task in (listening, answering):
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+                except AssertionError:
+                    body_file.close()
+                    raise
+            else:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        try:
+            response = answering.result()
+        except asyncio.CancelledError:
+            await signals.request_finished.asend(sender=self.__class__)
+        else:
+            await sync_to_async(response.close)()
+        body_file.close()
+
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         # thread_sensitive: the request's own thread (ASGIHandler.__call__ opens a
-        # ThreadSensitiveContext), where request_started ran and response.close() runs,
-        # so the request's DB connection is opened and given back in one thread.
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        # ThreadSensitiveContext), where response.close() runs too, so the request's DB
+        # connection is opened and given back in one thread.
+        return await sync_to_async(self._started_and_response, thread_sensitive=True)(request)
+
+    def _started_and_response(self, request: HttpRequest) -> HttpResponseBase:
+        scope = request.scope  # type: ignore[attr-defined]  # an ASGIRequest
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        return self.get_response(request)

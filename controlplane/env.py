@@ -48,3 +48,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None or raw.strip() == "":
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """Comma-separated positive integers, exactly as many as ``default`` has."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        values = tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != len(default) or min(values) < 1:
+        raise ImproperlyConfigured(
+            f"{name} must be {len(default)} comma-separated positive integers, got {raw!r}"
+        )
+    return values

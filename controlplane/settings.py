@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import env_bool, env_float, env_int, env_list, env_str
+from controlplane.env import env_bool, env_float, env_int, env_ints, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(env_str("HEDGEROW_STATE_DIR", str(BASE_DIR / ".state")))
@@ -219,6 +219,10 @@ HEDGEROW_EXEC_DEFAULT_TIMEOUT_S = env_float("HEDGEROW_EXEC_DEFAULT_TIMEOUT_S", 6
 # Plain REST execs answered on the event loop in front of Django
 # (apps/sandboxes/api/exec_fastpath.py); off: every exec goes through the DRF view.
 HEDGEROW_EXEC_FAST_PATH = env_bool("HEDGEROW_EXEC_FAST_PATH", True)
+# The web process's cyclic GC (controlplane/webgc.py): freeze the start-up heap, and
+# the collector's generation thresholds (Python's default: 700,10,10).
+HEDGEROW_WEB_GC_FREEZE = env_bool("HEDGEROW_WEB_GC_FREEZE", True)
+HEDGEROW_WEB_GC_THRESHOLD = env_ints("HEDGEROW_WEB_GC_THRESHOLD", (10000, 10, 10))
 HEDGEROW_MAX_CPU_MILLIS = env_int("HEDGEROW_MAX_CPU_MILLIS", 8000)
 HEDGEROW_MAX_MEMORY_MIB = env_int("HEDGEROW_MAX_MEMORY_MIB", 32768)
 HEDGEROW_PUBLIC_URL = env_str("HEDGEROW_PUBLIC_URL", "http://127.0.0.1:8000")

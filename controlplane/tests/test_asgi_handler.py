@@ -31,7 +31,7 @@ def _call(
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "query_string": query.encode(),
+        "query_string": query.encode("utf-8", "surrogateescape"),
         "root_path": "",
         "headers": [
             (b"host", b"testserver"),
@@ -152,9 +152,54 @@ def test_it_runs_the_whole_chain_in_one_hop_to_a_thread(handlers, make_tenant, m
     stock_hops = len(hops)
     hops.clear()
     assert _call(chained, "GET", path, auth)[0] == 200
-    # request_started's receivers, get_response, response.close(): one each.
-    assert len(hops) == 3, hops
+    # request_started's receivers + get_response in one, response.close() in the other.
+    assert len(hops) == 2, hops
     assert stock_hops > 3
+
+
+def test_it_sends_the_request_signals_once_each_around_the_view_in_its_thread(
+    handlers, make_tenant, monkeypatch
+):
+    from django.core.signals import request_finished, request_started
+
+    from apps.sandboxes.api import views
+
+    stock, chained = handlers
+    tenant, secret = make_tenant()
+    path = f"/api/v1/sandboxes/{make_sandbox(tenant).external_id}"
+    auth = [(b"authorization", f"Bearer {secret}".encode())]
+    events: list[tuple[str, threading.Thread]] = []
+    view = views.SandboxDetailView.get
+
+    def viewing(self: Any, request: Any, sandbox_id: str) -> Any:
+        events.append(("view", threading.current_thread()))
+        return view(self, request, sandbox_id)
+
+    def started(**_: Any) -> None:
+        events.append(("started", threading.current_thread()))
+
+    def finished(**_: Any) -> None:
+        events.append(("finished", threading.current_thread()))
+
+    monkeypatch.setattr(views.SandboxDetailView, "get", viewing)
+    request_started.connect(started, weak=False, dispatch_uid="test-signals-started")
+    request_finished.connect(finished, weak=False, dispatch_uid="test-signals-finished")
+    unbuildable = []
+    try:
+        for app in (stock, chained):
+            events.clear()
+            assert _call(app, "GET", path, auth)[0] == 200
+            assert [name for name, _ in events] == ["started", "view", "finished"], app
+            assert len({thread for _, thread in events}) == 1, app
+            # A query string that is not UTF-8: Django cannot build the request (400).
+            events.clear()
+            unbuildable.append(_call(app, "GET", "/healthz?\udcff", []))
+            assert [name for name, _ in events] == ["started", "finished"], app
+    finally:
+        request_started.disconnect(dispatch_uid="test-signals-started")
+        request_finished.disconnect(dispatch_uid="test-signals-finished")
+    assert unbuildable[0][0] == 400
+    assert unbuildable[1] == unbuildable[0]
 
 
 def test_it_serves_one_request_after_another_from_the_same_thread(handlers):
