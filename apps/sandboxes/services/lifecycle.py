@@ -203,7 +203,7 @@ class _Moved:
     queue_waiting: bool
 
 
-_EVENT_COLUMNS = (
+LEDGER_COLUMNS = (
     "sandbox_id",
     "tenant_id",
     "at",
@@ -215,8 +215,9 @@ _EVENT_COLUMNS = (
     "actor",
     "generation",
 )
-# What the usage ledger's part of the statement reads from the moved row.
-_MOVED_COLUMNS = (
+# What the usage ledger's part of the statement reads from the moved row (the warm
+# pool's claim statement reads the same from the row it inserts).
+MOVED_ROW_COLUMNS = (
     "id",
     "tenant_id",
     "image",
@@ -265,8 +266,8 @@ def _compare_and_set(
     update_sql, update_params = update.get_compiler(connection.alias).as_sql()
     table = connection.ops.quote_name(Sandbox._meta.db_table)
     events = connection.ops.quote_name(SandboxEvent._meta.db_table)
-    returning = ", ".join(f"{table}.{connection.ops.quote_name(c)}" for c in _MOVED_COLUMNS)
-    columns = ", ".join(connection.ops.quote_name(c) for c in _EVENT_COLUMNS)
+    returning = ", ".join(f"{table}.{connection.ops.quote_name(c)}" for c in MOVED_ROW_COLUMNS)
+    columns = ", ".join(connection.ops.quote_name(c) for c in LEDGER_COLUMNS)
     sql = [
         # Names from the models, values as parameters: not an injection.
         f"WITH moved AS ({update_sql} RETURNING {returning}), "  # noqa: S608

@@ -47,6 +47,7 @@ from apps.sandboxes.backends.base import BackendError, SandboxSpec
 from apps.sandboxes.events import publish_sandbox_state, redis_client
 from apps.sandboxes.models import Sandbox, SandboxEvent, State, WarmMember, WarmMemberState
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
+from apps.sandboxes.services.lifecycle import LEDGER_COLUMNS, MOVED_ROW_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +243,9 @@ def warm_pool_record_claim(*, sandbox: Sandbox, claimed: Claimed, actor: str) ->
     usage_sql, usage_params = open_record_sql(sandbox=sandbox, at=ready_at)
     quote = connection.ops.quote_name
     table = quote(Sandbox._meta.db_table)
-    returning = ", ".join(f"{table}.{quote(c)}" for c in _MOVED_COLUMNS)
+    returning = ", ".join(f"{table}.{quote(c)}" for c in MOVED_ROW_COLUMNS)
     events = quote(SandboxEvent._meta.db_table)
-    columns = ", ".join(quote(c) for c in _EVENT_COLUMNS)
+    columns = ", ".join(quote(c) for c in LEDGER_COLUMNS)
     # Names from the models, values as parameters: not an injection. The ledger rows
     # are inserted in ``ord`` order, so their ids are in ledger order as before.
     sql = (
@@ -282,32 +283,6 @@ def warm_pool_record_claim(*, sandbox: Sandbox, claimed: Claimed, actor: str) ->
         sandbox=sandbox, to_state=State.READY, written=row[1], queue_waiting=False
     )
     publish_sandbox_state(sandbox)
-
-
-# What the usage ledger's part of the statement reads from the inserted row, and the
-# ledger's columns (as ``services/lifecycle.py``'s transitions).
-_MOVED_COLUMNS = (
-    "id",
-    "tenant_id",
-    "image",
-    "backend",
-    "node",
-    "labels",
-    "cpu_millis",
-    "memory_mib",
-)
-_EVENT_COLUMNS = (
-    "sandbox_id",
-    "tenant_id",
-    "at",
-    "event",
-    "from_state",
-    "to_state",
-    "reason",
-    "message",
-    "actor",
-    "generation",
-)
 
 
 # ---- refill (Celery) ---------------------------------------------------------------
