@@ -36,7 +36,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
@@ -276,7 +276,10 @@ def warm_pool_record_claim(*, sandbox: Sandbox, claimed: Claimed, actor: str) ->
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    assert row is not None and row[0] == 2, row
+    if row is None or row[0] != 2:
+        # Raised inside the create's transaction: it rolls back, the member goes back
+        # to the pool and the client gets a 500, never a sandbox with half a ledger.
+        raise DatabaseError(f"warm pool claim wrote {row!r} ledger rows, expected 2")
     sandbox._state.adding = False
     sandbox._state.db = connection.alias
     usage_after_transition(
