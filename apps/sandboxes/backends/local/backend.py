@@ -290,16 +290,7 @@ class LocalBackend:
         if pause is not None:
             meta.update(self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs))
         elif self.isolated:
-            argv = process.bwrap_argv(
-                base_args=base_args,
-                workspace=d / "workspace",
-                tmp=d / "tmp",
-                secret_dir=d / "secret",
-                podagent_dir=self.config.podagent_dir,
-                python=python,
-                agent_bundle=self.config.agent_bundle,
-                port=self.config.agent_port,
-            )
+            argv = self._bwrap_argv(d, base_args, python=python, bundle=self.config.agent_bundle)
             argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]
             pid, start = process.launch_detached(
                 argv, cgroup_dirs=list(cgroup_dirs.values()), log_file=d / "agent.log"
@@ -315,19 +306,33 @@ class LocalBackend:
         self._hook("started")
         return self._endpoint_of(meta)
 
-    def _spawn_from_zygote(
-        self, sid: str, d: Path, base_args: list[str], pause: Path, cgroup_dirs: dict[str, Path]
-    ) -> dict[str, Any]:
-        argv = process.bwrap_argv(
+    def _bwrap_argv(
+        self,
+        d: Path,
+        base_args: list[str],
+        *,
+        python: str,
+        bundle: Path | None = None,
+        pause: Path | None = None,
+    ) -> list[str]:
+        """bwrap's command line for the sandbox whose directory is ``d``; the two launch
+        modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
+        return process.bwrap_argv(
             base_args=base_args,
             workspace=d / "workspace",
             tmp=d / "tmp",
             secret_dir=d / "secret",
             podagent_dir=self.config.podagent_dir,
-            python="",
+            python=python,
             port=self.config.agent_port,
+            agent_bundle=bundle,
             pause=pause,
         )
+
+    def _spawn_from_zygote(
+        self, sid: str, d: Path, base_args: list[str], pause: Path, cgroup_dirs: dict[str, Path]
+    ) -> dict[str, Any]:
+        argv = self._bwrap_argv(d, base_args, python="", pause=pause)
         timeout = self.agent_start_timeout
         answer = self.zygote.spawn(
             {
