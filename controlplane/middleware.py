@@ -6,7 +6,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from controlplane.logging import request_id_var
 
@@ -46,3 +46,31 @@ class RequestIdMiddleware:
             request_id_var.reset(token)
         response["X-Request-Id"] = request_id
         return response
+
+
+class InputGuardMiddleware:
+    """NUL in the URL path or a query parameter is a typed 400 before any view runs:
+    Postgres cannot hold it and the agent refuses it, so it used to be a 500 wherever a
+    filter or an id reached a query (controlplane/inputs.py has the JSON side)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        field = _nul_field(request)
+        if field is None:
+            return self.get_response(request)
+        message = f"{field} contains a NUL byte"
+        if request.path.startswith("/orchard/"):
+            return JsonResponse({"detail": message, "code": "invalid_text"}, status=400)
+        body = {"error": {"code": "invalid_text", "message": message, "field": field}}
+        return JsonResponse(body, status=400)
+
+
+def _nul_field(request: HttpRequest) -> str | None:
+    if "\x00" in request.path:
+        return "path"
+    for key, values in request.GET.lists():
+        if "\x00" in key or any("\x00" in value for value in values):
+            return key.replace("\x00", "\\0")
+    return None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -38,6 +39,12 @@ def team_switch(request: HttpRequest) -> HttpResponse:
     if not request.user.is_authenticated:
         return redirect("frontend:login")
     tenant_id = request.POST.get("tenant_id", "")
+    try:
+        uuid.UUID(tenant_id)
+    except ValueError:
+        return HttpResponseBadRequest(
+            "invalid_team: tenant_id must be a team id", content_type="text/plain"
+        )
     principal = principal_for_session(request.user, tenant_id)
     if principal is not None and str(principal.tenant.pk) == tenant_id:
         request.session["tenant_id"] = tenant_id

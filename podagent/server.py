@@ -473,7 +473,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, files.delete_path(path, recursive))
 
     def file_list(self) -> None:
-        self.send_json(200, files.list_dir(files.check_path(self.param("path"))))
+        limit = files.parse_limit(self.param("limit"))
+        after = self.param("after") or None
+        self.send_json(200, files.list_dir(files.check_path(self.param("path")), limit, after))
 
     def file_stat(self) -> None:
         self.send_json(200, files.stat_path(files.check_path(self.param("path"))))

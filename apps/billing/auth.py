@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -132,6 +133,14 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="hedgerow"'
 
 
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
 def principal_for_session(user: Any, tenant_id: str | None) -> Principal | None:
     """The principal of a signed-in user acting for the session's current team."""
     if user is None or not user.is_authenticated:
@@ -140,7 +149,7 @@ def principal_for_session(user: Any, tenant_id: str | None) -> Principal | None:
         user=user, tenant__is_active=True
     )
     chosen = None
-    if tenant_id:
+    if tenant_id and _is_uuid(tenant_id):  # anything else names no team (never a 500)
         chosen = memberships.filter(tenant_id=tenant_id).first()
     if chosen is None:
         chosen = memberships.order_by("created_at").first()

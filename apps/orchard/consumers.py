@@ -122,7 +122,7 @@ class OrchardPtyConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             return
         try:
             frame = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the stack
             frame = None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             await self._error("frames are JSON objects with a 'type'")

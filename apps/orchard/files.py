@@ -10,20 +10,18 @@ from typing import Any
 from django.conf import settings
 
 from apps.billing.principal import Principal
-from apps.sandboxes.agent_client import AgentError, AgentUnreachable
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services import files
-from apps.sandboxes.services.operations import (
-    AgentUnavailable,
-    agent_for,
-)
 from apps.sandboxes.services.patching import sandbox_apply_patch
 from controlplane.errors import ApiError, ValidationFailed
 
 # Base64 in a JSON body is held in memory on both sides; bigger files go through
 # Hedgerow's streamed /api/v1 files endpoints.
 MAX_JSON_FILE_BYTES = 64 * 1024 * 1024
+# The upload's JSON body: the file in base64 (4 characters per 3 bytes) plus the path
+# and the JSON around them.
+MAX_UPLOAD_BODY = 4 * -(-MAX_JSON_FILE_BYTES // 3) + 64 * 1024
 
 
 def _decode(content: Any) -> bytes:
@@ -51,31 +49,25 @@ def file_upload(*, sandbox: Sandbox, path: Any, content: Any) -> dict[str, Any]:
 
 
 def file_download(*, sandbox: Sandbox, path: Any) -> dict[str, Any]:
+    """A symlink is followed inside the sandbox (as the streamed download does); the
+    size check is on what the agent opened, before its body is read."""
     target = _path(path)
-    stat = files.file_stat(sandbox=sandbox, path=target)
-    if stat.get("type") == "directory":
-        raise ApiError(f"{target} is a directory", code="is_a_directory", field="path")
-    if int(stat.get("size") or 0) > MAX_JSON_FILE_BYTES:
-        raise ApiError(
-            f"{target} is larger than {MAX_JSON_FILE_BYTES} bytes; download it from "
-            "/api/v1/sandboxes/<id>/files (streamed)",
-            code="too_large",
-            status_code=413,
-        )
-    try:
-        data = agent_for(sandbox).request("GET", "/files", params={"path": target}, timeout=120)
-    except AgentError as exc:
-        raise ApiError(exc.message, code=exc.code, field="path", status_code=exc.status) from exc
-    except AgentUnreachable as exc:
-        raise AgentUnavailable(str(exc)) from exc
-    body = data.content
-    return {"path": target, "content": base64.b64encode(body).decode(), "size": len(body)}
+    data = files.file_open(sandbox=sandbox, path=target).read_all(MAX_JSON_FILE_BYTES)
+    return {"path": target, "content": base64.b64encode(data).decode(), "size": len(data)}
 
 
-def file_listing(*, sandbox: Sandbox, path: Any) -> dict[str, Any]:
-    listing = files.file_list(sandbox=sandbox, path=path if isinstance(path, str) else None)
+def file_listing(*, sandbox: Sandbox, path: Any, limit: Any, cursor: Any) -> dict[str, Any]:
+    """Orchard's shape (``path``, ``files``), one page of up to ``limit`` entries
+    (default and max: files.LIST_LIMIT_MAX); ``next_cursor`` is null when ``files``
+    holds the rest of the directory."""
+    listing = files.file_list(
+        sandbox=sandbox,
+        path=path if isinstance(path, str) else None,
+        limit=files.LIST_LIMIT_MAX if limit in (None, "") else limit,
+        cursor=cursor if isinstance(cursor, str) else None,
+    )
     entries = []
-    for entry in listing.get("entries", []):
+    for entry in listing["entries"]:
         kind = entry.get("type")
         entries.append(
             {
@@ -90,7 +82,11 @@ def file_listing(*, sandbox: Sandbox, path: Any) -> dict[str, Any]:
                 "target": entry.get("target"),
             }
         )
-    return {"path": listing.get("path", path), "files": entries}
+    return {
+        "path": listing.get("path") or path,
+        "files": entries,
+        "next_cursor": listing["next_cursor"],
+    }
 
 
 def patch_apply(

@@ -34,6 +34,7 @@ from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.services.exec_async import iso, operation_exec_async, single_flight
 from apps.sandboxes.services.operations import ExecRequest
 from controlplane.errors import ApiError, _internal_error_body
+from controlplane.inputs import json_loads
 from controlplane.logging import request_id_var
 
 Scope = MutableMapping[str, Any]
@@ -206,10 +207,6 @@ def _key(headers: dict[bytes, bytes]) -> str | None:
     return headers.get(b"x-api-key", b"").decode("latin-1").strip() or None
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(name)  # NaN/Infinity: DRF's strict JSON parser refuses them
-
-
 def _text(value: Any) -> bool:
     """A string DRF's CharField keeps as is (no trimming, not blank, no NUL/surrogates)."""
     if not isinstance(value, str) or not value or value != value.strip() or "\x00" in value:
@@ -252,8 +249,8 @@ def parse_exec_body(body: bytes) -> tuple[ExecRequest, str | None, int | None] |
     """The exec body as ``ExecSerializer`` would validate it, or None unless this is a
     body it accepts with exactly these values (anything doubtful goes to DRF)."""
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError):
+        data = json_loads(body)  # depth and surrogates: DRF gives the typed error
+    except ApiError:
         return None
     if not isinstance(data, dict) or not data.keys() <= _FIELDS or data.get("stream", False):
         return None

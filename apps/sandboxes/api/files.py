@@ -36,20 +36,16 @@ class FilesView(APIView):
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         path = request.query_params.get("path")
-        stat = files.file_stat(sandbox=sandbox, path=path)
-        if stat.get("type") == "directory":
-            from controlplane.errors import ApiError
-
-            raise ApiError(f"{path} is a directory", code="is_a_directory", field="path")
-        assert path is not None
-        response = StreamingHttpResponse(
-            files.file_read_stream(sandbox=sandbox, path=path),
-            content_type="application/octet-stream",
-        )
-        response["Content-Length"] = str(stat.get("size", 0))
+        # The agent answers before any header goes out: a missing, unreadable or
+        # non-regular file is a typed 4xx, and Content-Length is the size of what the
+        # agent opened (a symlink's target), never a separate stat's.
+        download = files.file_open(sandbox=sandbox, path=path)
+        response = StreamingHttpResponse(download.chunks(), content_type="application/octet-stream")
+        response["Content-Length"] = str(download.size)
         response["Content-Disposition"] = (
-            f'attachment; filename="{posixpath.basename(path) or "file"}"'
+            f'attachment; filename="{posixpath.basename(path or "") or "file"}"'
         )
+        response._resource_closers.append(download.close)  # type: ignore[attr-defined]  # never streamed
         return response
 
     @extend_schema(
@@ -76,11 +72,33 @@ class FilesView(APIView):
 
 
 class FileListView(APIView):
-    @extend_schema(parameters=[PATH_PARAM], responses={200: dict, **ERROR_RESPONSES})
+    @extend_schema(
+        parameters=[
+            PATH_PARAM,
+            OpenApiParameter(
+                "limit",
+                int,
+                description=f"entries per page (default {files.LIST_LIMIT_DEFAULT}, "
+                f"max {files.LIST_LIMIT_MAX})",
+            ),
+            OpenApiParameter("cursor", str, description="next_cursor of the previous page"),
+        ],
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Lists a directory, sorted by name, one page at a time: `next_cursor` "
+        "is null on the last page.",
+    )
     def get(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
-        return Response(files.file_list(sandbox=sandbox, path=request.query_params.get("path")))
+        params = request.query_params
+        return Response(
+            files.file_list(
+                sandbox=sandbox,
+                path=params.get("path"),
+                limit=params.get("limit"),
+                cursor=params.get("cursor"),
+            )
+        )
 
 
 class FileStatView(APIView):

@@ -41,13 +41,19 @@ class QuantityField(serializers.Field):  # type: ignore[type-arg]
         return value
 
 
+# Integer columns are Postgres int4: a bigger number is a 400, not a DataError.
+INT4_MAX = 2**31 - 1
+
+
 class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
     image = serializers.CharField(max_length=200, default="host")
     cpu = QuantityField(parse_cpu_millis, required=False, help_text="cores: 1, 0.5, '500m'")
     memory = QuantityField(parse_memory_mib, required=False, help_text="MiB or '512Mi', '2Gi'")
     network_access = serializers.BooleanField(default=False)
     ttl_seconds = serializers.IntegerField(min_value=10, required=False)
-    heartbeat_timeout_s = serializers.IntegerField(min_value=5, required=False, allow_null=True)
+    heartbeat_timeout_s = serializers.IntegerField(
+        min_value=5, max_value=INT4_MAX, required=False, allow_null=True
+    )
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     sandbox_id = serializers.CharField(max_length=63, required=False)
     idempotency_key = serializers.CharField(max_length=128, required=False)
@@ -233,7 +239,7 @@ class ExecSerializer(serializers.Serializer):  # type: ignore[type-arg]
     )
     output_limit = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     operation_id = serializers.RegexField(r"^[A-Za-z0-9._:-]{1,128}$", required=False)
-    generation = serializers.IntegerField(min_value=0, required=False)
+    generation = serializers.IntegerField(min_value=0, max_value=INT4_MAX, required=False)
     stream = serializers.BooleanField(default=False)
 
     def validate_command(self, value: Any) -> str | list[str]:

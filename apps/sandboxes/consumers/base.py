@@ -78,7 +78,7 @@ class HedgerowConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             if text_data is not None:
                 try:
                     message = json.loads(text_data)
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, or nested past the stack
                     raise BadFrame("frames must be JSON objects") from None
                 if not isinstance(message, dict) or not isinstance(message.get("type"), str):
                     raise BadFrame("frames must be JSON objects with a string 'type'", "type")

@@ -6,22 +6,59 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+from asgiref.sync import sync_to_async
 
 from apps.billing.limits import upload_admit, upload_record
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services.operations import AgentUnavailable, agent_for, ensure_ready
 from controlplane.errors import ApiError
+from controlplane.inputs import check_text
 
 CHUNK = 256 * 1024
+
+
+# As the agent's own limits (podagent/files.py): Linux's PATH_MAX and NAME_MAX, and a
+# depth past any real tree. Checked here too, so a bad path never reaches the agent.
+MAX_PATH_BYTES = 4095
+MAX_NAME_BYTES = 255
+MAX_DEPTH = 256
+# File listings are paged (docs/agent-protocol.md, docs/orchard.md).
+LIST_LIMIT_DEFAULT = 1000
+LIST_LIMIT_MAX = 10000
 
 
 def _check_path(path: str | None) -> str:
     if not path:
         raise ApiError("path is required", field="path", code="path_required")
+    check_text(path, "path", nul=True)
     if not path.startswith("/"):
         raise ApiError("path must be absolute", field="path", code="path_not_absolute")
+    if len(path.encode()) > MAX_PATH_BYTES:
+        raise ApiError(f"path is over {MAX_PATH_BYTES} bytes", field="path", code="path_too_long")
+    parts = [part for part in path.split("/") if part]
+    if len(parts) > MAX_DEPTH:
+        raise ApiError(f"path is over {MAX_DEPTH} levels deep", field="path", code="path_too_deep")
+    if any(len(part.encode()) > MAX_NAME_BYTES for part in parts):
+        raise ApiError(
+            f"a path component is over {MAX_NAME_BYTES} bytes", field="path", code="name_too_long"
+        )
     return path
+
+
+def list_limit(raw: Any) -> int:
+    """A listing's page size: the default when absent, else 1 … LIST_LIMIT_MAX."""
+    if raw is None or raw == "":
+        return LIST_LIMIT_DEFAULT
+    try:
+        limit = int(raw)
+    except (TypeError, ValueError):
+        raise ApiError("limit must be an integer", field="limit", code="validation_error") from None
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise ApiError(
+            f"limit must be 1 to {LIST_LIMIT_MAX}", field="limit", code="validation_error"
+        )
+    return limit
 
 
 def _translate(exc: AgentError) -> ApiError:
@@ -67,10 +104,13 @@ def file_write(
     return result
 
 
-def _agent_json(sandbox: Sandbox, path: str, endpoint: str) -> dict[str, Any]:
+def _agent_json(
+    sandbox: Sandbox, path: str, endpoint: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     ensure_ready(sandbox)
+    params = {"path": _check_path(path), **(extra or {})}
     try:
-        response = agent_for(sandbox).request("GET", endpoint, params={"path": _check_path(path)})
+        response = agent_for(sandbox).request("GET", endpoint, params=params)
     except AgentError as exc:
         raise _translate(exc) from exc
     except AgentUnreachable as exc:
@@ -79,22 +119,78 @@ def _agent_json(sandbox: Sandbox, path: str, endpoint: str) -> dict[str, Any]:
     return result
 
 
-def file_list(*, sandbox: Sandbox, path: str | None) -> dict[str, Any]:
-    return _agent_json(sandbox, path or "/workspace", "/files/list")
+def file_list(
+    *, sandbox: Sandbox, path: str | None, limit: Any = None, cursor: str | None = None
+) -> dict[str, Any]:
+    """One page of a directory's entries, sorted by name: at most ``limit`` (default
+    LIST_LIMIT_DEFAULT, max LIST_LIMIT_MAX) after ``cursor``. ``next_cursor`` is the
+    cursor of the next page, null on the last one."""
+    params: dict[str, Any] = {"limit": list_limit(limit)}
+    if cursor:
+        check_text(cursor, "cursor", nul=True)
+        params["after"] = cursor
+    listing = _agent_json(sandbox, path or "/workspace", "/files/list", params)
+    return {
+        "path": listing.get("path"),
+        "entries": listing.get("entries", []),
+        "next_cursor": listing.get("next"),
+    }
 
 
 def file_stat(*, sandbox: Sandbox, path: str | None) -> dict[str, Any]:
     return _agent_json(sandbox, _check_path(path), "/files/stat")
 
 
-async def file_read_stream(*, sandbox: Sandbox, path: str) -> AsyncIterator[bytes]:
-    """Yields the file's bytes as the agent sends them (used by async streaming responses)."""
-    agent = agent_for(sandbox)
-    async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(60.0)) as client:
-        async with client.stream(
-            "GET", agent.base + "/files", params={"path": path}, headers=agent._headers()
-        ) as response:
-            if response.status_code >= 400:
-                return
-            async for chunk in response.aiter_raw(CHUNK):
+class Download:
+    """An opened download: the agent has already answered (so any error was typed
+    before a header went out), ``size`` is what it opened, and ``chunks()`` yields
+    exactly that many bytes. Close it (``chunks()`` does when it ends)."""
+
+    def __init__(self, response: httpx.Response, context: Any) -> None:
+        self._response, self._context = response, context
+        self.size = int(response.headers["Content-Length"])
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._context.__exit__(None, None, None)
+
+    def read_all(self, limit: int) -> bytes:
+        try:
+            if self.size > limit:
+                raise ApiError(
+                    f"the file is larger than {limit} bytes", code="too_large", status_code=413
+                )
+            return b"".join(self._response.iter_raw(CHUNK))
+        except httpx.TransportError as exc:
+            raise AgentUnavailable(f"the download broke off: {exc}") from exc
+        finally:
+            self.close()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        # The pooled sync client, one chunk per thread hop: a sync iterator would be
+        # read whole into memory by Django's ASGI handler. A body shorter than
+        # Content-Length (the file shrank) raises here, so the connection is dropped
+        # rather than ending short as if complete.
+        raw = self._response.iter_raw(CHUNK)
+        step = sync_to_async(lambda: next(raw, None), thread_sensitive=False)
+        try:
+            while (chunk := await step()) is not None:
                 yield chunk
+        finally:
+            await sync_to_async(self.close, thread_sensitive=False)()
+
+
+def file_open(*, sandbox: Sandbox, path: str | None) -> Download:
+    """Opens ``path`` for download, a symlink followed inside the sandbox. A missing,
+    unreadable, non-regular file or directory is a typed ApiError (404/403/400)."""
+    ensure_ready(sandbox)
+    target = _check_path(path)
+    try:
+        response, context = agent_for(sandbox).stream_download(target)
+    except AgentError as exc:
+        raise _translate(exc) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    return Download(response, context)

@@ -45,7 +45,7 @@ class EpisodeOpenSerializer(serializers.Serializer):  # type: ignore[type-arg]
 
 class StepInputSerializer(serializers.Serializer):  # type: ignore[type-arg]
     kind = serializers.ChoiceField(choices=StepKind.choices, default=StepKind.EXEC)
-    index = serializers.IntegerField(min_value=0, required=False)
+    index = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)  # int4
     action = serializers.JSONField(required=False, allow_null=True)
     request = serializers.JSONField(required=False, allow_null=True)
     observation = serializers.DictField(required=False, allow_null=True)

@@ -199,7 +199,7 @@ class StepListAppendView(APIView):
 
 class AttachSerializer(serializers.Serializer):  # type: ignore[type-arg]
     sandbox_id = serializers.CharField(max_length=63)
-    generation = serializers.IntegerField(min_value=0, required=False)
+    generation = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
 
 
 class EpisodeSandboxView(APIView):

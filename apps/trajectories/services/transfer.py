@@ -30,8 +30,12 @@ from apps.trajectories.models import (
     Step,
     StepKind,
 )
+from controlplane.errors import ApiError
+from controlplane.inputs import json_loads
 
 SCHEMA = "hedgerow.episode/v1"
+# Step.index is a PositiveIntegerField (Postgres integer).
+MAX_INDEX = 2**31 - 1
 MAX_ERRORS = 1000
 _TEXT = (
     "task_id",
@@ -274,8 +278,8 @@ def _build_step(episode: Episode, position: int, data: Any) -> Step:
         if kind not in StepKind.values:
             raise RecordError("kind", f"unknown step kind {kind!r}")
         index = data.get("index")
-        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-            raise RecordError("index", "must be an integer ≥ 0")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= MAX_INDEX:
+            raise RecordError("index", f"must be an integer from 0 to {MAX_INDEX}")
         return Step(
             episode=episode,
             index=index,
@@ -309,9 +313,9 @@ def episodes_import(
             continue
         report.lines += 1
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            report.errors.append({"line": number, "field": None, "message": f"not JSON: {exc}"})
+            data = json_loads(text)  # bounded depth, no lone surrogates (controlplane/inputs.py)
+        except ApiError as exc:
+            report.errors.append({"line": number, "field": exc.field, "message": exc.message})
             continue
         try:
             episode, steps, links, relabels = _build(tenant, data)
