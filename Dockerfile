@@ -48,4 +48,4 @@ RUN pip install --no-cache-dir ./sdk \
 USER 10001:10001
 EXPOSE 8000
 # No access log: the Orchard PTY URL carries its api_key (the one documented exception).
-CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]
+CMD ["python", "-m", "controlplane.serve", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--no-access-log", "--loop", "uvloop", "--http", "httptools"]

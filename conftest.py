@@ -115,7 +115,7 @@ class Stack:
             [
                 sys.executable,
                 "-m",
-                "uvicorn",
+                "controlplane.serve",  # uvicorn with a bounded request head
                 "controlplane.asgi:application",
                 "--host",
                 "127.0.0.1",

@@ -143,7 +143,7 @@ app_up() {
   "$PY" "$ROOT/manage.py" migrate --noinput >/dev/null
   "$PY" "$ROOT/manage.py" collectstatic --noinput >/dev/null
   start_bg web env HEDGEROW_DB_POOL="${HEDGEROW_DB_POOL:-1}" \
-    "$VENV/bin/uvicorn" controlplane.asgi:application --host 0.0.0.0 --port "$WEB_PORT" \
+    "$PY" -m controlplane.serve controlplane.asgi:application --host 0.0.0.0 --port "$WEB_PORT" \
     --workers "${HEDGEROW_WEB_WORKERS:-2}" --no-access-log --timeout-keep-alive 30 \
     --loop uvloop --http httptools
   start_bg worker "$VENV/bin/celery" -A controlplane worker -l info -c "${HEDGEROW_WORKER_CONCURRENCY:-4}" \

@@ -154,3 +154,13 @@ def file_chunks(path: Path, progress: Any = None) -> Any:
             if progress is not None:
                 progress(len(chunk))
             yield chunk
+
+
+def list_params(path: str, limit: Optional[int], cursor: Optional[str]) -> Dict[str, Any]:
+    """Query parameters of one page of a file listing."""
+    params: Dict[str, Any] = {"path": path}
+    if limit is not None:
+        params["limit"] = limit
+    if cursor:
+        params["cursor"] = cursor
+    return params

@@ -396,11 +396,29 @@ class AsyncSandbox:
         result: Dict[str, Any] = response.json()
         return result
 
-    async def list_files(self, path: str = "/workspace") -> List[Dict[str, Any]]:
+    async def list_files_page(
+        self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """One page of a listing (see ``Sandbox.list_files_page``)."""
+        params = common.list_params(path, limit, cursor)
         response = await self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/list", params={"path": path}
+            "GET", f"/sandboxes/{self.id}/files/list", params=params
         )
-        return builtins.list(response.json().get("entries", []))
+        page: Dict[str, Any] = response.json()
+        return page
+
+    async def list_files(
+        self, path: str = "/workspace", *, page_size: int = 1000
+    ) -> List[Dict[str, Any]]:
+        """Every entry of the directory, sorted by name, fetched page by page."""
+        entries: List[Dict[str, Any]] = []
+        cursor: Optional[str] = None
+        while True:
+            page = await self.list_files_page(path, limit=page_size, cursor=cursor)
+            entries.extend(page.get("entries", []))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return entries
 
     async def upload(
         self, local: Union[str, Path], remote: str, *, progress: Progress = None

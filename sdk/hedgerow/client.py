@@ -491,11 +491,29 @@ class Sandbox:
         ).json()
         return result
 
-    def list_files(self, path: str = "/workspace") -> List[Dict[str, Any]]:
-        body = self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/list", params={"path": path}
+    def list_files_page(
+        self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """One page of a listing: ``{"path", "entries", "next_cursor"}`` (``next_cursor``
+        is None on the last page; the server's default page is 1000, its max 10000)."""
+        params = common.list_params(path, limit, cursor)
+        page: Dict[str, Any] = self._client.request(
+            "GET", f"/sandboxes/{self.id}/files/list", params=params
         ).json()
-        return builtins.list(body.get("entries", []))
+        return page
+
+    def list_files(
+        self, path: str = "/workspace", *, page_size: int = 1000
+    ) -> List[Dict[str, Any]]:
+        """Every entry of the directory, sorted by name, fetched page by page."""
+        entries: List[Dict[str, Any]] = []
+        cursor: Optional[str] = None
+        while True:
+            page = self.list_files_page(path, limit=page_size, cursor=cursor)
+            entries.extend(page.get("entries", []))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return entries
 
     def upload(self, local: Union[str, Path], remote: str, *, progress: Progress = None) -> int:
         """Uploads a local file or directory tree to ``remote``; returns bytes sent.
