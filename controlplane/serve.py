@@ -67,7 +67,7 @@ def main(argv: list[str]) -> None:
     # uvicorn's CLI, unchanged, except that it runs the bounded protocol (h11 is bounded
     # by uvicorn itself).
     cli = importlib.import_module("uvicorn.main")  # the module; uvicorn.main is the command
-    cli.run = _run
+    cli.run = _run  # type: ignore[attr-defined]
     cli.main(argv, prog_name="controlplane.serve")
 
 

@@ -133,3 +133,15 @@ def test_it_rereads_the_quota_strip_with_the_teams_live_sandboxes_only(make_tena
     assert 'id="quota-live"' in html and "<html" not in html
     concurrent = html.split('data-quota="concurrent_sandboxes"', 1)[1].split("</li>", 1)[0]
     assert "2 / " in concurrent and "2000m" in html
+
+
+def test_a_team_switch_to_a_non_uuid_is_a_typed_400(make_tenant, make_user):
+    mine, _ = make_tenant()
+    client = _signed_in(make_user, "badswitch", (mine, "member"))
+    client.raise_request_exception = False
+    for bad in ("not-a-uuid", "1' OR 1=1", "x" * 5000):
+        response = client.post("/team/switch", {"tenant_id": bad, "next": "/sandboxes/"})
+        assert response.status_code == 400, response.content[:200]
+        assert response.content.startswith(b"invalid_team:")
+    # The session kept the team it had, and pages still work.
+    assert client.get("/sandboxes/").context["tenant"] == mine
