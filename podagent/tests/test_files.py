@@ -163,3 +163,76 @@ def test_it_keeps_the_connection_usable_after_file_calls(agent: Agent, tmp_path:
         conn.request("GET", url(str(tmp_path / f"f{i}")), headers=headers)
         assert conn.getresponse().read() == b"%d" % i
     conn.close()
+
+
+def test_it_downloads_a_symlinks_target_with_the_targets_length(
+    client: Client, tmp_path: Path
+) -> None:
+    # The link's own size (the length of its target's name) is not the body's.
+    data = os.urandom(100_000)
+    (tmp_path / "real.bin").write_bytes(data)
+    (tmp_path / "link").symlink_to(tmp_path / "real.bin")
+    status, body, resp = client.request("GET", url(str(tmp_path / "link")))
+    assert status == 200 and body == data
+    assert resp.getheader("Content-Length") == str(len(data))
+    (tmp_path / "dirlink").symlink_to(tmp_path)
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+    status, body, _ = client.request("GET", url(str(tmp_path / "dirlink")))
+    assert (status, body["error"]["code"]) == (400, "is_a_directory")
+    status, body, _ = client.request("GET", url(str(tmp_path / "broken")))
+    assert (status, body["error"]["code"]) == (404, "not_found")
+
+
+def test_it_refuses_fifos_and_devices_both_ways_without_blocking(
+    client: Client, tmp_path: Path
+) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    for target in (str(tmp_path / "pipe"), "/dev/null", "/dev/zero"):
+        status, body, _ = client.request("GET", url(target))
+        assert (status, body["error"]["code"]) == (400, "not_a_regular_file"), target
+    for target in (str(tmp_path / "pipe"), "/dev/null"):
+        status, body, _ = client.request("PUT", url(target), b"data")
+        assert (status, body["error"]["code"]) == (400, "not_a_regular_file"), target
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "pipe").st_mode)
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hedgerow")]
+
+
+def test_it_types_paths_past_the_kernels_limits(client: Client, tmp_path: Path) -> None:
+    cases = [
+        ("/" + "a" * 5000, "path_too_long"),
+        ("/x" * 2000, "path_too_deep"),
+        (str(tmp_path / ("n" * 300)), "name_too_long"),
+    ]
+    for path, code in cases:
+        for method in ("GET", "PUT"):
+            status, body, _ = client.request(method, url(path), b"x" if method == "PUT" else None)
+            assert (status, body["error"]["code"]) == (400, code), (method, path[:40])
+        status, body, _ = client.request("GET", url(path, "/files/list"))
+        assert (status, body["error"]["code"]) == (400, code)
+    assert not (tmp_path / "x").exists()
+
+
+def test_it_pages_a_listing_in_name_order(client: Client, tmp_path: Path) -> None:
+    names = sorted(f"f{i:05d}" for i in range(2500))
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    seen: list = []
+    after = ""
+    pages = 0
+    while True:
+        params = {"limit": "1000"}
+        if after:
+            params["after"] = after
+        status, body, _ = client.request("GET", url(str(tmp_path), "/files/list", **params))
+        assert status == 200
+        pages += 1
+        seen.extend(e["name"] for e in body["entries"])
+        if body["next"] is None:
+            break
+        after = body["next"]
+    assert seen == names and pages == 3
+    status, body, _ = client.request("GET", url(str(tmp_path), "/files/list", limit="0"))
+    assert (status, body["error"]["field"]) == (400, "limit")
+    status, body, _ = client.request("GET", url(str(tmp_path), "/files/list"))
+    assert len(body["entries"]) == 2500 and body["next"] is None  # no limit: all, as before
