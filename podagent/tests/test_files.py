@@ -165,10 +165,10 @@ def test_it_keeps_the_connection_usable_after_file_calls(agent: Agent, tmp_path:
     conn.close()
 
 
-def test_it_downloads_a_symlinks_target_with_the_targets_length(
+def test_it_transfers_only_regular_files_and_follows_symlinks_with_their_length(
     client: Client, tmp_path: Path
 ) -> None:
-    # The link's own size (the length of its target's name) is not the body's.
+    # A symlink is followed; the length is the target's (not the link's own size).
     data = os.urandom(100_000)
     (tmp_path / "real.bin").write_bytes(data)
     (tmp_path / "link").symlink_to(tmp_path / "real.bin")
@@ -181,11 +181,7 @@ def test_it_downloads_a_symlinks_target_with_the_targets_length(
     assert (status, body["error"]["code"]) == (400, "is_a_directory")
     status, body, _ = client.request("GET", url(str(tmp_path / "broken")))
     assert (status, body["error"]["code"]) == (404, "not_found")
-
-
-def test_it_refuses_fifos_and_devices_both_ways_without_blocking(
-    client: Client, tmp_path: Path
-) -> None:
+    # A FIFO (its open would block) or a device has no meaningful length: refused.
     os.mkfifo(tmp_path / "pipe")
     for target in (str(tmp_path / "pipe"), "/dev/null", "/dev/zero"):
         status, body, _ = client.request("GET", url(target))
