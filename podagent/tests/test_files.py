@@ -5,7 +5,7 @@ import http.client
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, List
 from urllib.parse import quote
 
 from .conftest import TOKEN, Agent, Client
@@ -213,7 +213,7 @@ def test_it_pages_a_listing_in_name_order(client: Client, tmp_path: Path) -> Non
     names = sorted(f"f{i:05d}" for i in range(2500))
     for name in names:
         (tmp_path / name).write_bytes(b"")
-    seen: list = []
+    seen: List[str] = []
     after = ""
     pages = 0
     while True:

@@ -148,8 +148,8 @@ def test_rest_files_round_trip_and_every_bad_input_is_typed(live, make_tenant):
         sandbox = hr.get(sandbox_id)
         entries = sandbox.list_files("/workspace/many", page_size=4000)
         assert [e["name"] for e in entries] == names
-        page = sandbox.list_files_page("/workspace/many", limit=10)
-        assert len(page["entries"]) == 10 and page["next_cursor"] == "00010"
+        first = sandbox.list_files_page("/workspace/many", limit=10)
+        assert len(first["entries"]) == 10 and first["next_cursor"] == "00010"
 
 
 def test_orchard_files_up_to_64_mib_round_trip_and_bigger_is_a_typed_413(live, make_tenant):
