@@ -28,6 +28,7 @@ install_system() {
   command -v redis-server >/dev/null || missing+=(redis-server)
   [ -n "$PG_BIN" ] || missing+=(postgresql)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
+  command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)  # sandbox storage (quotas)
   command -v nft >/dev/null || missing+=(nftables)
   command -v iptables >/dev/null || missing+=(iptables)
   command -v ip >/dev/null || missing+=(iproute2)

@@ -87,8 +87,8 @@ def delete_qgroup(fs: Path, qid: int) -> None:
 
 def limit_qgroup(fs: Path, qid: int, max_bytes: int | None) -> None:
     """Referenced and exclusive bytes of ``qid`` at most ``max_bytes``; None: no limit."""
-    flags = 0 if max_bytes is None else _LIMIT_MAX_RFER | _LIMIT_MAX_EXCL
-    value = max_bytes or 0
+    flags = _LIMIT_MAX_RFER | _LIMIT_MAX_EXCL
+    value = (1 << 64) - 1 if max_bytes is None else max_bytes  # -1 clears a limit
     fd = _dirfd(fs)
     try:
         args = struct.pack("Q5Q", qid, flags, value, value, 0, 0)
@@ -109,10 +109,9 @@ def create_subvolume(parent: Path, name: str, qid: int) -> None:
     """Subvolume ``parent/name`` created as a member of quota group ``qid``."""
     # struct btrfs_qgroup_inherit: flags, num_qgroups, num_ref_copies,
     # num_excl_copies, struct btrfs_qgroup_limit (5 x u64), then the group ids
-    inherit = ctypes.create_string_buffer(struct.pack("4Q5QQ", 0, 1, 0, 0, 0, 0, 0, 0, 0, qid))
-    args = struct.pack(
-        "qQQQQ", 0, 0, _SUBVOL_QGROUP_INHERIT, len(inherit.raw), ctypes.addressof(inherit)
-    )
+    raw = struct.pack("4Q5QQ", 0, 1, 0, 0, 0, 0, 0, 0, 0, qid)
+    inherit = ctypes.create_string_buffer(raw, len(raw))  # the kernel checks the size
+    args = struct.pack("qQQQQ", 0, 0, _SUBVOL_QGROUP_INHERIT, len(raw), ctypes.addressof(inherit))
     args += b"\0" * 16 + name.encode().ljust(4040, b"\0")
     fd = _dirfd(parent)
     try:
