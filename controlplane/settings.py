@@ -207,6 +207,18 @@ HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
 # A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
 # agent in imported images without python3. Empty: such images are refused.
 HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")
+# Sandbox storage (docs/operations.md#sandbox-disk): isolated sandboxes write only to a
+# loop-mounted btrfs of this size, made on first use (0: min(64 GiB, half the free
+# space of the state dir's filesystem)); each sandbox's /workspace and /tmp together
+# get HEDGEROW_SANDBOX_DISK_MIB of it at most.
+HEDGEROW_SANDBOX_DISK_SIZE_MIB = env_int("HEDGEROW_SANDBOX_DISK_SIZE_MIB", 0)
+HEDGEROW_SANDBOX_DISK_MIB = env_int("HEDGEROW_SANDBOX_DISK_MIB", 2048)
+if HEDGEROW_SANDBOX_DISK_MIB < 1 or not (
+    HEDGEROW_SANDBOX_DISK_SIZE_MIB == 0 or HEDGEROW_SANDBOX_DISK_SIZE_MIB >= 256
+):
+    raise ImproperlyConfigured(
+        "HEDGEROW_SANDBOX_DISK_MIB must be >= 1 and HEDGEROW_SANDBOX_DISK_SIZE_MIB 0 or >= 256"
+    )
 HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
 HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
 HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)
