@@ -172,6 +172,9 @@ class Storage:
         (at most the filesystem's size). ``workspace/`` and ``tmp/`` (1777) in it."""
         limit = min(limit_bytes, self.size())
         qid = qgroup_of(sandbox_id)
+        if os.path.lexists(self.mount / sandbox_id):
+            # left by a destroy that ran while the storage was unmounted
+            self.remove(sandbox_id)
         try:
             with contextlib.suppress(FileExistsError):
                 # a leftover of this sandbox id's own earlier life (a destroy that

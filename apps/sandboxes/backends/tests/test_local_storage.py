@@ -178,6 +178,24 @@ def test_a_limit_above_the_storage_is_capped_at_its_size(
     assert limit == storage.size()
 
 
+def test_a_leftover_volume_of_the_same_sandbox_id_is_replaced(backend: LocalBackend) -> None:
+    storage = backend.storage
+    assert storage is not None
+    storage.ensure()
+    spec = new_spec(disk_mib=40)
+    # what a destroy that ran while the storage was unmounted leaves: its volume
+    storage.create(spec.sandbox_id, 8 * MiB)
+    (storage.mount / spec.sandbox_id / "workspace" / "old").write_text("x")
+    try:
+        backend.provision(spec)
+        assert not (storage.mount / spec.sandbox_id / "workspace" / "old").exists()
+        level, ident = _btrfs.qgroup_name(qgroup_of(spec.sandbox_id)).split("/")
+        limit = storage.sysfs() / "qgroups" / f"{level}_{ident}" / "max_referenced"
+        assert int(limit.read_text()) == 40 * MiB
+    finally:
+        backend.destroy(spec.sandbox_id)
+
+
 def test_the_storage_survives_a_backend_restart_and_teardown_leaves_nothing(
     tmp_path: Path,
 ) -> None:
