@@ -45,7 +45,7 @@ TOKEN_VOLUME = "hedgerow-token"
 SECRET_VOLUME = "hedgerow-secret"
 WORKSPACE_VOLUME = "workspace"
 TMP_VOLUME = "tmp"
-TMP = "/tmp"  # noqa: S108 - an emptyDir of the pod's own, not the node's /tmp
+TMP = "/tmp"  # an emptyDir of the pod's own, not the node's /tmp
 TOKEN_KEY = "token"
 BUNDLE_DIR = f"{BUNDLE_MOUNT}/bundle"
 

@@ -23,8 +23,8 @@ import pytest
 from kubernetes import client
 
 from apps.sandboxes.backends.base import Endpoint
-from apps.sandboxes.backends.local import wait_healthy
 from apps.sandboxes.backends.kubernetes.specs import build_pod
+from apps.sandboxes.backends.local import wait_healthy
 
 from .conftest import make_config, new_spec
 

@@ -7,6 +7,7 @@ the disk limits, gVisor/Kata) is checked by ``make k8s-smoke``, not here."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -117,9 +118,9 @@ def test_it_bounds_every_writable_volume_and_the_containers_by_the_sandboxs_disk
     # and the pod as a whole (writable layer + logs + emptyDirs) has ephemeral-storage
     for container in pod["spec"]["containers"] + pod["spec"]["initContainers"]:
         resources = container["resources"]
-        assert resources["requests"]["ephemeral-storage"] == resources["limits"][
-            "ephemeral-storage"
-        ]
+        assert (
+            resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"]
+        )
     assert main["resources"]["limits"]["ephemeral-storage"] == "1536Mi"
 
 
@@ -152,7 +153,8 @@ def test_it_reports_an_api_server_that_does_not_know_host_users(
     fake: FakeKube, backend: KubernetesBackend
 ) -> None:
     fake.unknown_pod_fields = {"hostUsers"}
-    with pytest.raises(UserNamespacesUnavailable, match='unknown field "spec.hostUsers"'):
+    refused = re.escape('unknown field "spec.hostUsers"')
+    with pytest.raises(UserNamespacesUnavailable, match=refused):
         backend.provision(new_spec())
     # the pod was sent with strict field validation, so it was refused, not created
     assert fake.count("POST", "/pods", fieldValidation="Strict") == 1
