@@ -82,6 +82,8 @@ def test_it_reads_the_pod_boundary_from_settings_with_user_namespaces_on_by_defa
         True,
     )
     assert config.main_user() == (2000, True)
+    with override_settings(HEDGEROW_K8S_RUN_AS_USER=""):  # an empty ConfigMap value
+        assert config_from_settings().run_as_user == "auto"
     with (
         override_settings(HEDGEROW_K8S_RUN_AS_USER="root"),
         pytest.raises(BackendError, match="run_as_user"),
