@@ -322,6 +322,12 @@ HEDGEROW_K8S_EGRESS_EXCEPT = env_list("HEDGEROW_K8S_EGRESS_EXCEPT", [])  # [] = 
 HEDGEROW_K8S_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_READY_TIMEOUT_S", 120.0)
 HEDGEROW_K8S_MAX_CONCURRENCY = env_int("HEDGEROW_K8S_MAX_CONCURRENCY", 8)
 HEDGEROW_K8S_API_RETRIES = env_int("HEDGEROW_K8S_API_RETRIES", 5)
+# The sandbox pod's boundary (docs/deploy-kubernetes.md, "Pod security"): a user
+# namespace per pod (hostUsers: false; false only for clusters without the feature),
+# who the sandbox runs as (auto | image | nonroot | <uid>), and a read-only root.
+HEDGEROW_K8S_USER_NAMESPACES = env_bool("HEDGEROW_K8S_USER_NAMESPACES", True)
+HEDGEROW_K8S_RUN_AS_USER = env_str("HEDGEROW_K8S_RUN_AS_USER", "auto")
+HEDGEROW_K8S_READ_ONLY_ROOT = env_bool("HEDGEROW_K8S_READ_ONLY_ROOT", False)
 
 # --- Quotas, admission queue and metering (apps/billing) ----------------------------
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.
