@@ -95,6 +95,15 @@ def test_it_encodes_binary_output_as_base64(client: Client) -> None:
     assert base64.b64decode(r["stdout"]["head"]) == b"\xff\xfeok"
 
 
+def test_it_encodes_output_with_a_nul_byte_as_base64(client: Client) -> None:
+    # Valid UTF-8, but the control plane's jsonb cannot hold U+0000: base64, bytes exact.
+    r = client.exec("printf 'a\\000b'; printf 'e\\000' >&2")
+    assert r["termination"]["reason"] == "exited" and r["termination"]["exit_code"] == 0
+    assert (r["stdout"]["encoding"], r["stderr"]["encoding"]) == ("base64", "base64")
+    assert base64.b64decode(r["stdout"]["head"]) == b"a\x00b"
+    assert base64.b64decode(r["stderr"]["head"]) == b"e\x00"
+
+
 def test_it_does_not_wait_for_background_children(client: Client, tmp_path: Path) -> None:
     pidfile = tmp_path / "bg"
     t0 = time.monotonic()
