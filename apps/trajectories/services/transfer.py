@@ -30,6 +30,8 @@ from apps.trajectories.models import (
     Step,
     StepKind,
 )
+from apps.trajectories.services.step_schema import step_problem
+from controlplane import jsonsafe
 
 SCHEMA = "hedgerow.episode/v1"
 MAX_ERRORS = 1000
@@ -206,6 +208,9 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
         raise RecordError("", "a line must be a JSON object")
     if data.get("schema") != SCHEMA:
         raise RecordError("schema", f"must be {SCHEMA!r} (got {data.get('schema')!r})")
+    nul = jsonsafe.nul_path(data)
+    if nul is not None:  # Postgres cannot store it (jsonb or text): a line error, not a 500
+        raise RecordError(nul, "contains a NUL character, which cannot be stored")
     status = data.get("status", EpisodeStatus.CLOSED)
     if status not in EpisodeStatus.values:
         raise RecordError("status", f"must be one of {EpisodeStatus.values}")
@@ -276,6 +281,9 @@ def _build_step(episode: Episode, position: int, data: Any) -> Step:
         index = data.get("index")
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise RecordError("index", "must be an integer ≥ 0")
+        problem = step_problem(data)  # what close, export and the pages rely on
+        if problem is not None:
+            raise RecordError(*problem)
         return Step(
             episode=episode,
             index=index,
