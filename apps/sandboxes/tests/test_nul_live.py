@@ -148,6 +148,16 @@ def test_orchard_exec_and_the_sdk_keep_nul_bytes(live, make_tenant):
         seen: list[str] = []
         streamed = sandbox.exec(COMMAND, on_stdout=seen.append)
         assert "".join(seen) == STDOUT.decode() and streamed.stdout_info.head == STDOUT
+        # Recorded in an episode: the exec step's observation is the operation's record.
+        with sandbox.episode(task_id="nul-output") as episode:
+            sandbox.exec(COMMAND)
+            episode.set_result(reward=1.0)
+        steps = _http(live, secret).get(f"/episodes/{episode.id}/steps").json()["results"]
+        assert [s["kind"] for s in steps] == ["exec"]
+        assert _bytes(steps[0]["observation"]["stdout"]) == STDOUT
+        assert _bytes(steps[0]["observation"]["stderr"]) == STDERR
+        closed = _http(live, secret).get(f"/episodes/{episode.id}").json()
+        assert (closed["status"], closed["resources"]["stdout_bytes"]) == ("closed", len(STDOUT))
 
 
 def test_a_nul_in_the_command_env_or_cwd_is_a_typed_400(live, make_tenant):

@@ -8,10 +8,7 @@ import base64
 import json
 
 import pytest
-from django.utils import timezone
 
-from apps.sandboxes.models import Operation, OperationStatus
-from apps.sandboxes.tests.factories import make_sandbox
 from apps.trajectories.models import Episode, Step
 
 pytestmark = pytest.mark.django_db
@@ -118,50 +115,6 @@ def test_a_malformed_step_stored_before_the_check_does_not_block_the_close(make_
     assert steps.status_code == 200
     exported = client.get("/api/v1/episodes/export")
     assert exported.status_code == 200 and b"".join(exported.streaming_content)
-
-
-def test_an_exec_steps_observation_keeps_nul_output_exactly(make_tenant, api_client):
-    tenant, secret = make_tenant()
-    client = api_client(secret)
-    sandbox = make_sandbox(tenant)
-    stdout = {
-        "head": base64.b64encode(b"a\x00b").decode(),
-        "tail": "",
-        "encoding": "base64",
-        "total_bytes": 3,
-        "truncated": False,
-    }
-    Operation.objects.create(
-        tenant=tenant,
-        sandbox=sandbox,
-        operation_id="op-nul",
-        generation=1,
-        request_hash="h",
-        status=OperationStatus.COMPLETED,
-        termination="exited",
-        exit_code=0,
-        stdout=stdout,
-        stderr={},
-        finished_at=timezone.now(),
-    )
-    episode_id = _open(client)
-    # The client's own observation of a linked exec step is ignored, so not judged.
-    response = _append(
-        client,
-        episode_id,
-        {
-            "kind": "exec",
-            "sandbox_id": sandbox.external_id,
-            "operation_id": "op-nul",
-            "observation": {"stdout": "what the harness printed"},
-        },
-    )
-    assert response.status_code == 201, response.content
-    observation = client.get(f"/api/v1/episodes/{episode_id}/steps").json()["results"][0][
-        "observation"
-    ]
-    assert base64.b64decode(observation["stdout"]["head"]) == b"a\x00b"
-    assert client.post(f"/api/v1/episodes/{episode_id}/close", {}, format="json").status_code == 200
 
 
 def test_import_reports_a_nul_or_a_malformed_step_as_a_line_error(make_tenant, api_client):
