@@ -165,7 +165,7 @@ def test_a_nul_in_the_command_env_or_cwd_is_a_typed_400(live, make_tenant):
     http = _http(live, secret)
     sandbox_id = _ready(http)
     orchard = _http(live, secret, "/orchard")
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"command": ["echo", "a\x00b"]}, "command[1]"),
         ({"command": "echo a\x00b"}, "command"),
         ({"command": "true", "env": {"K\x00": "v"}}, "env"),
