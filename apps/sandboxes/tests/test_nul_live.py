@@ -124,6 +124,7 @@ def test_streamed_exec_keeps_nul_bytes_in_frames_and_in_the_stored_result(live, 
 
 def test_orchard_exec_and_the_sdk_keep_nul_bytes(live, make_tenant):
     from hedgerow import Client
+    from hedgerow.errors import ValidationError
 
     _, secret = make_tenant()
     sandbox_id = _ready(_http(live, secret))
@@ -158,6 +159,14 @@ def test_orchard_exec_and_the_sdk_keep_nul_bytes(live, make_tenant):
         assert _bytes(steps[0]["observation"]["stderr"]) == STDERR
         closed = _http(live, secret).get(f"/episodes/{episode.id}").json()
         assert (closed["status"], closed["resources"]["stdout_bytes"]) == ("closed", len(STDOUT))
+        # A refused exec (NUL in argv) is a typed error and its step still records.
+        with sandbox.episode(task_id="nul-input") as refused:
+            with pytest.raises(ValidationError) as error:
+                sandbox.exec(["echo", "a\x00b"])
+            assert error.value.code == "validation_error"
+        steps = _http(live, secret).get(f"/episodes/{refused.id}/steps").json()["results"]
+        assert steps[0]["action"] == ["echo", "a\\0b"]
+        assert steps[0]["observation"]["error"]["code"] == "validation_error"
 
 
 def test_a_nul_in_the_command_env_or_cwd_is_a_typed_400(live, make_tenant):

@@ -28,6 +28,7 @@ from apps.trajectories.models import (
 )
 from apps.trajectories.services.attribution import episode_attribution
 from apps.trajectories.services.step_schema import step_problem
+from controlplane import jsonsafe
 from controlplane.errors import Conflict, NotFound, ValidationFailed
 
 CONTROL_PLANE_VERSION = "hedgerow/1"
@@ -108,6 +109,7 @@ def episode_open(
     unknown = set(fields) - set(EPISODE_FIELDS)
     if unknown:
         raise ValidationFailed(f"unknown field(s) {sorted(unknown)}", field=sorted(unknown)[0])
+    jsonsafe.require_no_nul(fields, "")  # e.g. a sampling or label key: Postgres refuses it
     sandboxes = [_sandbox_of(tenant, sid) for sid in sandbox_ids]
     clean = {k: v for k, v in fields.items() if v is not None}
     clean.setdefault("versions", {})
@@ -344,6 +346,8 @@ def _episode_cost(episode: Episode) -> Decimal:
 
 
 def _validate_result(result: EpisodeResult) -> None:
+    jsonsafe.require_no_nul(result.reward_components, "reward_components")
+    jsonsafe.require_no_nul(result.inference_error, "inference_error")
     if result.termination_reason and result.termination_reason not in TERMINATION_REASONS:
         raise ValidationFailed(
             f"unknown termination_reason {result.termination_reason!r}; "

@@ -160,3 +160,23 @@ def test_import_reports_a_nul_or_a_malformed_step_as_a_line_error(make_tenant, a
     assert list(Episode.objects.filter(tenant=tenant).values_list("episode_id", flat=True)) == [
         "ep-good"
     ]
+
+
+def test_a_nul_in_an_episodes_own_json_is_a_typed_400(make_tenant, api_client):
+    _, secret = make_tenant()
+    client = api_client(secret)
+    opened = client.post(
+        "/api/v1/episodes", {"task_id": "t", "sampling": {"stop": ["\x00"]}}, format="json"
+    )
+    assert opened.status_code == 400, opened.content
+    assert opened.json()["error"]["field"] == "sampling.stop[0]"
+    assert not Episode.objects.exists()
+    episode_id = _open(client)
+    for body, field in (
+        ({"reward_components": {"k\x00": 1}}, "reward_components"),
+        ({"inference_error": {"message": "\x00"}}, "inference_error.message"),
+    ):
+        closed = client.post(f"/api/v1/episodes/{episode_id}/close", body, format="json")
+        assert closed.status_code == 400, closed.content
+        assert closed.json()["error"]["field"] == field
+    assert Episode.objects.get(episode_id=episode_id).status == "open"
