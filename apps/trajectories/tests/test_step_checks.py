@@ -180,3 +180,14 @@ def test_a_nul_in_an_episodes_own_json_is_a_typed_400(make_tenant, api_client):
         assert closed.status_code == 400, closed.content
         assert closed.json()["error"]["field"] == field
     assert Episode.objects.get(episode_id=episode_id).status == "open"
+
+
+def test_the_episode_page_shows_a_stored_malformed_output_record_as_such():
+    from apps.trajectories.templatetags.trajectories import stream_text
+
+    # Stored before the check: bad base64 used to raise while rendering the page.
+    assert stream_text({"encoding": "base64", "head": "!", "total_bytes": 1}) == (
+        "[malformed output record]"
+    )
+    good = {"encoding": "base64", "head": "YQBi", "tail": "", "total_bytes": 3}
+    assert stream_text(good) == "a\x00b"
