@@ -47,9 +47,16 @@ class StreamCapture:
         if not truncated and tail:
             # Everything fits in the window: head holds the whole stream.
             head, tail = head + tail, b""
-        try:
-            head_s, tail_s, encoding = head.decode("utf-8"), tail.decode("utf-8"), "utf-8"
-        except UnicodeDecodeError:
+        # A NUL is valid UTF-8 but cannot be stored in the control plane's jsonb:
+        # base64 keeps those bytes exact, like any other output that is not text.
+        head_s = tail_s = None
+        if b"\x00" not in head and b"\x00" not in tail:
+            try:
+                head_s, tail_s = head.decode("utf-8"), tail.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        encoding = "utf-8"
+        if head_s is None or tail_s is None:
             head_s = base64.b64encode(head).decode("ascii")
             tail_s = base64.b64encode(tail).decode("ascii")
             encoding = "base64"

@@ -71,13 +71,15 @@ def exec_request(data: dict[str, Any]) -> ExecRequest:
     login_shell = data.get("login_shell", False)
     if not isinstance(login_shell, bool):
         raise ValidationFailed("login_shell must be true or false", field="login_shell")
-    return ExecRequest(
+    request = ExecRequest(
         command=command_text(data.get("command")),
         cwd=cwd,
         env=env,
         timeout=_timeout(data.get("timeout_seconds")),
         login_shell=login_shell,
     )
+    request.check()  # a NUL in the command, env or cwd: 400 before anything runs
+    return request
 
 
 def job_submit(*, principal: Principal, sandbox: Sandbox, request: ExecRequest) -> Operation:

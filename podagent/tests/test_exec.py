@@ -78,8 +78,8 @@ def test_it_bounds_one_gib_of_output(agent: Agent, client: Client) -> None:
     assert r["termination"]["reason"] == "exited" and r["termination"]["exit_code"] == 0
     assert s["total_bytes"] == gib and s["truncated"] is True
     assert s["sha256"] == expected.hexdigest()
-    assert s["encoding"] == "utf-8"
-    assert s["head"] == "\0" * 32768 and s["tail"] == "\0" * 32768
+    assert s["encoding"] == "base64"  # NUL bytes: never a utf-8 record (jsonb refuses U+0000)
+    assert base64.b64decode(s["head"]) == base64.b64decode(s["tail"]) == bytes(32768)
     assert agent.rss_hwm_kb() < 100 * 1024
 
 
@@ -93,6 +93,15 @@ def test_it_encodes_binary_output_as_base64(client: Client) -> None:
     r = client.exec("printf '\\377\\376ok'")
     assert r["stdout"]["encoding"] == "base64"
     assert base64.b64decode(r["stdout"]["head"]) == b"\xff\xfeok"
+
+
+def test_it_encodes_output_with_a_nul_byte_as_base64(client: Client) -> None:
+    # Valid UTF-8, but the control plane's jsonb cannot hold U+0000: base64, bytes exact.
+    r = client.exec("printf 'a\\000b'; printf 'e\\000' >&2")
+    assert r["termination"]["reason"] == "exited" and r["termination"]["exit_code"] == 0
+    assert (r["stdout"]["encoding"], r["stderr"]["encoding"]) == ("base64", "base64")
+    assert base64.b64decode(r["stdout"]["head"]) == b"a\x00b"
+    assert base64.b64decode(r["stderr"]["head"]) == b"e\x00"
 
 
 def test_it_does_not_wait_for_background_children(client: Client, tmp_path: Path) -> None:

@@ -34,6 +34,15 @@ def current_episode() -> Episode | None:
     return _current.get()
 
 
+def _storable(command: Command) -> Command:
+    """The command as a step's action. A NUL cannot be stored (the control plane
+    refuses it, as it refused the exec itself): shown as the two characters ``\\0``, so
+    the step records what was tried instead of failing the whole episode."""
+    if isinstance(command, str):
+        return command.replace("\x00", "\\0")
+    return [arg.replace("\x00", "\\0") for arg in command]
+
+
 class Episode:
     def __init__(
         self,
@@ -120,7 +129,11 @@ class Episode:
     ) -> None:
         if sandbox.id not in self._sandboxes and self.data:
             self._sandboxes.add(sandbox.id)
-        step: dict[str, Any] = {"kind": kind, "action": command, "sandbox_id": sandbox.id}
+        step: dict[str, Any] = {
+            "kind": kind,
+            "action": _storable(command),
+            "sandbox_id": sandbox.id,
+        }
         if error is None or error.status >= 500:
             # The control plane has the operation (a 502 leaves a failed row): link it.
             step["operation_id"] = operation_id

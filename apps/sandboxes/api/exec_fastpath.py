@@ -248,6 +248,8 @@ _FIELDS = frozenset(
 def parse_exec_body(body: bytes) -> tuple[ExecRequest, str | None, int | None] | None:
     """The exec body as ``ExecSerializer`` would validate it, or None unless this is a
     body it accepts with exactly these values (anything doubtful goes to DRF)."""
+    if b"\\u0000" in body:
+        return None  # a NUL somewhere (JSON must escape it): DRF names the field in its 400
     try:
         data = json_loads(body)  # depth and surrogates: DRF gives the typed error
     except ApiError:

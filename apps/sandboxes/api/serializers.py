@@ -17,6 +17,7 @@ from apps.sandboxes.services.lifecycle import (
     validate_labels,
 )
 from apps.sandboxes.services.operations import ExecRequest
+from controlplane import jsonsafe
 from controlplane.errors import ValidationFailed
 
 
@@ -243,6 +244,7 @@ class ExecSerializer(serializers.Serializer):  # type: ignore[type-arg]
     stream = serializers.BooleanField(default=False)
 
     def validate_command(self, value: Any) -> str | list[str]:
+        jsonsafe.require_no_nul(value, "command")  # execve cannot take it: 400 naming argv[i]
         if isinstance(value, str):
             if not value.strip():
                 raise serializers.ValidationError("command is empty", code="blank")
@@ -258,6 +260,10 @@ class ExecSerializer(serializers.Serializer):  # type: ignore[type-arg]
             raise serializers.ValidationError(
                 "cwd must be an absolute path", code="path_not_absolute"
             )
+        return value
+
+    def validate_env(self, value: dict[str, str]) -> dict[str, str]:
+        jsonsafe.require_no_nul(value, "env")  # values are CharFields; this covers the keys
         return value
 
     def validate_stdin(self, value: str | None) -> str | None:

@@ -21,6 +21,7 @@ from apps.billing.limits import exec_admit_operation
 from apps.billing.principal import Principal
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from controlplane import jsonsafe
 from controlplane.errors import ApiError, Conflict
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,13 @@ class ExecRequest:
         if self.kill_grace is not None:
             body["kill_grace"] = self.kill_grace
         return body
+
+    def check(self) -> None:
+        """400 for what no command can carry: a NUL in argv, env or cwd (execve takes
+        C strings, and Postgres would refuse to record the request)."""
+        jsonsafe.require_no_nul(self.command, "command")
+        jsonsafe.require_no_nul(self.env, "env")
+        jsonsafe.require_no_nul(self.cwd, "cwd")
 
 
 def ensure_ready(sandbox: Sandbox, expected_generation: int | None = None) -> None:
@@ -120,6 +128,7 @@ def operation_start(
 
     Returns (operation, is_new). A replay with a different body is a 409.
     """
+    request.check()
     op_id = operation_id or f"op-{uuid.uuid4().hex}"
     fingerprint = request.fingerprint()
     try:
@@ -146,7 +155,9 @@ def operation_start(
 
 
 def result_fields(result: dict[str, Any]) -> dict[str, Any]:
-    """The Operation fields that store an agent's exec result (finished now)."""
+    """The Operation fields that store an agent's exec result (finished now). Output
+    holding a NUL is stored base64 (``jsonsafe.stream_record``): Postgres's jsonb
+    cannot hold ``\\u0000``, and the bytes must survive exactly."""
     termination = result.get("termination") or {}
     reason = str(termination.get("reason", "agent_error"))
     return {
@@ -154,11 +165,11 @@ def result_fields(result: dict[str, Any]) -> dict[str, Any]:
         "termination": reason,
         "exit_code": termination.get("exit_code"),
         "signal": termination.get("signal"),
-        "stdout": result.get("stdout") or {},
-        "stderr": result.get("stderr") or {},
+        "stdout": jsonsafe.stream_record(result.get("stdout") or {}),
+        "stderr": jsonsafe.stream_record(result.get("stderr") or {}),
         "usage": result.get("usage") or {},
         "children_remained": bool(result.get("children_remained")),
-        "error": {"code": "agent_error", "message": termination.get("message")}
+        "error": {"code": "agent_error", "message": jsonsafe.text(termination.get("message"))}
         if reason == "agent_error"
         else None,
         "finished_at": timezone.now(),
@@ -185,7 +196,7 @@ def operation_record_failure(*, operation: Operation, code: str, message: str) -
     Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(
         status=OperationStatus.FAILED,
         termination="agent_error",
-        error={"code": code, "message": message},
+        error={"code": code, "message": jsonsafe.text(message)},
         finished_at=timezone.now(),
     )
     operation.refresh_from_db()

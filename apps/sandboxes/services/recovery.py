@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
-from apps.sandboxes.services.operations import agent_for
+from apps.sandboxes.services.operations import agent_for, result_fields
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ def operation_recover_answer(*, operation: Operation, sandbox: Sandbox) -> Opera
         return operation
     if result.get("status") == "running" or not result.get("termination"):
         return operation
-    fields = _result_fields(result)
+    fields = result_fields(result)
     changed = Operation.objects.filter(
         pk=operation.pk, status=OperationStatus.FAILED, error__code=error.get("code")
     ).update(**fields)
@@ -57,24 +56,6 @@ def operation_recover_answer(*, operation: Operation, sandbox: Sandbox) -> Opera
         )
     operation.refresh_from_db()
     return operation
-
-
-def _result_fields(result: dict[str, Any]) -> dict[str, Any]:
-    termination = result.get("termination") or {}
-    reason = str(termination.get("reason", "agent_error"))
-    failed = reason == "agent_error"
-    return {
-        "status": OperationStatus.FAILED if failed else OperationStatus.COMPLETED,
-        "termination": reason,
-        "exit_code": termination.get("exit_code"),
-        "signal": termination.get("signal"),
-        "stdout": result.get("stdout") or {},
-        "stderr": result.get("stderr") or {},
-        "usage": result.get("usage") or {},
-        "children_remained": bool(result.get("children_remained")),
-        "error": {"code": "agent_error", "message": termination.get("message")} if failed else None,
-        "finished_at": timezone.now(),
-    }
 
 
 def operation_recover_stale(*, now: datetime | None = None, limit: int = 500) -> dict[str, int]:

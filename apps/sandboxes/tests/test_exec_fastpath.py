@@ -79,6 +79,12 @@ BODIES: list[Any] = [
     {"command": "x", "stream": "false"},
     {"command": "x", "unknown": 1},
     ["echo hi"],
+    # A NUL cannot reach execve nor be recorded: DRF's 400 names where it is.
+    {"command": ["echo", "a\x00b"]},
+    {"command": "echo a\x00b"},
+    {"command": "x", "env": {"K\x00": "v"}},
+    {"command": "x", "env": {"K": "v\x00"}},
+    {"command": "x", "cwd": "/tmp\x00"},
 ]
 
 

@@ -27,6 +27,8 @@ from apps.trajectories.models import (
     VerifierOutcome,
 )
 from apps.trajectories.services.attribution import episode_attribution
+from apps.trajectories.services.step_schema import step_problem
+from controlplane import jsonsafe
 from controlplane.errors import Conflict, NotFound, ValidationFailed
 
 CONTROL_PLANE_VERSION = "hedgerow/1"
@@ -107,6 +109,7 @@ def episode_open(
     unknown = set(fields) - set(EPISODE_FIELDS)
     if unknown:
         raise ValidationFailed(f"unknown field(s) {sorted(unknown)}", field=sorted(unknown)[0])
+    jsonsafe.require_no_nul(fields, "")  # e.g. a sampling or label key: Postgres refuses it
     sandboxes = [_sandbox_of(tenant, sid) for sid in sandbox_ids]
     clean = {k: v for k, v in fields.items() if v is not None}
     clean.setdefault("versions", {})
@@ -188,7 +191,11 @@ def step_append(*, episode: Episode, steps: list[StepInput]) -> list[Step]:
     sends for those fields is ignored), and the sandbox is attached if it was not.
     Missing indexes continue from the last step. Replaying a step with the same index
     and operation id returns the stored one; a different step at a taken index is 409.
+    Every step is checked first (``step_schema``): one bad step is a 400 naming it
+    (``steps[i].observation.stdout``) and nothing of the batch is stored.
     """
+    for position, item in enumerate(steps):
+        _step_check(item, f"steps[{position}]")
     with transaction.atomic():
         locked = Episode.objects.select_for_update().get(pk=episode.pk)
         if locked.status != EpisodeStatus.OPEN:
@@ -207,6 +214,25 @@ def step_append(*, episode: Episode, steps: list[StepInput]) -> list[Step]:
             stored.append(_step_create(locked, index, item))
             next_index = max(next_index, index + 1)
     return stored
+
+
+def _step_check(item: StepInput, where: str) -> None:
+    fields = {
+        "action": item.action,
+        "request": item.request,
+        "shown": item.shown,
+        "diff": item.diff,
+        "model_call": item.model_call,
+        "duration_s": item.duration_s,
+    }
+    if not (item.sandbox_id and item.operation_id):
+        # Linked exec steps take the operation row as their observation: the client's
+        # is ignored, so it is not judged either.
+        fields["observation"] = item.observation
+    problem = step_problem(fields)
+    if problem is not None:
+        field, message = problem
+        raise ValidationFailed(f"{where}.{field} {message}", field=f"{where}.{field}")
 
 
 def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
@@ -269,11 +295,17 @@ def _resources(episode: Episode) -> dict[str, Any]:
         "stdout_bytes": 0,
         "stderr_bytes": 0,
     }
+    malformed = 0
     for step in episode.steps.all():
         totals["steps"] += 1
-        usage = (step.observation or {}).get("usage") or {}
         if step.operation_id:
             totals["exec_steps"] += 1
+        if _stored_problem(step) is not None:
+            # Stored before steps were checked on append: counted, never summed (and
+            # never a reason for the close to fail).
+            malformed += 1
+            continue
+        usage = (step.observation or {}).get("usage") or {}
         totals["wall_s"] += float(usage.get("wall_s") or step.duration_s or 0.0)
         totals["cpu_s"] += float(usage.get("user_cpu_s") or 0) + float(usage.get("sys_cpu_s") or 0)
         totals["max_rss_kb"] = max(totals["max_rss_kb"], int(usage.get("max_rss_kb") or 0))
@@ -285,7 +317,19 @@ def _resources(episode: Episode) -> dict[str, Any]:
             )
     totals["wall_s"] = round(totals["wall_s"], 6)
     totals["cpu_s"] = round(totals["cpu_s"], 6)
+    if malformed:
+        totals["malformed_steps"] = malformed
     return totals
+
+
+def _stored_problem(step: Step) -> tuple[str, str] | None:
+    return step_problem(
+        {
+            "observation": step.observation,
+            "model_call": step.model_call,
+            "duration_s": step.duration_s,
+        }
+    )
 
 
 def _episode_cost(episode: Episode) -> Decimal:
@@ -302,6 +346,8 @@ def _episode_cost(episode: Episode) -> Decimal:
 
 
 def _validate_result(result: EpisodeResult) -> None:
+    jsonsafe.require_no_nul(result.reward_components, "reward_components")
+    jsonsafe.require_no_nul(result.inference_error, "inference_error")
     if result.termination_reason and result.termination_reason not in TERMINATION_REASONS:
         raise ValidationFailed(
             f"unknown termination_reason {result.termination_reason!r}; "

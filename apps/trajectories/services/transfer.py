@@ -30,6 +30,8 @@ from apps.trajectories.models import (
     Step,
     StepKind,
 )
+from apps.trajectories.services.step_schema import step_problem
+from controlplane import jsonsafe
 from controlplane.errors import ApiError
 from controlplane.inputs import json_loads
 
@@ -210,6 +212,9 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
         raise RecordError("", "a line must be a JSON object")
     if data.get("schema") != SCHEMA:
         raise RecordError("schema", f"must be {SCHEMA!r} (got {data.get('schema')!r})")
+    nul = jsonsafe.nul_path(data)
+    if nul is not None:  # Postgres cannot store it (jsonb or text): a line error, not a 500
+        raise RecordError(nul, "contains a NUL character, which cannot be stored")
     status = data.get("status", EpisodeStatus.CLOSED)
     if status not in EpisodeStatus.values:
         raise RecordError("status", f"must be one of {EpisodeStatus.values}")
@@ -280,6 +285,9 @@ def _build_step(episode: Episode, position: int, data: Any) -> Step:
         index = data.get("index")
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= MAX_INDEX:
             raise RecordError("index", f"must be an integer from 0 to {MAX_INDEX}")
+        problem = step_problem(data)  # what close, export and the pages rely on
+        if problem is not None:
+            raise RecordError(*problem)
         return Step(
             episode=episode,
             index=index,
