@@ -87,6 +87,10 @@ def _counter(text: Optional[str], key: str) -> Optional[int]:
     return None
 
 
+def _first(fds: Optional[List[int]]) -> Optional[int]:
+    return fds[0] if fds else None
+
+
 def _limit(fd: Optional[int]) -> Optional[int]:
     text = (_read(fd) or "").strip()
     return int(text) if text.isdigit() else None
@@ -97,10 +101,10 @@ class CgroupFiles:
         fds = fds or {}
         self.cmd_tasks = fds.get("cmd_tasks", [])
         self.agent_tasks = fds.get("agent_tasks", [])
-        self.oom = (fds.get("oom") or [None])[0]
-        self.pids_events = (fds.get("pids_events") or [None])[0]
-        self.memory_max = (fds.get("memory_max") or [None])[0]
-        self.pids_max = (fds.get("pids_max") or [None])[0]
+        self.oom = _first(fds.get("oom"))
+        self.pids_events = _first(fds.get("pids_events"))
+        self.memory_max = _first(fds.get("memory_max"))
+        self.pids_max = _first(fds.get("pids_max"))
         # one thread at a time visits the commands' cgroup: a visiting thread counts
         # against its pids.max, so concurrent visitors would refuse real forks
         self._lock = threading.Lock()

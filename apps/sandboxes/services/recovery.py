@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
-from apps.sandboxes.services.operations import agent_for
+from apps.sandboxes.services.operations import agent_for, result_fields
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +60,8 @@ def operation_recover_answer(*, operation: Operation, sandbox: Sandbox) -> Opera
 
 
 def _result_fields(result: dict[str, Any]) -> dict[str, Any]:
-    termination = result.get("termination") or {}
-    reason = str(termination.get("reason", "agent_error"))
-    failed = reason == "agent_error"
-    return {
-        "status": OperationStatus.FAILED if failed else OperationStatus.COMPLETED,
-        "termination": reason,
-        "exit_code": termination.get("exit_code"),
-        "signal": termination.get("signal"),
-        "stdout": result.get("stdout") or {},
-        "stderr": result.get("stderr") or {},
-        "usage": result.get("usage") or {},
-        "children_remained": bool(result.get("children_remained")),
-        "error": {"code": "agent_error", "message": termination.get("message")} if failed else None,
-        "finished_at": timezone.now(),
-    }
+    # the same mapping as a live answer's (resource_exhausted included)
+    return result_fields(result)
 
 
 def operation_recover_stale(*, now: datetime | None = None, limit: int = 500) -> dict[str, int]:

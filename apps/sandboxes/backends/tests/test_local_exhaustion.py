@@ -160,7 +160,7 @@ def test_concurrent_execs_past_the_pids_limit_get_typed_answers_never_a_dropped_
     def one() -> None:
         try:
             answers.append(post_exec(sb, "sleep 1"))
-        except BaseException as exc:  # noqa: BLE001 - a dropped connection is the failure
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=one) for _ in range(120)]
