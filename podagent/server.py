@@ -375,6 +375,11 @@ class Handler(BaseHTTPRequestHandler):
             state.log.write("error", request_id=self.request_id, error=traceback.format_exc())
             if self.status:
                 self.close_connection = True
+            elif isinstance(exc, RuntimeError) and "new thread" in str(exc):
+                # a PTY's pump thread: the sandbox's pids are exhausted, typed
+                body = ApiError(503, "resource_exhausted", str(exc)).body()
+                body["error"]["kind"] = "pids"
+                self.send_json(503, body, {"Retry-After": "1"})
             else:
                 self.send_json(500, ApiError(500, "agent_error", repr(exc)).body())
         finally:
