@@ -130,3 +130,34 @@ def test_an_agent_killed_under_an_orphan_makes_the_sandbox_lost_and_ends_it(
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "sandbox_lost"
     assert http.delete(f"/sandboxes/{info['id']}").status_code == 202
     wait_state(sandbox, State.LOST)
+
+
+# Many small processes, together over the 64Mi limit: each is smaller than the agent,
+# so before the agent had its own cgroup the OOM killer chose the agent (502, and the
+# policy's own failure was attributed to the environment: a reward-hacking route).
+MANY_SMALL = (
+    'for i in $(seq 12); do python3 -c "import time; b = bytearray(6 << 20); '
+    "b[::4096] = b'x' * len(b[::4096]); time.sleep(3)\" & done; wait; exit 1"
+)
+
+
+def test_a_policy_that_exhausts_its_sandbox_is_classed_task_not_environment(
+    live: Any, make_tenant: Any
+) -> None:
+    from hedgerow import Client
+
+    from apps.trajectories.models import Episode
+
+    _, secret = make_tenant()
+    with Client(url=live.url, api_key=secret, max_retries=1, timeout=90) as hr:
+        with hr.create_sandbox(memory="64Mi") as sandbox:
+            with sandbox.episode(task_id="oom", harness="pytest", model="m-1") as episode:
+                hog = sandbox.exec(MANY_SMALL, timeout=60)
+                # (the raw body: the shared venv's SDK may predate ExecResult's property)
+                assert hog.raw["error"]["code"] == "resource_exhausted", hog.raw
+                assert hog.raw["error"]["kind"] == "memory"
+                episode.verify("test -f /workspace/answer", timeout=10, name="answer")
+    row = Episode.objects.get(episode_id=episode.id)
+    assert row.failure_class == "task", row.failure_evidence
+    op = Operation.objects.get(operation_id=hog.operation_id)
+    assert (op.status, (op.error or {}).get("code")) == ("failed", "resource_exhausted")
