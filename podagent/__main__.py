@@ -123,6 +123,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for fds in args.cgroup_fds.values():
             for fd in fds:
                 os.set_inheritable(fd, False)  # commands never get them
+        # nor reopen them through /proc/<agent>/fd (same uid): not dumpable, as a
+        # zygote-started agent already is
+        limits.not_dumpable()
         limits.configure(args.cgroup_fds)
     token = read_token(args.token_file, args.unlink_token)
     try:

@@ -197,6 +197,17 @@ class CgroupFiles:
 
 
 CGROUPS = CgroupFiles()
+_PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> None:
+    """Commands run as the agent's uid: without this they could open the agent's
+    cgroup descriptors anew through /proc/<agent>/fd and move themselves out of the
+    commands' cgroup. (Commands are dumpable again: exec resets it.)"""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def configure(fds: Dict[str, List[int]]) -> None:

@@ -231,3 +231,28 @@ def test_deleting_a_fork_bombed_sandbox_leaves_no_process_or_cgroup(
 
 def meta_launch(sb: Sandbox) -> str:
     return "exec" if sb.backend.config.agent_launch == "exec" else "zygote"
+
+
+def test_commands_run_in_their_own_cgroups_and_cannot_reach_the_agents_descriptors(
+    launched: Callable[..., Sandbox],
+) -> None:
+    sb = launched()
+    groups = {c: Path(p) for c, p in (meta(sb).get("cgroups") or {}).items()}
+    # No descriptor of another process that leads to a cgroup file can be reopened (the
+    # agent is not dumpable); then the command's own cgroups, seen from the host.
+    script = (
+        "for f in /proc/[0-9]*/fd/*; do case $(readlink $f 2>/dev/null) in "
+        "*cgroup*) echo reachable $f;; esac; done; "
+        "sleep 30 </dev/null >/dev/null 2>&1 & echo $!"
+    )
+    code, out, _ = sb.sh(script)
+    assert code == 0 and "reachable" not in out, out
+    for controller in ("memory", "pids"):
+        commands = _procs(groups[controller] / "cmds")
+        agent = _procs(groups[controller] / "agent")
+        assert commands and meta(sb)["agent_pid"] in agent, controller
+        assert not commands & agent
+
+
+def _procs(group: Path) -> set[int]:
+    return {int(x) for x in (group / "cgroup.procs").read_text().split()}
