@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from . import limits
 from .environment import TOKEN_VAR, EnvError, build_base_env, find_shell, scrub_own_environ
 from .log import JsonLog
 from .server import AgentServer, AgentState
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-pty", type=int, default=8)
     # a launcher's pipe: one byte once the socket listens (the zygote answers then)
     parser.add_argument("--listening-fd", type=int)
+    # descriptors of the sandbox's cgroup files, opened by the launcher (limits.py)
+    parser.add_argument("--cgroup-fds", type=limits.parse_fds)
     return parser
 
 
@@ -58,6 +61,7 @@ _PLAIN_OPTIONS: Dict[str, Optional[Tuple[str, Callable[[str], Any]]]] = {
     "--log-file": ("log_file", str),
     "--max-pty": ("max_pty", int),
     "--listening-fd": ("listening_fd", int),
+    "--cgroup-fds": ("cgroup_fds", limits.parse_fds),
 }
 
 
@@ -76,6 +80,7 @@ def _parse_plain(argv: List[str]) -> Optional[argparse.Namespace]:
         "log_file": None,
         "max_pty": 8,
         "listening_fd": None,
+        "cgroup_fds": None,
     }
     i = 0
     while i < len(argv):
@@ -114,6 +119,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Ctrl-C) would inherit that. Commands must see default dispositions.
     for sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+    if args.cgroup_fds:
+        for fds in args.cgroup_fds.values():
+            for fd in fds:
+                os.set_inheritable(fd, False)  # commands never get them
+        # nor reopen them through /proc/<agent>/fd (same uid): not dumpable, as a
+        # zygote-started agent already is
+        limits.not_dumpable()
+        limits.configure(args.cgroup_fds)
     token = read_token(args.token_file, args.unlink_token)
     try:
         base_env = build_base_env(os.environ)

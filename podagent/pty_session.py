@@ -22,6 +22,7 @@ import termios
 import threading
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
+from . import limits
 from .errors import ApiError
 from .procutil import signal_number, signal_session
 
@@ -114,10 +115,11 @@ class Session:
         self.master = master
         try:
             _winsize(master, init.get("rows"), init.get("cols"))
-            self.proc = subprocess.Popen(
+            # started in the commands' cgroup, like every exec (limits.py)
+            self.proc = limits.CGROUPS.spawn(lambda: subprocess.Popen(
                 argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
                 start_new_session=True, preexec_fn=_set_ctty,
-            )  # fmt: skip
+            ))  # fmt: skip
         finally:
             os.close(slave)
 

@@ -8,6 +8,7 @@ costs no extra threads, sleeps or polling.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -15,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from . import limits
 from .output import StreamCapture
 from .procutil import signal_name, signal_session
 from .spawn import spawn
@@ -133,26 +135,39 @@ def run(
     in_w: Optional[int] = None
     if spec.stdin:
         in_r, in_w = os.pipe()
+    cgroups = limits.CGROUPS
+    watch = cgroups.begin()
     try:
-        pid = spawn(
-            spec.argv,
-            spec.cwd,
-            spec.env,
-            in_r if in_r is not None else _devnull_fd(),
-            out_w,
-            err_w,
+        pid = cgroups.spawn(
+            lambda: spawn(
+                spec.argv,
+                spec.cwd,
+                spec.env,
+                in_r if in_r is not None else _devnull_fd(),
+                out_w,
+                err_w,
+            )
         )
     except OSError as exc:
+        cgroups.exhausted(watch, {})  # ends the watch; the refusal is named below
         for fd in (out_r, err_r, in_w):
             _close(fd)
         on_start(None)
-        return {
+        failed: Dict[str, Any] = {
             "termination": _termination("agent_error", None, f"cannot start command: {exc}"),
             "stdout": out.result(),
             "stderr": err.result(),
             "usage": _usage(t0, started_at, None),
             "children_remained": False,
         }
+        if exc.errno == errno.EAGAIN:  # the fork was refused: pids.max (or RLIMIT_NPROC)
+            failed["resource_exhausted"] = {
+                "kind": "pids",
+                "limit": cgroups.pids_limit(),
+                "message": "the sandbox's process limit was reached: the command "
+                "could not be started",
+            }
+        return failed
     finally:
         # Only the child may hold the write ends, or we would never see EOF.
         for fd in (out_w, err_w, in_r):
@@ -294,10 +309,14 @@ def run(
         term = _termination("output_limit", status, f"output exceeded {spec.limit} bytes")
     else:
         term = _termination("exited", status, None)
-    return {
+    result: Dict[str, Any] = {
         "termination": term,
         "stdout": out.result(),
         "stderr": err.result(),
         "usage": _usage(t0, started_at, rusage),
         "children_remained": children_remained,
     }
+    exhausted = cgroups.exhausted(watch, term)
+    if exhausted is not None:
+        result["resource_exhausted"] = exhausted
+    return result

@@ -27,7 +27,7 @@ _RESPONSE_REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
     404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
     429: "Too Many Requests", 431: "Request Header Fields Too Large",
-    500: "Internal Server Error", 501: "Not Implemented",
+    500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
     505: "HTTP Version Not Supported", 507: "Insufficient Storage",
 }  # fmt: skip
 
@@ -57,9 +57,51 @@ class AgentServer(ThreadingHTTPServer):
         self.state = state
         super().__init__(address, Handler)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError as exc:
+            # "can't start new thread": the sandbox's pids (or memory) are exhausted.
+            # Answer typed on the accepting thread instead of dropping the connection
+            # (which the control plane could only report as an unreachable agent).
+            self.state.log.write("refused", error=str(exc))
+            refuse_exhausted(request)
+            self.shutdown_request(request)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A broken connection must not print tracebacks per request.
         self.state.log.write("connection_error", error=traceback.format_exc(limit=3))
+
+
+def refuse_exhausted(sock: socket.socket) -> None:
+    """503 ``resource_exhausted`` (kind ``pids``) written straight to a connection no
+    thread could be started for. What the client already sent is read first (without
+    blocking): closing over unread data would reset the connection before it reads us."""
+    body = json.dumps(
+        {
+            "error": {
+                "code": "resource_exhausted",
+                "message": "the sandbox's process limit is reached: the agent cannot "
+                "start a thread for this request",
+                "field": None,
+                "kind": "pids",
+            }
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            for _ in range(16):
+                if not sock.recv(65536):
+                    break
+        sock.setblocking(True)
+        sock.settimeout(2)
+        sock.sendall(head.encode() + body)
+        sock.shutdown(socket.SHUT_WR)
 
 
 Route = Callable[["Handler"], None]
@@ -333,6 +375,11 @@ class Handler(BaseHTTPRequestHandler):
             state.log.write("error", request_id=self.request_id, error=traceback.format_exc())
             if self.status:
                 self.close_connection = True
+            elif isinstance(exc, RuntimeError) and "new thread" in str(exc):
+                # a PTY's pump thread: the sandbox's pids are exhausted, typed
+                body = ApiError(503, "resource_exhausted", str(exc)).body()
+                body["error"]["kind"] = "pids"
+                self.send_json(503, body, {"Retry-After": "1"})
             else:
                 self.send_json(500, ApiError(500, "agent_error", repr(exc)).body())
         finally:

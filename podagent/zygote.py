@@ -46,7 +46,10 @@ import traceback
 from typing import Any, Dict, List, NoReturn, Optional
 
 from . import __main__ as agent_main
-from . import pty_session  # noqa: F401 - imported by the server on the first PTY
+from . import (
+    limits,
+    pty_session,  # noqa: F401 - imported by the server on the first PTY
+)
 
 # Everything the agent imports late: it cannot import after setns. Found by logging
 # every import of agents run through podagent/tests (encodings.idna, stringprep,
@@ -186,6 +189,17 @@ def _join_cgroups(cgroups: List[str]) -> None:
     for directory in cgroups:
         with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
             fh.write(str(os.getpid()))
+
+
+def _open_cgroup_files(files: Dict[str, List[str]]) -> Dict[str, List[int]]:
+    """Opens the sandbox's cgroup files the agent uses (podagent/limits.py) while this
+    handler still sees the host's /sys and has privilege: ``*_tasks`` for writing, the
+    counters and limits for reading. The agent gets the descriptors, never the paths."""
+    fds: Dict[str, List[int]] = {}
+    for name, paths in files.items():
+        flags = (os.O_WRONLY if name.endswith("_tasks") else os.O_RDONLY) | os.O_CLOEXEC
+        fds[name] = [os.open(path, flags) for path in paths]
+    return fds
 
 
 def _mount_points() -> List[str]:
@@ -391,6 +405,7 @@ def _agent_main(
     hold_w: Optional[int],
     keep: _Inherited,
     listening_w: Optional[int] = None,
+    cgroup_fds: Optional[Dict[str, List[int]]] = None,
 ) -> NoReturn:
     code = 1
     try:
@@ -405,16 +420,22 @@ def _agent_main(
         keep.detach_all()
         # Kept: the hold pipe (a plain agent in tests has no sandbox to hold) and the
         # pipe that says "listening"; close-on-exec, so commands never inherit them.
+        # The sandbox's cgroup files too (limits.py).
+        cgroup_fds = cgroup_fds or {}
         wanted = [fd for fd in (hold_w, listening_w) if fd is not None]
-        kept = sorted(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in wanted)
+        wanted += [fd for fds in cgroup_fds.values() for fd in fds]
+        moved = {fd: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in wanted}
         low = 3
-        for fd in kept:
+        for fd in sorted(moved.values()):
             os.closerange(low, fd)
             low = fd + 1
         os.closerange(low, 1 << 16)
         agent_args = list(req["agent_args"])
         if listening_w is not None:
-            agent_args += ["--listening-fd", str(kept[wanted.index(listening_w)])]
+            agent_args += ["--listening-fd", str(moved[listening_w])]
+        if cgroup_fds:
+            renumbered = {name: [moved[fd] for fd in fds] for name, fds in cgroup_fds.items()}
+            agent_args += ["--cgroup-fds", limits.format_fds(renumbered)]
         if hold_w is not None or os.geteuid() == 0:
             drop_all_capabilities()
         # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
@@ -465,6 +486,7 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)  # the agent's stdin
     with _Stage("join cgroups"):
         _join_cgroups(req["cgroups"])  # before the netns (and setns(cgroup), later)
+        cgroup_fds = _open_cgroup_files(req.get("cgroup_files") or {})
     with _Stage("enter netns"):
         nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
         _setns(nsfd, CLONE_NEWNET, req["netns"])
@@ -496,7 +518,7 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         listening_r, listening_w = os.pipe()
         agent_pid = os.fork()
         if agent_pid == 0:
-            _agent_main(req, null, log_fd, hold_w, keep, listening_w)
+            _agent_main(req, null, log_fd, hold_w, keep, listening_w, cgroup_fds)
         os.close(listening_w)
         _wait_listening(listening_r, deadline)
     except BaseException:

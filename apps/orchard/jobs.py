@@ -177,7 +177,14 @@ def job_view(operation: Operation) -> dict[str, Any]:
             exit_code = -1
             err = operation.error or {}
             error = f"{err.get('code', 'error')}: {err.get('message') or 'the command failed'}"
-        status = "succeeded" if reason == "exited" and exit_code == 0 else "failed"
+        exhausted = operation.error or {}
+        if exhausted.get("code") == "resource_exhausted":
+            # named, whatever the exit: the sandbox's own limit ended or crippled it
+            error = f"resource_exhausted ({exhausted.get('kind')}): {exhausted.get('message')}"
+        succeeded = reason == "exited" and exit_code == 0
+        status = (
+            "succeeded" if succeeded and operation.status != OperationStatus.FAILED else "failed"
+        )
     stdout, stderr = operation.stdout or {}, operation.stderr or {}
     return {
         "job_id": str(operation.pk),
@@ -199,4 +206,13 @@ def job_view(operation: Operation) -> dict[str, Any]:
         "truncated": bool(stdout.get("truncated") or stderr.get("truncated")),
         "stdout_bytes": stdout.get("total_bytes"),
         "stderr_bytes": stderr.get("total_bytes"),
+        "resource_exhausted": _exhausted(operation),
     }
+
+
+def _exhausted(operation: Operation) -> dict[str, Any] | None:
+    """``{"kind", "limit"}`` when the sandbox's limit (memory, pids, …) ended the job."""
+    error = operation.error or {}
+    if error.get("code") != "resource_exhausted":
+        return None
+    return {"kind": error.get("kind"), "limit": error.get("limit")}

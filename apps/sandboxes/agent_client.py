@@ -24,12 +24,20 @@ class AgentUnreachable(Exception):
 class AgentError(Exception):
     """The agent answered with an error."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        kind: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        self.kind = kind  # resource_exhausted: which resource (pids, memory, …)
 
 
 def agent_token(sandbox_id: str, generation: int) -> str:
@@ -134,6 +142,7 @@ class AgentClient:
             str(err.get("code", "agent_error")),
             str(err.get("message", response.text[:200])),
             err.get("field"),
+            err.get("kind"),
         )
 
     def request(
@@ -281,4 +290,5 @@ def raise_for_agent_status(status: int, data: bytes) -> None:
         str(err.get("code", "agent_error")),
         str(err.get("message", data[:200].decode(errors="replace"))),
         err.get("field"),
+        err.get("kind"),
     )

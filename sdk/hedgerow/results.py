@@ -55,7 +55,16 @@ class ExecResult:
 
     @property
     def ok(self) -> bool:
-        return self.termination == "exited" and self.exit_code == 0
+        return self.termination == "exited" and self.exit_code == 0 and not self.resource_exhausted
+
+    @property
+    def resource_exhausted(self) -> dict[str, Any] | None:
+        """``{"code": "resource_exhausted", "kind": "memory"|"pids"|…, "limit", …}`` when
+        the sandbox's own limit ended or crippled the command, else None."""
+        error = self.raw.get("error")
+        if isinstance(error, dict) and error.get("code") == "resource_exhausted":
+            return error
+        return None
 
     @classmethod
     def from_api(cls, body: dict[str, Any]) -> ExecResult:

@@ -154,14 +154,45 @@ def operation_start(
         return operation, False
 
 
+RESOURCE_EXHAUSTED = "resource_exhausted"
+
+
+def resource_exhausted_error(
+    exhausted: dict[str, Any], termination: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The stored/answered error of a command its sandbox's limits ended or crippled:
+    ``{"code": "resource_exhausted", "kind": memory|pids|disk|…, "limit", "message",
+    "signal"}``, from the agent's reading of the cgroup's own counters (never guessed
+    from an exit code)."""
+    kind = str(exhausted.get("kind") or "unknown")
+    error: dict[str, Any] = {
+        "code": RESOURCE_EXHAUSTED,
+        "message": jsonsafe.text(
+            str(exhausted.get("message") or f"the sandbox's {kind} limit was reached")
+        ),
+        "kind": kind,
+        "limit": exhausted.get("limit"),
+        "signal": (termination or {}).get("signal"),
+    }
+    return error
+
+
 def result_fields(result: dict[str, Any]) -> dict[str, Any]:
     """The Operation fields that store an agent's exec result (finished now). Output
     holding a NUL is stored base64 (``jsonsafe.stream_record``): Postgres's jsonb
-    cannot hold ``\\u0000``, and the bytes must survive exactly."""
+    cannot hold ``\\u0000``, and the bytes must survive exactly. A result the agent
+    names ``resource_exhausted`` is ``failed`` with that typed error, whatever the exit:
+    the command was ended or crippled by its sandbox's limit."""
     termination = result.get("termination") or {}
     reason = str(termination.get("reason", "agent_error"))
+    exhausted = result.get(RESOURCE_EXHAUSTED)
+    error: dict[str, Any] | None = None
+    if isinstance(exhausted, dict):
+        error = resource_exhausted_error(exhausted, termination)
+    elif reason == "agent_error":
+        error = {"code": "agent_error", "message": jsonsafe.text(termination.get("message"))}
     return {
-        "status": OperationStatus.COMPLETED if reason != "agent_error" else OperationStatus.FAILED,
+        "status": OperationStatus.COMPLETED if error is None else OperationStatus.FAILED,
         "termination": reason,
         "exit_code": termination.get("exit_code"),
         "signal": termination.get("signal"),
@@ -169,9 +200,7 @@ def result_fields(result: dict[str, Any]) -> dict[str, Any]:
         "stderr": jsonsafe.stream_record(result.get("stderr") or {}),
         "usage": result.get("usage") or {},
         "children_remained": bool(result.get("children_remained")),
-        "error": {"code": "agent_error", "message": jsonsafe.text(termination.get("message"))}
-        if reason == "agent_error"
-        else None,
+        "error": error,
         "finished_at": timezone.now(),
     }
 
@@ -192,11 +221,16 @@ def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> 
     return operation
 
 
-def operation_record_failure(*, operation: Operation, code: str, message: str) -> Operation:
+def operation_record_failure(
+    *, operation: Operation, code: str, message: str, kind: str | None = None
+) -> Operation:
+    error: dict[str, Any] = {"code": code, "message": jsonsafe.text(message)}
+    if kind is not None:
+        error["kind"] = kind
     Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(
         status=OperationStatus.FAILED,
         termination="agent_error",
-        error={"code": code, "message": jsonsafe.text(message)},
+        error=error,
         finished_at=timezone.now(),
     )
     operation.refresh_from_db()
@@ -279,8 +313,20 @@ def operation_agent_failed(
     ``cwd_not_found``), else 502. The operation is stored ``failed``, never left running."""
     _raise_if_terminating(sandbox, operation)
     if isinstance(exc, AgentError):
-        operation_record_failure(operation=operation, code=exc.code, message=exc.message)
+        operation_record_failure(
+            operation=operation, code=exc.code, message=exc.message, kind=exc.kind
+        )
         status = exc.status if 400 <= exc.status < 500 else 502
+        if exc.code == RESOURCE_EXHAUSTED:
+            # the agent is alive and said why it could not start the command (no
+            # thread or process left under the sandbox's limit): retryable, typed
+            raise ApiError(
+                exc.message,
+                code=exc.code,
+                status_code=503,
+                headers={"Retry-After": "1"},
+                extra={"kind": exc.kind, "operation_id": operation.operation_id},
+            ) from exc
         raise ApiError(exc.message, code=exc.code, field=exc.field, status_code=status) from exc
     operation_record_failure(operation=operation, code="agent_unreachable", message=str(exc))
     raise AgentUnavailable(

@@ -146,7 +146,7 @@ async def _pump(job: Any) -> None:
                     await _append(redis, pk, streaming.client_frame(agent_frame))
                     last = seq
             except AgentError as exc:
-                await _db(streaming.finish_failed)(pk, exc.code, exc.message)
+                await _db(streaming.finish_failed)(pk, exc.code, exc.message, exc.kind)
                 return
             except httpx.TransportError as exc:
                 log.warning("agent stream broke; re-attaching", extra={"error": str(exc)})

@@ -279,7 +279,7 @@ def _pump_frames(job: _PumpJob) -> None:
                 buffer_append(operation_pk=job.operation_pk, frame=client_frame(agent_frame))
                 last = seq
         except AgentError as exc:
-            _finish_failed(job.operation_pk, exc.code, exc.message)
+            _finish_failed(job.operation_pk, exc.code, exc.message, exc.kind)
             return
         except AgentUnreachable as exc:
             log.warning("agent stream broke; re-attaching", extra={"error": str(exc)})
@@ -298,8 +298,8 @@ def record_exit(operation_pk: str, result: dict[str, Any]) -> None:
     operation_record_result(operation=operation, result=result)
 
 
-def finish_failed(operation_pk: str, code: str, message: str) -> None:
-    _finish_failed(operation_pk, code, message)
+def finish_failed(operation_pk: str, code: str, message: str, kind: str | None = None) -> None:
+    _finish_failed(operation_pk, code, message, kind)
 
 
 def _finish_with_result(operation_pk: str, result: dict[str, Any], seq: int) -> None:
@@ -309,11 +309,11 @@ def _finish_with_result(operation_pk: str, result: dict[str, Any], seq: int) -> 
     buffer_append(operation_pk=operation_pk, frame={"type": "exec.exit", "seq": seq})
 
 
-def _finish_failed(operation_pk: str, code: str, message: str) -> None:
+def _finish_failed(operation_pk: str, code: str, message: str, kind: str | None = None) -> None:
     operation = Operation.objects.filter(pk=operation_pk).first()
     if operation is None:
         return
-    operation_record_failure(operation=operation, code=code, message=message)
+    operation_record_failure(operation=operation, code=code, message=message, kind=kind)
     _push_exit(operation_pk)
 
 

@@ -116,12 +116,20 @@ def _environment_facts(
                     **base,
                 )
             )
-    failed_ops = Operation.objects.filter(
-        sandbox=sandbox,
-        status=OperationStatus.FAILED,
-        created_at__gte=start,
-        created_at__lte=end,
-    ).filter(_gen_filter(link))
+    # A command its sandbox's own limits ended (resource_exhausted: the OOM killer, the
+    # pids limit) is the policy's doing, not an infra fault: it must not make the
+    # episode invalid (a policy could otherwise turn its failing episode into
+    # "environment" by exhausting its sandbox). The verdict decides such episodes.
+    failed_ops = (
+        Operation.objects.filter(
+            sandbox=sandbox,
+            status=OperationStatus.FAILED,
+            created_at__gte=start,
+            created_at__lte=end,
+        )
+        .filter(_gen_filter(link))
+        .exclude(error__code="resource_exhausted")
+    )
     for op in failed_ops:
         code = (op.error or {}).get("code", "agent_error")
         facts.append(

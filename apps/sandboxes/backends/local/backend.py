@@ -34,6 +34,7 @@ from ._sys import (
     is_alive,
     kill_and_wait,
     kill_pids,
+    proc_start_time,
     read_json,
     run,
     write_atomic,
@@ -214,7 +215,14 @@ class LocalBackend:
 
     @staticmethod
     def _alive(meta: dict[str, Any] | None) -> bool:
-        return bool(meta) and is_alive(meta.get("pid"), meta.get("start_time"))  # type: ignore[union-attr]
+        """The sandbox's recorded pid and, where known, its agent are alive: an orphan
+        can keep bwrap's init (the recorded pid) alive after the agent died, and such a
+        sandbox can answer nothing."""
+        if not meta or not is_alive(meta.get("pid"), meta.get("start_time")):
+            return False
+        if meta.get("agent_pid") and meta.get("agent_start_time") is not None:
+            return is_alive(meta["agent_pid"], meta["agent_start_time"])
+        return True
 
     @staticmethod
     def _endpoint_of(meta: dict[str, Any]) -> Endpoint:
@@ -290,22 +298,34 @@ class LocalBackend:
         self._save_meta(sid, meta)
         if self.isolated:
             self.network.create(sid, ip, spec.network_access, self._hook)
-        cgroup_dirs = self.cgroups.create(sid, limits)
+        created = self.cgroups.create(sid, limits)
+        # the agent's own groups (memory and pids split from its commands': cgroups.py)
+        cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
+        cgroup_files = self.cgroups.agent_files(created)
         self._hook("cgroups_created")
         process.write_token(d / "secret", spec.agent_token)
         pause = self._zygote_pause() if self.isolated else None
         if pause is not None:
-            meta.update(self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs))
-        elif self.isolated:
-            argv = self._bwrap_argv(d, base_args, python=python, bundle=self.config.agent_bundle)
-            argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]
-            pid, start = process.launch_detached(
-                argv, cgroup_dirs=list(cgroup_dirs.values()), log_file=d / "agent.log"
+            meta.update(
+                self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs, cgroup_files)
             )
+        elif self.isolated:
+            with process.cgroup_fds(cgroup_files) as fds:
+                argv = self._bwrap_argv(
+                    d, base_args, python=python, bundle=self.config.agent_bundle, cgroup_fds=fds
+                )
+                argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]
+                pid, start = process.launch_detached(
+                    argv,
+                    cgroup_dirs=list(cgroup_dirs.values()),
+                    log_file=d / "agent.log",
+                    pass_fds=fds,
+                )
             meta.update(pid=pid, start_time=start, launch="exec")
+            meta.update(process.find_exec_agent(pid, start, self.agent_start_timeout))
         else:
             pid, start = self._launch_unisolated(
-                spec, d, int(meta["port"]), limits, list(cgroup_dirs.values())
+                spec, d, int(meta["port"]), limits, list(cgroup_dirs.values()), cgroup_files
             )
             meta.update(pid=pid, start_time=start, launch="exec")
         meta.update(state="started")
@@ -345,6 +365,7 @@ class LocalBackend:
         python: str,
         bundle: Path | None = None,
         pause: Path | None = None,
+        cgroup_fds: dict[str, list[int]] | None = None,
     ) -> list[str]:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
@@ -359,10 +380,17 @@ class LocalBackend:
             port=self.config.agent_port,
             agent_bundle=bundle,
             pause=pause,
+            cgroup_fds=cgroup_fds,
         )
 
     def _spawn_from_zygote(
-        self, sid: str, d: Path, base_args: list[str], pause: Path, cgroup_dirs: dict[str, Path]
+        self,
+        sid: str,
+        d: Path,
+        base_args: list[str],
+        pause: Path,
+        cgroup_dirs: dict[str, Path],
+        cgroup_files: dict[str, list[str]],
     ) -> dict[str, Any]:
         argv = self._bwrap_argv(d, base_args, python="", pause=pause)
         timeout = self.agent_start_timeout
@@ -372,6 +400,7 @@ class LocalBackend:
                 "bwrap_env": {"PATH": SYSTEM_PATH},
                 "netns": str(NETNS_DIR / self.names.netns(sid)),
                 "cgroups": [str(p) for p in cgroup_dirs.values()],
+                "cgroup_files": cgroup_files,
                 "log": str(d / "agent.log"),
                 "workdir": "/workspace",
                 "env": process.SANDBOX_ENV,
@@ -397,11 +426,19 @@ class LocalBackend:
             "bwrap_pid": answer["bwrap_pid"],
             "bwrap_start_time": answer.get("bwrap_start_time"),
             "agent_pid": answer["agent_pid"],
+            # the agent is watched itself (_alive): an orphan keeps the init alive
+            "agent_start_time": proc_start_time(int(answer["agent_pid"])),
             "launch": "zygote",
         }
 
     def _launch_unisolated(
-        self, spec: SandboxSpec, d: Path, port: int, limits: Limits, cgroup_dirs: list[Path]
+        self,
+        spec: SandboxSpec,
+        d: Path,
+        port: int,
+        limits: Limits,
+        cgroup_dirs: list[Path],
+        cgroup_files: dict[str, list[str]],
     ) -> tuple[int, int]:
         argv = [
             self.config.python,
@@ -426,9 +463,17 @@ class LocalBackend:
             "PYTHONPATH": str(self.config.podagent_dir.resolve().parent),
             "HEDGEROW_AGENT_ENV_RESTORE": process.AGENT_ENV_RESTORE,
         }
-        return process.launch_detached(
-            argv, cgroup_dirs=cgroup_dirs, log_file=d / "agent.log", env=env, cwd=d / "workspace"
-        )
+        with process.cgroup_fds(cgroup_files if cgroup_dirs else {}) as fds:
+            if fds:
+                argv += ["--cgroup-fds", process.format_fds(fds)]
+            return process.launch_detached(
+                argv,
+                cgroup_dirs=cgroup_dirs,
+                log_file=d / "agent.log",
+                env=env,
+                cwd=d / "workspace",
+                pass_fds=fds,
+            )
 
     def destroy(self, sandbox_id: str) -> None:
         check_sandbox_id(sandbox_id)
@@ -437,6 +482,10 @@ class LocalBackend:
 
     def _destroy_locked(self, sid: str) -> None:
         meta = self._meta(sid) or {}
+        freezer = (meta.get("cgroups") or {}).get("freezer")
+        if freezer:
+            # frozen first: a fork bomb cannot outrun the kill (cgroups.kill_frozen)
+            self.cgroups.kill_frozen(Path(freezer))
         if meta.get("pid"):
             kill_and_wait(int(meta["pid"]), meta.get("start_time"))
         if meta.get("bwrap_pid"):  # zygote launch: exits with the init, or never started it
@@ -641,7 +690,14 @@ class LocalBackend:
                 seen.add(key)
                 if key not in self._gone_reported and not self._alive(meta):
                     self._gone_reported.add(key)
-                    yield BackendEvent(d.name, key[1], "gone", "agent process exited")
+                    reason = "agent process exited"
+                    if is_alive(meta.get("pid"), meta.get("start_time")):
+                        # the agent died, something else kept the sandbox up: end it
+                        # all, as an agent's death must (orphans included)
+                        with contextlib.suppress(BackendError):
+                            kill_and_wait(int(meta["pid"]), meta.get("start_time"))
+                        reason = "agent process exited; the sandbox's other processes were killed"
+                    yield BackendEvent(d.name, key[1], "gone", reason)
             self._gone_reported &= seen
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -19,7 +19,17 @@ from apps.sandboxes.backends.base import BackendError
 from ._sys import kill_pids
 
 CONTROLLERS = ("memory", "cpu", "pids")
+# v1 only, used when present: freezes a sandbox before its processes are killed, so a
+# fork bomb cannot outrun the kill (destroy)
+OPTIONAL_V1 = ("freezer",)
 CFS_PERIOD_US = 100_000
+# v1: memory and pids are split into <sandbox>/agent and <sandbox>/cmds (podagent's
+# limits.py). cmds gets the spec's limits; the sandbox's own limit adds this headroom,
+# which only the agent can use: a command cannot starve the agent of memory or pids.
+SPLIT = ("memory", "pids")
+AGENT_GROUP, COMMANDS_GROUP = "agent", "cmds"
+AGENT_MEMORY_RESERVE = 64 << 20
+AGENT_PIDS_RESERVE = 64
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,7 @@ def _mounts() -> tuple[dict[str, Path], Path | None]:
             v2 = mountpoint
         elif fstype == "cgroup" and fields[3] == "/":
             for opt in post_fields[2].split(","):
-                if opt in CONTROLLERS:
+                if opt in CONTROLLERS or opt in OPTIONAL_V1:
                     v1.setdefault(opt, mountpoint)
     return v1, v2
 
@@ -55,7 +65,7 @@ def _own_paths() -> tuple[dict[str, str], str | None]:
         if controllers == "":
             v2 = path
         for c in controllers.split(","):
-            if c in CONTROLLERS:
+            if c in CONTROLLERS or c in OPTIONAL_V1:
                 v1[c] = path
     return v1, v2
 
@@ -83,6 +93,11 @@ class CgroupDriver:
                     self.parents[c] = base / group
         if self.parents:
             self.mode = "v1"
+            for c in OPTIONAL_V1:
+                if c in v1_mounts:
+                    base = v1_mounts[c] / v1_own.get(c, "").lstrip("/")
+                    if _writable_dir(base) and (base / "cgroup.procs").exists():
+                        self.parents[c] = base / group
             return
         if v2_mount is not None and v2_own is not None:
             base = v2_mount / v2_own.lstrip("/")
@@ -112,10 +127,49 @@ class CgroupDriver:
                     # processes rule); the group dir we made holds none.
                     _write(path.parent / "cgroup.subtree_control", "+memory +cpu +pids")
                 path.mkdir(exist_ok=True)
-                self._limit(controller, path, limits)
+                if self.mode == "v1" and controller in SPLIT:
+                    reserved = _with_reserve(controller, limits)
+                    self._limit(controller, path, reserved)
+                    (path / AGENT_GROUP).mkdir(exist_ok=True)
+                    (path / COMMANDS_GROUP).mkdir(exist_ok=True)
+                    self._limit(controller, path / COMMANDS_GROUP, limits)
+                else:
+                    self._limit(controller, path, limits)
         except OSError as exc:
             raise BackendError(f"cgroup setup failed: {exc}") from exc
         return created
+
+    def agent_dirs(self, created: dict[str, Path]) -> list[Path]:
+        """The cgroup dirs the agent (and bwrap, pause) join: ``<sandbox>/agent`` where
+        memory and pids are split, the sandbox's own dir elsewhere."""
+        return [
+            path / AGENT_GROUP if self.mode == "v1" and c in SPLIT else path
+            for c, path in created.items()
+        ]
+
+    def agent_files(self, created: dict[str, Path]) -> dict[str, list[str]]:
+        """The files the launcher opens for the agent (podagent/limits.py): where to
+        start commands, where to come back, and the counters that name exhaustion."""
+        files: dict[str, list[str]] = {}
+        if self.mode == "v1":
+            split = [c for c in SPLIT if c in created]
+            if len(split) == len(SPLIT):
+                files["cmd_tasks"] = [str(created[c] / COMMANDS_GROUP / "tasks") for c in split]
+                files["agent_tasks"] = [str(created[c] / AGENT_GROUP / "tasks") for c in split]
+            if "memory" in created:
+                memory = created["memory"] / COMMANDS_GROUP
+                files["oom"] = [str(memory / "memory.oom_control")]
+                files["memory_max"] = [str(memory / "memory.limit_in_bytes")]
+            if "pids" in created:
+                files["pids_events"] = [str(created["pids"] / COMMANDS_GROUP / "pids.events")]
+                files["pids_max"] = [str(created["pids"] / COMMANDS_GROUP / "pids.max")]
+        elif self.mode == "v2" and "unified" in created:
+            unified = created["unified"]
+            files["oom"] = [str(unified / "memory.events")]
+            files["memory_max"] = [str(unified / "memory.max")]
+            files["pids_events"] = [str(unified / "pids.events")]
+            files["pids_max"] = [str(unified / "pids.max")]
+        return files
 
     def _limit(self, controller: str, path: Path, limits: Limits) -> None:
         quota = max(1000, limits.cpu_millis * CFS_PERIOD_US // 1000)
@@ -170,7 +224,11 @@ class CgroupDriver:
         return found
 
     def remove(self, path: Path, timeout: float = 10) -> None:
-        """Kill every task in the cgroup and rmdir it (retrying while tasks drain)."""
+        """Kill every task in the cgroup and rmdir it (retrying while tasks drain);
+        its sub-groups (agent, cmds) first."""
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for child in sorted(p for p in path.iterdir() if p.is_dir()):
+                self.remove(child, timeout)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -188,6 +246,26 @@ class CgroupDriver:
                     raise BackendError(f"cannot remove cgroup {path}: {exc}") from exc
             time.sleep(0.05)
 
+    def kill_frozen(self, path: Path, timeout: float = 5) -> None:
+        """Freezes the freezer cgroup ``path``, SIGKILLs every task in it, thaws it.
+
+        A fork bomb forks faster than a listing of cgroup.procs can be killed (each
+        kill leaves room under pids.max for a new fork): frozen, nothing forks, and one
+        listing is complete. The kills are delivered on thaw."""
+        state = path / "freezer.state"
+        try:
+            _write(state, "FROZEN")
+        except OSError:
+            return  # no freezer here, or the group is gone: remove() kills as before
+        deadline = time.monotonic() + timeout
+        try:
+            while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
+                time.sleep(0.005)
+            kill_pids([int(x) for x in _read(path / "cgroup.procs").split()])
+        finally:
+            with contextlib.suppress(OSError):
+                _write(state, "THAWED")
+
     def remove_group(self) -> None:
         for _, parent in self.all_parents():
             with contextlib.suppress(FileNotFoundError):
@@ -197,6 +275,12 @@ class CgroupDriver:
                 parent.rmdir()
         if self.registry is not None:
             self.registry.unlink(missing_ok=True)
+
+
+def _with_reserve(controller: str, limits: Limits) -> Limits:
+    if controller == "memory":
+        return Limits(limits.memory_bytes + AGENT_MEMORY_RESERVE, limits.cpu_millis, limits.pids)
+    return Limits(limits.memory_bytes, limits.cpu_millis, limits.pids + AGENT_PIDS_RESERVE)
 
 
 def _read(path: Path) -> str:

@@ -1,8 +1,12 @@
 /* pause READY_FD HOLD_FD: bubblewrap's payload when the agent comes from the zygote.
    Says "mounts are done" with one byte on READY_FD, then lives until HOLD_FD (a pipe
    whose only write end the agent holds) reaches EOF: the sandbox lives as long as its
-   agent. Built static (gcc -static -Os) so it runs in any image. */
+   agent. Built static (gcc -static -Os) so it runs in any image.
+   On EOF it SIGKILLs every other process of the sandbox's pid namespace before it
+   exits: bwrap's init waits for all its children, so an orphan (`setsid sleep 900 &`)
+   would otherwise keep the sandbox alive after its agent died. */
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 int main(int argc, char **argv) {
@@ -13,6 +17,9 @@ int main(int argc, char **argv) {
     close(ready);
     for (;;) {
         ssize_t n = read(hold, &c, 1);
-        if (n == 0 || (n < 0 && errno != EINTR)) return 0;
+        if (n == 0 || (n < 0 && errno != EINTR)) {
+            kill(-1, SIGKILL); /* all but init and pause itself, in this pid namespace */
+            return 0;
+        }
     }
 }

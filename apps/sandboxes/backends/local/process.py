@@ -14,15 +14,17 @@ is reparented to init: the Celery worker that provisioned it may die freely.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from apps.sandboxes.backends.base import BackendError
 
-from ._sys import SYSTEM_PATH, proc_start_time
+from ._sys import SYSTEM_PATH, is_alive, proc_start_time
 from .config import AGENT_MOUNT, BUNDLE_MOUNT, SECRET_MOUNT
 from .zygote import HOLD_FD, INFO_FD, PAUSE_MOUNT, READY_FD
 
@@ -83,6 +85,49 @@ def rootfs_base_args(rootfs: Path) -> list[str]:
     return args
 
 
+@contextlib.contextmanager
+def cgroup_fds(files: dict[str, list[str]]) -> Iterator[dict[str, list[int]]]:
+    """Exec launch: the cgroup files the agent uses (podagent/limits.py), opened here
+    (as root, seeing the host's /sys) for the launch to pass down: they are inherited
+    through setsid, ip netns exec and bwrap by the agent, on the same numbers."""
+    opened: dict[str, list[int]] = {}
+    try:
+        for name, paths in sorted(files.items()):
+            flags = (os.O_WRONLY if name.endswith("_tasks") else os.O_RDONLY) | os.O_CLOEXEC
+            opened[name] = []
+            for path in paths:
+                opened[name].append(os.open(path, flags))
+        yield opened
+    finally:
+        for fds in opened.values():
+            for fd in fds:
+                os.close(fd)
+
+
+def find_exec_agent(pid: int, start_time: int, timeout: float) -> dict[str, int]:
+    """An exec-started sandbox's agent: bwrap (``pid``) → its pid-namespace init → the
+    init's first child. Recorded so the agent itself is watched (an orphan keeps the
+    init alive after the agent died). {} when it cannot be found in time (the sandbox
+    is then watched by ``pid`` alone, as before)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and is_alive(pid, start_time):
+        init = _children(pid)
+        agent = _children(init[0]) if init else []
+        if agent:
+            agent_start = proc_start_time(agent[0])
+            if agent_start is not None:
+                return {"agent_pid": agent[0], "agent_start_time": agent_start}
+        time.sleep(0.005)
+    return {}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def agent_args(port: int) -> list[str]:
     return [
         "--listen",
@@ -122,6 +167,7 @@ def bwrap_argv(
     port: int,
     agent_bundle: Path | None = None,
     pause: Path | None = None,
+    cgroup_fds: dict[str, list[int]] | None = None,
 ) -> list[str]:
     """bwrap's command line. With ``pause`` (zygote launch) the payload is the static
     pause binary and the agent is forked in later by the zygote: no agent mount or
@@ -147,11 +193,13 @@ def bwrap_argv(
     if bundled:
         agent_env = []  # the launcher leaves the environment as given
         agent_mount = ["--ro-bind", str(agent_bundle), BUNDLE_MOUNT]
+    limits_args = ["--cgroup-fds", format_fds(cgroup_fds)] if cgroup_fds else []
     return [
         "bwrap",
         "--die-with-parent",
         *_sandbox_args(base_args, workspace, tmp, secret_dir, agent_env, agent_mount),
         *_agent_command(python, port),
+        *limits_args,
     ]
 
 
@@ -201,6 +249,11 @@ def _sandbox_args(
     ]
 
 
+def format_fds(fds: dict[str, list[int]]) -> str:
+    """``--cgroup-fds``'s value (podagent.limits.parse_fds reads it)."""
+    return ",".join(f"{name}={':'.join(map(str, v))}" for name, v in sorted(fds.items()))
+
+
 def write_token(secret_dir: Path, token: str) -> Path:
     secret_dir.mkdir(mode=0o700, exist_ok=True)
     os.chmod(secret_dir, 0o700)
@@ -220,6 +273,7 @@ def launch_detached(
     log_file: Path,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
+    pass_fds: dict[str, list[int]] | None = None,
 ) -> tuple[int, int]:
     """Start ``argv`` detached (own session, reparented to init) inside ``cgroup_dirs``.
 
@@ -245,6 +299,7 @@ def launch_detached(
         env=env if env is not None else {"PATH": SYSTEM_PATH},
         cwd=cwd,
         check=False,
+        pass_fds=[fd for fds in (pass_fds or {}).values() for fd in fds],
     )
     try:
         pid = int(proc.stdout.strip())

@@ -16,6 +16,7 @@ import pytest
 
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.backends.local import LocalBackend, wait_healthy
+from apps.sandboxes.backends.local.cgroups import AGENT_MEMORY_RESERVE, AGENT_PIDS_RESERVE
 
 from .conftest import REPO, Sandbox, make_config, needs_root, new_spec
 
@@ -84,11 +85,19 @@ def test_it_writes_and_enforces_cgroup_limits(
         pytest.skip("limits below are checked on cgroup v1")
     sb = sandbox_factory(memory_mib=128, cpu_millis=500, pids_limit=64)
     paths = backend.cgroups.paths(sb.id)
-    assert (paths["memory"] / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
+    # the spec's limits are the commands' (cmds/); the sandbox's own adds the agent's
+    # headroom (cgroups.py), which only the agent's group (agent/) can use
+    commands_memory, commands_pids = paths["memory"] / "cmds", paths["pids"] / "cmds"
+    assert (commands_memory / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
+    assert (paths["memory"] / "memory.limit_in_bytes").read_text().strip() == str(
+        (128 << 20) + AGENT_MEMORY_RESERVE
+    )
     assert (paths["cpu"] / "cpu.cfs_quota_us").read_text().strip() == "50000"
-    assert (paths["pids"] / "pids.max").read_text().strip() == "64"
+    assert (commands_pids / "pids.max").read_text().strip() == "64"
+    assert (paths["pids"] / "pids.max").read_text().strip() == str(64 + AGENT_PIDS_RESERVE)
     meta = json.loads((backend.sandboxes_dir / sb.id / "meta.json").read_text())
-    assert str(meta["pid"]) in (paths["memory"] / "cgroup.procs").read_text().split()
+    assert str(meta["pid"]) in (paths["memory"] / "agent" / "cgroup.procs").read_text().split()
+    assert str(meta["pid"]) in (paths["cpu"] / "cgroup.procs").read_text().split()
 
     hog = sb.exec(
         [
@@ -197,7 +206,7 @@ def test_it_kills_what_a_started_sandbox_left_running(
     # a daemon of its own session, outside the agent's process tree
     code, _, err = sb.sh("setsid sh -c 'sleep 1000 & sleep 1000' </dev/null >/dev/null 2>&1 &")
     assert code == 0, err
-    procs = next(iter(backend.cgroups.paths(sb.id).values())) / "cgroup.procs"
+    procs = backend.cgroups.paths(sb.id)["cpu"] / "cgroup.procs"  # not split: everyone
     deadline = time.monotonic() + 10
     while procs.read_text().count("\n") < 5 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -114,9 +114,10 @@ def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
 
     # in the sandbox's cgroups, seen from the host
     cgroups = Path(f"/proc/{meta(zb)['agent_pid']}/cgroup").read_text().splitlines()
-    for controller in ("memory", "cpu", "pids"):
+    # (memory and pids: the agent's own group, beside its commands': cgroups.py)
+    for controller, leaf in (("memory", "/agent"), ("cpu", ""), ("pids", "/agent")):
         (line,) = [c for c in cgroups if controller in c.split(":")[1].split(",")]
-        assert line.endswith(f"/{zb.id}"), line
+        assert line.endswith(f"/{zb.id}{leaf}"), line
     # commands cannot read the agent's memory map, environ or binary (exec's can)
     for what in ("maps", "environ", "exe"):
         code, _, err = zb.sh(f"cat /proc/$PPID/{what} >/dev/null")
@@ -178,8 +179,14 @@ def test_it_leaves_the_agent_only_its_log_listener_and_the_hold_pipe(
             inode = target[len("socket:[") : -1]
             assert f" {inode} " in tcp, f"fd {fd} is not the agent's TCP listener"
             assert f" {inode} " not in host_unix
-        elif fd > 2 and fd not in pipes:  # the JSON log opened at /dev/stdout, epoll
-            assert target == log or target.startswith("anon_inode:"), (fd, target)
+        elif fd > 2 and fd not in pipes:
+            # the JSON log opened at /dev/stdout, epoll, and the sandbox's own cgroup
+            # files its launcher opened for it (podagent/limits.py), close-on-exec
+            cgroup_file = target.startswith("/sys/fs/cgroup/") and f"/{sb.id}/" in target
+            assert target == log or target.startswith("anon_inode:") or cgroup_file, (fd, target)
+            if cgroup_file:
+                flags = Path(f"/proc/{agent}/fdinfo/{fd}").read_text().split("flags:")[1]
+                assert int(flags.split()[0], 8) & O_CLOEXEC, target
     # pause holds nothing but its pipe; the zygote gave it nothing else either
     pause_fds = {
         int(fd): os.readlink(f"/proc/{pause}/fd/{fd}") for fd in os.listdir(f"/proc/{pause}/fd")
