@@ -8,7 +8,16 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import env_bool, env_float, env_int, env_ints, env_list, env_str
+from controlplane.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_ints,
+    env_list,
+    env_str,
+    local_redis_url,
+    state_secret,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(env_str("HEDGEROW_STATE_DIR", str(BASE_DIR / ".state")))
@@ -99,7 +108,8 @@ DATABASES = {
         "ENGINE": "controlplane.pgconn",
         "NAME": env_str("HEDGEROW_DB_NAME", "hedgerow"),
         "USER": env_str("HEDGEROW_DB_USER", "hedgerow"),
-        "PASSWORD": env_str("HEDGEROW_DB_PASSWORD", ""),
+        # The environment's, else the one `make up` generated into .state/ (0600).
+        "PASSWORD": state_secret("HEDGEROW_DB_PASSWORD", str(STATE_DIR), "db_password"),
         "HOST": env_str("HEDGEROW_DB_HOST", "127.0.0.1"),
         "PORT": env_int("HEDGEROW_DB_PORT", 55432),
         "CONN_MAX_AGE": env_int("HEDGEROW_DB_CONN_MAX_AGE", 60),
@@ -121,7 +131,8 @@ if env_bool("HEDGEROW_DB_POOL", False):
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env_str("HEDGEROW_REDIS_URL", "redis://127.0.0.1:56379/0")
+# HEDGEROW_REDIS_URL, else the local stack's Redis with its password from .state/.
+REDIS_URL = local_redis_url(str(STATE_DIR))
 REDIS_KEY_PREFIX = f"hedgerow:{HEDGEROW_INSTANCE}:"
 
 CACHES = {

@@ -14,7 +14,8 @@ RUN_ID="t$$"
 export HEDGEROW_INSTANCE="${HEDGEROW_INSTANCE_OVERRIDE:-$RUN_ID}"
 export HEDGEROW_TEST_DB_NAME="test_hedgerow_${HEDGEROW_INSTANCE}"
 export HEDGEROW_DB_PORT="${HEDGEROW_DB_PORT:-55432}"
-export HEDGEROW_REDIS_URL="${HEDGEROW_REDIS_URL:-redis://127.0.0.1:56379/0}"
+# Postgres and Redis passwords: settings read them from $HEDGEROW_STATE_DIR (stack.sh).
+export HEDGEROW_REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 
 if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check . >/dev/null || {
