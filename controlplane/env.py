@@ -90,3 +90,16 @@ def local_redis_url(state_dir: str) -> str:
     password = state_secret("HEDGEROW_REDIS_PASSWORD", state_dir, "redis_password")
     auth = f":{password}@" if password else ""
     return f"redis://{auth}127.0.0.1:{port}/0"
+
+
+def db_conninfo(dbname: str) -> str:
+    """A libpq conninfo for the configured Postgres (benchmarks' admin connections),
+    with the password from the environment or the state directory."""
+    state_dir = os.environ.get("HEDGEROW_STATE_DIR") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".state"
+    )
+    password = state_secret("HEDGEROW_DB_PASSWORD", state_dir, "db_password")
+    host = os.environ.get("HEDGEROW_DB_HOST", "127.0.0.1")
+    port = env_int("HEDGEROW_DB_PORT", 55432)
+    user = os.environ.get("HEDGEROW_DB_USER", "hedgerow")
+    return f"host={host} port={port} user={user} password={password} dbname={dbname}"

@@ -22,7 +22,8 @@ if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
     .venv/bin/ruff format --check . ; exit 1; }
   echo "== mypy --strict"; .venv/bin/mypy
   echo "== makemigrations --check"; .venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
-  echo "== docker-compose config"; HEDGEROW_SECRET_KEY=validation-only docker-compose -f docker-compose.yml config -q
+  echo "== docker-compose config"; HEDGEROW_SECRET_KEY=validation-only HEDGEROW_DB_PASSWORD=validation-only \
+    HEDGEROW_REDIS_PASSWORD=validation0only docker-compose -f docker-compose.yml config -q
   # offline: kustomize build only (apply --dry-run needs a cluster); the schema and
   # RBAC/policy checks run in apps/sandboxes/backends/kubernetes/tests/test_manifests.py
   echo "== kubectl kustomize"; for d in deploy/base deploy/overlays/*/; do
