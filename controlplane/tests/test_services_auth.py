@@ -19,6 +19,10 @@ def _db() -> dict[str, str]:
     return {"host": str(db["HOST"]), "port": str(db["PORT"]), "user": str(db["USER"])}
 
 
+def _conninfo(**params: str) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
 def _no_password_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # libpq would otherwise pick a password from the environment or ~/.pgpass
     monkeypatch.delenv("PGPASSWORD", raising=False)
@@ -39,7 +43,7 @@ def test_postgres_refuses_a_connection_without_password_over_tcp(
     _no_password_env(monkeypatch)
     db = _db()
     with pytest.raises(psycopg.OperationalError, match="password"):
-        psycopg.connect(**db, dbname="postgres", connect_timeout=5)
+        psycopg.connect(_conninfo(**db, dbname="postgres", connect_timeout="5"))
 
 
 def test_postgres_refuses_a_connection_without_password_on_the_unix_socket(
@@ -51,7 +55,13 @@ def test_postgres_refuses_a_connection_without_password_on_the_unix_socket(
     assert socket_path.exists(), "scripts/stack.sh starts Postgres with -k /tmp"
     with pytest.raises(psycopg.OperationalError, match="password"):
         psycopg.connect(
-            host="/tmp", port=db["port"], user=db["user"], dbname="postgres", connect_timeout=5
+            _conninfo(
+                host="/tmp",
+                port=db["port"],
+                user=db["user"],
+                dbname="postgres",
+                connect_timeout="5",
+            )
         )
 
 
@@ -59,9 +69,9 @@ def test_postgres_accepts_the_generated_password_and_listens_on_loopback_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _no_password_env(monkeypatch)
-    password = settings.DATABASES["default"]["PASSWORD"]
+    password = str(settings.DATABASES["default"]["PASSWORD"])
     assert password, "settings read .state/db_password"
-    with psycopg.connect(**_db(), password=password, dbname="postgres") as conn:
+    with psycopg.connect(_conninfo(**_db(), password=password, dbname="postgres")) as conn:
         row = conn.execute("SHOW listen_addresses").fetchone()
         assert row is not None and row[0] == "127.0.0.1"
         hba = conn.execute(
