@@ -247,7 +247,11 @@ HEDGEROW_ORCHARD_DEFAULT_IMAGE = env_str("HEDGEROW_ORCHARD_DEFAULT_IMAGE", "host
 
 # --- Realtime: exec streams and PTY (docs/realtime.md) --------------------------
 HEDGEROW_STREAM_REPLAY_FRAMES = env_int("HEDGEROW_STREAM_REPLAY_FRAMES", 512)
+# A replay buffer expires this long after its last frame (never longer: Redis memory).
 HEDGEROW_STREAM_REPLAY_TTL_S = env_int("HEDGEROW_STREAM_REPLAY_TTL_S", 600)
+# Frame bytes a replay buffer keeps per operation; beyond it the oldest frames go and
+# a subscriber asking for them gets an exec.gap frame (docs/realtime.md).
+HEDGEROW_STREAM_REPLAY_MAX_BYTES = env_int("HEDGEROW_STREAM_REPLAY_MAX_BYTES", 1024 * 1024)
 HEDGEROW_PTY_MAX_PER_SANDBOX = env_int("HEDGEROW_PTY_MAX_PER_SANDBOX", 4)
 HEDGEROW_PTY_MAX_PER_TENANT = env_int("HEDGEROW_PTY_MAX_PER_TENANT", 32)
 HEDGEROW_WS_MAX_MESSAGES_PER_S = env_int("HEDGEROW_WS_MAX_MESSAGES_PER_S", 200)
