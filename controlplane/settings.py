@@ -255,6 +255,9 @@ HEDGEROW_STREAM_REPLAY_MAX_BYTES = env_int("HEDGEROW_STREAM_REPLAY_MAX_BYTES", 1
 HEDGEROW_PTY_MAX_PER_SANDBOX = env_int("HEDGEROW_PTY_MAX_PER_SANDBOX", 4)
 HEDGEROW_PTY_MAX_PER_TENANT = env_int("HEDGEROW_PTY_MAX_PER_TENANT", 32)
 HEDGEROW_WS_MAX_MESSAGES_PER_S = env_int("HEDGEROW_WS_MAX_MESSAGES_PER_S", 200)
+# How often an open websocket re-checks its key or session (revocation, expiry, role,
+# team disabled, membership removed, sign-out); it closes with 4401/4403 within this.
+HEDGEROW_WS_REVALIDATE_S = env_float("HEDGEROW_WS_REVALIDATE_S", 3.0)
 
 LOGGING = {
     "version": 1,
