@@ -74,8 +74,9 @@ class HedgerowConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
             )
 
     async def _credential_lost(self, lost: Lost) -> None:
-        await self.on_credential_lost()
+        # closed first: what the teardown reports (the terminal ended) must not win
         await self.fail(lost.code, lost.message, close_code=lost.close_code)
+        await self.on_credential_lost()
 
     async def on_credential_lost(self) -> None:
         """Subclasses: stop what the socket drives (a terminal) before it closes."""
