@@ -71,7 +71,7 @@ def test_ten_large_streamed_ops_keep_bounded_replay_memory_with_the_documented_t
             json={"command": COMMAND, "stream": True, "operation_id": op_id},
         )
         assert started.status_code == 202, started.text
-    client = redis_client()
+    client: Any = redis_client()  # redis-py types its sync calls as maybe-awaitable
     pks = {op_id: str(Operation.objects.get(operation_id=op_id).pk) for op_id in ids}
 
     # While they run: every buffer that exists expires within the documented TTL.

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import connect
 
 from apps.billing.models import ApiKey
 from apps.billing.services import api_key_create, api_key_revoke
@@ -36,7 +36,7 @@ def _revoke(secret: str) -> float:
     return time.monotonic()
 
 
-def _close_after(ws: ClientConnection, revoked_at: float, limit: float) -> tuple[list[Any], int]:
+def _close_after(ws: Any, revoked_at: float, limit: float) -> tuple[list[Any], int]:
     """Reads until the server closes (within ``limit`` of the revocation)."""
     seen: list[Any] = []
     try:
