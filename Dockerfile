@@ -28,11 +28,12 @@ ENV PYTHONUNBUFFERED=1 \
     DJANGO_SETTINGS_MODULE=controlplane.settings \
     HEDGEROW_STATE_DIR=/var/lib/hedgerow \
     HEDGEROW_AGENT_BUNDLE=/opt/hedgerow/agent-bundle
-# bubblewrap/nftables/iproute2/procps: the local backend. python3 (Debian's, at
+# bubblewrap/nftables/iproute2/procps/btrfs-progs (+ mount: util-linux): the local
+# backend, btrfs-progs formats its sandbox storage. python3 (Debian's, at
 # /usr/bin/python3 = HEDGEROW_AGENT_PYTHON) runs the agent in `host`-image sandboxes.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-       bubblewrap nftables iproute2 procps python3 ca-certificates \
+       bubblewrap nftables iproute2 procps btrfs-progs python3 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --gid 10001 hedgerow \
     && useradd --uid 10001 --gid 10001 --home-dir /app --shell /usr/sbin/nologin hedgerow

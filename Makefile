@@ -15,6 +15,7 @@ test:
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports --no-cache
 
 typecheck:
 	.venv/bin/mypy

@@ -16,8 +16,9 @@ each agent's /health, destroys them, and prints per sandbox:
   over the provisions;
 * destroy: wall and CPU of this process plus reaped children;
 * the provision + destroy CPU of this process split by part of the local backend:
-  network (netns, veth, nft, address claims), cgroups, agent launch, meta.json writes
-  and the rest (directories, locks, kills).
+  network (netns, veth, nft, address claims), cgroups, agent launch, meta.json writes,
+  disk quota (the sandbox's btrfs volume and quota group) and the rest (directories,
+  locks, kills).
 
 CPU is user+system time (/proc/<pid>/stat, getrusage), which other work on a shared
 machine does not inflate the way it inflates wall time. The load average is printed.
@@ -141,6 +142,9 @@ def main() -> int:
             account(parts, backend, ("_spawn_from_zygote",), "agent launch")
             account(parts, process, ("launch_detached",), "agent launch")
             account(parts, backend, ("_save_meta",), "meta.json")
+            storage = getattr(backend, "storage", None)
+            if storage is not None:  # the per-sandbox volume and quota group
+                account(parts, storage, ("ensure", "create", "remove"), "disk quota")
         wall_provision = cpu_provision = 0.0
         for sandbox_id in ids:
             t0, c0 = time.perf_counter(), cpu_s()

@@ -218,6 +218,18 @@ HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
 # A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
 # agent in imported images without python3. Empty: such images are refused.
 HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")
+# Sandbox storage (docs/operations.md#sandbox-disk): isolated sandboxes write only to a
+# loop-mounted btrfs of this size, made on first use (0: min(64 GiB, half the free
+# space of the state dir's filesystem)); each sandbox's /workspace and /tmp together
+# get HEDGEROW_SANDBOX_DISK_MIB of it at most.
+HEDGEROW_SANDBOX_DISK_SIZE_MIB = env_int("HEDGEROW_SANDBOX_DISK_SIZE_MIB", 0)
+HEDGEROW_SANDBOX_DISK_MIB = env_int("HEDGEROW_SANDBOX_DISK_MIB", 2048)
+if HEDGEROW_SANDBOX_DISK_MIB < 1 or not (
+    HEDGEROW_SANDBOX_DISK_SIZE_MIB == 0 or HEDGEROW_SANDBOX_DISK_SIZE_MIB >= 256
+):
+    raise ImproperlyConfigured(
+        "HEDGEROW_SANDBOX_DISK_MIB must be >= 1 and HEDGEROW_SANDBOX_DISK_SIZE_MIB 0 or >= 256"
+    )
 HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
 HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
 HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)
@@ -328,6 +340,12 @@ HEDGEROW_K8S_EGRESS_EXCEPT = env_list("HEDGEROW_K8S_EGRESS_EXCEPT", [])  # [] = 
 HEDGEROW_K8S_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_READY_TIMEOUT_S", 120.0)
 HEDGEROW_K8S_MAX_CONCURRENCY = env_int("HEDGEROW_K8S_MAX_CONCURRENCY", 8)
 HEDGEROW_K8S_API_RETRIES = env_int("HEDGEROW_K8S_API_RETRIES", 5)
+# The sandbox pod's boundary (docs/deploy-kubernetes.md, "Pod security"): a user
+# namespace per pod (hostUsers: false; false only for clusters without the feature),
+# who the sandbox runs as (auto | image | nonroot | <uid>), and a read-only root.
+HEDGEROW_K8S_USER_NAMESPACES = env_bool("HEDGEROW_K8S_USER_NAMESPACES", True)
+HEDGEROW_K8S_RUN_AS_USER = env_str("HEDGEROW_K8S_RUN_AS_USER", "auto")
+HEDGEROW_K8S_READ_ONLY_ROOT = env_bool("HEDGEROW_K8S_READ_ONLY_ROOT", False)
 
 # --- Quotas, admission queue and metering (apps/billing) ----------------------------
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.

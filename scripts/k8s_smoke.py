@@ -74,6 +74,19 @@ def kubectl_sandbox_label(run_id: str) -> str:
     return ""
 
 
+def kubectl_pod_field(sandbox_label: str, jsonpath: str) -> str:
+    out = subprocess.run(
+        [
+            *("kubectl", "-n", SANDBOX_NS, "get", "pods"),
+            *("-l", f"hedgerow.dev/sandbox={sandbox_label}", "-o", f"jsonpath={jsonpath}"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
 def main() -> None:
     started = time.time()
     created = http.post(
@@ -96,6 +109,18 @@ def main() -> None:
         result = ran.json()
         step("exec", ran.status_code == 200 and result.get("exit_code") == 0, ran.text)
         step("exec output", result["stdout"].startswith("hello from"), result["stdout"])
+
+        # hostUsers: false is only a request: a container runtime without user-namespace
+        # support may ignore it. Inside a real one, no uid maps to the node's root.
+        if kubectl_pod_field(sandbox_label, "{.items[0].spec.hostUsers}") == "false":
+            uid_map = http.post(
+                f"/sandboxes/{sid}/exec", json={"command": "cat /proc/self/uid_map"}
+            )
+            lines = uid_map.json().get("stdout", "").splitlines()
+            outside = [line.split()[1] for line in lines if len(line.split()) == 3]
+            step("user namespace", bool(outside) and "0" not in outside, uid_map.text)
+        else:
+            print("     user namespace: off (HEDGEROW_K8S_USER_NAMESPACES=false)")
 
         payload = os.urandom(64 * 1024)
         up = http.put(

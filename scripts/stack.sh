@@ -13,7 +13,7 @@ PG_PORT="${HEDGEROW_DB_PORT:-55432}"
 REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
-APT_PACKAGES="postgresql redis-server bubblewrap nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm"
+APT_PACKAGES="postgresql redis-server bubblewrap btrfs-progs nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static"
 
 # Redis's memory bound (docs/operations.md says how to size it). Only keys with a TTL
 # may be evicted: Celery's queues and bindings have none, every replay buffer has one.
@@ -35,6 +35,7 @@ install_system() {
   command -v redis-server >/dev/null || missing+=(redis-server)
   [ -n "$PG_BIN" ] || missing+=(postgresql)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
+  command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)  # sandbox storage (quotas)
   command -v nft >/dev/null || missing+=(nftables)
   command -v iptables >/dev/null || missing+=(iptables)
   command -v ip >/dev/null || missing+=(iproute2)
@@ -42,6 +43,8 @@ install_system() {
   command -v chromium >/dev/null || missing+=(chromium)
   command -v docker-compose >/dev/null || missing+=(docker-compose)
   command -v npm >/dev/null || missing+=(nodejs npm)
+  # images without python3 (the agent-bundle and zygote tests build one from busybox)
+  command -v busybox >/dev/null || missing+=(busybox-static)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing system packages: ${missing[*]}"
     as_root apt-get update -qq

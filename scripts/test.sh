@@ -21,6 +21,7 @@ if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check . >/dev/null || {
     .venv/bin/ruff format --check . ; exit 1; }
   echo "== mypy --strict"; .venv/bin/mypy
+  echo "== import-layer contract"; .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
   echo "== makemigrations --check"; .venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
   echo "== docker-compose config"; HEDGEROW_SECRET_KEY=validation-only HEDGEROW_DB_PASSWORD=validation-only \
     HEDGEROW_REDIS_PASSWORD=validation0only docker-compose -f docker-compose.yml config -q

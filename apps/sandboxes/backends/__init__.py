@@ -25,6 +25,7 @@ def get_backend() -> Backend:
                 python=settings.HEDGEROW_AGENT_PYTHON,
                 isolation=settings.HEDGEROW_LOCAL_ISOLATION,
                 agent_launch=settings.HEDGEROW_LOCAL_AGENT_LAUNCH,
+                disk_size_mib=settings.HEDGEROW_SANDBOX_DISK_SIZE_MIB,
                 agent_bundle=Path(settings.HEDGEROW_AGENT_BUNDLE)
                 if settings.HEDGEROW_AGENT_BUNDLE
                 else None,

@@ -30,6 +30,7 @@ def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
         memory_mib=sandbox.memory_mib,
         network_access=sandbox.network_access,
         agent_token=agent_token(sandbox.id.hex, sandbox.generation),
+        disk_mib=settings.HEDGEROW_SANDBOX_DISK_MIB,
         labels=dict(sandbox.labels),
     )
 

@@ -475,6 +475,7 @@ def warm_member_provision(*, member_id: str) -> WarmMember | None:
         memory_mib=member.memory_mib,
         network_access=member.network_access,
         agent_token=token,
+        disk_mib=settings.HEDGEROW_SANDBOX_DISK_MIB,
         labels={POOL_LABEL: "member"},
     )
     shape = Shape(member.image, member.cpu_millis, member.memory_mib, member.network_access)

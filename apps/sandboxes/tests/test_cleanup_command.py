@@ -53,3 +53,6 @@ def test_it_destroys_every_sandbox_and_stops_the_zygote(
     assert not WarmMember.objects.filter(pk=member.pk).exists()
     assert not is_alive(int(answer["pid"]), None)
     assert private_backend.zygote.ping() is None
+    # the sandbox storage is unmounted (its loop device released), its image kept
+    storage = private_backend.storage
+    assert storage is not None and not storage.mounted() and storage.image.exists()

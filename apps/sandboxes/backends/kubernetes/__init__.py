@@ -58,6 +58,9 @@ def config_from_settings() -> KubernetesConfig:
         ready_timeout_s=settings.HEDGEROW_K8S_READY_TIMEOUT_S,
         max_concurrency=settings.HEDGEROW_K8S_MAX_CONCURRENCY,
         api_retries=settings.HEDGEROW_K8S_API_RETRIES,
+        user_namespaces=settings.HEDGEROW_K8S_USER_NAMESPACES,
+        run_as_user=settings.HEDGEROW_K8S_RUN_AS_USER or "auto",  # empty = the default
+        read_only_root=settings.HEDGEROW_K8S_READ_ONLY_ROOT,
     )
 
 

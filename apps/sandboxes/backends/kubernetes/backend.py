@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import queue
 import time
@@ -27,6 +28,7 @@ from .api import KubeApi, is_status
 from .config import (
     L_SANDBOX,
     KubernetesConfig,
+    UserNamespacesUnavailable,
     check_image_ref,
     check_sandbox_id,
     generation_of,
@@ -128,8 +130,9 @@ class KubernetesBackend:
                 self._create_or_adopt(self.policies, policy)
                 owned.append((self.policies, policy.metadata.name))
             pod = build_pod(self.config, spec)
-            self._create_or_adopt(self.pods, pod)
+            created = self._create_or_adopt(self.pods, pod)
             owned.insert(0, (self.pods, pod.metadata.name))
+            self._check_user_namespace(created)
             return self._wait_started(pod.metadata.name)
         except Exception as exc:
             try:
@@ -168,13 +171,25 @@ class KubernetesBackend:
                 ) from exc
         self._namespace_policy_ok = True
 
+    def _check_user_namespace(self, pod: Any) -> None:
+        """The pod as stored must still ask for its user namespace: an API server whose
+        UserNamespacesSupport gate is off (or that predates the field) drops hostUsers
+        silently, and the pod would run with pod root as node root."""
+        if self.config.user_namespaces and pod.spec.host_users is not False:
+            raise UserNamespacesUnavailable("the stored pod has no hostUsers: false")
+
     def _create_or_adopt(self, kind: Kind, body: Any) -> Any:
         """Creates ``body``; an existing object of that name is adopted only when its
         labels name the same installation, tenant, sandbox and generation."""
         name = body.metadata.name
         try:
-            return self.api.call(kind.create, self.config.namespace, body)
+            # Strict: a field the API server does not know is an error, not dropped
+            return self.api.call(
+                kind.create, self.config.namespace, body, field_validation="Strict"
+            )
         except ApiException as exc:
+            if kind is self.pods and _rejects_host_users(exc):
+                raise UserNamespacesUnavailable(f"{exc.status} {_message(exc)}") from exc
             if not is_status(exc, 409):
                 raise BackendError(
                     f"cannot create {kind.name} {name}: {exc.status} {exc.reason}",
@@ -333,6 +348,21 @@ class KubernetesBackend:
 def _grace(kind: Kind) -> dict[str, Any]:
     # a sandbox needs no graceful shutdown; 1 s lets the runtime stop it cleanly
     return {"grace_period_seconds": 1} if kind.name == "pod" else {}
+
+
+def _message(exc: ApiException) -> str:
+    """The API server's Status message (the body), else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason)
+
+
+def _rejects_host_users(exc: ApiException) -> bool:
+    # 400 "strict decoding error: unknown field "spec.hostUsers"" (a server without the
+    # field), 422 "spec.hostUsers: Forbidden/Invalid …" (one that validates it away)
+    return exc.status in (400, 422) and "hostUsers" in _message(exc)
 
 
 def _valid_id(sandbox_id: str) -> bool:

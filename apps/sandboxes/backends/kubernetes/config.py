@@ -49,10 +49,18 @@ DEFAULT_EGRESS_EXCEPT_V6 = ("fc00::/7", "fe80::/10", "::1/128")
 # As root, package managers need these; everything else (NET_RAW, MKNOD, SYS_CHROOT,
 # SETFCAP, NET_BIND_SERVICE, AUDIT_WRITE, SETPCAP) is dropped.
 DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+# Who the sandbox's main container runs as (HEDGEROW_K8S_RUN_AS_USER, see
+# docs/deploy-kubernetes.md): "auto" = the image's own user when a user namespace or a
+# runtime class (gVisor/Kata) keeps pod root from being node root, else NONROOT_UID;
+# "image" = the image's user always; "nonroot" = the image's user, which must not be
+# root (kubelet refuses a root image); a number = that uid (and gid).
+RUN_AS_MODES = ("auto", "image", "nonroot")
+NONROOT_UID = 65532  # the conventional "nonroot" uid (distroless); no host account has it
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _SANDBOX_ID = re.compile(r"^[0-9a-f]{32}$")
+_UID = re.compile(r"^[1-9][0-9]{0,8}$")
 _IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
 
 
@@ -79,6 +87,12 @@ class KubernetesConfig:
     api_timeout_s: float = 30.0
     watch_timeout_s: int = 240  # server-side timeout of one WATCH request; then resume
     terminating_grace_s: float = 60.0  # a deleting pod younger than this is not a leak
+    # hostUsers: false — pod root is an unprivileged uid range on the node (needs
+    # Kubernetes >= 1.30 with UserNamespacesSupport, on by default from 1.33; a cluster
+    # that drops or refuses it fails provisioning with UserNamespacesUnavailable)
+    user_namespaces: bool = True
+    run_as_user: str = "auto"  # RUN_AS_MODES or a uid, see above
+    read_only_root: bool = False  # readOnlyRootFilesystem; /workspace and /tmp stay writable
 
     def __post_init__(self) -> None:
         if not _LABEL_VALUE.match(self.instance) or not self.instance:
@@ -88,6 +102,28 @@ class KubernetesConfig:
                 raise BackendError(f"namespace {ns!r} is not a DNS label")
         if self.max_concurrency < 1 or self.api_retries < 1:
             raise BackendError("max_concurrency and api_retries must be >= 1")
+        if self.run_as_user not in RUN_AS_MODES and not _UID.match(self.run_as_user):
+            raise BackendError(
+                f"run_as_user {self.run_as_user!r} must be one of {', '.join(RUN_AS_MODES)} "
+                "or a uid >= 1 (use 'image' to run as the image's user, root included)"
+            )
+
+    def main_user(self) -> tuple[int | None, bool]:
+        """(runAsUser, runAsNonRoot) for the sandbox container; None = the image's user.
+
+        Task images mostly run as root and need it (apt, pip into the system). Inside a
+        user namespace, or under gVisor/Kata, that root is not root on the node, so the
+        image's user is kept. Without either, root in the pod is root on the node (with
+        the capabilities above), so "auto" runs the sandbox as NONROOT_UID instead."""
+        if self.run_as_user == "image":
+            return None, False
+        if self.run_as_user == "nonroot":
+            return None, True
+        if self.run_as_user == "auto":
+            if self.user_namespaces or self.runtime_class:
+                return None, False
+            return NONROOT_UID, True
+        return int(self.run_as_user), True
 
     # ---- names and labels ---------------------------------------------------------
 
@@ -106,6 +142,23 @@ class KubernetesConfig:
     @property
     def namespace_policy_name(self) -> str:
         return f"hedgerow-{self.instance.lower().replace('_', '-')}-default"[:63].rstrip("-")
+
+
+class UserNamespacesUnavailable(BackendError):
+    """The cluster did not give the pod the user namespace it asked for (hostUsers:
+    false): the API server refused the field or dropped it. Never run without it
+    silently: the operator either enables the feature or sets
+    HEDGEROW_K8S_USER_NAMESPACES=false knowingly."""
+
+    code = "user_namespaces_unavailable"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"{self.code}: the Kubernetes API server did not accept hostUsers: false "
+            f"({detail}); enable user namespaces (Kubernetes >= 1.30, feature gate "
+            "UserNamespacesSupport) or set HEDGEROW_K8S_USER_NAMESPACES=false, see "
+            "docs/deploy-kubernetes.md"
+        )
 
 
 def object_name(sandbox_id: str, generation: int, suffix: str = "") -> str:

@@ -44,6 +44,8 @@ BUNDLE_VOLUME = "hedgerow-agent"
 TOKEN_VOLUME = "hedgerow-token"
 SECRET_VOLUME = "hedgerow-secret"
 WORKSPACE_VOLUME = "workspace"
+TMP_VOLUME = "tmp"
+TMP = "/tmp"  # an emptyDir of the pod's own, not the node's /tmp
 TOKEN_KEY = "token"
 BUNDLE_DIR = f"{BUNDLE_MOUNT}/bundle"
 
@@ -118,11 +120,18 @@ def _probe(config: KubernetesConfig, *, period: int, failures: int) -> client.V1
 
 
 def _security(config: KubernetesConfig, *, add: tuple[str, ...]) -> client.V1SecurityContext:
+    uid, non_root = config.main_user()
     return client.V1SecurityContext(
-        allow_privilege_escalation=False,
+        allow_privilege_escalation=False,  # no_new_privs: setuid binaries grant nothing
         privileged=False,
         capabilities=client.V1Capabilities(drop=["ALL"], add=list(add) or None),
         seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+        # the runtime's masked and read-only /proc paths (/proc/sys, /proc/kcore, …)
+        proc_mount="Default",
+        read_only_root_filesystem=config.read_only_root,
+        run_as_user=uid,
+        run_as_group=uid,  # never the image's group 0 when the uid is forced
+        run_as_non_root=non_root or None,
     )
 
 
@@ -163,6 +172,7 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
             run_as_non_root=False,
             capabilities=client.V1Capabilities(drop=["ALL"]),
             seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+            proc_mount="Default",
         ),
         volume_mounts=[
             client.V1VolumeMount(name=BUNDLE_VOLUME, mount_path=BUNDLE_MOUNT),
@@ -199,6 +209,7 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
             client.V1VolumeMount(name=BUNDLE_VOLUME, mount_path=BUNDLE_MOUNT, read_only=True),
             client.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT),
             client.V1VolumeMount(name=WORKSPACE_VOLUME, mount_path=WORKSPACE),
+            client.V1VolumeMount(name=TMP_VOLUME, mount_path=TMP),
         ],
         working_dir=WORKSPACE,
     )
@@ -212,6 +223,9 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         host_pid=False,
         host_ipc=False,
         share_process_namespace=False,
+        # a user namespace per pod: root in the sandbox is an unprivileged uid range on
+        # the node; the backend checks the API server kept the field (UserNamespacesUnavailable)
+        host_users=False if config.user_namespaces else None,
         termination_grace_period_seconds=2,
         security_context=client.V1PodSecurityContext(
             seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
@@ -237,8 +251,15 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
                     secret_name=secret_name(spec), default_mode=0o400, optional=False
                 ),
             ),
+            # Writable even with a read-only root. Each is capped at the sandbox's disk
+            # by its sizeLimit, and together (with the container's own writes) by the
+            # ephemeral-storage limit: kubelet evicts the pod beyond either.
             client.V1Volume(
                 name=WORKSPACE_VOLUME,
+                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{spec.disk_mib}Mi"),
+            ),
+            client.V1Volume(
+                name=TMP_VOLUME,
                 empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{spec.disk_mib}Mi"),
             ),
         ],

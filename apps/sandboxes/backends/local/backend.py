@@ -26,6 +26,7 @@ from apps.sandboxes.backends.base import (
 )
 
 from . import process
+from ._btrfs import qgroup_name
 from ._netlink import NETNS_DIR
 from ._sys import (
     SYSTEM_PATH,
@@ -48,6 +49,7 @@ from .config import (
     check_sandbox_id,
 )
 from .network import Network
+from .storage import Storage, Volume, qgroup_of
 from .zygote import ZygoteClient, ZygoteUnavailable, build_pause
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,11 @@ class LocalBackend:
             CgroupDriver(self.names.cgroup_group, config.state_dir / "cgroups")
             if root
             else CgroupDriver.disabled()
+        )
+        # Isolated sandboxes write only to the instance's bounded storage (a quota per
+        # sandbox); unisolated ones (dev, non-root) to plain host dirs, unbounded.
+        self.storage = (
+            Storage(config.state_dir, config.disk_size_mib << 20) if self.isolated else None
         )
         self.node = socket.gethostname()
         # Test seam: called at named points of provision ("netns_created", …) so a
@@ -245,9 +252,7 @@ class LocalBackend:
     def _provision_locked(self, spec: SandboxSpec, base_args: list[str], python: str) -> Endpoint:
         sid = spec.sandbox_id
         d = self._dir(sid)
-        for sub in ("workspace", "tmp"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(d / "tmp", 0o1777)  # noqa: S103 - a /tmp must be world-writable + sticky
+        volume = self._make_dirs(sid, spec.disk_mib << 20)
         meta: dict[str, Any] = {
             "sandbox_id": sid,
             "tenant_id": spec.tenant_id,
@@ -260,6 +265,8 @@ class LocalBackend:
             "labels": spec.labels,
             "created_at": time.time(),
         }
+        if volume is not None:
+            meta["disk"] = {"qgroup": volume.qgroup, "limit_bytes": volume.limit_bytes}
         limits = Limits(spec.memory_mib * 1024 * 1024, spec.cpu_millis, spec.pids_limit)
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
@@ -306,6 +313,30 @@ class LocalBackend:
         self._hook("started")
         return self._endpoint_of(meta)
 
+    def _make_dirs(self, sid: str, disk_bytes: int) -> Volume | None:
+        """Every directory a sandbox gets, made in one place: its state dir (meta,
+        token, agent.log) on the host, its writable data (/workspace, /tmp) on the
+        storage in a volume limited to ``disk_bytes`` (isolated), or host dirs."""
+        d = self._dir(sid)
+        d.mkdir(parents=True, exist_ok=True)
+        if self.storage is None:
+            for sub in ("workspace", "tmp"):
+                (d / sub).mkdir(exist_ok=True)
+            os.chmod(d / "tmp", 0o1777)  # noqa: S103 - a /tmp must be world-writable + sticky
+            return None
+        if self.storage.ensure():
+            # A zygote started before the storage was mounted has a copy of the old
+            # mount table (the host's / is private): its bwraps could not bind from it.
+            self.zygote.stop()
+        return self.storage.create(sid, disk_bytes)
+
+    def _data_dirs(self, sid: str) -> tuple[Path, Path]:
+        """The host paths of the sandbox's /workspace and /tmp."""
+        if self.storage is None:
+            return self._dir(sid) / "workspace", self._dir(sid) / "tmp"
+        root = self.storage.mount / sid
+        return root / "workspace", root / "tmp"
+
     def _bwrap_argv(
         self,
         d: Path,
@@ -317,10 +348,11 @@ class LocalBackend:
     ) -> list[str]:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
+        workspace, tmp = self._data_dirs(d.name)
         return process.bwrap_argv(
             base_args=base_args,
-            workspace=d / "workspace",
-            tmp=d / "tmp",
+            workspace=workspace,
+            tmp=tmp,
             secret_dir=d / "secret",
             podagent_dir=self.config.podagent_dir,
             python=python,
@@ -423,6 +455,8 @@ class LocalBackend:
             # no meta: whether it had network access is unknown, so look
             self.network.delete(sid, meta.get("ip"), egress=meta.get("network_access", True))
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
+        if self.storage is not None:
+            self.storage.remove(sid)  # its processes are dead: nothing writes any more
         shutil.rmtree(self._dir(sid), ignore_errors=True)
         if self._dir(sid).exists():
             raise BackendError(f"cannot remove {self._dir(sid)}")
@@ -447,12 +481,28 @@ class LocalBackend:
         if self.isolated:
             self.network.teardown_instance()
         self.cgroups.remove_group()
+        if self.storage is not None:
+            self.storage.teardown()  # unmount (the loop device goes too), delete the image
+
+    def release_storage(self) -> None:
+        """Unmounts the sandbox storage, keeping it for the next start (`make down`,
+        after every sandbox is destroyed and the zygote stopped)."""
+        if self.storage is not None:
+            self.storage.release()
+
+    def disk_usage(self, sandbox_id: str) -> int | None:
+        """Bytes the sandbox's /workspace and /tmp use; None when unbounded or unknown."""
+        check_sandbox_id(sandbox_id)
+        return self.storage.usage(sandbox_id) if self.storage is not None else None
 
     # ---- inventory -------------------------------------------------------------------
 
     def inventory(self) -> list[InventoryItem]:
         items: list[InventoryItem] = []
         metas: dict[str, dict[str, Any]] = {}
+        # Quota groups before directories: provision makes the directory before the
+        # group, so a group being provisioned always has its owner in this listing.
+        qgroups = self.storage.qgroups() if self.storage is not None else []
         try:
             dirs = sorted(p for p in self.sandboxes_dir.iterdir() if p.is_dir())
         except OSError as exc:
@@ -467,6 +517,19 @@ class LocalBackend:
 
         def gen_of(sid: str | None) -> int | None:
             return metas.get(sid or "", {}).get("generation")
+
+        if self.storage is not None:
+            volumes = self.storage.volumes()
+            for vol_sid in volumes:
+                vol_path = str(self.storage.mount / vol_sid)
+                items.append(InventoryItem("volume", vol_path, vol_sid, gen_of(vol_sid), self.node))
+            owners = {qgroup_of(sid): sid for sid in [*metas, *volumes]}
+            for qid in qgroups:
+                q_sid = owners.get(qid)
+                name = f"qgroup:{qgroup_name(qid)}"
+                items.append(InventoryItem("qgroup", name, q_sid, gen_of(q_sid), self.node))
+            for device in self.storage.stray_loops():
+                items.append(InventoryItem("loop", device, None, None, self.node))
 
         # Neighbour entries are listed before the claims: provision claims an address
         # before it adds the entry, destroy deletes the entry before it releases the
@@ -546,6 +609,21 @@ class LocalBackend:
                 self.network.delete_neighbour(ip)
         elif kind == "nft_rule":
             self.network.delete_egress(name.removeprefix("egress:"))
+        elif kind in ("volume", "qgroup", "loop") and self.storage is None:
+            raise BackendError(f"{kind} {name}: this backend has no sandbox storage")
+        elif kind == "volume" and self.storage is not None:
+            path = Path(name)
+            if path.parent != self.storage.mount:
+                raise BackendError(f"{name} is not a sandbox volume of this instance")
+            self.storage.remove(path.name)
+        elif kind == "qgroup" and self.storage is not None:
+            qid = _parse_qgroup(name)
+            # listed without an owner; one made since for a new sandbox is left to it
+            owners = {qgroup_of(p.name) for p in self.sandboxes_dir.iterdir()}
+            if qid not in owners | {qgroup_of(sid) for sid in self.storage.volumes()}:
+                self.storage.delete_qgroup(qid)
+        elif kind == "loop" and self.storage is not None:
+            self.storage.detach_loop(name)
         else:
             raise BackendError(f"unknown inventory kind {kind!r}")
 
@@ -569,6 +647,13 @@ class LocalBackend:
             if remaining <= 0:
                 return
             time.sleep(min(0.5, remaining))
+
+
+def _parse_qgroup(name: str) -> int:
+    level, _, ident = name.removeprefix("qgroup:").partition("/")
+    if level != "1" or not ident.isdigit():
+        raise BackendError(f"{name} is not a sandbox quota group")
+    return (1 << 48) | int(ident)
 
 
 def _own_umask() -> int:

@@ -46,6 +46,9 @@ class LocalBackendConfig:
     agent_bundle: Path | None = None
     subnet_pool: str = "10.213.0.0/16"
     agent_launch: str = "auto"  # AGENT_LAUNCH_MODES
+    # Size of the instance's sandbox storage (storage.py), fixed when it is first
+    # created; 0: min(64 GiB, half the free space of the state dir's filesystem).
+    disk_size_mib: int = 0
 
 
 def check_instance(instance: str) -> None:

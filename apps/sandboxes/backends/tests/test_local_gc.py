@@ -41,6 +41,10 @@ def test_it_tears_down_a_dead_runs_instance_and_keeps_a_live_one(tmp_path: Path)
         assert dead.inventory() == []
         assert [c.name for c in claims.iterdir()] == [str(live.network.subnet.network_address)]
         assert live.inventory(), "the live run's sandbox must be untouched"
+        # the dead run's sandbox storage is unmounted and deleted, the live one's kept
+        assert dead.storage is not None and live.storage is not None
+        assert not dead.storage.mounted() and not dead.storage.image.exists()
+        assert live.storage.mounted()
     finally:
         live.teardown_instance()
         dead.teardown_instance()

@@ -29,4 +29,9 @@ class Command(BaseCommand):
         zygote = getattr(backend, "zygote", None)
         if zygote is not None:
             zygote.stop()
+        # Then the local backend's sandbox storage: unmounted (its loop device goes
+        # with it), the image kept for the next `make up`.
+        release_storage = getattr(backend, "release_storage", None)
+        if release_storage is not None:
+            release_storage()
         self.stdout.write(f"destroyed {len(ids)} sandbox(es), {drained} warm pool member(s)")

@@ -83,6 +83,11 @@ class FakeKube:
         self.failures: list[int] = []  # statuses to answer the next requests with
         self.auto_start = False  # play a kubelet that starts every pod at once
         self.graceful_pods = False  # pods linger with a deletionTimestamp when deleted
+        # An older API server: pod spec fields it does not know (fieldValidation=Strict
+        # → 400 "unknown field", else dropped), and fields it knows behind a feature
+        # gate that is off (dropped silently, whatever the validation mode).
+        self.unknown_pod_fields: set[str] = set()
+        self.gated_pod_fields: set[str] = set()
         self._ip = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -108,12 +113,25 @@ class FakeKube:
         self.history.append((self.rv, resource, ns, kind, copy.deepcopy(obj)))
         self.cond.notify_all()
 
-    def create(self, resource: str, ns: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def create(
+        self, resource: str, ns: str, body: dict[str, Any], validation: str = ""
+    ) -> tuple[int, dict[str, Any]]:
         with self.cond:
             name = body["metadata"]["name"]
             if (resource, ns, name) in self.objects:
                 return 409, status(409, "AlreadyExists", f'{resource} "{name}" already exists')
             obj = copy.deepcopy(body)
+            if resource == "pods":
+                unknown = sorted(self.unknown_pod_fields & set(obj["spec"]))
+                if unknown and validation == "Strict":
+                    fields = ", ".join(f'unknown field "spec.{f}"' for f in unknown)
+                    message = (
+                        'Pod in version "v1" cannot be handled as a Pod: '
+                        f"strict decoding error: {fields}"
+                    )
+                    return 400, status(400, "BadRequest", message)
+                for dropped in unknown + sorted(self.gated_pod_fields & set(obj["spec"])):
+                    del obj["spec"][dropped]
             meta = obj["metadata"]
             meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
             if resource == "pods":
@@ -308,7 +326,8 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     },
                 )
             elif name is None and method == "POST":
-                code, obj = kube.create(resource, ns, body)
+                validation = query.get("fieldValidation", [""])[0]
+                code, obj = kube.create(resource, ns, body, validation)
                 self._send(code, obj)
             elif name is None and method == "DELETE":
                 for item in kube.listing(resource, ns, selector):

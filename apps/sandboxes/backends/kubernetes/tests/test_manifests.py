@@ -15,10 +15,13 @@ import yaml
 from kubernetes import client
 
 from apps.sandboxes.backends.kubernetes import KubeApi, KubernetesBackend, KubernetesConfig
-from apps.sandboxes.backends.kubernetes.specs import build_namespace_policy
+from apps.sandboxes.backends.kubernetes.specs import build_namespace_policy, build_pod
+from controlplane.env import env_bool
+
+from .conftest import new_spec
 
 REPO = Path(__file__).resolve().parents[5]
-OVERLAYS = ["deploy/base", "deploy/overlays/example"]
+OVERLAYS = ["deploy/base", "deploy/overlays/example", "deploy/overlays/gvisor"]
 SERIALIZER = client.ApiClient()
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
@@ -68,7 +71,7 @@ def schema_errors(value: Any, type_name: str, path: str) -> list[str]:
 def test_it_builds_manifests_that_match_the_kubernetes_schema(overlay: str) -> None:
     docs = build(overlay)
     kinds = sorted({d["kind"] for d in docs})
-    assert kinds == [
+    expected = [
         "ConfigMap",
         "Deployment",
         "Job",
@@ -79,6 +82,9 @@ def test_it_builds_manifests_that_match_the_kubernetes_schema(overlay: str) -> N
         "Service",
         "ServiceAccount",
     ]
+    if overlay.endswith("gvisor"):
+        expected = sorted([*expected, "RuntimeClass"])
+    assert kinds == expected
     for doc in docs:
         model = model_for(doc)
         assert schema_errors(doc, model.__name__, doc["kind"]) == []
@@ -175,3 +181,43 @@ def test_it_lets_exactly_the_agent_clients_reach_sandboxes_and_runs_them_unprivi
     assert queue == f"{config_map['HEDGEROW_INSTANCE']}.cold"
     assert deployments["hedgerow-beat"]["spec"]["replicas"] == 1
     assert deployments["hedgerow-beat"]["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def pod_from_config_map(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The sandbox pod the backend would build from this ConfigMap's settings (read as
+    controlplane/settings.py reads them from the environment)."""
+    data = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    config = KubernetesConfig(
+        instance=data["HEDGEROW_INSTANCE"],
+        namespace=data["HEDGEROW_K8S_NAMESPACE"],
+        runtime_class=data["HEDGEROW_K8S_RUNTIME_CLASS"],
+        user_namespaces=env_bool("HEDGEROW_K8S_USER_NAMESPACES", True),
+        run_as_user=data["HEDGEROW_K8S_RUN_AS_USER"],
+        read_only_root=env_bool("HEDGEROW_K8S_READ_ONLY_ROOT", False),
+    )
+    return SERIALIZER.sanitize_for_serialization(build_pod(config, new_spec()))
+
+
+def test_it_ships_sandboxes_in_their_own_user_namespace_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for overlay in ("deploy/base", "deploy/overlays/example"):
+        pod = pod_from_config_map(build(overlay), monkeypatch)
+        assert pod["spec"]["hostUsers"] is False
+        assert "runtimeClassName" not in pod["spec"]
+
+
+def test_it_offers_an_overlay_that_runs_sandboxes_under_gvisor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = build("deploy/overlays/gvisor")
+    (runtime_class,) = [d for d in docs if d["kind"] == "RuntimeClass"]
+    assert runtime_class["handler"] == "runsc"
+    pod = pod_from_config_map(docs, monkeypatch)
+    assert pod["spec"]["runtimeClassName"] == runtime_class["metadata"]["name"]
+    # runsc does not take hostUsers: false (kubelet would refuse the pod); gVisor's own
+    # kernel is the boundary, so the image's user is kept
+    assert "hostUsers" not in pod["spec"]
+    assert "runAsUser" not in pod["spec"]["containers"][0]["securityContext"]

@@ -9,6 +9,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
+from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.backends.kubernetes import build_kubernetes_backend, config_from_settings
 
 from .conftest import NS, new_spec
@@ -59,4 +60,32 @@ def test_it_builds_the_backend_from_settings_and_a_kubeconfig(
 )
 def test_it_fails_loudly_on_malformed_json_settings(name: str, value: str) -> None:
     with override_settings(**{name: value}), pytest.raises(ImproperlyConfigured, match=name):
+        config_from_settings()
+
+
+def test_it_reads_the_pod_boundary_from_settings_with_user_namespaces_on_by_default() -> None:
+    config = config_from_settings()
+    assert (config.user_namespaces, config.run_as_user, config.read_only_root) == (
+        True,
+        "auto",
+        False,
+    )
+    with override_settings(
+        HEDGEROW_K8S_USER_NAMESPACES=False,
+        HEDGEROW_K8S_RUN_AS_USER="2000",
+        HEDGEROW_K8S_READ_ONLY_ROOT=True,
+    ):
+        config = config_from_settings()
+    assert (config.user_namespaces, config.run_as_user, config.read_only_root) == (
+        False,
+        "2000",
+        True,
+    )
+    assert config.main_user() == (2000, True)
+    with override_settings(HEDGEROW_K8S_RUN_AS_USER=""):  # an empty ConfigMap value
+        assert config_from_settings().run_as_user == "auto"
+    with (
+        override_settings(HEDGEROW_K8S_RUN_AS_USER="root"),
+        pytest.raises(BackendError, match="run_as_user"),
+    ):
         config_from_settings()
