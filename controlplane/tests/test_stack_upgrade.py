@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -141,7 +142,7 @@ def test_a_trust_cluster_and_an_open_redis_are_upgraded_in_place_idempotently(
 
     with pytest.raises(redis.AuthenticationError):
         redis.Redis(port=old_stack.redis_port).ping()
-    authed = redis.Redis(port=old_stack.redis_port, password=redis_password)
+    authed: Any = redis.Redis(port=old_stack.redis_port, password=redis_password)
     assert authed.lrange("queue", 0, -1) == [b"queued-before"]
     assert authed.config_get("maxmemory-policy")["maxmemory-policy"] == "volatile-lru"
     assert int(authed.config_get("maxmemory")["maxmemory"]) > 0
