@@ -21,13 +21,24 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 # KEYS: stream, byte counter. ARGV: entry id, frame JSON, max bytes, max frames, ttl.
-# Returns 1 when appended, 0 when the id is at or below the top (already stored).
+# Returns 1 when appended, 0 when the id is at or below the top (already stored); any
+# other error (Redis out of memory with nothing evictable) is raised, never swallowed.
 _APPEND_LUA = """
 local ok = redis.pcall('XADD', KEYS[1], ARGV[1], 'f', ARGV[2])
-if type(ok) == 'table' and ok.err then return 0 end
-local total = redis.call('INCRBY', KEYS[2], string.len(ARGV[2]))
+if type(ok) == 'table' and ok.err then
+  if string.find(ok.err, 'equal or smaller', 1, true) then return 0 end
+  return redis.error_reply(ok.err)
+end
 local cap, frames = tonumber(ARGV[3]), tonumber(ARGV[4])
 local count = redis.call('XLEN', KEYS[1])
+local total
+if count == 1 then
+  -- a new (or expired, or evicted) stream: the count starts over with it
+  total = string.len(ARGV[2])
+  redis.call('SET', KEYS[2], total)
+else
+  total = redis.call('INCRBY', KEYS[2], string.len(ARGV[2]))
+end
 while (total > cap or count > frames) and count > 1 do
   local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
   redis.call('XDEL', KEYS[1], first[1])
