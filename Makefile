@@ -24,7 +24,7 @@ check-migrations:
 	.venv/bin/python manage.py makemigrations --check --dry-run
 
 compose-config:
-	HEDGEROW_SECRET_KEY=validation-only docker-compose -f docker-compose.yml config -q
+	HEDGEROW_SECRET_KEY=validation-only HEDGEROW_DB_PASSWORD=validation-only HEDGEROW_REDIS_PASSWORD=validation0only docker-compose -f docker-compose.yml config -q
 
 bench:
 	.venv/bin/python bench/exec_latency.py

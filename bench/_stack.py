@@ -39,7 +39,9 @@ def private_stack(
     sys.path.insert(0, str(ROOT))
     import psycopg
 
-    admin = psycopg.connect("host=127.0.0.1 port=55432 user=hedgerow dbname=postgres")
+    from controlplane.env import db_conninfo
+
+    admin = psycopg.connect(db_conninfo("postgres"))
     admin.autocommit = True
     admin.execute(f'CREATE DATABASE "{db_name}"')
     stack = None

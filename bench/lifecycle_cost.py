@@ -86,9 +86,9 @@ class Statements:
         database, so pg_stat_activity is polled)."""
         import psycopg
 
-        with psycopg.connect(
-            "host=127.0.0.1 port=55432 user=hedgerow dbname=postgres", autocommit=True
-        ) as conn:
+        from controlplane.env import db_conninfo
+
+        with psycopg.connect(db_conninfo("postgres"), autocommit=True) as conn:
             while self.running:
                 for pid, app in conn.execute(
                     "SELECT pid, application_name FROM pg_stat_activity WHERE datname = %s",
@@ -209,10 +209,10 @@ def main() -> int:
         if args.statements:
             import psycopg
 
+            from controlplane.env import db_conninfo
+
             db = os.environ["HEDGEROW_DB_NAME"]
-            with psycopg.connect(
-                f"host=127.0.0.1 port=55432 user=hedgerow dbname={db}", autocommit=True
-            ) as conn:
+            with psycopg.connect(db_conninfo(db), autocommit=True) as conn:
                 conn.execute(f"ALTER DATABASE \"{db}\" SET log_statement = 'all'")
 
     env = {"HEDGEROW_MAX_LIVE_SANDBOXES": "0"}

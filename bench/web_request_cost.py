@@ -55,9 +55,9 @@ def _setup() -> tuple[str, str]:
     sys.path.insert(0, str(ROOT))
     import psycopg
 
-    with psycopg.connect(
-        "host=127.0.0.1 port=55432 user=hedgerow dbname=postgres", autocommit=True
-    ) as admin:
+    from controlplane.env import db_conninfo
+
+    with psycopg.connect(db_conninfo("postgres"), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{db_name}"')
     import subprocess
 
@@ -71,15 +71,14 @@ def _teardown(db_name: str) -> None:
     from django.db import connections
 
     from apps.sandboxes.events import redis_client
+    from controlplane.env import db_conninfo
 
     connections.close_all()
     client = redis_client()
     keys = list(client.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}*", count=1000))
     if keys:
         client.delete(*keys)
-    with psycopg.connect(
-        "host=127.0.0.1 port=55432 user=hedgerow dbname=postgres", autocommit=True
-    ) as admin:
+    with psycopg.connect(db_conninfo("postgres"), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
 
 

@@ -64,3 +64,42 @@ def env_ints(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
             f"{name} must be {len(default)} comma-separated positive integers, got {raw!r}"
         )
     return values
+
+
+def state_secret(env_name: str, state_dir: str, file_name: str) -> str:
+    """A credential from the environment, else from the installation's state directory
+    (``make up``/``make test`` write ``db_password`` and ``redis_password`` there, mode
+    0600), else "" (an external service configured entirely by the environment)."""
+    from_env = os.environ.get(env_name, "")
+    if from_env:
+        return from_env
+    try:
+        with open(os.path.join(state_dir, file_name)) as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def local_redis_url(state_dir: str) -> str:
+    """``HEDGEROW_REDIS_URL`` verbatim when set; else the local stack's Redis on
+    loopback (HEDGEROW_REDIS_PORT) with the password from the state directory."""
+    url = os.environ.get("HEDGEROW_REDIS_URL", "")
+    if url:
+        return url
+    port = env_int("HEDGEROW_REDIS_PORT", 56379)
+    password = state_secret("HEDGEROW_REDIS_PASSWORD", state_dir, "redis_password")
+    auth = f":{password}@" if password else ""
+    return f"redis://{auth}127.0.0.1:{port}/0"
+
+
+def db_conninfo(dbname: str) -> str:
+    """A libpq conninfo for the configured Postgres (benchmarks' admin connections),
+    with the password from the environment or the state directory."""
+    state_dir = os.environ.get("HEDGEROW_STATE_DIR") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".state"
+    )
+    password = state_secret("HEDGEROW_DB_PASSWORD", state_dir, "db_password")
+    host = os.environ.get("HEDGEROW_DB_HOST", "127.0.0.1")
+    port = env_int("HEDGEROW_DB_PORT", 55432)
+    user = os.environ.get("HEDGEROW_DB_USER", "hedgerow")
+    return f"host={host} port={port} user={user} password={password} dbname={dbname}"

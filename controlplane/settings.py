@@ -8,7 +8,16 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import env_bool, env_float, env_int, env_ints, env_list, env_str
+from controlplane.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_ints,
+    env_list,
+    env_str,
+    local_redis_url,
+    state_secret,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(env_str("HEDGEROW_STATE_DIR", str(BASE_DIR / ".state")))
@@ -100,7 +109,8 @@ DATABASES = {
         "ENGINE": "controlplane.pgconn",
         "NAME": env_str("HEDGEROW_DB_NAME", "hedgerow"),
         "USER": env_str("HEDGEROW_DB_USER", "hedgerow"),
-        "PASSWORD": env_str("HEDGEROW_DB_PASSWORD", ""),
+        # The environment's, else the one `make up` generated into .state/ (0600).
+        "PASSWORD": state_secret("HEDGEROW_DB_PASSWORD", str(STATE_DIR), "db_password"),
         "HOST": env_str("HEDGEROW_DB_HOST", "127.0.0.1"),
         "PORT": env_int("HEDGEROW_DB_PORT", 55432),
         "CONN_MAX_AGE": env_int("HEDGEROW_DB_CONN_MAX_AGE", 60),
@@ -122,7 +132,8 @@ if env_bool("HEDGEROW_DB_POOL", False):
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env_str("HEDGEROW_REDIS_URL", "redis://127.0.0.1:56379/0")
+# HEDGEROW_REDIS_URL, else the local stack's Redis with its password from .state/.
+REDIS_URL = local_redis_url(str(STATE_DIR))
 REDIS_KEY_PREFIX = f"hedgerow:{HEDGEROW_INSTANCE}:"
 
 CACHES = {
@@ -255,10 +266,17 @@ HEDGEROW_ORCHARD_DEFAULT_IMAGE = env_str("HEDGEROW_ORCHARD_DEFAULT_IMAGE", "host
 
 # --- Realtime: exec streams and PTY (docs/realtime.md) --------------------------
 HEDGEROW_STREAM_REPLAY_FRAMES = env_int("HEDGEROW_STREAM_REPLAY_FRAMES", 512)
+# A replay buffer expires this long after its last frame (never longer: Redis memory).
 HEDGEROW_STREAM_REPLAY_TTL_S = env_int("HEDGEROW_STREAM_REPLAY_TTL_S", 600)
+# Frame bytes a replay buffer keeps per operation; beyond it the oldest frames go and
+# a subscriber asking for them gets an exec.gap frame (docs/realtime.md).
+HEDGEROW_STREAM_REPLAY_MAX_BYTES = env_int("HEDGEROW_STREAM_REPLAY_MAX_BYTES", 1024 * 1024)
 HEDGEROW_PTY_MAX_PER_SANDBOX = env_int("HEDGEROW_PTY_MAX_PER_SANDBOX", 4)
 HEDGEROW_PTY_MAX_PER_TENANT = env_int("HEDGEROW_PTY_MAX_PER_TENANT", 32)
 HEDGEROW_WS_MAX_MESSAGES_PER_S = env_int("HEDGEROW_WS_MAX_MESSAGES_PER_S", 200)
+# How often an open websocket re-checks its key or session (revocation, expiry, role,
+# team disabled, membership removed, sign-out); it closes with 4401/4403 within this.
+HEDGEROW_WS_REVALIDATE_S = env_float("HEDGEROW_WS_REVALIDATE_S", 3.0)
 
 LOGGING = {
     "version": 1,

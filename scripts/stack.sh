@@ -15,8 +15,15 @@ WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
 APT_PACKAGES="postgresql redis-server bubblewrap btrfs-progs nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static"
 
+# Redis's memory bound (docs/operations.md says how to size it). Only keys with a TTL
+# may be evicted: Celery's queues and bindings have none, every replay buffer has one.
+REDIS_MAXMEMORY="${HEDGEROW_REDIS_MAXMEMORY:-512mb}"
+REDIS_POLICY="volatile-lru"
+
 export HEDGEROW_DB_PORT="$PG_PORT"
-export HEDGEROW_REDIS_URL="${HEDGEROW_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
+# The app reads the passwords from $STATE (controlplane/env.py): no URL with a
+# password is exported from here. HEDGEROW_REDIS_URL, when set, is used verbatim.
+export HEDGEROW_REDIS_PORT="$REDIS_PORT"
 export HEDGEROW_STATE_DIR="$STATE"
 
 log() { printf '\033[1m[hedgerow]\033[0m %s\n' "$*"; }
@@ -79,44 +86,128 @@ build_frontend() {
   fi
 }
 
+state_secret() {  # file: one random credential per installation (0600, git-ignored)
+  mkdir -p "$STATE"
+  if [ ! -s "$1" ]; then
+    # hex: safe unquoted in a URL, a libpq conninfo and SQL
+    (umask 077 && od -An -tx1 -N24 /dev/urandom | tr -d ' \n' >"$1")
+  fi
+}
+
+pg_hba_secure() {  # data dir: password (SCRAM) for every connection, loopback only
+  cat >"$1/pg_hba.conf" <<'HBA'
+# Written by scripts/stack.sh: every connection needs the password in .state/db_password.
+local   all   all                  scram-sha-256
+host    all   all   127.0.0.1/32   scram-sha-256
+host    all   all   ::1/128        scram-sha-256
+HBA
+  chown postgres:postgres "$1/pg_hba.conf"
+  chmod 0600 "$1/pg_hba.conf"
+}
+
 pg_up() {
   mkdir -p "$STATE" "$RUN" "$LOGS"
-  local data="$STATE/postgres"
+  local data="$STATE/postgres" pwfile="$STATE/db_password"
+  state_secret "$pwfile"
   if [ ! -s "$data/PG_VERSION" ]; then
     log "creating a private Postgres cluster in $data"
     mkdir -p "$data"
     chown -R postgres:postgres "$data"
-    runuser -u postgres -- "$PG_BIN/initdb" -A trust -U hedgerow -D "$data" >/dev/null
+    # initdb runs as postgres and cannot read our 0600 file: a private copy for it.
+    local tmp; tmp="$(mktemp -d)"
+    install -m 0600 -o postgres "$pwfile" "$tmp/pw"
+    chown postgres "$tmp"
+    runuser -u postgres -- "$PG_BIN/initdb" -A scram-sha-256 --pwfile="$tmp/pw" \
+      -U hedgerow -D "$data" >/dev/null
+    rm -rf "$tmp"
+    pg_hba_secure "$data"
   fi
   chown postgres:postgres "$data"
-  if runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-    return 0
+  if ! runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    # Crash-safe by default: fsync and full-page writes on (a power cut cannot corrupt
+    # the cluster); commits are asynchronous (an OS crash may lose the last ~0.6 s of
+    # commits, never consistency). HEDGEROW_PG_UNSAFE_FAST=1 turns fsync and full-page
+    # writes off for a throwaway cluster (a scratch CI machine), never for real data.
+    local durability="-c synchronous_commit=off"
+    if [ "${HEDGEROW_PG_UNSAFE_FAST:-0}" = 1 ]; then
+      durability="$durability -c fsync=off -c full_page_writes=off"
+    fi
+    log "starting Postgres on 127.0.0.1:$PG_PORT"
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" -w -l "$data/server.log" \
+      -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=400 $durability" start >/dev/null
   fi
-  # Crash-safe by default: fsync and full-page writes on (a power cut cannot corrupt
-  # the cluster); commits are asynchronous (an OS crash may lose the last ~0.6 s of
-  # commits, never consistency). HEDGEROW_PG_UNSAFE_FAST=1 turns fsync and full-page
-  # writes off for a throwaway cluster (a scratch CI machine), never for real data.
-  local durability="-c synchronous_commit=off"
-  if [ "${HEDGEROW_PG_UNSAFE_FAST:-0}" = 1 ]; then
-    durability="$durability -c fsync=off -c full_page_writes=off"
-  fi
-  log "starting Postgres on 127.0.0.1:$PG_PORT"
-  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" -w -l "$data/server.log" \
-    -o "-p $PG_PORT -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=400 $durability" start >/dev/null
-  "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow -d postgres -tAc \
+  pg_upgrade_auth "$data" "$pwfile"
+  PGPASSWORD="$(cat "$pwfile")" "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow -d postgres -tAc \
     "SELECT 1 FROM pg_database WHERE datname='hedgerow'" | grep -q 1 || \
-    "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow hedgerow
+    PGPASSWORD="$(cat "$pwfile")" "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U hedgerow hedgerow
+}
+
+pg_upgrade_auth() {  # data dir, password file
+  # A cluster made before credentials (initdb -A trust: any local user was superuser)
+  # is upgraded in place, idempotently: set the password over the still-trusted
+  # connection, then require it everywhere and reload. Nothing to do once no rule trusts.
+  grep -Eq '^[[:space:]]*[^#[:space:]].*[[:space:]]trust([[:space:]]|$)' "$1/pg_hba.conf" || return 0
+  log "requiring a password for Postgres (was trust authentication)"
+  # The statement goes through stdin: a password never appears in a process list.
+  printf "ALTER ROLE hedgerow WITH PASSWORD '%s';\n" "$(cat "$2")" | \
+    "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$PG_PORT" -U hedgerow -d postgres -v ON_ERROR_STOP=1 -f - >/dev/null
+  pg_hba_secure "$1"
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$1" reload >/dev/null
+  # reload is asynchronous: wait until a password-less connection is refused
+  for _ in $(seq 50); do
+    PGPASSFILE=/nonexistent "$PG_BIN/psql" -X -w -h 127.0.0.1 -p "$PG_PORT" -U hedgerow -d postgres \
+      -tAc 'SELECT 1' >/dev/null 2>&1 || return 0
+    sleep 0.1
+  done
+  echo "Postgres still accepts connections without a password" >&2; exit 1
+}
+
+redis_conf() {  # the config file (0600: it holds the password)
+  (umask 077 && cat >"$STATE/redis/redis.conf" <<CONF
+# Written by scripts/stack.sh (make up / make test).
+port $REDIS_PORT
+bind 127.0.0.1
+protected-mode yes
+requirepass $(cat "$STATE/redis_password")
+maxmemory $REDIS_MAXMEMORY
+maxmemory-policy $REDIS_POLICY
+save ""
+appendonly no
+daemonize yes
+dir $STATE/redis
+pidfile $RUN/redis.pid
+logfile $STATE/redis/redis.log
+CONF
+)
 }
 
 redis_up() {
   mkdir -p "$STATE/redis" "$RUN"
-  if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return 0; fi
-  log "starting Redis on 127.0.0.1:$REDIS_PORT"
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --save "" \
-    --appendonly no --dir "$STATE/redis" --pidfile "$RUN/redis.pid" \
-    --logfile "$STATE/redis/redis.log"
-  for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "Redis did not start" >&2; exit 1
+  state_secret "$STATE/redis_password"
+  redis_conf
+  # redis-cli reads the password from REDISCLI_AUTH, never from its command line.
+  local auth; auth="$(cat "$STATE/redis_password")"
+  if redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
+    # started before credentials: require the password from now on (in place, so
+    # nothing queued is lost; open connections stay authenticated)
+    log "requiring a password for Redis (it had none)"
+    printf 'CONFIG SET requirepass %s\n' "$auth" | redis-cli -p "$REDIS_PORT" | grep -q OK
+  elif REDISCLI_AUTH="$auth" redis-cli --no-auth-warning -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; then
+    :  # ours, with its password: the bound and policy below are (re)applied
+  else
+    log "starting Redis on 127.0.0.1:$REDIS_PORT"
+    redis-server "$STATE/redis/redis.conf"
+    for _ in $(seq 50); do
+      REDISCLI_AUTH="$auth" redis-cli --no-auth-warning -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break
+      sleep 0.1
+    done
+  fi
+  local name value
+  for name in maxmemory maxmemory-policy; do
+    value="$REDIS_MAXMEMORY"; [ "$name" = maxmemory-policy ] && value="$REDIS_POLICY"
+    REDISCLI_AUTH="$auth" redis-cli --no-auth-warning -p "$REDIS_PORT" CONFIG SET "$name" "$value" | grep -q OK || {
+      echo "Redis did not start (or refused CONFIG SET $name; see $STATE/redis/redis.log)" >&2; exit 1; }
+  done
 }
 
 secret_key() {

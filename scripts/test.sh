@@ -14,7 +14,8 @@ RUN_ID="t$$"
 export HEDGEROW_INSTANCE="${HEDGEROW_INSTANCE_OVERRIDE:-$RUN_ID}"
 export HEDGEROW_TEST_DB_NAME="test_hedgerow_${HEDGEROW_INSTANCE}"
 export HEDGEROW_DB_PORT="${HEDGEROW_DB_PORT:-55432}"
-export HEDGEROW_REDIS_URL="${HEDGEROW_REDIS_URL:-redis://127.0.0.1:56379/0}"
+# Postgres and Redis passwords: settings read them from $HEDGEROW_STATE_DIR (stack.sh).
+export HEDGEROW_REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 
 if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check . >/dev/null || {
@@ -22,7 +23,8 @@ if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   echo "== mypy --strict"; .venv/bin/mypy
   echo "== import-layer contract"; .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
   echo "== makemigrations --check"; .venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
-  echo "== docker-compose config"; HEDGEROW_SECRET_KEY=validation-only docker-compose -f docker-compose.yml config -q
+  echo "== docker-compose config"; HEDGEROW_SECRET_KEY=validation-only HEDGEROW_DB_PASSWORD=validation-only \
+    HEDGEROW_REDIS_PASSWORD=validation0only docker-compose -f docker-compose.yml config -q
   # offline: kustomize build only (apply --dry-run needs a cluster); the schema and
   # RBAC/policy checks run in apps/sandboxes/backends/kubernetes/tests/test_manifests.py
   echo "== kubectl kustomize"; for d in deploy/base deploy/overlays/*/; do

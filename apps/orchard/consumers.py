@@ -25,6 +25,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from apps.billing.auth import principal_for_key
 from apps.billing.principal import Principal
+from apps.billing.revalidate import Lost, watch_principal
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.pty import (
     SIGNALS,
@@ -106,6 +107,17 @@ class OrchardPtyConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.limits = found[1], found[2]
         self.principal = principal
         self._tasks.append(asyncio.create_task(self._init_deadline()))
+        # A key revoked (or expired, or its team disabled) while the terminal is open
+        # closes it within HEDGEROW_WS_REVALIDATE_S (docs/realtime.md).
+        self._tasks.append(
+            asyncio.create_task(
+                watch_principal(principal, None, closed=lambda: self.done, on_lost=self._lost)
+            )
+        )
+
+    async def _lost(self, lost: Lost) -> None:
+        await self._send({"type": "error", "code": lost.code, "message": lost.message})
+        await self._finish(lost.close_code)
 
     async def _init_deadline(self) -> None:
         try:

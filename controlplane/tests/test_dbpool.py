@@ -17,7 +17,11 @@ from controlplane.pgpool.base import DatabaseWrapper
 def _conninfo() -> str:
     s = connection.settings_dict
     return psycopg.conninfo.make_conninfo(
-        dbname=s["NAME"], user=s["USER"], host=s["HOST"], port=str(s["PORT"])
+        dbname=s["NAME"],
+        user=s["USER"],
+        password=s["PASSWORD"] or None,
+        host=s["HOST"],
+        port=str(s["PORT"]),
     )
 
 

@@ -20,7 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)  # an idle connection, as i
 def _conninfo() -> str:
     s = connection.settings_dict
     return psycopg.conninfo.make_conninfo(
-        dbname=s["NAME"], user=s["USER"], host=s["HOST"], port=str(s["PORT"])
+        dbname=s["NAME"],
+        user=s["USER"],
+        password=s["PASSWORD"] or None,
+        host=s["HOST"],
+        port=str(s["PORT"]),
     )
 
 

@@ -3,6 +3,7 @@ error frames, and limits on what a client may send."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -12,6 +13,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from apps.billing.principal import Principal
+from apps.billing.revalidate import Lost, watch_principal
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,26 @@ class HedgerowConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         except Exception:
             log.exception("websocket connect failed")
             await self.fail("internal_error", "internal error", close_code=4500)
+        if not self.closed:
+            # The handshake's check is not forever: a revoked key, a removed member or
+            # a signed-out session closes the socket within HEDGEROW_WS_REVALIDATE_S.
+            session = self.scope.get("session")
+            self._revalidation = asyncio.create_task(
+                watch_principal(
+                    principal,
+                    getattr(session, "session_key", None) if principal.user else None,
+                    closed=lambda: self.closed,
+                    on_lost=self._credential_lost,
+                )
+            )
+
+    async def _credential_lost(self, lost: Lost) -> None:
+        # closed first: what the teardown reports (the terminal ended) must not win
+        await self.fail(lost.code, lost.message, close_code=lost.close_code)
+        await self.on_credential_lost()
+
+    async def on_credential_lost(self) -> None:
+        """Subclasses: stop what the socket drives (a terminal) before it closes."""
 
     async def on_connect(self) -> None:
         """Subclasses: check permission on the URL's objects and start."""

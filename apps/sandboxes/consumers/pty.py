@@ -207,6 +207,9 @@ class PtyConsumer(HedgerowConsumer):
             with contextlib.suppress(Exception):
                 await slots.release()
 
+    async def on_credential_lost(self) -> None:
+        await self._teardown()  # ends the agent session: its processes are killed
+
     async def disconnect(self, code: int) -> None:
         self.closed = True
         for task in getattr(self, "tasks", []):

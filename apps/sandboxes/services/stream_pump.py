@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from apps.sandboxes.agent_client import AgentError
-from apps.sandboxes.services import streaming
+from apps.sandboxes.services import replay, streaming
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +76,7 @@ def _db(fn: Any) -> Any:
 
 async def _append(redis: aioredis.Redis, operation_pk: str, frame: dict[str, Any]) -> bool:
     data = json.dumps(frame, separators=(",", ":"))
-    key = streaming.frames_key(operation_pk)
-    pipe = redis.pipeline(transaction=False)
-    pipe.xadd(
-        key,
-        {"f": data},
-        id=f"0-{frame['seq'] + 1}",
-        maxlen=settings.HEDGEROW_STREAM_REPLAY_FRAMES,
-        approximate=True,
-    )
-    pipe.expire(key, streaming.RUNNING_BUFFER_TTL_S)
-    try:
-        await pipe.execute()
-    except aioredis.ResponseError:
+    if not await replay.append_async(redis, operation_pk, int(frame["seq"]), data):
         return False  # already stored (a re-attach re-sends early frames)
     layer = get_channel_layer()
     if layer is not None:

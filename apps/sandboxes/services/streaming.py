@@ -35,6 +35,7 @@ from apps.billing.principal import Principal
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, State
+from apps.sandboxes.services import replay
 from apps.sandboxes.services.operations import (
     ExecRequest,
     _agent_timeout,
@@ -44,17 +45,13 @@ from apps.sandboxes.services.operations import (
     operation_record_result,
     operation_start,
 )
+from apps.sandboxes.services.replay import frames_key as frames_key
 
 log = logging.getLogger(__name__)
 
 PUMP_TTL_S = 15
 HEARTBEAT_INTERVAL_S = 5.0
-RUNNING_BUFFER_TTL_S = 24 * 3600
 REATTACH_ATTEMPTS = 3
-
-
-def frames_key(operation_pk: str) -> str:
-    return f"{settings.REDIS_KEY_PREFIX}opstream:{operation_pk}"
 
 
 def pump_key(operation_pk: str) -> str:
@@ -144,22 +141,9 @@ def pump_alive(operation_pk: str) -> bool:
 # -- the replay buffer ----------------------------------------------------------
 def buffer_append(*, operation_pk: str, frame: dict[str, Any]) -> None:
     """Appends a frame (ids are ``0-<seq+1>``, so duplicates are refused by Redis) and
-    wakes the operation's group. Bounded: at most HEDGEROW_STREAM_REPLAY_FRAMES kept."""
+    wakes the operation's group. Bounded in bytes, frames and time (services/replay.py)."""
     data = json.dumps(frame, separators=(",", ":"))
-    key = frames_key(operation_pk)
-    pipe = redis_client().pipeline(transaction=False)
-    pipe.xadd(
-        key,
-        {"f": data},
-        id=f"0-{frame['seq'] + 1}",
-        maxlen=settings.HEDGEROW_STREAM_REPLAY_FRAMES,
-        approximate=True,
-    )
-    ttl = settings.HEDGEROW_STREAM_REPLAY_TTL_S if frame["type"] == "exec.exit" else None
-    pipe.expire(key, ttl or RUNNING_BUFFER_TTL_S)
-    try:
-        pipe.execute()
-    except redis.ResponseError:
+    if not replay.append(redis_client(), operation_pk, int(frame["seq"]), data):
         return  # an id at or below the top: this frame is already stored
     layer = get_channel_layer()
     if layer is not None:

@@ -168,7 +168,11 @@ def test_it_lets_one_reconciler_act_while_another_holds_the_lock(make_tenant: An
     ready = _sandbox(tenant, READY)
     params = connection.get_connection_params()
     with psycopg.connect(
-        dbname=params["dbname"], user=params["user"], host=params["host"], port=params["port"]
+        dbname=params["dbname"],
+        user=params["user"],
+        password=params.get("password"),
+        host=params["host"],
+        port=params["port"],
     ) as other:
         other.execute("SELECT pg_advisory_lock(%s)", [reconcile._lock_key()])
         run = sandbox_reconcile()

@@ -25,7 +25,11 @@ PID = Statement(b"t_pid", b"SELECT pg_backend_pid()")
 def _conninfo() -> str:
     db = connections["default"].settings_dict
     return psycopg.conninfo.make_conninfo(
-        dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=str(db["PORT"])
+        dbname=db["NAME"],
+        user=db["USER"],
+        password=db["PASSWORD"] or None,
+        host=db["HOST"],
+        port=str(db["PORT"]),
     )
 
 
