@@ -13,7 +13,7 @@ PG_PORT="${HEDGEROW_DB_PORT:-55432}"
 REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
-APT_PACKAGES="postgresql redis-server bubblewrap nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static"
+APT_PACKAGES="postgresql redis-server bubblewrap nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static skopeo docker-registry apache2-utils"
 
 export HEDGEROW_DB_PORT="$PG_PORT"
 export HEDGEROW_REDIS_URL="${HEDGEROW_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
@@ -37,6 +37,11 @@ install_system() {
   command -v npm >/dev/null || missing+=(nodejs npm)
   # images without python3 (the agent-bundle and zygote tests build one from busybox)
   command -v busybox >/dev/null || missing+=(busybox-static)
+  # OCI images (docs/images.md): skopeo pulls; the tests run Debian's reference
+  # registry on loopback with htpasswd (bcrypt) auth
+  command -v skopeo >/dev/null || missing+=(skopeo)
+  command -v docker-registry >/dev/null || missing+=(docker-registry)
+  command -v htpasswd >/dev/null || missing+=(apache2-utils)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing system packages: ${missing[*]}"
     as_root apt-get update -qq
