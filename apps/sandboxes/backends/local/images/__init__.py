@@ -1,0 +1,40 @@
+"""OCI images for the local backend: pull, verify, store once, unpack for overlayfs.
+
+Plain Python (no Django), like the rest of the local backend. See docs/images.md.
+"""
+
+from .errors import (
+    DigestMismatch,
+    DiskExhausted,
+    ImageError,
+    ImageNotFound,
+    ImageStoreError,
+    InvalidReference,
+    LayerRefused,
+    RegistryUnauthorized,
+    RegistryUnreachable,
+    UnsupportedPlatform,
+)
+from .reference import Reference, parse
+from .skopeo import Credentials
+from .store import ImageConfig, ImageRecord, ImageStore, LayerInfo
+
+__all__ = [
+    "Credentials",
+    "DigestMismatch",
+    "DiskExhausted",
+    "ImageConfig",
+    "ImageError",
+    "ImageNotFound",
+    "ImageRecord",
+    "ImageStore",
+    "ImageStoreError",
+    "InvalidReference",
+    "LayerInfo",
+    "LayerRefused",
+    "Reference",
+    "RegistryUnauthorized",
+    "RegistryUnreachable",
+    "UnsupportedPlatform",
+    "parse",
+]
