@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -75,6 +76,7 @@ class ImageRecord:
     reference: str  # as last pulled, normalised (docker.io/library/…)
     digest: str  # the image manifest's digest: what a sandbox records it ran
     index_digest: str | None  # the index it was resolved from, if any
+    config_digest: str
     platform: str  # os/arch
     layers: list[LayerInfo]  # bottom first, as in the manifest
     config: ImageConfig
@@ -114,13 +116,47 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 @contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
+def _flock(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, mode)
         yield
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _progress(blobs: Path, total: int, layers: int, emit: Progress) -> Iterator[None]:
+    """Emit {"phase": "fetching", "bytes", "total"} while skopeo writes into blobs
+    (its partial files included), every 0.25 s when the count moved."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        last = -1
+        while not stop.wait(0.25):
+            done = 0
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(blobs):
+                    with contextlib.suppress(OSError):
+                        done += entry.stat(follow_symlinks=False).st_size
+            if done != last:
+                last = done
+                emit(
+                    {
+                        "phase": "fetching",
+                        "layers": layers,
+                        "bytes": min(done, total),
+                        "total": total,
+                    }
+                )
+
+    t = threading.Thread(target=poll, name="image-pull-progress", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 class ImageStore:
@@ -148,7 +184,15 @@ class ImageStore:
         self.staging = root / "staging"
         self.locks = root / "locks"
         self.tmp = root / "tmp"
-        for d in (self.blobs, self.layers_dir, self.images_dir, self.refs_dir, self.staging):
+        self.leases = root / "leases"
+        for d in (
+            self.blobs,
+            self.layers_dir,
+            self.images_dir,
+            self.refs_dir,
+            self.staging,
+            self.leases,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         for d in (self.locks, self.tmp):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -194,7 +238,12 @@ class ImageStore:
         *,
         credentials: Credentials | None = None,
         progress: Progress | None = None,
+        lease: str | None = None,
     ) -> ImageRecord:
+        """Pull reference (always asking the registry, with these credentials) and
+        return its record. lease: a holder name (the sandbox id) whose lease on the
+        image is taken before the pull ends, so collection cannot remove it between
+        the pull and the sandbox's mount; ``release(holder)`` drops it."""
         ref = parse(reference)
         emit = progress or (lambda _e: None)
         insecure = self.is_insecure(ref)
@@ -223,13 +272,18 @@ class ImageStore:
                     str(ref), f"unsupported manifest type {self._media_type(doc)!r}"
                 )
             emit({"phase": "resolved", "digest": digest})
-            with _flock(self.locks / f"{_hex(digest)}.lock"):
+            with (
+                _flock(self.locks / "collect.lock", fcntl.LOCK_SH),
+                _flock(self.locks / f"{_hex(digest)}.lock"),
+            ):
                 rec = self.get(digest)
                 if rec is None or not all(self.layer_path(x.digest).is_dir() for x in rec.layers):
                     rec = self._fetch(ref, digest, index_digest, raw, doc, auth, insecure, emit)
                 rec.reference = str(ref)
                 rec.last_used = time.time()
                 _write_json(self.images_dir / f"{_hex(digest)}.json", asdict(rec))
+                if lease is not None:
+                    self._lease(lease, digest)
         ref_key = hashlib.sha256(str(ref).encode()).hexdigest()[:32]
         _write_json(self.refs_dir / f"{ref_key}.json", {"reference": str(ref), "digest": digest})
         emit({"phase": "done", "digest": digest})
@@ -293,8 +347,10 @@ class ImageStore:
             elif not have.exists():
                 missing += int(d.get("size", 0))
         self._guard_disk(ref, missing, layer_descs)
-        emit({"phase": "fetching", "layers": len(layer_descs), "bytes": missing})
-        self.skopeo.copy(ref, digest, stage, auth, insecure)
+        total = sum(int(d.get("size", 0)) for d in wanted)
+        with _progress(stage_blobs, total, len(layer_descs), emit):
+            self.skopeo.copy(ref, digest, stage, auth, insecure)
+        emit({"phase": "fetched", "layers": len(layer_descs), "bytes": total, "total": total})
         if self.fault_hook:
             self.fault_hook("blobs_fetched")
         for d in wanted:
@@ -321,6 +377,7 @@ class ImageStore:
             reference=str(ref),
             digest=digest,
             index_digest=index_digest,
+            config_digest=str(config_desc["digest"]),
             platform="/".join(self.platform),
             layers=layers,
             config=ImageConfig(
@@ -404,3 +461,77 @@ class ImageStore:
                 shutil.rmtree(work, ignore_errors=True)
                 raise
             return size
+
+    # ---- leases and collection -----------------------------------------------------
+
+    def _lease(self, holder: str, digest: str) -> None:
+        if not holder or "/" in holder or holder.startswith("."):
+            raise ValueError(f"bad lease holder {holder!r}")
+        _write_json(self.leases / holder, {"digest": digest})
+
+    def release(self, holder: str) -> None:
+        """Drop holder's lease (the sandbox is gone). Idempotent."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.leases / holder)
+
+    def leased(self) -> dict[str, str]:
+        """holder → image digest, for every lease (the reconciler's inventory)."""
+        out = {}
+        for p in self.leases.iterdir():
+            if not p.name.startswith("."):
+                out[p.name] = str(json.loads(p.read_text())["digest"])
+        return out
+
+    def usage(self) -> int:
+        """Bytes the cache holds: blobs plus unpacked layers (file contents)."""
+        total = sum(p.stat().st_size for p in self.blobs.iterdir())
+        for d in self.layers_dir.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                total += int(json.loads((d / "layer.json").read_text())["unpacked_size"])
+        return total
+
+    def collect(self, cap_bytes: int, in_use: frozenset[str] = frozenset()) -> list[str]:
+        """Remove least recently used images until the cache holds at most cap_bytes,
+        then every blob and layer no remaining image uses. An image leased or in
+        in_use (digests) is never removed, nor anything it uses. Returns the digests
+        of the images removed. Pulls wait while it runs (and it for them)."""
+        removed: list[str] = []
+        with _flock(self.locks / "collect.lock"):
+            keep = set(in_use) | set(self.leased().values())
+            records = sorted(self.records(), key=lambda r: r.last_used)
+            usage = self.usage()
+            for rec in records:
+                if usage <= cap_bytes:
+                    break
+                if rec.digest in keep:
+                    continue
+                os.unlink(self.images_dir / f"{_hex(rec.digest)}.json")
+                removed.append(rec.digest)
+                usage = self._sweep()
+            for p in self.refs_dir.iterdir():
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    if json.loads(p.read_text())["digest"] in removed:
+                        p.unlink()
+        return removed
+
+    def _sweep(self) -> int:
+        """Delete blobs and layers no image record names; returns the new usage."""
+        used_blobs: set[str] = set()
+        used_layers: set[str] = set()
+        for rec in self.records():
+            used_blobs.update({_hex(rec.digest), _hex(rec.config_digest)})
+            if rec.index_digest:
+                used_blobs.add(_hex(rec.index_digest))
+            for layer in rec.layers:
+                used_blobs.add(_hex(layer.digest))
+                used_layers.add(_hex(layer.digest))
+        for p in self.blobs.iterdir():
+            if p.name not in used_blobs:
+                p.unlink()
+        for d in self.layers_dir.iterdir():
+            if d.name not in used_layers:
+                # out of sight first, so no half-deleted layer is ever a lower dir
+                doomed = self.tmp / f"gc-{d.name}.{uuid.uuid4().hex}"
+                os.rename(d, doomed)
+                shutil.rmtree(doomed)
+        return self.usage()

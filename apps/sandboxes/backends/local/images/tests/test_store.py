@@ -327,3 +327,48 @@ def test_record_and_refs_survive_as_json(registry, store, tmp_path):
     assert store.records() == [rec]
     refs = [json.loads(p.read_text()) for p in store.refs_dir.iterdir()]
     assert refs == [{"reference": rec.reference, "digest": rec.digest}]
+
+
+def test_progress_reports_layers_and_bytes(registry, store, tmp_path):
+    payload = layer([E("big", data=os.urandom(3_000_000))])
+    push(registry, tmp_path, "t/progress", [BB, payload])
+    events: list[dict[str, Any]] = []
+    rec = store.pull(f"{registry.host}/t/progress:v1", credentials=CREDS, progress=events.append)
+    phases = [e["phase"] for e in events]
+    assert phases[0] == "resolved" and phases[-1] == "done"
+    fetched = next(e for e in events if e["phase"] == "fetched")
+    assert fetched["bytes"] == fetched["total"] == rec.size and fetched["layers"] == 2
+    assert [e["layer"] for e in events if e["phase"] == "unpacked"] == [1, 2]
+    # bytes never go backwards while fetching
+    counts = [e["bytes"] for e in events if e["phase"] == "fetching"]
+    assert counts == sorted(counts)
+
+
+def test_collection_removes_lru_images_but_never_a_leased_one(registry, store, tmp_path):
+    for name in ("old-leased", "old", "new"):
+        push(registry, tmp_path, f"t/gc-{name}", [BB, layer([E(name, data=os.urandom(50_000))])])
+    leased = store.pull(f"{registry.host}/t/gc-old-leased:v1", credentials=CREDS, lease="sb-1")
+    old = store.pull(f"{registry.host}/t/gc-old:v1", credentials=CREDS)
+    new = store.pull(f"{registry.host}/t/gc-new:v1", credentials=CREDS)
+    assert store.leased() == {"sb-1": leased.digest}
+
+    # room for two images' worth: the oldest unleased one goes, nothing else
+    cap = store.usage() - 1
+    assert store.collect(cap) == [old.digest]
+    assert store.get(old.digest) is None
+    assert not store.layer_path(old.layers[1].digest).exists()
+    assert not (store.blobs / old.layers[1].digest.split(":")[1]).exists()
+    # the busybox layer is shared with the images that stay: kept
+    assert store.layer_path(old.layers[0].digest).is_dir()
+    for rec in (leased, new):
+        assert all(p.is_dir() for p in store.lower_dirs(rec))
+
+    # even a cap of 0 keeps the leased image and what it uses, and in_use ones
+    assert store.collect(0, in_use=frozenset({new.digest})) == []
+    assert store.collect(0) == [new.digest]
+    assert [r.digest for r in store.records()] == [leased.digest]
+    assert all(p.is_dir() for p in store.lower_dirs(leased))
+    store.release("sb-1")
+    assert store.collect(0) == [leased.digest]
+    assert list(store.layers_dir.iterdir()) == [] and list(store.blobs.iterdir()) == []
+    assert list(store.refs_dir.iterdir()) == []
