@@ -24,8 +24,8 @@ from apps.sandboxes.backends.local.images.overlay import (
     unmount_rootfs,
     userns_fd,
 )
-from apps.sandboxes.backends.local.images.tests.conftest import PASSWORD, USER, Registry
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
+from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
 

@@ -24,8 +24,8 @@ from apps.sandboxes.backends.local.images import (
     RegistryUnreachable,
     UnsupportedPlatform,
 )
-from apps.sandboxes.backends.local.images.tests.conftest import PASSWORD, USER, Registry
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
+from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
 
 CREDS = Credentials(USER, PASSWORD)
 BB = busybox_layer()
