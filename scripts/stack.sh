@@ -46,6 +46,11 @@ install_system() {
     log "installing system packages: ${missing[*]}"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # the docker-registry package enables a machine-wide registry on :5000; the tests
+    # only run their own on loopback, so one we just installed is stopped again
+    if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null; then
+      as_root systemctl disable --now docker-registry >/dev/null 2>&1 || true
+    fi
     PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
   fi
 }
