@@ -24,6 +24,7 @@ from apps.sandboxes.backends.local.images import (
     RegistryUnreachable,
     UnsupportedPlatform,
 )
+from apps.sandboxes.backends.local.images.skopeo import Skopeo
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
 
@@ -220,9 +221,11 @@ def test_unknown_image_and_unreachable_registry_typed(registry, store):
     with pytest.raises(ImageNotFound, match="manifest unknown") as e:
         store.pull(f"{registry.host}/t/no-such-image:v1", credentials=CREDS)
     assert e.value.code == "image_not_found"
-    # a loopback port nobody listens on (the registry's own, shifted past its range)
-    with pytest.raises(RegistryUnreachable, match="connection refused"):
-        store.pull("127.0.0.1:1/t/x:v1")
+    # a loopback port nobody listens on; no retries (skopeo backs off between them)
+    quick = ImageStore(store.root, skopeo=Skopeo(retry_times=0))
+    with pytest.raises(RegistryUnreachable, match="connection refused") as e2:
+        quick.pull("127.0.0.1:1/t/x:v1")
+    assert e2.value.code == "registry_unreachable"
 
 
 def test_tampered_blob_refused_and_not_stored(registry, store, tmp_path):
@@ -372,3 +375,29 @@ def test_collection_removes_lru_images_but_never_a_leased_one(registry, store, t
     assert store.collect(0) == [leased.digest]
     assert list(store.layers_dir.iterdir()) == [] and list(store.blobs.iterdir()) == []
     assert list(store.refs_dir.iterdir()) == []
+
+
+def test_blob_corrupted_in_staging_after_a_crash_is_refused_then_fetched_again(
+    registry, store, tmp_path
+):
+    top = layer([E("c", data=b"content")])
+    push(registry, tmp_path, "t/staged", [BB, top])
+    ref = f"{registry.host}/t/staged:v1"
+    top_hex = hashlib.sha256(top[0]).hexdigest()
+
+    def crash(stage: str) -> None:
+        raise KeyboardInterrupt(stage)
+
+    store.fault_hook = crash
+    with pytest.raises(KeyboardInterrupt):
+        store.pull(ref, credentials=CREDS)
+    staged = next(store.staging.glob(f"*/blobs/sha256/{top_hex}"))
+    staged.write_bytes(b"bit rot")  # skopeo trusts a blob the layout already has
+
+    store.fault_hook = None
+    with pytest.raises(DigestMismatch, match=top_hex):
+        store.pull(ref, credentials=CREDS)
+    assert not staged.exists() and not (store.blobs / top_hex).exists()
+    rec = store.pull(ref, credentials=CREDS)  # fetched again, verified
+    assert (store.lower_dirs(rec)[0] / "c").read_bytes() == b"content"
+    assert registry.blob_gets("t/staged", "sha256:" + top_hex) == 2
