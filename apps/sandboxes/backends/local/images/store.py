@@ -278,7 +278,14 @@ class ImageStore:
             ):
                 rec = self.get(digest)
                 if rec is None or not all(self.layer_path(x.digest).is_dir() for x in rec.layers):
-                    rec = self._fetch(ref, digest, index_digest, raw, doc, auth, insecure, emit)
+                    try:
+                        rec = self._fetch(ref, digest, index_digest, raw, doc, auth, insecure, emit)
+                    except errors.ImageError:
+                        # a refused pull keeps nothing to resume (verified blobs and
+                        # layers it stored are swept by the next collect); a crash
+                        # (any other exception, or none at all) keeps its staging
+                        shutil.rmtree(self.staging / _hex(digest), ignore_errors=True)
+                        raise
                 rec.reference = str(ref)
                 rec.last_used = time.time()
                 _write_json(self.images_dir / f"{_hex(digest)}.json", asdict(rec))
@@ -499,7 +506,7 @@ class ImageStore:
         with _flock(self.locks / "collect.lock"):
             keep = set(in_use) | set(self.leased().values())
             records = sorted(self.records(), key=lambda r: r.last_used)
-            usage = self.usage()
+            usage = self._sweep()  # what failed pulls stored but no image uses
             for rec in records:
                 if usage <= cap_bytes:
                     break

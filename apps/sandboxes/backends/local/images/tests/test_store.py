@@ -179,6 +179,10 @@ def test_dangerous_layers_refused_and_nothing_kept(registry, store, tmp_path, ba
     assert len(list(store.layers_dir.iterdir())) == 1
     assert list(store.images_dir.iterdir()) == []
     assert [p for p in store.tmp.iterdir() if p.name.startswith("layer-")] == []
+    assert list(store.staging.iterdir()) == []
+    # what the refused pull stored is used by no image: the next collect sweeps it
+    assert store.collect(cap_bytes=1 << 40) == []
+    assert list(store.layers_dir.iterdir()) == [] and list(store.blobs.iterdir()) == []
 
 
 def test_path_through_a_symlink_of_the_layer_refused(registry, store, tmp_path):
