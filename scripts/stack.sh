@@ -13,7 +13,7 @@ PG_PORT="${HEDGEROW_DB_PORT:-55432}"
 REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
-APT_PACKAGES="postgresql redis-server bubblewrap nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static skopeo docker-registry apache2-utils"
+APT_PACKAGES="postgresql redis-server bubblewrap nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static skopeo docker-registry apache2-utils mmdebstrap"
 
 export HEDGEROW_DB_PORT="$PG_PORT"
 export HEDGEROW_REDIS_URL="${HEDGEROW_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
@@ -42,6 +42,8 @@ install_system() {
   command -v skopeo >/dev/null || missing+=(skopeo)
   command -v docker-registry >/dev/null || missing+=(docker-registry)
   command -v htpasswd >/dev/null || missing+=(apache2-utils)
+  # a real distribution userland for the image tests, built once per machine
+  command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing system packages: ${missing[*]}"
     as_root apt-get update -qq

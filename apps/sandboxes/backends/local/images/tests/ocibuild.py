@@ -8,10 +8,12 @@ directory, hard link, device node or ``../`` path it wants to see handled.
 from __future__ import annotations
 
 import base64
+import fcntl
 import gzip
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
@@ -82,6 +84,49 @@ def busybox_layer() -> tuple[bytes, str]:
     for applet in ("sh", "ls", "cat", "id", "echo", "touch", "rm", "stat", "env"):
         entries.append(E(f"bin/{applet}", "symlink", link="busybox"))
     return layer(entries)
+
+
+USERLAND_CACHE = Path("/var/cache/hedgerow/userland")
+USERLAND_SUITE = "bookworm"
+USERLAND_PACKAGES = ("python3", "python3-pytest", "git")
+
+
+def userland_layer() -> tuple[Path, str]:
+    """A real distribution userland (Debian minbase with python3, pytest and git) as a
+    gzipped layer file and its diff id, built with mmdebstrap from the Debian mirror
+    the machine's apt uses, once per machine: cached outside the repo (a few minutes
+    to build, ~100 MB), keyed by suite and packages; concurrent builders wait on a
+    lock. /dev is left empty, as in images (the unpacker refuses device nodes)."""
+    key = hashlib.sha256(f"{USERLAND_SUITE} {' '.join(USERLAND_PACKAGES)} v1".encode())
+    base = USERLAND_CACHE / key.hexdigest()[:16]
+    done = base / "layer.json"
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            raw = base / "rootfs.tar"
+            subprocess.run(
+                [
+                    "mmdebstrap",
+                    "--quiet",
+                    "--variant=minbase",
+                    "--skip=output/dev",
+                    f"--include={','.join(USERLAND_PACKAGES)}",
+                    USERLAND_SUITE,
+                    str(raw),
+                ],
+                check=True,
+                timeout=1800,
+            )
+            diff = hashlib.sha256()
+            with open(raw, "rb") as f, gzip.open(base / "layer.tar.gz.tmp", "wb", 1) as out:
+                while chunk := f.read(1 << 20):
+                    diff.update(chunk)
+                    out.write(chunk)
+            os.replace(base / "layer.tar.gz.tmp", base / "layer.tar.gz")
+            raw.unlink()
+            done.write_text(json.dumps({"diff_id": "sha256:" + diff.hexdigest()}))
+    return base / "layer.tar.gz", str(json.loads(done.read_text())["diff_id"])
 
 
 def _sha(data: bytes) -> str:

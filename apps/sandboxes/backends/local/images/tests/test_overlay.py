@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from apps.sandboxes.backends.local.images import Credentials, ImageRecord, ImageStore
-from apps.sandboxes.backends.local.images.overlay import (
-    mount_rootfs,
-    unmount_rootfs,
-    userns_fd,
-)
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
+from apps.sandboxes.backends.local.images.tests.rootfs import Root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
 
@@ -75,58 +70,6 @@ def image(
     store = ImageStore(tmp / "store")
     rec = store.pull(f"{registry.host}/t/overlay:v1", credentials=Credentials(USER, PASSWORD))
     return store, rec
-
-
-class Root:
-    def __init__(self, tmp: Path, base: int, layers: list[Path]) -> None:
-        self.base = base
-        self.upper, self.work, self.target = tmp / "upper", tmp / "work", tmp / "root"
-        for d in (self.upper, self.work, self.target):
-            d.mkdir(parents=True)
-        os.chown(self.upper, base, base)
-        os.chown(self.work, base, base)
-        self.ns = userns_fd(base)
-        mount_rootfs(layers, self.upper, self.work, self.target, self.ns)
-
-    def sh(self, script: str) -> str:
-        """Run the image's own busybox sh as root of the user namespace, chrooted in.
-
-        The root is reached through an inherited fd: the path to it crosses pytest's
-        0700 tmp dirs, which the range's root may not traverse (nor should it).
-        """
-        dirfd = os.open(self.target, os.O_PATH | os.O_DIRECTORY)
-        try:
-            return self._sh(script, dirfd)
-        finally:
-            os.close(dirfd)
-
-    def _sh(self, script: str, dirfd: int) -> str:
-        out = subprocess.run(
-            [
-                "nsenter",
-                f"--user=/proc/self/fd/{self.ns}",
-                "--setuid=0",
-                "--setgid=0",
-                "unshare",
-                "--mount",
-                "chroot",
-                f"/proc/self/fd/{dirfd}",
-                "/bin/sh",
-                "-c",
-                script,
-            ],
-            capture_output=True,
-            text=True,
-            pass_fds=(self.ns, dirfd),
-            timeout=30,
-            check=False,
-        )
-        assert out.returncode == 0, out.stderr
-        return out.stdout
-
-    def close(self) -> None:
-        unmount_rootfs(self.target)
-        os.close(self.ns)
 
 
 @pytest.fixture
