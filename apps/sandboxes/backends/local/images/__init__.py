@@ -18,6 +18,7 @@ from .errors import (
 from .reference import Reference, parse
 from .skopeo import Credentials
 from .store import ImageConfig, ImageRecord, ImageStore, LayerInfo
+from .user import ImageUserUnknown, resolve_user
 
 __all__ = [
     "Credentials",
@@ -29,6 +30,7 @@ __all__ = [
     "ImageRecord",
     "ImageStore",
     "ImageStoreError",
+    "ImageUserUnknown",
     "InvalidReference",
     "LayerInfo",
     "LayerRefused",
@@ -37,4 +39,5 @@ __all__ = [
     "RegistryUnreachable",
     "UnsupportedPlatform",
     "parse",
+    "resolve_user",
 ]

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from apps.sandboxes.backends.local.images import Credentials, ImageStore
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER
 from apps.sandboxes.backends.local.images.user import ImageUserUnknown, read_merged, resolve_user
+
+# unpacking keeps owners and makes whiteout device nodes: root only, like the
+# local backend's own tests
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="unpacking needs root")
 
 
 @pytest.fixture(scope="module")
