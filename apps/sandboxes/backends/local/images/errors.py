@@ -56,6 +56,12 @@ class LayerRefused(ImageError):
     code = "image_layer_refused"
 
 
+class InvalidArchive(ImageError):
+    """An imported file or directory is not a docker save tarball or an OCI layout."""
+
+    code = "image_archive_invalid"
+
+
 class DiskExhausted(ImageError):
     """The pull would leave less free space than the configured reserve."""
 

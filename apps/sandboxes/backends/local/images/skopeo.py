@@ -133,3 +133,14 @@ class Skopeo:
             f"oci:{layout}",
         ]
         self._run(str(ref), args)
+
+    def copy_from(self, ref: str, source: str, layout: Path) -> None:
+        """Copy a local image (``oci:<dir>``, ``docker-archive:<tar>``) into an OCI
+        layout, resolving an index for this platform."""
+        try:
+            self._run(ref, ["copy", "--quiet", source, f"oci:{layout}"])
+        except (errors.DigestMismatch, errors.DiskExhausted, errors.UnsupportedPlatform):
+            raise
+        except errors.ImageError as e:
+            # no registry is involved: whatever skopeo says is about the archive
+            raise errors.InvalidArchive(ref, e.message) from e

@@ -296,6 +296,56 @@ class ImageStore:
         emit({"phase": "done", "digest": digest})
         return rec
 
+    def import_archive(
+        self,
+        path: Path,
+        reference: str,
+        *,
+        progress: Progress | None = None,
+        lease: str | None = None,
+    ) -> ImageRecord:
+        """Import an image for machines that reach no registry: an OCI image layout
+        (a directory) or a ``docker save`` tarball, recorded under reference (a name
+        of the caller's choosing, e.g. ``import/swe-task:1``). Its blobs are verified
+        and stored like pulled ones; an index is resolved for this platform by skopeo.
+        """
+        ref = parse(reference)
+        emit = progress or (lambda _e: None)
+        if not path.exists():
+            raise errors.ImageNotFound(reference, f"{path}: no such file or directory")
+        source = f"oci:{path}" if path.is_dir() else f"docker-archive:{path}"
+        stage = self.staging / f"import-{uuid.uuid4().hex}"
+        try:
+            with _flock(self.locks / "collect.lock", fcntl.LOCK_SH):
+                self.skopeo.copy_from(reference, source, stage)
+                index = self._json(ref, (stage / "index.json").read_bytes())
+                manifests = index.get("manifests") or []
+                if len(manifests) != 1:
+                    raise errors.ImageStoreError(reference, "the archive holds no single image")
+                digest = str(manifests[0]["digest"])
+                raw = (stage / "blobs" / "sha256" / _hex(digest)).read_bytes()
+                if "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
+                    raise errors.DigestMismatch(reference, f"manifest is not {digest}")
+                doc = self._json(ref, raw)
+                if self._media_type(doc) not in MANIFEST_TYPES:
+                    raise errors.ImageStoreError(reference, "unsupported manifest type")
+                with _flock(self.locks / f"{_hex(digest)}.lock"):
+                    rec = self.get(digest)
+                    if rec is None or not all(
+                        self.layer_path(x.digest).is_dir() for x in rec.layers
+                    ):
+                        rec = self._commit(ref, digest, None, raw, doc, stage, emit)
+                    rec.reference = str(ref)
+                    rec.last_used = time.time()
+                    _write_json(self.images_dir / f"{_hex(digest)}.json", asdict(rec))
+                    if lease is not None:
+                        self._lease(lease, digest)
+        finally:
+            # an import has nothing to resume from: the archive is still there
+            shutil.rmtree(stage, ignore_errors=True)
+        emit({"phase": "done", "digest": digest})
+        return rec
+
     def _json(self, ref: Reference, raw: bytes) -> dict[str, Any]:
         try:
             doc = json.loads(raw)
@@ -360,7 +410,24 @@ class ImageStore:
         emit({"phase": "fetched", "layers": len(layer_descs), "bytes": total, "total": total})
         if self.fault_hook:
             self.fault_hook("blobs_fetched")
-        for d in wanted:
+        return self._commit(ref, digest, index_digest, raw, manifest, stage, emit)
+
+    def _commit(
+        self,
+        ref: Reference,
+        digest: str,
+        index_digest: str | None,
+        raw: bytes,
+        manifest: dict[str, Any],
+        stage: Path,
+        emit: Progress,
+    ) -> ImageRecord:
+        """Verify the staged blobs into the store, unpack the layers, build the record
+        (and drop the staging layout)."""
+        config_desc = manifest["config"]
+        layer_descs = manifest.get("layers", [])
+        stage_blobs = stage / "blobs" / "sha256"
+        for d in [config_desc, *layer_descs]:
             self._store_blob(ref, stage_blobs / _hex(d["digest"]), d["digest"], d.get("size"))
         self._store_bytes(raw, digest)
         config = self._json(ref, (self.blobs / _hex(config_desc["digest"])).read_bytes())
