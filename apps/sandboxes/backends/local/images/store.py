@@ -271,6 +271,7 @@ class ImageStore:
                 raise errors.ImageStoreError(
                     str(ref), f"unsupported manifest type {self._media_type(doc)!r}"
                 )
+            self._check_manifest(str(ref), doc)
             emit({"phase": "resolved", "digest": digest})
             with (
                 _flock(self.locks / "collect.lock", fcntl.LOCK_SH),
@@ -329,6 +330,7 @@ class ImageStore:
                 doc = self._json(ref, raw)
                 if self._media_type(doc) not in MANIFEST_TYPES:
                     raise errors.ImageStoreError(reference, "unsupported manifest type")
+                self._check_manifest(reference, doc)
                 with _flock(self.locks / f"{_hex(digest)}.lock"):
                     rec = self.get(digest)
                     if rec is None or not all(
@@ -356,6 +358,28 @@ class ImageStore:
         return doc
 
     @staticmethod
+    def _check_manifest(ref: str, doc: dict[str, Any]) -> None:
+        """The fields the store reads, with the types it needs: a registry's (or an
+        archive's) bad JSON is a typed error, never a KeyError."""
+
+        def descriptor(d: Any) -> bool:
+            return (
+                isinstance(d, dict)
+                and isinstance(d.get("digest"), str)
+                and isinstance(d.get("size"), int)
+                and not isinstance(d.get("size"), bool)
+                and d["size"] >= 0
+            )
+
+        layers = doc.get("layers")
+        if not descriptor(doc.get("config")) or not isinstance(layers, list):
+            raise errors.ImageStoreError(ref, "manifest has no valid config or layers")
+        if not layers or not all(descriptor(x) for x in layers):
+            raise errors.ImageStoreError(ref, "manifest lists no layers or an invalid one")
+        for d in [doc["config"], *layers]:
+            _hex(d["digest"])
+
+    @staticmethod
     def _media_type(doc: dict[str, Any]) -> str:
         mt = doc.get("mediaType")
         if isinstance(mt, str):
@@ -370,11 +394,16 @@ class ImageStore:
     def _choose(self, ref: Reference, index: dict[str, Any]) -> str:
         os_name, arch = self.platform
         offered = []
-        for m in index.get("manifests", []):
-            p = m.get("platform") or {}
+        manifests = index.get("manifests")
+        for m in manifests if isinstance(manifests, list) else []:
+            p = (m.get("platform") if isinstance(m, dict) else None) or {}
             offered.append(f"{p.get('os')}/{p.get('architecture')}")
             if p.get("os") == os_name and p.get("architecture") == arch:
-                return str(m["digest"])
+                digest = m.get("digest")
+                if not isinstance(digest, str):
+                    raise errors.ImageStoreError(str(ref), "index entry without a digest")
+                _hex(digest)
+                return digest
         raise errors.UnsupportedPlatform(
             str(ref), f"no manifest for {os_name}/{arch}; the index offers {', '.join(offered)}"
         )

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from apps.sandboxes.backends.local.images import ImageStore, InvalidReference, parse
+from apps.sandboxes.backends.local.images import (
+    ImageStore,
+    ImageStoreError,
+    InvalidReference,
+    parse,
+)
 
 DIGEST = "sha256:" + "a" * 64
 
@@ -51,3 +56,26 @@ def test_plain_http_only_for_listed_registries_and_loopback(tmp_path: Path):
     secure = ["registry.lan/a", "registry.lan:5001/a", "docker.io/library/a", "ghcr.io/o/a"]
     assert [store.is_insecure(parse(r)) for r in insecure] == [True] * len(insecure)
     assert [store.is_insecure(parse(r)) for r in secure] == [False] * len(secure)
+
+
+GOOD = {"digest": DIGEST, "size": 1}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {},
+        {"config": GOOD},
+        {"config": GOOD, "layers": []},
+        {"config": GOOD, "layers": "x"},
+        {"config": {"digest": DIGEST}, "layers": [GOOD]},
+        {"config": GOOD, "layers": [{"digest": DIGEST, "size": "1"}]},
+        {"config": GOOD, "layers": [{"digest": "sha256:../../etc/passwd", "size": 1}]},
+        {"config": {"digest": "sha512:" + "a" * 128, "size": 1}, "layers": [GOOD]},
+    ],
+)
+def test_malformed_manifests_are_typed_errors(doc):
+    # a registry's or archive's JSON decides file names under the store: checked first
+    with pytest.raises(ImageStoreError) as e:
+        ImageStore._check_manifest("img", doc)
+    assert e.value.code == "image_store_error"
