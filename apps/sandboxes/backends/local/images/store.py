@@ -225,10 +225,12 @@ class ImageStore:
 
     def touch(self, digest: str) -> None:
         """Mark an image used now (LRU): the launch calls it per sandbox."""
-        rec = self.get(digest)
-        if rec is not None:
-            rec.last_used = time.time()
-            _write_json(self.images_dir / f"{_hex(digest)}.json", asdict(rec))
+        # under the collect lock: a record collected meanwhile must not be rewritten
+        with _flock(self.locks / "collect.lock", fcntl.LOCK_SH):
+            rec = self.get(digest)
+            if rec is not None:
+                rec.last_used = time.time()
+                _write_json(self.images_dir / f"{_hex(digest)}.json", asdict(rec))
 
     # ---- pull ----------------------------------------------------------------------
 

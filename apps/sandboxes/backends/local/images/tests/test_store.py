@@ -409,3 +409,15 @@ def test_blob_corrupted_in_staging_after_a_crash_is_refused_then_fetched_again(
     rec = store.pull(ref, credentials=CREDS)  # fetched again, verified
     assert (store.lower_dirs(rec)[0] / "c").read_bytes() == b"content"
     assert registry.blob_gets("t/staged", "sha256:" + top_hex) == 2
+
+
+def test_touch_makes_an_image_recently_used(registry, store, tmp_path):
+    for name in ("first", "second"):
+        push(registry, tmp_path, f"t/lru-{name}", [layer([E(name, data=os.urandom(20_000))])])
+    first = store.pull(f"{registry.host}/t/lru-first:v1", credentials=CREDS)
+    second = store.pull(f"{registry.host}/t/lru-second:v1", credentials=CREDS)
+    store.touch(first.digest)  # a sandbox started from it now
+    assert store.collect(store.usage() - 1) == [second.digest]
+    assert store.get(first.digest) is not None
+    store.touch(second.digest)  # collected: touching it does not bring the record back
+    assert store.get(second.digest) is None
