@@ -13,7 +13,7 @@ PG_PORT="${HEDGEROW_DB_PORT:-55432}"
 REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
-APT_PACKAGES="postgresql redis-server bubblewrap btrfs-progs nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static"
+APT_PACKAGES="postgresql redis-server bubblewrap btrfs-progs nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static skopeo docker-registry apache2-utils mmdebstrap"
 
 # Redis's memory bound (docs/operations.md says how to size it). Only keys with a TTL
 # may be evicted: Celery's queues and bindings have none, every replay buffer has one.
@@ -45,10 +45,22 @@ install_system() {
   command -v npm >/dev/null || missing+=(nodejs npm)
   # images without python3 (the agent-bundle and zygote tests build one from busybox)
   command -v busybox >/dev/null || missing+=(busybox-static)
+  # OCI images (docs/images.md): skopeo pulls; the tests run Debian's reference
+  # registry on loopback with htpasswd (bcrypt) auth
+  command -v skopeo >/dev/null || missing+=(skopeo)
+  command -v docker-registry >/dev/null || missing+=(docker-registry)
+  command -v htpasswd >/dev/null || missing+=(apache2-utils)
+  # a real distribution userland for the image tests, built once per machine
+  command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing system packages: ${missing[*]}"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # the docker-registry package enables a machine-wide registry on :5000; the tests
+    # only run their own on loopback, so one we just installed is stopped again
+    if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null; then
+      as_root systemctl disable --now docker-registry >/dev/null 2>&1 || true
+    fi
     PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
   fi
 }

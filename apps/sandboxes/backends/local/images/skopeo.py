@@ -1,0 +1,146 @@
+"""The registry side, through Debian's skopeo: fetch manifests (inspect --raw) and blobs
+(copy into an OCI layout), and turn its failures into the store's typed errors.
+
+Credentials never reach argv or the environment: each call gets an ``--authfile`` (0600,
+in a 0700 dir, removed after). An anonymous pull gets an empty one, so the host's own
+docker/containers auth files are never used for a tenant's pull.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import errors
+from .reference import Reference
+
+TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+    def __repr__(self) -> str:  # never print the password
+        return f"Credentials(username={self.username!r}, password=***)"
+
+
+@contextmanager
+def authfile(tmp: Path, registry: str, creds: Credentials | None) -> Iterator[Path]:
+    tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    auths: dict[str, dict[str, str]] = {}
+    if creds is not None:
+        token = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
+        auths[registry] = {"auth": token}
+    fd, name = tempfile.mkstemp(prefix="auth-", suffix=".json", dir=tmp)
+    try:
+        with os.fdopen(fd, "w") as f:  # mkstemp: 0600
+            json.dump({"auths": auths}, f)
+        yield Path(name)
+    finally:
+        os.unlink(name)
+
+
+# skopeo 1.9's messages (containers/image), most specific first
+_CLASSIFY: list[tuple[re.Pattern[str], type[errors.ImageError]]] = [
+    (re.compile(r"digest did not match|digest mismatch", re.I), errors.DigestMismatch),
+    (
+        re.compile(r"unauthorized|authentication required|denied|invalid username/password", re.I),
+        errors.RegistryUnauthorized,
+    ),
+    (re.compile(r"manifest unknown|name unknown|blob unknown", re.I), errors.ImageNotFound),
+    (
+        re.compile(r"no image found in manifest list|choosing image instance", re.I),
+        errors.UnsupportedPlatform,
+    ),
+    (
+        re.compile(
+            r"connection refused|no such host|i/o timeout|dial tcp|tls:|x509|"
+            r"server gave HTTP response to HTTPS client|pinging container registry|"
+            r"connection reset|EOF",
+            re.I,
+        ),
+        errors.RegistryUnreachable,
+    ),
+    (re.compile(r"no space left on device", re.I), errors.DiskExhausted),
+]
+
+
+def _message(stderr: str) -> str:
+    """skopeo's fatal line without its logrus wrapping."""
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else "skopeo failed"
+    m = re.search(r'msg="((?:[^"\\]|\\.)*)"', last)
+    return m.group(1).replace('\\"', '"') if m else last
+
+
+def classify(ref: str, stderr: str) -> errors.ImageError:
+    msg = _message(stderr)
+    for pattern, cls in _CLASSIFY:
+        if pattern.search(msg):
+            return cls(ref, msg)
+    return errors.ImageStoreError(ref, msg)
+
+
+class Skopeo:
+    def __init__(self, binary: str = "skopeo", retry_times: int = 3) -> None:
+        self.binary = binary
+        self.retry_times = retry_times
+
+    def _run(self, ref: str, args: list[str]) -> bytes:
+        try:
+            out = subprocess.run(
+                [self.binary, *args], capture_output=True, timeout=TIMEOUT_S, check=False
+            )
+        except FileNotFoundError as e:
+            raise errors.ImageStoreError(ref, f"{self.binary} is not installed") from e
+        except subprocess.TimeoutExpired as e:
+            raise errors.RegistryUnreachable(ref, f"no answer within {TIMEOUT_S} s") from e
+        if out.returncode != 0:
+            raise classify(ref, out.stderr.decode(errors="replace"))
+        return out.stdout
+
+    def _tls(self, insecure: bool, flag: str) -> list[str]:
+        # --tls-verify=false also lets skopeo fall back to plain HTTP: insecure only
+        return [f"{flag}=false"] if insecure else []
+
+    def manifest(self, ref: Reference, what: str, auth: Path, insecure: bool) -> bytes:
+        """The raw manifest (or index) bytes the registry serves for what (a transport)."""
+        args = ["inspect", "--raw", "--retry-times", str(self.retry_times), "--authfile", str(auth)]
+        return self._run(str(ref), args + self._tls(insecure, "--tls-verify") + [what])
+
+    def copy(self, ref: Reference, digest: str, layout: Path, auth: Path, insecure: bool) -> None:
+        """Fetch the image manifest digest names into the OCI layout (blobs already
+        there are not fetched again)."""
+        args = [
+            "copy",
+            "--quiet",
+            "--retry-times",
+            str(self.retry_times),
+            "--src-authfile",
+            str(auth),
+            *self._tls(insecure, "--src-tls-verify"),
+            ref.with_digest(digest),
+            f"oci:{layout}",
+        ]
+        self._run(str(ref), args)
+
+    def copy_from(self, ref: str, source: str, layout: Path) -> None:
+        """Copy a local image (``oci:<dir>``, ``docker-archive:<tar>``) into an OCI
+        layout, resolving an index for this platform."""
+        try:
+            self._run(ref, ["copy", "--quiet", source, f"oci:{layout}"])
+        except (errors.DigestMismatch, errors.DiskExhausted, errors.UnsupportedPlatform):
+            raise
+        except errors.ImageError as e:
+            # no registry is involved: whatever skopeo says is about the archive
+            raise errors.InvalidArchive(ref, e.message) from e
