@@ -13,7 +13,7 @@ PG_PORT="${HEDGEROW_DB_PORT:-55432}"
 REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
-APT_PACKAGES="postgresql redis-server bubblewrap nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm"
+APT_PACKAGES="postgresql redis-server bubblewrap libseccomp2 util-linux nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm"
 
 export HEDGEROW_DB_PORT="$PG_PORT"
 export HEDGEROW_REDIS_URL="${HEDGEROW_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
@@ -28,6 +28,9 @@ install_system() {
   command -v redis-server >/dev/null || missing+=(redis-server)
   [ -n "$PG_BIN" ] || missing+=(postgresql)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
+  # the sandbox's seccomp filter (podagent/seccomp.py) and user namespaces (nsenter)
+  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || missing+=(libseccomp2)
+  command -v nsenter >/dev/null || missing+=(util-linux)
   command -v nft >/dev/null || missing+=(nftables)
   command -v iptables >/dev/null || missing+=(iptables)
   command -v ip >/dev/null || missing+=(iproute2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import ipaddress
 import json
 import logging
 import os
@@ -25,7 +26,9 @@ from apps.sandboxes.backends.base import (
     UnknownImage,
 )
 
-from . import process
+from podagent import seccomp
+
+from . import idmap, process
 from ._netlink import NETNS_DIR
 from ._sys import (
     SYSTEM_PATH,
@@ -48,7 +51,7 @@ from .config import (
     check_sandbox_id,
 )
 from .network import Network
-from .zygote import ZygoteClient, ZygoteUnavailable, build_pause
+from .zygote import SECCOMP_FD, ZygoteClient, ZygoteUnavailable, build_pause
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,11 @@ class LocalBackend:
         # zygote launch is decided on first use (building pause needs gcc); None: not yet
         self._pause: Path | None = None
         self._zygote_off = not self.isolated or config.agent_launch == "exec"
-        self.zygote = ZygoteClient(config.state_dir, config.podagent_dir)
+        # Machine-wide, outside the state dir: what sandboxes bind (pause, exec launch's
+        # agent sources) shows its source path in their mountinfo, and the zygote's
+        # argv is every agent's cmdline.
+        self.runtime_dir = config.claims_dir.parent
+        self.zygote = ZygoteClient(config.state_dir, config.podagent_dir, self.runtime_dir)
         self.agent_start_timeout = 10.0  # zygote launch: bwrap's setup until pause is ready
         self.sandboxes_dir = config.state_dir / "sandboxes"
         self.images_dir = config.state_dir / "images"
@@ -102,6 +109,7 @@ class LocalBackend:
         # test can simulate a provision that dies halfway.
         self.fault_hook: Callable[[str], None] | None = None
         self._gone_reported: set[tuple[str, int | None]] = set()
+        self._uid_blocks_claimed = False
 
     # ---- images ----------------------------------------------------------------------
 
@@ -171,7 +179,7 @@ class LocalBackend:
         """The pause binary when agents start from the zygote, None for exec launch."""
         if self._pause is None and not self._zygote_off:
             try:
-                self._pause = build_pause(self.config.state_dir / "bin")
+                self._pause = build_pause(self.runtime_dir / "bin")
             except ZygoteUnavailable as exc:
                 if self.config.agent_launch == "zygote":
                     raise
@@ -264,8 +272,13 @@ class LocalBackend:
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
+                if not self._uid_blocks_claimed:
+                    owner = f"{self.config.instance} {self.config.state_dir}"
+                    idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
+                    self._uid_blocks_claimed = True
             ip = self.network.claim_ip(sid)
             meta.update(
+                uid_base=idmap.uid_base(ip),
                 ip=ip,
                 port=self.config.agent_port,
                 netns=self.names.netns(sid),
@@ -285,16 +298,16 @@ class LocalBackend:
             self.network.create(sid, ip, spec.network_access, self._hook)
         cgroup_dirs = self.cgroups.create(sid, limits)
         self._hook("cgroups_created")
-        process.write_token(d / "secret", spec.agent_token)
+        token = process.write_token(d / "secret", spec.agent_token)
+        if self.isolated:
+            # sandbox root (host id uid_base) owns what it may write, and its token
+            paths = [d / "workspace", d / "tmp", d / "secret", token]
+            idmap.chown_tree_top(paths, int(meta["uid_base"]))
         pause = self._zygote_pause() if self.isolated else None
         if pause is not None:
-            meta.update(self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs))
+            meta.update(self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs, meta))
         elif self.isolated:
-            argv = self._bwrap_argv(d, base_args, python=python, bundle=self.config.agent_bundle)
-            argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]
-            pid, start = process.launch_detached(
-                argv, cgroup_dirs=list(cgroup_dirs.values()), log_file=d / "agent.log"
-            )
+            pid, start = self._launch_exec(sid, d, base_args, python, cgroup_dirs, meta)
             meta.update(pid=pid, start_time=start, launch="exec")
         else:
             pid, start = self._launch_unisolated(
@@ -314,6 +327,7 @@ class LocalBackend:
         python: str,
         bundle: Path | None = None,
         pause: Path | None = None,
+        seccomp_fd: int = SECCOMP_FD,
     ) -> list[str]:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
@@ -322,21 +336,75 @@ class LocalBackend:
             workspace=d / "workspace",
             tmp=d / "tmp",
             secret_dir=d / "secret",
-            podagent_dir=self.config.podagent_dir,
+            podagent_dir=self._published_podagent() if pause is None else self.config.podagent_dir,
             python=python,
             port=self.config.agent_port,
+            seccomp_fd=seccomp_fd,
             agent_bundle=bundle,
             pause=pause,
         )
 
+    def _published_podagent(self) -> Path:
+        return process.publish_podagent(
+            self.config.podagent_dir, self.runtime_dir, self.zygote.version
+        )
+
+    def _launch_exec(
+        self,
+        sid: str,
+        d: Path,
+        base_args: list[str],
+        python: str,
+        cgroup_dirs: dict[str, Path],
+        meta: dict[str, Any],
+    ) -> tuple[int, int]:
+        """Exec launch: ``ip netns exec`` (host root joins the netns), ``nsenter`` into
+        the sandbox's user namespace as its root, then bwrap with its options by
+        --args and the seccomp program by --seccomp (both memfds)."""
+        fds: list[int] = []
+        try:
+            fds.append(seccomp.memfd(seccomp.program()))
+            argv = self._bwrap_argv(
+                d, base_args, python=python, bundle=self.config.agent_bundle, seccomp_fd=fds[0]
+            )
+            options, payload = process.split(argv)
+            fds.append(process.args_memfd(options))
+            fds.append(idmap.userns_fd(int(meta["uid_base"])))
+            userns = fds[2]
+            chain = [
+                *("ip", "netns", "exec", self.names.netns(sid)),
+                *("nsenter", f"--user=/proc/self/fd/{userns}", "--"),
+                # the user namespace's fd must not reach the sandbox
+                *("/bin/sh", "-c", f'exec {userns}<&- "$@"', "hedgerow-userns"),
+                *(self.bwrap, "--args", str(fds[1]), "--", *payload),
+            ]
+            return process.launch_detached(
+                chain,
+                cgroup_dirs=list(cgroup_dirs.values()),
+                log_file=d / "agent.log",
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def _spawn_from_zygote(
-        self, sid: str, d: Path, base_args: list[str], pause: Path, cgroup_dirs: dict[str, Path]
+        self,
+        sid: str,
+        d: Path,
+        base_args: list[str],
+        pause: Path,
+        cgroup_dirs: dict[str, Path],
+        meta: dict[str, Any],
     ) -> dict[str, Any]:
-        argv = self._bwrap_argv(d, base_args, python="", pause=pause)
+        options, payload = process.split(self._bwrap_argv(d, base_args, python="", pause=pause))
         timeout = self.agent_start_timeout
         answer = self.zygote.spawn(
             {
-                "bwrap": [self.bwrap, *argv[1:]],
+                "bwrap": self.bwrap,
+                "bwrap_args": options,
+                "payload": payload,
+                "uid_base": int(meta["uid_base"]),
                 "bwrap_env": {"PATH": SYSTEM_PATH},
                 "netns": str(NETNS_DIR / self.names.netns(sid)),
                 "cgroups": [str(p) for p in cgroup_dirs.values()],
@@ -445,6 +513,9 @@ class LocalBackend:
         for item in self.inventory():
             self.reclaim(item)
         if self.isolated:
+            with contextlib.suppress(OSError, ValueError):  # none claimed: nothing to release
+                subnet = ipaddress.IPv4Network(self.network.subnet_file.read_text().strip())
+                idmap.release_blocks(self.config.claims_dir, subnet)
             self.network.teardown_instance()
         self.cgroups.remove_group()
 
