@@ -33,27 +33,27 @@ def id_map(base: int) -> bytes:
     return f"0 {base} {RANGE}\n".encode()
 
 
-def make(base: int) -> int:
-    """An O_CLOEXEC fd of a new user namespace mapping 0..65535 to base..base+65535."""
+def make(base: int, helper: str) -> int:
+    """An O_CLOEXEC fd of a new user namespace mapping 0..65535 to base..base+65535.
+
+    ``helper`` is the static pause binary: ``pause userns`` unshares, writes one byte
+    and waits for EOF on stdin. posix_spawn of it is ~8x cheaper than a fork of the
+    (large) calling process."""
     mapping = id_map(base)
-    ready_r, ready_w = os.pipe()
-    done_r, done_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # only raw syscalls here: a fork of a single-threaded process
-        code = 1
-        try:
-            os.close(ready_r)
-            os.close(done_w)
-            _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-            os.write(ready_w, b"1")
-            os.read(done_r, 1)  # EOF: the parent holds the namespace by its fd
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(ready_w)
-    os.close(done_r)
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
     try:
-        if os.read(ready_r, 1) != b"1":
+        pid = os.posix_spawn(
+            helper,
+            [helper, "userns"],
+            {},
+            file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1)],
+        )
+    finally:
+        os.close(in_r)
+        os.close(out_w)
+    try:
+        if os.read(out_r, 1) != b"u":
             raise OSError(errno.EPERM, "could not create the sandbox's user namespace")
         for name in ("uid_map", "gid_map"):
             fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
@@ -63,8 +63,8 @@ def make(base: int) -> int:
                 os.close(fd)
         return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
-        os.close(ready_r)
-        os.close(done_w)
+        os.close(out_r)
+        os.close(in_w)  # EOF: the helper exits; the namespace lives on by the fd
         os.waitpid(pid, 0)
 
 

@@ -46,8 +46,11 @@ import traceback
 from typing import Any, Dict, List, NoReturn, Optional
 
 from . import __main__ as agent_main
-from . import pty_session  # noqa: F401 - imported by the server on the first PTY
-from . import seccomp, userns
+from . import (
+    pty_session,  # noqa: F401 - imported by the server on the first PTY
+    seccomp,
+    userns,
+)
 
 # Everything the agent imports late: it cannot import after setns. Found by logging
 # every import of agents run through podagent/tests (encodings.idna, stringprep,
@@ -69,8 +72,9 @@ PODAGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 # fd numbers bwrap and pause get (argv names them); chosen above 2 and fixed, and set
 # with dup2 from higher numbers, so they are never a no-op dup2 that keeps O_CLOEXEC.
 # SECCOMP_FD: bwrap's --seccomp; ARGS_FD: bwrap's --args (its options, so that no host
-# path is in its argv: the sandbox's /proc/1/cmdline).
-READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, ARGS_FD = 3, 4, 5, 6, 7
+# path is in its argv: the sandbox's /proc/1/cmdline); TOKEN_FD: the agent's token, which
+# bwrap copies into the sandbox (--file).
+READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, ARGS_FD, TOKEN_FD = 3, 4, 5, 6, 7, 8
 NAMESPACES = (  # setns order: mnt last (after it /proc/<pause>/ns is another /proc)
     # not net: the handler joined it first (as host root: the netns belongs to the
     # initial user namespace, and the sandbox's root has no capability over it)
@@ -281,11 +285,15 @@ class _Stage:
             raise ZygoteError(self.stage, f"{type(exc).__name__}: {exc}") from exc
 
 
-def _args_memfd(args: List[str]) -> int:
-    fd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)
-    os.write(fd, b"".join(arg.encode() + b"\0" for arg in args))
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def _args_memfd(args: List[str]) -> int:
+    return _memfd("bwrap-args", b"".join(arg.encode() + b"\0" for arg in args))
 
 
 def _start_bwrap(req: Dict[str, Any], log_fd: int, ready_w: int, hold_r: int, info_w: int) -> int:
@@ -302,17 +310,18 @@ def _start_bwrap(req: Dict[str, Any], log_fd: int, ready_w: int, hold_r: int, in
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         bpf = seccomp.memfd(_seccomp_bpf)
         args = _args_memfd(req["bwrap_args"])
+        token = _memfd("token", req["token"].encode())
         # CLOEXEC copies above 63: a dup2 action onto 0..7 then always changes the number
         # (a same-number dup2 would keep O_CLOEXEC) and the copies do not leak into bwrap
         high = [
             fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
-            for fd in (null, log_fd, log_fd, ready_w, hold_r, info_w, bpf, args)
+            for fd in (null, log_fd, log_fd, ready_w, hold_r, info_w, bpf, args, token)
         ]
-        os.close(bpf)
-        os.close(args)
+        for fd in (bpf, args, token):
+            os.close(fd)
     argv = [req["bwrap"], "--args", str(ARGS_FD), "--", *req["payload"]]
     try:
-        targets = (0, 1, 2, READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, ARGS_FD)
+        targets = (0, 1, 2, READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, ARGS_FD, TOKEN_FD)
         actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in zip(high, targets, strict=True)]
         with _Stage("bwrap: exec"):
             return os.posix_spawn(
@@ -497,7 +506,7 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         _setns(nsfd, CLONE_NEWNET, req["netns"])
         os.close(nsfd)
     with _Stage("make user namespace"):
-        userns_fd = userns.make(int(req["uid_base"]))
+        userns_fd = userns.make(int(req["uid_base"]), req["pause"])
     if _launcher_mnt is not None:
         # last: every host path of the request (log, cgroups, netns) is open or done
         with _Stage("enter launcher mount namespace"):

@@ -25,7 +25,6 @@ from apps.sandboxes.backends.base import (
     SandboxSpec,
     UnknownImage,
 )
-
 from podagent import seccomp
 
 from . import idmap, process
@@ -51,7 +50,7 @@ from .config import (
     check_sandbox_id,
 )
 from .network import Network
-from .zygote import SECCOMP_FD, ZygoteClient, ZygoteUnavailable, build_pause
+from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
 
 log = logging.getLogger(__name__)
 
@@ -298,16 +297,16 @@ class LocalBackend:
             self.network.create(sid, ip, spec.network_access, self._hook)
         cgroup_dirs = self.cgroups.create(sid, limits)
         self._hook("cgroups_created")
-        token = process.write_token(d / "secret", spec.agent_token)
         if self.isolated:
-            # sandbox root (host id uid_base) owns what it may write, and its token
-            paths = [d / "workspace", d / "tmp", d / "secret", token]
-            idmap.chown_tree_top(paths, int(meta["uid_base"]))
+            # sandbox root (host id uid_base) owns what it may write
+            idmap.chown_tree_top([d / "workspace", d / "tmp"], int(meta["uid_base"]))
+        else:
+            process.write_token(d / "secret", spec.agent_token)
         pause = self._zygote_pause() if self.isolated else None
         if pause is not None:
-            meta.update(self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs, meta))
+            meta.update(self._spawn_from_zygote(spec, d, base_args, pause, cgroup_dirs, meta))
         elif self.isolated:
-            pid, start = self._launch_exec(sid, d, base_args, python, cgroup_dirs, meta)
+            pid, start = self._launch_exec(spec, d, base_args, python, cgroup_dirs, meta)
             meta.update(pid=pid, start_time=start, launch="exec")
         else:
             pid, start = self._launch_unisolated(
@@ -328,6 +327,7 @@ class LocalBackend:
         bundle: Path | None = None,
         pause: Path | None = None,
         seccomp_fd: int = SECCOMP_FD,
+        token_fd: int = TOKEN_FD,
     ) -> list[str]:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
@@ -335,7 +335,7 @@ class LocalBackend:
             base_args=base_args,
             workspace=d / "workspace",
             tmp=d / "tmp",
-            secret_dir=d / "secret",
+            token_fd=token_fd,
             podagent_dir=self._published_podagent() if pause is None else self.config.podagent_dir,
             python=python,
             port=self.config.agent_port,
@@ -351,7 +351,7 @@ class LocalBackend:
 
     def _launch_exec(
         self,
-        sid: str,
+        spec: SandboxSpec,
         d: Path,
         base_args: list[str],
         python: str,
@@ -364,19 +364,25 @@ class LocalBackend:
         fds: list[int] = []
         try:
             fds.append(seccomp.memfd(seccomp.program()))
+            fds.append(process.data_memfd("token", spec.agent_token.encode()))
             argv = self._bwrap_argv(
-                d, base_args, python=python, bundle=self.config.agent_bundle, seccomp_fd=fds[0]
+                d,
+                base_args,
+                python=python,
+                bundle=self.config.agent_bundle,
+                seccomp_fd=fds[0],
+                token_fd=fds[1],
             )
             options, payload = process.split(argv)
             fds.append(process.args_memfd(options))
             fds.append(idmap.userns_fd(int(meta["uid_base"])))
-            userns = fds[2]
+            args, userns = fds[2], fds[3]
             chain = [
-                *("ip", "netns", "exec", self.names.netns(sid)),
+                *("ip", "netns", "exec", self.names.netns(spec.sandbox_id)),
                 *("nsenter", f"--user=/proc/self/fd/{userns}", "--"),
                 # the user namespace's fd must not reach the sandbox
                 *("/bin/sh", "-c", f'exec {userns}<&- "$@"', "hedgerow-userns"),
-                *(self.bwrap, "--args", str(fds[1]), "--", *payload),
+                *(self.bwrap, "--args", str(args), "--", *payload),
             ]
             return process.launch_detached(
                 chain,
@@ -390,7 +396,7 @@ class LocalBackend:
 
     def _spawn_from_zygote(
         self,
-        sid: str,
+        spec: SandboxSpec,
         d: Path,
         base_args: list[str],
         pause: Path,
@@ -405,8 +411,12 @@ class LocalBackend:
                 "bwrap_args": options,
                 "payload": payload,
                 "uid_base": int(meta["uid_base"]),
+                "pause": str(pause),  # also the user namespace's helper (pause.c)
+                # over the zygote's 0600 socket; bwrap copies it into the sandbox's
+                # tmpfs (--file): it is never on the host's disk
+                "token": spec.agent_token,
                 "bwrap_env": {"PATH": SYSTEM_PATH},
-                "netns": str(NETNS_DIR / self.names.netns(sid)),
+                "netns": str(NETNS_DIR / self.names.netns(spec.sandbox_id)),
                 "cgroups": [str(p) for p in cgroup_dirs.values()],
                 "log": str(d / "agent.log"),
                 "workdir": "/workspace",

@@ -152,7 +152,7 @@ def bwrap_argv(
     base_args: Sequence[str],
     workspace: Path,
     tmp: Path,
-    secret_dir: Path,
+    token_fd: int,
     podagent_dir: Path,
     python: str,
     port: int,
@@ -165,12 +165,14 @@ def bwrap_argv(
     pause binary and the agent is forked in later by the zygote: no agent mount or
     environment, and no --die-with-parent (bwrap's parent, a zygote handler, exits at
     once; the sandbox lives as long as the agent holds pause's hold pipe).
-    ``seccomp_fd``: where bwrap finds the seccomp program (podagent/seccomp.py)."""
+    ``seccomp_fd``: where bwrap finds the seccomp program (podagent/seccomp.py);
+    ``token_fd``: the agent's token, copied into a tmpfs at /run/hedgerow (never a
+    host file the sandbox binds: its path would show in mountinfo)."""
     seccomp = ["--seccomp", str(seccomp_fd)]
     if pause is not None:
         zygote_args = ["--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)]
         payload = [PAUSE_MOUNT, str(READY_FD), str(HOLD_FD)]
-        sandbox = _sandbox_args(base_args, workspace, tmp, secret_dir, seccomp, zygote_args)
+        sandbox = _sandbox_args(base_args, workspace, tmp, token_fd, seccomp, zygote_args)
         return ["bwrap", *sandbox, *payload]
     bundled = python == BUNDLED_PYTHON
     if bundled and agent_bundle is None:
@@ -191,7 +193,7 @@ def bwrap_argv(
     return [
         "bwrap",
         "--die-with-parent",
-        *_sandbox_args(base_args, workspace, tmp, secret_dir, agent_env, agent_mount),
+        *_sandbox_args(base_args, workspace, tmp, token_fd, agent_env, agent_mount),
         *_agent_command(python, port),
     ]
 
@@ -200,7 +202,7 @@ def _sandbox_args(
     base_args: Sequence[str],
     workspace: Path,
     tmp: Path,
-    secret_dir: Path,
+    token_fd: int,
     agent_env: Sequence[str],
     agent_mount: Sequence[str],
 ) -> list[str]:
@@ -232,9 +234,8 @@ def _sandbox_args(
         str(tmp),
         "/tmp",
         *agent_mount,
-        "--bind",
-        str(secret_dir),
-        SECRET_MOUNT,
+        *("--perms", "0700", "--tmpfs", SECRET_MOUNT),
+        *("--perms", "0600", "--file", str(token_fd), f"{SECRET_MOUNT}/token"),
         "--remount-ro",
         "/",
         "--chdir",
@@ -249,12 +250,17 @@ def split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv[1:end]), list(argv[end + 1 :])
 
 
-def args_memfd(args: Sequence[str]) -> int:
-    """An inheritable fd (offset 0) holding ``args`` NUL-separated: bwrap's --args."""
-    fd = os.memfd_create("bwrap-args", 0)
-    os.write(fd, b"".join(arg.encode() + b"\0" for arg in args))
+def data_memfd(name: str, data: bytes) -> int:
+    """An inheritable fd (offset 0) holding ``data``: for bwrap's --args/--file."""
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def args_memfd(args: Sequence[str]) -> int:
+    """An inheritable fd (offset 0) holding ``args`` NUL-separated: bwrap's --args."""
+    return data_memfd("bwrap-args", b"".join(arg.encode() + b"\0" for arg in args))
 
 
 def publish_podagent(podagent_dir: Path, runtime_dir: Path, version: str) -> Path:

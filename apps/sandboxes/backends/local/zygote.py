@@ -28,7 +28,7 @@ from ._sys import SYSTEM_PATH, file_lock, is_alive, run
 PAUSE_SOURCE = Path(__file__).with_name("pause.c")
 PAUSE_MOUNT = "/opt/hedgerow/pause"
 # podagent.zygote's fd numbers: bwrap's --info-fd and pause's ready/hold pipes
-READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD = 3, 4, 5, 6
+READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, TOKEN_FD = 3, 4, 5, 6, 8
 # Paths come on stdin, not argv or environ: agents are forks of the zygote, and their
 # /proc/<pid>/cmdline and environ (readable in the sandbox) are the zygote's.
 _BOOT = (
