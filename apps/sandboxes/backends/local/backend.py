@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -86,6 +87,8 @@ class LocalBackend:
         # zygote launch is decided on first use (building pause needs gcc); None: not yet
         self._pause: Path | None = None
         self._zygote_off = not self.isolated or config.agent_launch == "exec"
+        if self.isolated:
+            _check_traversable(config.state_dir)
         # Machine-wide, outside the state dir: what sandboxes bind (pause, exec launch's
         # agent sources) shows its source path in their mountinfo, and the zygote's
         # argv is every agent's cmdline.
@@ -380,8 +383,9 @@ class LocalBackend:
             chain = [
                 *("ip", "netns", "exec", self.names.netns(spec.sandbox_id)),
                 *("nsenter", f"--user=/proc/self/fd/{userns}", "--"),
-                # the user namespace's fd must not reach the sandbox
-                *("/bin/sh", "-c", f'exec {userns}<&- "$@"', "hedgerow-userns"),
+                # the user namespace's fd must not reach the sandbox (bash: dash's
+                # redirections take one-digit fds only)
+                *("/bin/bash", "-c", f'exec {userns}<&- "$@"', "hedgerow-userns"),
                 *(self.bwrap, "--args", str(args), "--", *payload),
             ]
             return process.launch_detached(
@@ -658,6 +662,21 @@ def _own_umask() -> int:
         if line.startswith("Umask:"):
             return int(line.split()[1], 8)
     return 0o022
+
+
+def _check_traversable(state_dir: Path) -> None:
+    """bwrap runs as the sandbox's unprivileged root: it reaches the sandbox's dirs
+    (bind sources under the state dir) only through directories others may search."""
+    for path in [state_dir.absolute(), *state_dir.absolute().parents]:
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            continue  # made later, 0755
+        if not mode & stat.S_IXOTH:
+            raise BackendError(
+                f"{path} must be searchable by others (chmod o+x): sandboxes run as "
+                "unprivileged host ids and bind their directories from under it"
+            )
 
 
 def _free_port() -> int:
