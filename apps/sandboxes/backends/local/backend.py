@@ -393,6 +393,9 @@ class LocalBackend:
                 cgroup_dirs=list(cgroup_dirs.values()),
                 log_file=d / "agent.log",
                 pass_fds=fds,
+                # the shells export PWD, which bwrap's init keeps: not the caller's
+                # directory (a host path) but /
+                cwd=Path("/"),
             )
         finally:
             for fd in fds:
