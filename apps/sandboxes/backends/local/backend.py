@@ -87,8 +87,7 @@ class LocalBackend:
         # zygote launch is decided on first use (building pause needs gcc); None: not yet
         self._pause: Path | None = None
         self._zygote_off = not self.isolated or config.agent_launch == "exec"
-        if self.isolated:
-            _check_traversable(config.state_dir)
+
         # Machine-wide, outside the state dir: what sandboxes bind (pause, exec launch's
         # agent sources) shows its source path in their mountinfo, and the zygote's
         # argv is every agent's cmdline.
@@ -275,6 +274,7 @@ class LocalBackend:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
                 if not self._uid_blocks_claimed:
+                    _check_traversable(self.config.state_dir)
                     owner = f"{self.config.instance} {self.config.state_dir}"
                     idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
                     self._uid_blocks_claimed = True
