@@ -3,8 +3,8 @@
 Sandbox ids 0..65535 are host ids BASE..BASE+65535, BASE = (low 16 bits of the
 sandbox's IPv4 address) * 65536. Addresses are unique on the machine while a sandbox
 holds one (subnets are claimed machine-wide, addresses per instance), and x.y.0.0 and
-x.y.255.255 are never sandboxes, so BASE is in [65536, 2^32-131072]: never host root, never the ids of
-the host's own users (< 65536), never another live sandbox's — provided no two
+x.y.255.255 are never sandboxes, so BASE is in [65536, 2^32-131072]: never host root,
+never the ids of the host's own users (< 65536), never another live sandbox's — if no two
 instances' subnets share their low 16 bits (10.213.7.0/24 and 10.214.7.0/24 would).
 ``claim_blocks`` makes that a machine-wide claim, once per instance: one file per /24
 block of the low 16 bits under ``<claims_dir>/../uids``, owned by one subnet.
