@@ -61,6 +61,31 @@ def claim_blocks(claims_dir: Path, subnet: ipaddress.IPv4Network, owner: str) ->
             fh.write(mine)
 
 
+def blocks_free(claims_dir: Path, subnet: ipaddress.IPv4Network) -> bool:
+    """No other subnet holds one of ``subnet``'s blocks (subnet choice skips others)."""
+    first = int(subnet.network_address) >> 8 & 0xFF
+    last = int(subnet.broadcast_address) >> 8 & 0xFF
+    for block in range(first, last + 1):
+        try:
+            held = (blocks_dir(claims_dir) / str(block)).read_text().split(" ", 1)[0]
+        except OSError:
+            continue
+        if held != str(subnet):
+            return False
+    return True
+
+
+def release_orphans(claims_dir: Path) -> None:
+    """Drops block claims whose subnet is no longer claimed (an instance that died
+    with its state dir: gc released its subnet claim, or nothing had it)."""
+    with contextlib.suppress(FileNotFoundError):
+        for path in blocks_dir(claims_dir).iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                net = ipaddress.IPv4Network(path.read_text().split(" ", 1)[0])
+                if not (claims_dir / str(net.network_address)).exists():
+                    path.unlink()
+
+
 def release_blocks(claims_dir: Path, subnet: ipaddress.IPv4Network) -> None:
     directory = blocks_dir(claims_dir)
     first = int(subnet.network_address) >> 8 & 0xFF
