@@ -443,7 +443,8 @@ def _zygote_pid() -> int | None:
     from apps.sandboxes.backends.local.zygote import ZygoteClient
 
     state_dir = Path(settings.STATE_DIR) / "sandboxes" / settings.HEDGEROW_INSTANCE
-    answer = ZygoteClient(state_dir, Path(settings.BASE_DIR) / "podagent").ping()
+    runtime = Path("/run/hedgerow")  # only ping() is used: no link is made
+    answer = ZygoteClient(state_dir, Path(settings.BASE_DIR) / "podagent", runtime).ping()
     return int(answer["pid"]) if answer else None
 
 

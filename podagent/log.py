@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from typing import IO, Any, Optional
@@ -17,7 +18,11 @@ class JsonLog:
     def __init__(self, path: Optional[str]) -> None:
         self._lock = threading.Lock()
         self._fh: Optional[IO[str]] = None
-        if path:
+        if path == "/dev/stdout":
+            # the inherited fd itself: reopening /dev/stdout would check the host-side
+            # log file's owner (host root) against the agent's unprivileged uid
+            self._fh = os.fdopen(os.dup(1), "a", buffering=1, encoding="utf-8")
+        elif path:
             self._fh = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
     @property

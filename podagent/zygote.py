@@ -49,6 +49,8 @@ from . import __main__ as agent_main
 from . import (
     limits,
     pty_session,  # noqa: F401 - imported by the server on the first PTY
+    seccomp,
+    userns,
 )
 
 # Everything the agent imports late: it cannot import after setns. Found by logging
@@ -69,13 +71,17 @@ for _name in PRELOAD:
 PODAGENT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # fd numbers bwrap and pause get (argv names them); chosen above 2 and fixed, and set
-# with dup2 from higher numbers, so they are never a no-op dup2 that keeps O_CLOEXEC
-READY_FD, HOLD_FD, INFO_FD = 3, 4, 5
+# with dup2 from higher numbers, so they are never a no-op dup2 that keeps O_CLOEXEC.
+# SECCOMP_FD: bwrap's --seccomp; ARGS_FD: bwrap's --args (its options, so that no host
+# path is in its argv: the sandbox's /proc/1/cmdline); TOKEN_FD: the agent's token, which
+# bwrap copies into the sandbox (--file).
+READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, ARGS_FD, TOKEN_FD = 3, 4, 5, 6, 7, 8
 NAMESPACES = (  # setns order: mnt last (after it /proc/<pause>/ns is another /proc)
+    # not net: the handler joined it first (as host root: the netns belongs to the
+    # initial user namespace, and the sandbox's root has no capability over it)
     ("cgroup", 0x02000000),
     ("ipc", 0x08000000),
     ("uts", 0x04000000),
-    ("net", 0x40000000),
     ("pid", 0x20000000),
     ("mnt", 0x00020000),
 )
@@ -104,6 +110,9 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 # fd of the launcher mount namespace (make_launcher_ns), inherited by every handler;
 # None: bwrap starts in the zygote's own (not root, or it could not be made)
 _launcher_mnt: Optional[int] = None
+# the sandbox's seccomp program, compiled once by the daemon before any fork: agents
+# load it after setns, where libseccomp need not exist (serve)
+_seccomp_bpf: Optional[bytes] = None
 
 
 class ZygoteError(Exception):
@@ -288,27 +297,48 @@ class _Stage:
             raise ZygoteError(self.stage, f"{type(exc).__name__}: {exc}") from exc
 
 
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _args_memfd(args: List[str]) -> int:
+    return _memfd("bwrap-args", b"".join(arg.encode() + b"\0" for arg in args))
+
+
 def _start_bwrap(req: Dict[str, Any], log_fd: int, ready_w: int, hold_r: int, info_w: int) -> int:
-    """Spawns bwrap in a new session (the caller is in the sandbox's cgroups and netns).
+    """Spawns bwrap in a new session (the caller is in the sandbox's cgroups and netns,
+    and is root of its user namespace). Its options come by --args, the seccomp program
+    by --seccomp.
 
     posix_spawn (vfork) rather than fork+exec: a fork of this large process would copy,
     then on exec tear down, its whole address space for every sandbox.
     """
+    if _seccomp_bpf is None:
+        raise ZygoteError("bwrap: seccomp", "the zygote has no seccomp program")
     with _Stage("bwrap: fds"):
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-        # CLOEXEC copies above 63: a dup2 action onto 0..5 then always changes the number
+        bpf = seccomp.memfd(_seccomp_bpf)
+        args = _args_memfd(req["bwrap_args"])
+        token = _memfd("token", req["token"].encode())
+        # CLOEXEC copies above 63: a dup2 action onto 0..7 then always changes the number
         # (a same-number dup2 would keep O_CLOEXEC) and the copies do not leak into bwrap
         high = [
             fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
-            for fd in (null, log_fd, log_fd, ready_w, hold_r, info_w)
+            for fd in (null, log_fd, log_fd, ready_w, hold_r, info_w, bpf, args, token)
         ]
+        for fd in (bpf, args, token):
+            os.close(fd)
+    argv = [req["bwrap"], "--args", str(ARGS_FD), "--", *req["payload"]]
     try:
-        targets = (0, 1, 2, READY_FD, HOLD_FD, INFO_FD)
+        targets = (0, 1, 2, READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, ARGS_FD, TOKEN_FD)
         actions = [(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in zip(high, targets, strict=True)]
         with _Stage("bwrap: exec"):
             return os.posix_spawn(
-                req["bwrap"][0],
-                req["bwrap"],
+                argv[0],
+                argv,
                 req["bwrap_env"],
                 file_actions=actions,
                 setsid=True,
@@ -437,7 +467,11 @@ def _agent_main(
             renumbered = {name: [moved[fd] for fd in fds] for name, fds in cgroup_fds.items()}
             agent_args += ["--cgroup-fds", limits.format_fds(renumbered)]
         if hold_w is not None or os.geteuid() == 0:
-            drop_all_capabilities()
+            drop_all_capabilities()  # and no_new_privs
+        if hold_w is not None:
+            # the sandbox's filter, as bwrap gave pause: the agent is no bwrap descendant
+            assert _seccomp_bpf is not None  # spawn checked it
+            seccomp.load(_seccomp_bpf)
         # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
         # /proc maps/environ/exe, which would show the host's interpreter and paths.
         _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
@@ -491,10 +525,18 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
         _setns(nsfd, CLONE_NEWNET, req["netns"])
         os.close(nsfd)
+    with _Stage("make user namespace"):
+        userns_fd = userns.make(int(req["uid_base"]), req["pause"])
     if _launcher_mnt is not None:
         # last: every host path of the request (log, cgroups, netns) is open or done
         with _Stage("enter launcher mount namespace"):
             _setns(_launcher_mnt, CLONE_NEWNS, "launcher mnt")
+    # Root of the sandbox's user namespace from here on: bwrap, pause, the agent and
+    # every command run as host ids uid_base.., and the namespaces bwrap makes are
+    # that namespace's (the netns, joined above, stays the host's).
+    with _Stage("enter user namespace"):
+        userns.enter(userns_fd)
+        os.close(userns_fd)
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
     info_r, info_w = os.pipe()
@@ -604,8 +646,11 @@ def serve(path: str) -> int:
     """Binds ``path``, then daemonizes: the starting process exits 0 once the socket
     listens (the backend waits for that), the daemon serves until the socket file is
     removed or replaced (instance torn down) or it is told to shut down."""
-    global _launcher_mnt
+    global _launcher_mnt, _seccomp_bpf
     version = source_version()
+    # before the fork below: without libseccomp the zygote does not start (the backend
+    # sees its exit status and error), rather than starting unfiltered sandboxes
+    _seccomp_bpf = seccomp.program()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # the backend starts us under its lock, after a failed ping
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

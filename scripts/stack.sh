@@ -13,7 +13,7 @@ PG_PORT="${HEDGEROW_DB_PORT:-55432}"
 REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
-APT_PACKAGES="postgresql redis-server bubblewrap btrfs-progs nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static skopeo docker-registry apache2-utils mmdebstrap"
+APT_PACKAGES="postgresql redis-server bubblewrap libseccomp2 util-linux btrfs-progs nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static skopeo docker-registry apache2-utils mmdebstrap"
 
 # Redis's memory bound (docs/operations.md says how to size it). Only keys with a TTL
 # may be evicted: Celery's queues and bindings have none, every replay buffer has one.
@@ -36,6 +36,9 @@ install_system() {
   [ -n "$PG_BIN" ] || missing+=(postgresql)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
   command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)  # sandbox storage (quotas)
+  # the sandbox's seccomp filter (podagent/seccomp.py) and user namespaces (nsenter)
+  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || missing+=(libseccomp2)
+  command -v nsenter >/dev/null || missing+=(util-linux)
   command -v nft >/dev/null || missing+=(nftables)
   command -v iptables >/dev/null || missing+=(iptables)
   command -v ip >/dev/null || missing+=(iproute2)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import ipaddress
 import json
 import logging
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,8 +26,9 @@ from apps.sandboxes.backends.base import (
     SandboxSpec,
     UnknownImage,
 )
+from podagent import seccomp
 
-from . import process
+from . import idmap, process
 from ._btrfs import qgroup_name
 from ._netlink import NETNS_DIR
 from ._sys import (
@@ -51,7 +54,7 @@ from .config import (
 )
 from .network import Network
 from .storage import Storage, Volume, qgroup_of
-from .zygote import ZygoteClient, ZygoteUnavailable, build_pause
+from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,12 @@ class LocalBackend:
         # zygote launch is decided on first use (building pause needs gcc); None: not yet
         self._pause: Path | None = None
         self._zygote_off = not self.isolated or config.agent_launch == "exec"
-        self.zygote = ZygoteClient(config.state_dir, config.podagent_dir)
+
+        # Machine-wide, outside the state dir: what sandboxes bind (pause, exec launch's
+        # agent sources) shows its source path in their mountinfo, and the zygote's
+        # argv is every agent's cmdline.
+        self.runtime_dir = config.claims_dir.parent
+        self.zygote = ZygoteClient(config.state_dir, config.podagent_dir, self.runtime_dir)
         self.agent_start_timeout = 10.0  # zygote launch: bwrap's setup until pause is ready
         self.sandboxes_dir = config.state_dir / "sandboxes"
         self.images_dir = config.state_dir / "images"
@@ -110,6 +118,7 @@ class LocalBackend:
         # test can simulate a provision that dies halfway.
         self.fault_hook: Callable[[str], None] | None = None
         self._gone_reported: set[tuple[str, int | None]] = set()
+        self._uid_blocks_claimed = False
 
     # ---- images ----------------------------------------------------------------------
 
@@ -179,7 +188,7 @@ class LocalBackend:
         """The pause binary when agents start from the zygote, None for exec launch."""
         if self._pause is None and not self._zygote_off:
             try:
-                self._pause = build_pause(self.config.state_dir / "bin")
+                self._pause = build_pause(self.runtime_dir / "bin")
             except ZygoteUnavailable as exc:
                 if self.config.agent_launch == "zygote":
                     raise
@@ -279,8 +288,14 @@ class LocalBackend:
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
+                if not self._uid_blocks_claimed:
+                    _check_traversable(self.config.state_dir)
+                    owner = f"{self.config.instance} {self.config.state_dir}"
+                    idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
+                    self._uid_blocks_claimed = True
             ip = self.network.claim_ip(sid)
             meta.update(
+                uid_base=idmap.uid_base(ip),
                 ip=ip,
                 port=self.config.agent_port,
                 netns=self.names.netns(sid),
@@ -303,24 +318,20 @@ class LocalBackend:
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
         cgroup_files = self.cgroups.agent_files(created)
         self._hook("cgroups_created")
-        process.write_token(d / "secret", spec.agent_token)
+        if self.isolated:
+            # sandbox root (host id uid_base) owns what it may write
+            idmap.chown_tree_top(list(self._data_dirs(sid)), int(meta["uid_base"]))
+        else:
+            process.write_token(d / "secret", spec.agent_token)
         pause = self._zygote_pause() if self.isolated else None
         if pause is not None:
             meta.update(
-                self._spawn_from_zygote(sid, d, base_args, pause, cgroup_dirs, cgroup_files)
+                self._spawn_from_zygote(spec, d, base_args, pause, cgroup_dirs, cgroup_files, meta)
             )
         elif self.isolated:
-            with process.cgroup_fds(cgroup_files) as fds:
-                argv = self._bwrap_argv(
-                    d, base_args, python=python, bundle=self.config.agent_bundle, cgroup_fds=fds
-                )
-                argv = ["ip", "netns", "exec", self.names.netns(sid), *argv]
-                pid, start = process.launch_detached(
-                    argv,
-                    cgroup_dirs=list(cgroup_dirs.values()),
-                    log_file=d / "agent.log",
-                    pass_fds=fds,
-                )
+            pid, start = self._launch_exec(
+                spec, d, base_args, python, cgroup_dirs, cgroup_files, meta
+            )
             meta.update(pid=pid, start_time=start, launch="exec")
             meta.update(process.find_exec_agent(pid, start, self.agent_start_timeout))
         else:
@@ -366,6 +377,8 @@ class LocalBackend:
         bundle: Path | None = None,
         pause: Path | None = None,
         cgroup_fds: dict[str, list[int]] | None = None,
+        seccomp_fd: int = SECCOMP_FD,
+        token_fd: int = TOKEN_FD,
     ) -> list[str]:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
@@ -374,31 +387,97 @@ class LocalBackend:
             base_args=base_args,
             workspace=workspace,
             tmp=tmp,
-            secret_dir=d / "secret",
-            podagent_dir=self.config.podagent_dir,
+            token_fd=token_fd,
+            podagent_dir=self._published_podagent() if pause is None else self.config.podagent_dir,
             python=python,
             port=self.config.agent_port,
+            seccomp_fd=seccomp_fd,
             agent_bundle=bundle,
             pause=pause,
             cgroup_fds=cgroup_fds,
         )
 
+    def _published_podagent(self) -> Path:
+        return process.publish_podagent(
+            self.config.podagent_dir, self.runtime_dir, self.zygote.version
+        )
+
+    def _launch_exec(
+        self,
+        spec: SandboxSpec,
+        d: Path,
+        base_args: list[str],
+        python: str,
+        cgroup_dirs: dict[str, Path],
+        cgroup_files: dict[str, list[str]],
+        meta: dict[str, Any],
+    ) -> tuple[int, int]:
+        """Exec launch: ``ip netns exec`` (host root joins the netns), ``nsenter`` into
+        the sandbox's user namespace as its root, then bwrap with its options by
+        --args and the seccomp program by --seccomp (both memfds)."""
+        fds: list[int] = []
+        with process.cgroup_fds(cgroup_files) as limit_fds:
+            try:
+                fds.append(seccomp.memfd(seccomp.program()))
+                fds.append(process.data_memfd("token", spec.agent_token.encode()))
+                argv = self._bwrap_argv(
+                    d,
+                    base_args,
+                    python=python,
+                    bundle=self.config.agent_bundle,
+                    cgroup_fds=limit_fds,
+                    seccomp_fd=fds[0],
+                    token_fd=fds[1],
+                )
+                options, payload = process.split(argv)
+                fds.append(process.args_memfd(options))
+                fds.append(idmap.userns_fd(int(meta["uid_base"])))
+                args, userns = fds[2], fds[3]
+                chain = [
+                    *("ip", "netns", "exec", self.names.netns(spec.sandbox_id)),
+                    *("nsenter", f"--user=/proc/self/fd/{userns}", "--"),
+                    # the user namespace's fd must not reach the sandbox (bash: dash's
+                    # redirections take one-digit fds only)
+                    *("/bin/bash", "-c", f'exec {userns}<&- "$@"', "hedgerow-userns"),
+                    *(self.bwrap, "--args", str(args), "--", *payload),
+                ]
+                return process.launch_detached(
+                    chain,
+                    cgroup_dirs=list(cgroup_dirs.values()),
+                    log_file=d / "agent.log",
+                    pass_fds=[*fds, *(fd for group in limit_fds.values() for fd in group)],
+                    # the shells export PWD, which bwrap's init keeps: not the caller's
+                    # directory (a host path) but /
+                    cwd=Path("/"),
+                )
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
     def _spawn_from_zygote(
         self,
-        sid: str,
+        spec: SandboxSpec,
         d: Path,
         base_args: list[str],
         pause: Path,
         cgroup_dirs: dict[str, Path],
         cgroup_files: dict[str, list[str]],
+        meta: dict[str, Any],
     ) -> dict[str, Any]:
-        argv = self._bwrap_argv(d, base_args, python="", pause=pause)
+        options, payload = process.split(self._bwrap_argv(d, base_args, python="", pause=pause))
         timeout = self.agent_start_timeout
         answer = self.zygote.spawn(
             {
-                "bwrap": [self.bwrap, *argv[1:]],
+                "bwrap": self.bwrap,
+                "bwrap_args": options,
+                "payload": payload,
+                "uid_base": int(meta["uid_base"]),
+                "pause": str(pause),  # also the user namespace's helper (pause.c)
+                # over the zygote's 0600 socket; bwrap copies it into the sandbox's
+                # tmpfs (--file): it is never on the host's disk
+                "token": spec.agent_token,
                 "bwrap_env": {"PATH": SYSTEM_PATH},
-                "netns": str(NETNS_DIR / self.names.netns(sid)),
+                "netns": str(NETNS_DIR / self.names.netns(spec.sandbox_id)),
                 "cgroups": [str(p) for p in cgroup_dirs.values()],
                 "cgroup_files": cgroup_files,
                 "log": str(d / "agent.log"),
@@ -472,7 +551,7 @@ class LocalBackend:
                 log_file=d / "agent.log",
                 env=env,
                 cwd=d / "workspace",
-                pass_fds=fds,
+                pass_fds=[fd for group in fds.values() for fd in group],
             )
 
     def destroy(self, sandbox_id: str) -> None:
@@ -528,6 +607,9 @@ class LocalBackend:
         for item in self.inventory():
             self.reclaim(item)
         if self.isolated:
+            with contextlib.suppress(OSError, ValueError):  # none claimed: nothing to release
+                subnet = ipaddress.IPv4Network(self.network.subnet_file.read_text().strip())
+                idmap.release_blocks(self.config.claims_dir, subnet)
             self.network.teardown_instance()
         self.cgroups.remove_group()
         if self.storage is not None:
@@ -718,6 +800,21 @@ def _own_umask() -> int:
         if line.startswith("Umask:"):
             return int(line.split()[1], 8)
     return 0o022
+
+
+def _check_traversable(state_dir: Path) -> None:
+    """bwrap runs as the sandbox's unprivileged root: it reaches the sandbox's dirs
+    (bind sources under the state dir) only through directories others may search."""
+    for path in [state_dir.absolute(), *state_dir.absolute().parents]:
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            continue  # made later, 0755
+        if not mode & stat.S_IXOTH:
+            raise BackendError(
+                f"{path} must be searchable by others (chmod o+x): sandboxes run as "
+                "unprivileged host ids and bind their directories from under it"
+            )
 
 
 def _free_port() -> int:

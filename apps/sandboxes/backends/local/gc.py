@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from apps.sandboxes.backends.base import BackendError
+from apps.sandboxes.backends.local import idmap
 from apps.sandboxes.backends.local.backend import LocalBackend
 from apps.sandboxes.backends.local.config import LocalBackendConfig
 
@@ -76,6 +77,7 @@ def collect(claims_dir: Path = CLAIMS_DIR, min_age_s: float = 600.0) -> list[str
         except BackendError:
             continue
         removed.append(instance)
+    idmap.release_orphans(claims_dir)
     return removed
 
 

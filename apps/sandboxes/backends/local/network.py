@@ -23,7 +23,7 @@ from pathlib import Path
 
 from apps.sandboxes.backends.base import BackendError
 
-from . import _netlink, _nft
+from . import _netlink, _nft, idmap
 from ._netlink import (
     IFLA_ADDRESS,
     IFLA_IFALIAS,
@@ -104,6 +104,8 @@ class Network:
         for net in candidates:
             if any(net.overlaps(u) for u in used):
                 continue
+            if not idmap.blocks_free(self.config.claims_dir, net):
+                continue  # its sandboxes' uid ranges are another subnet's (idmap.py)
             if self._try_claim(net):
                 self.subnet_file.write_text(f"{net}\n")
                 return net

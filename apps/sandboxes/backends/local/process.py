@@ -15,8 +15,10 @@ is reparented to init: the Celery worker that provisioned it may die freely.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -54,6 +56,25 @@ _HOST_ETC = (
     "mime.types",
 )
 _ROOTFS_SKIP = {"proc", "dev", "sys", "tmp", "workspace", "run", "opt"}
+# /proc as the OCI runtime spec's defaults (runc's readonlyPaths and maskedPaths) leave
+# it: the kernel's knobs read-only (bwrap covers /proc/sys only when its own access()
+# says writable, which it never does in the user namespace) and what describes the
+# host's kernel, keys or hardware masked. Read-only binds come from the host's /proc
+# (bwrap's sources are outside paths): the same sysctl files, the values each reader's
+# own namespaces select. A masked file is /dev/null bound nodev (opening it fails), a
+# masked directory an empty read-only tmpfs. Only what this kernel has.
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+PROC_MASKED_FILES = (
+    "kcore",
+    "keys",
+    "key-users",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "latency_stats",
+    "kallsyms",
+)
+PROC_MASKED_DIRS = ("acpi", "scsi")
 
 
 def host_base_args() -> list[str]:
@@ -67,6 +88,21 @@ def host_base_args() -> list[str]:
     for name in _HOST_ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     return args
+
+
+@functools.cache
+def proc_mask_args() -> tuple[str, ...]:
+    args: list[str] = []
+    for name in PROC_READONLY:
+        if os.path.lexists(f"/proc/{name}"):
+            args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    for name in PROC_MASKED_FILES:
+        if os.path.lexists(f"/proc/{name}"):
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    for name in PROC_MASKED_DIRS:
+        if os.path.isdir(f"/proc/{name}"):
+            args += ["--tmpfs", f"/proc/{name}", "--remount-ro", f"/proc/{name}"]
+    return tuple(args)
 
 
 def rootfs_base_args(rootfs: Path) -> list[str]:
@@ -161,27 +197,34 @@ def bwrap_argv(
     base_args: Sequence[str],
     workspace: Path,
     tmp: Path,
-    secret_dir: Path,
+    token_fd: int,
     podagent_dir: Path,
     python: str,
     port: int,
+    seccomp_fd: int,
     agent_bundle: Path | None = None,
     pause: Path | None = None,
     cgroup_fds: dict[str, list[int]] | None = None,
 ) -> list[str]:
-    """bwrap's command line. With ``pause`` (zygote launch) the payload is the static
+    """bwrap's command line: options, ``--``, payload (``split`` separates them: the
+    options go by ``--args``). With ``pause`` (zygote launch) the payload is the static
     pause binary and the agent is forked in later by the zygote: no agent mount or
     environment, and no --die-with-parent (bwrap's parent, a zygote handler, exits at
-    once; the sandbox lives as long as the agent holds pause's hold pipe)."""
+    once; the sandbox lives as long as the agent holds pause's hold pipe).
+    ``seccomp_fd``: where bwrap finds the seccomp program (podagent/seccomp.py);
+    ``token_fd``: the agent's token, copied into a tmpfs at /run/hedgerow (never a
+    host file the sandbox binds: its path would show in mountinfo)."""
+    seccomp = ["--seccomp", str(seccomp_fd)]
     if pause is not None:
         zygote_args = ["--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)]
         payload = [PAUSE_MOUNT, str(READY_FD), str(HOLD_FD)]
-        sandbox = _sandbox_args(base_args, workspace, tmp, secret_dir, [], zygote_args)
+        sandbox = _sandbox_args(base_args, workspace, tmp, token_fd, seccomp, zygote_args)
         return ["bwrap", *sandbox, *payload]
     bundled = python == BUNDLED_PYTHON
     if bundled and agent_bundle is None:
         raise BackendError("no agent bundle configured for an image without python3")
     agent_env = [
+        *seccomp,
         "--setenv",
         "PYTHONPATH",
         str(Path(AGENT_MOUNT).parent),
@@ -191,13 +234,13 @@ def bwrap_argv(
     ]
     agent_mount = ["--ro-bind", str(podagent_dir), AGENT_MOUNT]
     if bundled:
-        agent_env = []  # the launcher leaves the environment as given
+        agent_env = seccomp  # the launcher leaves the environment as given
         agent_mount = ["--ro-bind", str(agent_bundle), BUNDLE_MOUNT]
     limits_args = ["--cgroup-fds", format_fds(cgroup_fds)] if cgroup_fds else []
     return [
         "bwrap",
         "--die-with-parent",
-        *_sandbox_args(base_args, workspace, tmp, secret_dir, agent_env, agent_mount),
+        *_sandbox_args(base_args, workspace, tmp, token_fd, agent_env, agent_mount),
         *_agent_command(python, port),
         *limits_args,
     ]
@@ -207,7 +250,7 @@ def _sandbox_args(
     base_args: Sequence[str],
     workspace: Path,
     tmp: Path,
-    secret_dir: Path,
+    token_fd: int,
     agent_env: Sequence[str],
     agent_mount: Sequence[str],
 ) -> list[str]:
@@ -229,6 +272,7 @@ def _sandbox_args(
         *base_args,
         "--proc",
         "/proc",
+        *proc_mask_args(),
         "--dev",
         "/dev",
         "--bind",
@@ -238,9 +282,8 @@ def _sandbox_args(
         str(tmp),
         "/tmp",
         *agent_mount,
-        "--bind",
-        str(secret_dir),
-        SECRET_MOUNT,
+        *("--perms", "0700", "--tmpfs", SECRET_MOUNT),
+        *("--perms", "0600", "--file", str(token_fd), f"{SECRET_MOUNT}/token"),
         "--remount-ro",
         "/",
         "--chdir",
@@ -252,6 +295,49 @@ def _sandbox_args(
 def format_fds(fds: dict[str, list[int]]) -> str:
     """``--cgroup-fds``'s value (podagent.limits.parse_fds reads it)."""
     return ",".join(f"{name}={':'.join(map(str, v))}" for name, v in sorted(fds.items()))
+
+
+def split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``bwrap_argv``'s options (without the program) and payload."""
+    end = list(argv).index("--")
+    return list(argv[1:end]), list(argv[end + 1 :])
+
+
+def data_memfd(name: str, data: bytes) -> int:
+    """An inheritable fd (offset 0) holding ``data``: for bwrap's --args/--file."""
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def args_memfd(args: Sequence[str]) -> int:
+    """An inheritable fd (offset 0) holding ``args`` NUL-separated: bwrap's --args."""
+    return data_memfd("bwrap-args", b"".join(arg.encode() + b"\0" for arg in args))
+
+
+def publish_podagent(podagent_dir: Path, runtime_dir: Path, version: str) -> Path:
+    """A copy of the agent's sources under ``runtime_dir`` (exec launch binds it): a
+    bind's source path shows in the sandbox's mountinfo, and the repository's path
+    must not (the copy's is ``<runtime_dir>/agent-<version>/podagent``)."""
+    target = runtime_dir / f"agent-{version}" / "podagent"
+    if target.is_dir():
+        return target
+    staging = runtime_dir / f".agent-{version}.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "podagent").mkdir(parents=True)
+    try:
+        for source in podagent_dir.glob("*.py"):
+            shutil.copyfile(source, staging / "podagent" / source.name)
+        os.chmod(staging, 0o755)  # noqa: S103 - read by sandboxes' unprivileged ids
+        try:
+            os.rename(staging, target.parent)
+        except OSError:
+            if not target.is_dir():  # else: a concurrent publisher won, same bytes
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def write_token(secret_dir: Path, token: str) -> Path:
@@ -273,7 +359,7 @@ def launch_detached(
     log_file: Path,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
-    pass_fds: dict[str, list[int]] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> tuple[int, int]:
     """Start ``argv`` detached (own session, reparented to init) inside ``cgroup_dirs``.
 
@@ -298,8 +384,8 @@ def launch_detached(
         timeout=10,
         env=env if env is not None else {"PATH": SYSTEM_PATH},
         cwd=cwd,
+        pass_fds=tuple(pass_fds),
         check=False,
-        pass_fds=[fd for fds in (pass_fds or {}).values() for fd in fds],
     )
     try:
         pid = int(proc.stdout.strip())

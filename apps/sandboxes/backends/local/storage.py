@@ -99,7 +99,7 @@ class Storage:
             fresh = not self.image.exists()
             if fresh:
                 self._create_image()
-            self.mount.mkdir(mode=0o700, exist_ok=True)
+            self.mount.mkdir(mode=0o711, exist_ok=True)
             # util-linux sets up the loop device with autoclear: it is released when
             # the filesystem is unmounted (teardown, `make down`).
             proc = run(
@@ -123,7 +123,9 @@ class Storage:
                 self._sysfs = _btrfs.sysfs_dir(self.mount)
                 if not (self._sysfs / "qgroups").is_dir():
                     _btrfs.enable_simple_quota(self.mount)
-                os.chmod(self.mount, 0o700)  # only root walks into sandboxes' data
+                # search only (no listing): bwrap runs as the sandbox's unprivileged
+                # host id and must reach <mount>/<sid>/workspace to bind it
+                os.chmod(self.mount, 0o711)  # noqa: S103 - search only, see above
             except OSError as exc:
                 self._umount()
                 raise BackendError(

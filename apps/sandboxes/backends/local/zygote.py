@@ -28,7 +28,7 @@ from ._sys import SYSTEM_PATH, file_lock, is_alive, run
 PAUSE_SOURCE = Path(__file__).with_name("pause.c")
 PAUSE_MOUNT = "/opt/hedgerow/pause"
 # podagent.zygote's fd numbers: bwrap's --info-fd and pause's ready/hold pipes
-READY_FD, HOLD_FD, INFO_FD = 3, 4, 5
+READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, TOKEN_FD = 3, 4, 5, 6, 8
 # Paths come on stdin, not argv or environ: agents are forks of the zygote, and their
 # /proc/<pid>/cmdline and environ (readable in the sandbox) are the zygote's.
 _BOOT = (
@@ -36,6 +36,7 @@ _BOOT = (
     "import podagent.zygote as z; raise SystemExit(z.main(['--socket', c['socket']]))"
 )
 _REFUSED = (errno.ENOENT, errno.ECONNREFUSED)
+ZYGOTE_ARGV0 = "hedgerow-zygote"
 
 
 class ZygoteUnavailable(BackendError):
@@ -75,7 +76,8 @@ def build_pause(bin_dir: Path) -> Path:
 
 
 class ZygoteClient:
-    def __init__(self, state_dir: Path, podagent_dir: Path) -> None:
+    def __init__(self, state_dir: Path, podagent_dir: Path, runtime_dir: Path) -> None:
+        self.runtime_dir = runtime_dir
         self.socket_path = state_dir / "zygote.sock"
         self.log_path = state_dir / "zygote.log"
         self.lock_path = state_dir / "locks" / "zygote.lock"
@@ -143,7 +145,9 @@ class ZygoteClient:
             # A clean environment: agents are forks of it, so nothing of the control
             # plane's (database URL, secret key) may be in its memory.
             proc = subprocess.run(
-                [sys.executable, "-I", "-S", "-c", _BOOT],
+                # every agent's /proc/<pid>/cmdline is this argv: argv[0] is a symlink
+                # outside the state dir and the repository, not the venv's python
+                [str(self._interpreter_link()), "-I", "-S", "-c", _BOOT],
                 input=json.dumps(
                     {"path": str(self.podagent_dir.parent), "socket": str(self.socket_path)}
                 ).encode()
@@ -159,6 +163,21 @@ class ZygoteClient:
             raise BackendError(
                 f"the agent zygote did not start (exit {proc.returncode}): {self._log_tail()}"
             )
+
+    def _interpreter_link(self) -> Path:
+        """``<runtime_dir>/bin/hedgerow-zygote`` → the real interpreter (a symlink is
+        followed when Python looks for its library; a bare name would not be)."""
+        link = self.runtime_dir / "bin" / ZYGOTE_ARGV0
+        target = os.path.realpath(sys.executable)
+        if os.path.islink(link) and os.readlink(link) == target:
+            return link
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = link.with_name(f".{ZYGOTE_ARGV0}.{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        return link
 
     def _stop(self, pid: int) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -6,6 +6,7 @@ No Django here: the backend package is standalone and these tests run with
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -29,9 +30,34 @@ HAS_TOOLS = all(shutil.which(t) for t in ("bwrap", "ip", "nft"))
 needs_root = pytest.mark.skipif(not (IS_ROOT and HAS_TOOLS), reason="needs root, bwrap, ip, nft")
 
 
+def _searchable(path: Path) -> bool:
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents] if p.exists())
+
+
+def searchable(path: Path) -> Path:
+    """A directory for ``path``'s contents whose ancestors all let others search them.
+
+    Sandboxes run as unprivileged host ids and bwrap binds their dirs from under the
+    state dir (and the agent bundle), which the backend checks. pytest's temp root is
+    0700 and every pytest session sets it back to 0700 (other runs share it), so a
+    path under it is mirrored to /tmp/hedgerow-tests/<hash> (0755), deterministically:
+    a subprocess given the mirror gets the same dir back."""
+    if _searchable(path):
+        return path
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    mirror = SEARCHABLE_ROOT / digest
+    mirror.mkdir(parents=True, exist_ok=True)
+    os.chmod(SEARCHABLE_ROOT, 0o755)
+    os.chmod(mirror, 0o755)
+    return mirror
+
+
+SEARCHABLE_ROOT = Path("/tmp/hedgerow-tests")
+
+
 def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBackendConfig:
     return LocalBackendConfig(
-        state_dir=tmp / "state",
+        state_dir=searchable(tmp) / "state",
         instance=instance,
         podagent_dir=PODAGENT,
         isolation=isolation,

@@ -22,7 +22,7 @@ import pytest
 from apps.sandboxes.backends.base import Endpoint, UnknownImage
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, wait_healthy
 
-from .conftest import HAS_TOOLS, IS_ROOT, PODAGENT, REPO, Sandbox, new_spec
+from .conftest import HAS_TOOLS, IS_ROOT, PODAGENT, REPO, Sandbox, new_spec, searchable
 
 BUSYBOX = shutil.which("busybox")
 
@@ -59,7 +59,7 @@ def test_it_reads_the_pristine_environment_not_the_coerced_one() -> None:
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bundle") / "agent-bundle"
+    out = searchable(tmp_path_factory.mktemp("bundle")) / "agent-bundle"  # sandboxes bind it
     subprocess.run(
         [str(REPO / "scripts" / "build_agent_bundle.sh"), "--no-compile", str(out)],
         check=True,
@@ -119,7 +119,7 @@ def bundle_backend(
     # static: the rootfs then holds no libc at all (ldd fails on a static binary)
     if BUSYBOX is None or subprocess.run(["ldd", BUSYBOX], capture_output=True).returncode == 0:
         pytest.skip("needs busybox-static (apt-get install busybox-static)")
-    tmp = tmp_path_factory.mktemp("bundle-local")
+    tmp = searchable(tmp_path_factory.mktemp("bundle-local"))
     backend = LocalBackend(
         LocalBackendConfig(
             state_dir=tmp / "state",

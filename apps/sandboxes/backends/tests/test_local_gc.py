@@ -10,7 +10,7 @@ from pathlib import Path
 from apps.sandboxes.backends.local import gc
 from apps.sandboxes.backends.local.backend import LocalBackend
 
-from .conftest import make_config, needs_root, new_spec
+from .conftest import make_config, needs_root, new_spec, searchable
 
 pytestmark = needs_root
 
@@ -26,7 +26,7 @@ def _age(claims_dir: Path, seconds: float) -> None:
 
 
 def test_it_tears_down_a_dead_runs_instance_and_keeps_a_live_one(tmp_path: Path) -> None:
-    claims = tmp_path / "claims"
+    claims = searchable(tmp_path) / "claims"  # its parent holds pause: bound into sandboxes
     dead_state, live_state = tmp_path / "dead", tmp_path / "live"
     # A pid that cannot be running: beyond pid_max.
     dead = _backend(dead_state, "t99999999", claims)
@@ -51,7 +51,7 @@ def test_it_tears_down_a_dead_runs_instance_and_keeps_a_live_one(tmp_path: Path)
 
 
 def test_it_leaves_young_claims_alone(tmp_path: Path) -> None:
-    claims = tmp_path / "claims"
+    claims = searchable(tmp_path) / "claims"  # its parent holds pause: bound into sandboxes
     young = _backend(tmp_path / "young", "t99999998", claims)
     try:
         young.provision(new_spec())

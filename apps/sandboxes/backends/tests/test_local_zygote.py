@@ -489,7 +489,9 @@ def test_it_falls_back_to_exec_when_gcc_is_missing(
         return None if name == "gcc" else real_which(name, mode, path)
 
     monkeypatch.setattr(shutil, "which", which)
-    config = make_config(tmp_path, f"g{os.getpid()}", "netns")  # nothing built there yet
+    config = make_config(tmp_path, f"g{os.getpid()}", "netns")
+    # pause is built under the machine-wide runtime dir (claims_dir's parent): a fresh one
+    config = replace(config, claims_dir=tmp_path / "run" / "subnets")  # nothing built there
     with caplog.at_level(logging.WARNING):
         assert LocalBackend(config).agent_launch == "exec"
     assert "agents start by exec: gcc is not installed" in caplog.text
