@@ -70,7 +70,7 @@ def meta(sb: Sandbox) -> dict[str, object]:
 
 
 def workspace(sb: Sandbox) -> Path:
-    return sb.backend._dir(sb.id) / "workspace"
+    return sb.backend._data_dirs(sb.id)[0]
 
 
 def host_sysctl(name: str) -> str:

@@ -20,7 +20,7 @@ from apps.sandboxes.backends.base import BackendError, InventoryItem
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, _btrfs
 from apps.sandboxes.backends.local.storage import qgroup_of
 
-from .conftest import PODAGENT, Sandbox, needs_root, new_spec
+from .conftest import PODAGENT, Sandbox, needs_root, new_spec, searchable
 
 pytestmark = needs_root
 
@@ -58,7 +58,7 @@ def host_free(path: str = "/") -> int:
 def private_backend(tmp_path: Path, tag: str, disk_size_mib: int = 512) -> LocalBackend:
     return LocalBackend(
         LocalBackendConfig(
-            state_dir=tmp_path / "state",
+            state_dir=searchable(tmp_path) / "state",
             instance=f"{tag}{os.getpid()}",
             podagent_dir=PODAGENT,
             isolation="netns",
@@ -328,7 +328,7 @@ def test_storage_that_cannot_be_mounted_fails_clearly_and_starts_nothing(
 def test_unisolated_sandboxes_have_no_storage(tmp_path: Path) -> None:
     b = LocalBackend(
         LocalBackendConfig(
-            state_dir=tmp_path / "state",
+            state_dir=searchable(tmp_path) / "state",
             instance=f"un{os.getpid()}",
             podagent_dir=PODAGENT,
             isolation="none",
