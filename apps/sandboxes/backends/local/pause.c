@@ -4,7 +4,8 @@
    agent. Built static (gcc -static -Os) so it runs in any image.
    On EOF it SIGKILLs every other process of the sandbox's pid namespace before it
    exits: bwrap's init waits for all its children, so an orphan (`setsid sleep 900 &`)
-   would otherwise keep the sandbox alive after its agent died.
+   would otherwise keep the sandbox alive after its agent died. It is not dumpable, so
+   the sandbox's commands cannot open its descriptors through /proc.
 
    pause userns: the zygote's helper for a sandbox's user namespace. Unshares a new
    user namespace, says so with one byte on stdout, then waits for EOF on stdin while
@@ -14,6 +15,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,6 +29,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc != 3) return 2;
+    /* Not dumpable: it runs as sandbox root, and a command (same uid, no capabilities)
+       could otherwise open its fds through /proc: a write end of the hold pipe (pause
+       would never see the agent die) or agent.log. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return 5;
     int ready = atoi(argv[1]), hold = atoi(argv[2]);
     if (write(ready, &c, 1) != 1) return 3;
     close(ready);

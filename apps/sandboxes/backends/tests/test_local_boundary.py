@@ -331,3 +331,23 @@ def test_the_token_is_never_a_host_file(make_sandbox: Factory) -> None:
     assert not (state / "secret").exists()  # no host copy was ever written
     assert sb.sh("ls -A /run/hedgerow")[1] == ""  # the agent consumed its copy
     assert sb.spec.agent_token not in json.dumps(meta(sb))
+
+
+@pytest.mark.parametrize("make_sandbox", ["zygote"], indirect=True)  # pause is the zygote's
+def test_commands_cannot_open_pauses_descriptors(make_sandbox: Factory) -> None:
+    """pause runs as sandbox root: were it dumpable, a command could open a write end
+    of its hold pipe through /proc (keeping pause from seeing the agent die) or its
+    stdout (the host-side agent.log)."""
+    sb = make_sandbox()
+    out = sb.sh(
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline | grep -q '^/opt/hedgerow/pause ' "
+        "&& echo ${p#/proc/}; done"
+    )[1]
+    pids = out.split()
+    assert len(pids) == 1, out
+    # (the fd directory itself may be listed: it belongs to the namespace's root)
+    link = sb.sh(f"readlink -v /proc/{pids[0]}/fd/1 2>&1; echo rc=$?")[1]
+    assert "Permission denied" in link and link.endswith("rc=1\n"), link
+    hold = sb.sh(f"(exec 9>/proc/{pids[0]}/fd/4) 2>&1; echo rc=$?")[1]
+    assert "Permission denied" in hold and hold.endswith("rc=1\n"), hold
+    assert sb.sh(f"grep -c . /proc/{pids[0]}/status")[0] == 0  # still visible, just closed
