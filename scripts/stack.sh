@@ -37,7 +37,7 @@ install_system() {
   command -v bwrap >/dev/null || missing+=(bubblewrap)
   command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)  # sandbox storage (quotas)
   # the sandbox's seccomp filter (podagent/seccomp.py) and user namespaces (nsenter)
-  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || missing+=(libseccomp2)
+  dpkg -s libseccomp2 >/dev/null 2>&1 || missing+=(libseccomp2)
   command -v nsenter >/dev/null || missing+=(util-linux)
   command -v nft >/dev/null || missing+=(nftables)
   command -v iptables >/dev/null || missing+=(iptables)
