@@ -9,12 +9,12 @@ import json
 import time
 from typing import Any
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from apps.sandboxes.models import Operation, OperationStatus
+from apps.sandboxes.tests.live_api import api_client, ready_sandbox
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -22,24 +22,6 @@ pytestmark = pytest.mark.timeout(240)
 COMMAND = "printf 'a\\000b'; printf 'e\\000r' >&2; printf 'x\\000y\\000'"
 STDOUT = b"a\x00bx\x00y\x00"
 STDERR = b"e\x00r"
-
-
-def _http(live: Any, secret: str, prefix: str = "/api/v1") -> httpx.Client:
-    return httpx.Client(
-        base_url=live.url + prefix,
-        headers={"Authorization": f"Bearer {secret}", "X-API-Key": secret},
-        timeout=90,
-        trust_env=False,
-    )
-
-
-def _ready(http: httpx.Client) -> str:
-    created = http.post("/sandboxes", json={"image": "host"})
-    assert created.status_code == 201, created.text
-    sandbox_id = str(created.json()["id"])
-    waited = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
-    assert waited.status_code == 200, waited.text
-    return sandbox_id
 
 
 def _bytes(meta: dict[str, Any]) -> bytes:
@@ -68,8 +50,8 @@ def _row(operation_id: str) -> Operation:
 
 def test_rest_exec_keeps_nul_bytes_on_the_fast_path_and_the_regular_path(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     # No query string: the event-loop fast path answers; with one, Django's ExecView.
     for operation_id, path in (
         ("op-nul-fast", f"/sandboxes/{sandbox_id}/exec"),
@@ -95,8 +77,8 @@ def test_rest_exec_keeps_nul_bytes_on_the_fast_path_and_the_regular_path(live, m
 
 def test_streamed_exec_keeps_nul_bytes_in_frames_and_in_the_stored_result(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     started = http.post(
         f"/sandboxes/{sandbox_id}/exec",
         json={"command": COMMAND, "stream": True, "operation_id": "op-nul-stream"},
@@ -127,8 +109,8 @@ def test_orchard_exec_and_the_sdk_keep_nul_bytes(live, make_tenant):
     from hedgerow.errors import ValidationError
 
     _, secret = make_tenant()
-    sandbox_id = _ready(_http(live, secret))
-    orchard = _http(live, secret, "/orchard")
+    sandbox_id = ready_sandbox(api_client(live, secret))
+    orchard = api_client(live, secret, "/orchard")
     job = orchard.post(f"/sandboxes/{sandbox_id}/exec", json={"command": COMMAND, "wait": True})
     assert job.status_code == 200, job.text
     body = job.json()
@@ -153,27 +135,27 @@ def test_orchard_exec_and_the_sdk_keep_nul_bytes(live, make_tenant):
         with sandbox.episode(task_id="nul-output") as episode:
             sandbox.exec(COMMAND)
             episode.set_result(reward=1.0)
-        steps = _http(live, secret).get(f"/episodes/{episode.id}/steps").json()["results"]
+        steps = api_client(live, secret).get(f"/episodes/{episode.id}/steps").json()["results"]
         assert [s["kind"] for s in steps] == ["exec"]
         assert _bytes(steps[0]["observation"]["stdout"]) == STDOUT
         assert _bytes(steps[0]["observation"]["stderr"]) == STDERR
-        closed = _http(live, secret).get(f"/episodes/{episode.id}").json()
+        closed = api_client(live, secret).get(f"/episodes/{episode.id}").json()
         assert (closed["status"], closed["resources"]["stdout_bytes"]) == ("closed", len(STDOUT))
         # A refused exec (NUL in argv) is a typed error and its step still records.
         with sandbox.episode(task_id="nul-input") as refused:
             with pytest.raises(ValidationError) as error:
                 sandbox.exec(["echo", "a\x00b"])
             assert error.value.code == "validation_error"
-        steps = _http(live, secret).get(f"/episodes/{refused.id}/steps").json()["results"]
+        steps = api_client(live, secret).get(f"/episodes/{refused.id}/steps").json()["results"]
         assert steps[0]["action"] == ["echo", "a\\0b"]
         assert steps[0]["observation"]["error"]["code"] == "validation_error"
 
 
 def test_a_nul_in_the_command_env_or_cwd_is_a_typed_400(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
-    orchard = _http(live, secret, "/orchard")
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
+    orchard = api_client(live, secret, "/orchard")
     cases: list[tuple[dict[str, Any], str]] = [
         ({"command": ["echo", "a\x00b"]}, "command[1]"),
         ({"command": "echo a\x00b"}, "command"),

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from apps.sandboxes.tests.test_streaming_live import _frames, _http, _ready, _ws
+from apps.sandboxes.tests.live_api import api_client, ready_sandbox
+from apps.sandboxes.tests.test_streaming_live import _frames, _ws
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,8 +68,8 @@ def _wait_running(http: Any, sandbox_id: str, command: str) -> None:
 
 def test_it_relays_a_shell_with_resize_ctrl_c_utf8_and_exit_code(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     with _ws(live, f"/ws/v1/sandboxes/{sandbox_id}/pty", secret) as ws:
         term = Term(ws)
         term.init(rows=24, cols=80, cmd=["bash", "--norc", "--noprofile", "-i"])
@@ -96,8 +97,8 @@ def test_it_relays_a_shell_with_resize_ctrl_c_utf8_and_exit_code(live, make_tena
 
 def test_it_kills_the_session_when_the_client_disconnects(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     with _ws(live, f"/ws/v1/sandboxes/{sandbox_id}/pty", secret) as ws:
         term = Term(ws)
         shell = term.init(cmd=["bash", "--norc", "--noprofile", "-i"])
@@ -116,8 +117,8 @@ def test_it_kills_the_session_when_the_client_disconnects(live, make_tenant):
 def test_it_bounds_terminals_and_rejects_bad_frames_and_outsiders(live, make_tenant):
     _, secret = make_tenant()
     _, outsider = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     path = f"/ws/v1/sandboxes/{sandbox_id}/pty"
 
     with _ws(live, path, outsider) as ws:

@@ -9,7 +9,6 @@ import json
 import time
 from typing import Any
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -17,6 +16,7 @@ from websockets.sync.client import connect
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.replay import bytes_key, frames_key
+from apps.sandboxes.tests.live_api import api_client, ready_sandbox
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,24 +25,6 @@ OUTPUT_BYTES = 3_000_000  # each op's stdout: ~3x the default per-operation cap
 # 30 waves of 100 kB with a pause between them: the ops are still running while the
 # test reads their buffers' TTLs.
 COMMAND = "for i in $(seq 30); do head -c 100000 /dev/zero | tr '\\0' x; sleep 0.1; done"
-
-
-def _http(live: Any, secret: str) -> httpx.Client:
-    return httpx.Client(
-        base_url=live.url + "/api/v1",
-        headers={"Authorization": f"Bearer {secret}"},
-        timeout=90,
-        trust_env=False,
-    )
-
-
-def _ready(http: httpx.Client) -> str:
-    created = http.post("/sandboxes", json={"image": "host"})
-    assert created.status_code == 201, created.text
-    sandbox_id = str(created.json()["id"])
-    waited = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
-    assert waited.status_code == 200, waited.text
-    return sandbox_id
 
 
 def _poll(condition: Any, timeout: float, what: str) -> Any:
@@ -59,8 +41,8 @@ def test_ten_large_streamed_ops_keep_bounded_replay_memory_with_the_documented_t
     live: Any, make_tenant: Any, settings: Any
 ) -> None:
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     ttl_limit = settings.HEDGEROW_STREAM_REPLAY_TTL_S
     cap = settings.HEDGEROW_STREAM_REPLAY_MAX_BYTES
     assert cap * 2 < OUTPUT_BYTES  # the test only means something if the cap bites

@@ -6,7 +6,6 @@ import base64
 import json
 from typing import Any
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -14,26 +13,9 @@ from websockets.sync.client import ClientConnection, connect
 from apps.sandboxes.agent_client import AgentUnreachable
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.operations import agent_for
+from apps.sandboxes.tests.live_api import api_client, ready_sandbox
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _http(live: Any, secret: str) -> httpx.Client:
-    return httpx.Client(
-        base_url=live.url + "/api/v1",
-        headers={"Authorization": f"Bearer {secret}"},
-        timeout=90,
-        trust_env=False,
-    )
-
-
-def _ready(http: httpx.Client) -> str:
-    created = http.post("/sandboxes", json={"image": "host"})
-    assert created.status_code == 201, created.text
-    sandbox_id = str(created.json()["id"])
-    waited = http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60})
-    assert waited.status_code == 200, waited.text
-    return sandbox_id
 
 
 def _ws(live: Any, path: str, secret: str | None) -> ClientConnection:
@@ -67,8 +49,8 @@ EXPECTED = "".join(f"line-{i}\n" for i in range(1, 41)).encode()
 
 def test_it_streams_frames_in_order_across_a_forced_reconnect(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     started = http.post(
         f"/sandboxes/{sandbox_id}/exec",
         json={"command": SCRIPT, "stream": True, "operation_id": "op-stream-1"},
@@ -102,8 +84,8 @@ def test_it_streams_frames_in_order_across_a_forced_reconnect(live, make_tenant)
 
 def test_it_replays_everything_to_a_late_subscriber_and_a_replay_runs_once(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     command = "echo $$ >> /workspace/runs; printf 'a\\xc3'; printf '\\xa9b'"
     body = {"command": command, "stream": True, "operation_id": "op-late"}
     assert http.post(f"/sandboxes/{sandbox_id}/exec", json=body).status_code == 202
@@ -133,8 +115,8 @@ def test_it_recovers_an_operation_whose_relay_died(live, make_tenant):
     from apps.sandboxes.services.operations import ExecRequest, operation_start
 
     tenant, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     sandbox = Sandbox.objects.get(external_id=sandbox_id)
     request = ExecRequest(command="sleep 1; echo recovered")
     # A running record with no pump, and the command running in the agent: exactly
@@ -160,8 +142,8 @@ def test_it_recovers_an_operation_whose_relay_died(live, make_tenant):
 def test_it_never_streams_another_tenants_operation(live, make_tenant):
     _, secret = make_tenant()
     _, outsider = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     started = http.post(
         f"/sandboxes/{sandbox_id}/exec",
         json={"command": "echo private", "stream": True, "operation_id": "op-mine"},
@@ -199,7 +181,7 @@ def test_it_streams_through_the_sdk_sync_and_async(live, make_tenant):
     from hedgerow.aio import AsyncClient
 
     _, secret = make_tenant()
-    sandbox_id = _ready(_http(live, secret))
+    sandbox_id = ready_sandbox(api_client(live, secret))
     with Client(live.url, secret) as client:
         sandbox = client.get(sandbox_id)
         frames = list(sandbox.exec_stream("printf 'é%.0s' $(seq 1 3); echo; echo oops >&2"))
@@ -232,8 +214,8 @@ def test_it_bounds_the_replay_buffer_and_names_the_gap(live, make_tenant, settin
     then gets the kept tail in order, and the exit frame still has the whole-stream
     totals."""
     _, secret = make_tenant()
-    http = _http(live, secret)
-    sandbox_id = _ready(http)
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
     # One flushed write per line with a pause, so each line is its own agent frame.
     command = [
         "python3",
@@ -263,11 +245,11 @@ def test_it_bounds_the_replay_buffer_and_names_the_gap(live, make_tenant, settin
 
 def test_it_streams_an_operation_and_state_over_the_browser_socket(live, make_tenant):
     _, secret = make_tenant()
-    http = _http(live, secret)
+    http = api_client(live, secret)
     with _ws(live, "/ws/realtime", secret) as ws:
         ws.send(json.dumps({"type": "subscribe", "topic": "sandboxes"}))
         assert json.loads(ws.recv(timeout=20))["type"] == "subscribed"
-        sandbox_id = _ready(http)
+        sandbox_id = ready_sandbox(http)
         started = http.post(
             f"/sandboxes/{sandbox_id}/exec",
             json={"command": "echo via-realtime", "stream": True, "operation_id": "op-rt"},

@@ -14,7 +14,8 @@ from websockets.sync.client import connect
 
 from apps.billing.models import ApiKey
 from apps.billing.services import api_key_create, api_key_revoke
-from apps.sandboxes.tests.test_streaming_live import _http, _ready, _ws
+from apps.sandboxes.tests.live_api import api_client, ready_sandbox
+from apps.sandboxes.tests.test_streaming_live import _ws
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -75,8 +76,8 @@ def test_a_revoked_keys_terminal_closes_with_4401_and_its_processes_end(
     live: Any, make_tenant: Any, settings: Any
 ) -> None:
     victim, admin = _two_keys(make_tenant)
-    http = _http(live, admin)
-    sandbox_id = _ready(http)
+    http = api_client(live, admin)
+    sandbox_id = ready_sandbox(http)
     limit = settings.HEDGEROW_WS_REVALIDATE_S + SLACK_S
     with _ws(live, f"/ws/v1/sandboxes/{sandbox_id}/pty", victim) as ws:
         ws.send(json.dumps({"type": "pty.init", "cmd": ["sleep", "4242"]}))
@@ -93,8 +94,8 @@ def test_a_revoked_keys_exec_stream_closes_with_4401(
     live: Any, make_tenant: Any, settings: Any
 ) -> None:
     victim, admin = _two_keys(make_tenant)
-    http = _http(live, admin)
-    sandbox_id = _ready(http)
+    http = api_client(live, admin)
+    sandbox_id = ready_sandbox(http)
     started = http.post(
         f"/sandboxes/{sandbox_id}/exec",
         json={
@@ -118,8 +119,8 @@ def test_a_revoked_keys_orchard_terminal_closes_with_4401_and_its_processes_end(
     live: Any, make_tenant: Any, settings: Any
 ) -> None:
     victim, admin = _two_keys(make_tenant)
-    http = _http(live, admin)
-    sandbox_id = _ready(http)
+    http = api_client(live, admin)
+    sandbox_id = ready_sandbox(http)
     url = live.url.replace("http://", "ws://")
     with connect(f"{url}/orchard/sandboxes/{sandbox_id}/exec/pty?api_key={victim}") as ws:
         ws.send(json.dumps({"type": "init", "cmd": ["sleep", "4343"], "rows": 24, "cols": 80}))
