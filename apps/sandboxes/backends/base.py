@@ -6,9 +6,10 @@ Nothing outside ``apps/sandboxes/backends/`` imports ``kubernetes`` or runs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 
 class BackendError(Exception):
@@ -19,8 +20,49 @@ class BackendError(Exception):
         self.transient = transient
 
 
-class UnknownImage(BackendError):
-    pass
+class ImageUnavailable(BackendError):
+    """The image cannot be had: not found, unauthorized, unreachable registry, tampered
+    blob, refused layer, unsupported platform, unknown ``User``… ``code`` is stable
+    (``image_not_found``, ``registry_unauthorized``, … — docs/images.md) and becomes
+    the API's 4xx error code; ``message`` carries the registry's own words. Never a
+    reason to fall back to another image."""
+
+    def __init__(
+        self, message: str, *, code: str = "image_unavailable", reference: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reference = reference
+
+
+class UnknownImage(ImageUnavailable):
+    """A name that is neither an OCI reference nor an image this backend has."""
+
+    def __init__(self, message: str, *, reference: str = "") -> None:
+        super().__init__(message, code="unknown_image", reference=reference)
+
+
+class DiskExhausted(BackendError):
+    """The host's disk (image cache or sandbox storage) would fall below its reserve:
+    new sandboxes and pulls are refused before the disk fills (``disk_exhausted``)."""
+
+    code = "disk_exhausted"
+
+
+@dataclass(frozen=True)
+class RegistryCredentials:
+    """A tenant's credentials for one registry, decrypted only in memory for a pull."""
+
+    username: str
+    password: str
+
+    def __repr__(self) -> str:  # never in logs or tracebacks
+        return f"RegistryCredentials(username={self.username!r}, password=***)"
+
+
+# Pull progress: {"phase": "resolved"|"fetching"|"fetched"|"unpacked"|"done", …}
+# (docs/images.md "Progress"); called from the provisioning thread.
+ProgressCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -36,6 +78,8 @@ class SandboxSpec:
     pids_limit: int = 512
     disk_mib: int = 2048
     labels: dict[str, str] = field(default_factory=dict)
+    # for a private image: the tenant's credentials for the image's registry
+    registry_credentials: RegistryCredentials | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -44,6 +88,7 @@ class Endpoint:
     port: int
     isolation: str  # "netns+bwrap", "pod", "pod+gvisor", … or "none" (unisolated fallback)
     node: str = ""
+    image_digest: str = ""  # the resolved manifest digest the sandbox runs ("" for host)
 
 
 @dataclass(frozen=True)
@@ -71,9 +116,11 @@ class BackendEvent:
 
 @dataclass(frozen=True)
 class ImageInfo:
-    name: str
+    name: str  # the reference as asked for (normalised) or a built-in name ("host")
     description: str = ""
-    digest: str = ""
+    digest: str = ""  # manifest digest, sha256:…
+    size_bytes: int = 0  # on disk, unpacked
+    layers: int = 0
 
 
 class Backend(Protocol):
@@ -82,13 +129,36 @@ class Backend(Protocol):
     def images(self) -> list[ImageInfo]:
         """Images this backend can start; anything else is UnknownImage."""
 
-    def provision(self, spec: SandboxSpec) -> Endpoint:
+    def resolve_image(
+        self, reference: str, credentials: RegistryCredentials | None = None
+    ) -> ImageInfo:
+        """Check that ``reference`` can be had with ``credentials`` (the manifest, not
+        the layers) and return its digest. Raises ImageUnavailable. Cheap enough for a
+        create request (the local backend caches a positive answer briefly)."""
+
+    def pull_image(
+        self,
+        reference: str,
+        credentials: RegistryCredentials | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Fetch and unpack the image now (single-flight). Raises ImageUnavailable or
+        DiskExhausted."""
+
+    def import_image(self, name: str, archive: Path) -> ImageInfo:
+        """Store a ``docker save`` tarball or OCI layout under ``name``."""
+
+    def remove_image(self, digest: str) -> bool:
+        """Drop the cached image unless a live sandbox uses it; False when in use."""
+
+    def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         """Create every resource for (sandbox, generation) and start the agent.
 
         Idempotent: resources that already exist with the same sandbox id and
         generation are adopted. On failure it removes what it created and raises.
         Returns once the agent process is started (readiness is checked by the
-        caller against ``/health``).
+        caller against ``/health``). An OCI image is pulled first (``progress`` gets the
+        pull's events); the returned endpoint carries its digest.
         """
 
     def destroy(self, sandbox_id: str) -> None:

@@ -9,6 +9,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -20,6 +21,8 @@ from apps.sandboxes.backends.base import (
     Endpoint,
     ImageInfo,
     InventoryItem,
+    ProgressCallback,
+    RegistryCredentials,
     SandboxSpec,
     UnknownImage,
 )
@@ -97,7 +100,7 @@ class KubernetesBackend:
         found += [ImageInfo(name, "container image") for name in self.config.images]
         return found
 
-    def resolve_image(self, image: str) -> str:
+    def _image_ref(self, image: str) -> str:
         if image == HOST_ALIAS:
             return self.config.default_image
         if image not in self.config.images:
@@ -105,11 +108,32 @@ class KubernetesBackend:
         check_image_ref(image)
         return image
 
+    # Nodes pull images themselves (kubelet); these answer from the configured list
+    # until issue 15's Kubernetes part (imagePullSecrets, imageID) lands.
+    def resolve_image(
+        self, reference: str, credentials: RegistryCredentials | None = None
+    ) -> ImageInfo:
+        return ImageInfo(self._image_ref(reference))
+
+    def pull_image(
+        self,
+        reference: str,
+        credentials: RegistryCredentials | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        return self.resolve_image(reference, credentials)
+
+    def import_image(self, name: str, archive: Path) -> ImageInfo:
+        raise BackendError("the kubernetes backend cannot import archives: push to a registry")
+
+    def remove_image(self, digest: str) -> bool:
+        raise BackendError("the kubernetes backend keeps no image cache (nodes do)")
+
     # ---- provision ---------------------------------------------------------------
 
-    def provision(self, spec: SandboxSpec) -> Endpoint:
+    def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
-        spec = dataclasses.replace(spec, image=self.resolve_image(spec.image))
+        spec = dataclasses.replace(spec, image=self._image_ref(spec.image))
         self.informer.unsilence(spec.sandbox_id)
         self.ensure_namespace_policy()
         self.informer.ensure_started()

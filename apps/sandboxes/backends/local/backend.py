@@ -23,6 +23,8 @@ from apps.sandboxes.backends.base import (
     Endpoint,
     ImageInfo,
     InventoryItem,
+    ProgressCallback,
+    RegistryCredentials,
     SandboxSpec,
     UnknownImage,
 )
@@ -239,7 +241,28 @@ class LocalBackend:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    def provision(self, spec: SandboxSpec) -> Endpoint:
+    # OCI images: the store (images/) is wired in by issue 15's launch work; until then
+    # only "host" and imported root filesystems resolve.
+    def resolve_image(
+        self, reference: str, credentials: RegistryCredentials | None = None
+    ) -> ImageInfo:
+        for info in self.images():
+            if info.name == reference:
+                return info
+        raise UnknownImage(f"unknown image {reference!r}", reference=reference)
+
+    def pull_image(
+        self,
+        reference: str,
+        credentials: RegistryCredentials | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        return self.resolve_image(reference, credentials)
+
+    def remove_image(self, digest: str) -> bool:
+        raise BackendError("not implemented yet (issue 15)")
+
+    def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
         base_args, python = self._base_args(spec.image)
         with self._lock(spec.sandbox_id):
