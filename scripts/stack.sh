@@ -13,7 +13,9 @@ PG_PORT="${HEDGEROW_DB_PORT:-55432}"
 REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
 WEB_PORT="${HEDGEROW_WEB_PORT:-8000}"
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)"
-APT_PACKAGES="postgresql redis-server bubblewrap libseccomp2 util-linux btrfs-progs nftables iptables iproute2 procps psmisc chromium docker-compose nodejs npm busybox-static skopeo docker-registry apache2-utils mmdebstrap"
+# runtime packages (make up); make test adds TEST_APT_PACKAGES (install_system)
+APT_PACKAGES="postgresql redis-server bubblewrap libseccomp2 util-linux btrfs-progs nftables iptables iproute2 procps psmisc nodejs npm skopeo"
+TEST_APT_PACKAGES="chromium docker-compose busybox-static docker-registry apache2-utils mmdebstrap"
 
 # Redis's memory bound (docs/operations.md says how to size it). Only keys with a TTL
 # may be evicted: Celery's queues and bindings have none, every replay buffer has one.
@@ -43,18 +45,22 @@ install_system() {
   command -v iptables >/dev/null || missing+=(iptables)
   command -v ip >/dev/null || missing+=(iproute2)
   command -v pkill >/dev/null || missing+=(procps)
-  command -v chromium >/dev/null || missing+=(chromium)
-  command -v docker-compose >/dev/null || missing+=(docker-compose)
   command -v npm >/dev/null || missing+=(nodejs npm)
-  # images without python3 (the agent-bundle and zygote tests build one from busybox)
-  command -v busybox >/dev/null || missing+=(busybox-static)
-  # OCI images (docs/images.md): skopeo pulls; the tests run Debian's reference
-  # registry on loopback with htpasswd (bcrypt) auth
+  # OCI images (docs/images.md): skopeo pulls them for sandboxes
   command -v skopeo >/dev/null || missing+=(skopeo)
-  command -v docker-registry >/dev/null || missing+=(docker-registry)
-  command -v htpasswd >/dev/null || missing+=(apache2-utils)
-  # a real distribution userland for the image tests, built once per machine
-  command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+  # What only `make test` needs (scripts/test.sh sets HEDGEROW_TEST_TOOLS=1), so that
+  # `make up` on a fresh machine does not wait for a browser and a registry it never runs.
+  if [ -n "${HEDGEROW_TEST_TOOLS:-}" ]; then
+    command -v chromium >/dev/null || missing+=(chromium)  # dashboard browser tests
+    command -v docker-compose >/dev/null || missing+=(docker-compose)  # compose config check
+    # images without python3 (the agent-bundle and zygote tests build one from busybox)
+    command -v busybox >/dev/null || missing+=(busybox-static)
+    # the image tests run Debian's reference registry on loopback with htpasswd (bcrypt)
+    # auth, and build a real distribution userland once per machine
+    command -v docker-registry >/dev/null || missing+=(docker-registry)
+    command -v htpasswd >/dev/null || missing+=(apache2-utils)
+    command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+  fi
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing system packages: ${missing[*]}"
     as_root apt-get update -qq

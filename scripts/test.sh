@@ -5,6 +5,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+# test-only system packages (browser, registry, userland builder): scripts/stack.sh
+export HEDGEROW_TEST_TOOLS=1
 scripts/stack.sh services
 scripts/stack.sh install >/dev/null
 
