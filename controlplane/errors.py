@@ -74,7 +74,14 @@ def _first_error(detail: Any, prefix: str = "") -> tuple[str | None, str, str]:
                 field = prefix or ""
             return _first_error(value, field)
     if isinstance(detail, list) and detail:
-        return _first_error(detail[0], prefix)
+        # A many=True serializer reports one entry per item, {} for the valid ones: the
+        # first error is the first non-empty entry, named by its index ("steps.2.kind").
+        for index, item in enumerate(detail):
+            if isinstance(item, dict | list):
+                if item:
+                    return _first_error(item, f"{prefix}.{index}" if prefix else str(index))
+                continue
+            return _first_error(item, prefix)
     code = getattr(detail, "code", "invalid") or "invalid"
     return (prefix or None, str(detail), str(code))
 
