@@ -88,8 +88,8 @@ class ExecFastPath:
             started = time.perf_counter()
             answer = await _answer(scope, match.group(1), body)
             if answer is not None:
-                status, payload, request_id = answer
-                await _send(send, status, payload, request_id)
+                status, payload, request_id, extra_headers = answer
+                await _send(send, status, payload, request_id, extra_headers)
                 _log_access(scope["path"], status, request_id, started)
                 return
         await self.app(scope, _replay(body, complete, receive), send)
@@ -126,8 +126,12 @@ def _replay(body: bytes, complete: bool, receive: Receive) -> Receive:
     return replayed
 
 
-async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> tuple[int, bytes, str] | None:
-    """(status, JSON body, request id), or None for Django to answer."""
+_Answer = tuple[int, bytes, str, dict[str, str]]
+
+
+async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> _Answer | None:
+    """(status, JSON body, request id, the error's own headers such as Retry-After), or
+    None for Django to answer."""
     headers: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
         if name in _WANTED:
@@ -161,17 +165,17 @@ async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> tuple[int, byte
             request_id=request_id,
         )
     except ApiError as exc:
-        return exc.status_code, _json(exc.as_dict()), request_id
+        return exc.status_code, _json(exc.as_dict()), request_id, exc.headers
     except Exception:
         # As the API's exception handler does: logged with its traceback, answered in
         # the envelope with the request id to quote, no internals.
         log.exception("unhandled error in the exec fast path")
-        return 500, _json(_internal_error_body()), request_id
+        return 500, _json(_internal_error_body()), request_id, {}
     finally:
         request_id_var.reset(token)
     if fields is None:
         return None
-    return 200, render_operation(fields), request_id
+    return 200, render_operation(fields), request_id, {}
 
 
 async def _refreshed_principal(secret: str) -> Principal | None:
@@ -345,11 +349,18 @@ def _json(data: Any) -> bytes:
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
 
 
-async def _send(send: Send, status: int, payload: bytes, request_id: str) -> None:
+async def _send(
+    send: Send, status: int, payload: bytes, request_id: str, extra: dict[str, str]
+) -> None:
     headers = [
         *_HEADERS,
         (b"content-length", str(len(payload)).encode()),
         (b"x-request-id", request_id.encode()),
+        # an error's own headers, as the API's exception handler passes them on
+        *(
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in extra.items()
+        ),
         *_SECURITY_HEADERS,
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})

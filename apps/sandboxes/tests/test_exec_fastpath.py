@@ -395,6 +395,20 @@ def test_it_answers_an_unexpected_failure_in_the_envelope_and_gives_the_slot_bac
     assert pump_key(str(operation.pk)) not in pumps._keys
 
 
+def test_it_keeps_retry_after_on_a_resource_exhausted_answer_as_the_view_does(fast, api_client):
+    # the agent is alive but has no process left under the sandbox's pids limit
+    fast["agent"].status = 503
+    fast["agent"].body = {
+        "error": {"code": "resource_exhausted", "message": "no process left", "kind": "pids"}
+    }
+    body = json.dumps({"command": "true", "operation_id": "op-full"}).encode()
+    status, headers, payload = _call(fast["app"], fast["sandbox"].external_id, body, fast["auth"])
+    assert fast["inner"].calls == []
+    assert status == 503
+    assert headers[b"retry-after"] == b"1"
+    assert json.loads(payload)["error"]["code"] == "resource_exhausted"
+
+
 def test_it_hands_the_exec_to_django_when_redis_is_down_leaving_no_row(fast, caplog):
     loop = fast["loop"]
     loop.run_until_complete(exec_async._clients.get())
