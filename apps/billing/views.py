@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from apps.billing.api.usage_views import cost_report_csv, parse_window
+from apps.billing.api.usage_views import cost_report_csv, parse_window, window_end_date
 from apps.billing.principal import Principal
 from apps.billing.quotas import quota_usage
 from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, current_price_book, tenant_report
@@ -86,7 +86,7 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
             "report": report,
             "error": error,
             "start": start.date().isoformat(),
-            "end": end.date().isoformat(),
+            "end": window_end_date(end),
             "bars": quota_bars(usage),
             "budget": budget,
             "spent": spent,
@@ -136,7 +136,7 @@ def cost_report_page(request: HttpRequest) -> HttpResponse:
             "columns": columns,
             "sort": sort,
             "start": start.date().isoformat(),
-            "end": end.date().isoformat(),
+            "end": window_end_date(end),
             "error": error,
             "total": total,
             "price_book": current_price_book(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.http import HttpResponse
 from django.utils import timezone
@@ -25,12 +25,21 @@ from controlplane.errors import NotFound, ValidationFailed
 
 WINDOW_PARAMS = [
     OpenApiParameter("start", str, description="ISO date/time (default: 30 days ago)"),
-    OpenApiParameter("end", str, description="ISO date/time, exclusive (default: now)"),
+    OpenApiParameter(
+        "end",
+        str,
+        description="ISO date (inclusive: through the end of that day, UTC) or date/time "
+        "(exclusive); default: now",
+    ),
 ]
 
 
 def parse_window(params: dict[str, str] | None) -> tuple[datetime, datetime]:
-    """[start, end) from ISO dates or datetimes (UTC when naive); ≤ 400 days."""
+    """[start, end) from ISO dates or datetimes (UTC when naive); ≤ 400 days.
+
+    The one window rule of the API, the pages, their sorting and CSV: a bare *date* as
+    ``end`` is inclusive (through the end of that day), so "to 2026-12-02" includes
+    today and start = end is a single day; a datetime is an exact, exclusive bound."""
     params = params or {}
     now = timezone.now()
 
@@ -42,6 +51,8 @@ def parse_window(params: dict[str, str] | None) -> tuple[datetime, datetime]:
             value = datetime.fromisoformat(raw)
         except ValueError:
             raise ValidationFailed(f"{name} must be an ISO date or datetime", field=name) from None
+        if name == "end" and _is_date(raw):
+            value += timedelta(days=1)
         return value if value.tzinfo else value.replace(tzinfo=UTC)
 
     end = parse("end", now)
@@ -51,6 +62,19 @@ def parse_window(params: dict[str, str] | None) -> tuple[datetime, datetime]:
     if end - start > timedelta(days=400):
         raise ValidationFailed("at most 400 days per report", field="start")
     return start, end
+
+
+def _is_date(raw: str) -> bool:
+    try:
+        date.fromisoformat(raw)
+    except ValueError:
+        return False
+    return "T" not in raw and " " not in raw and ":" not in raw
+
+
+def window_end_date(end: datetime) -> str:
+    """The inclusive end date a page shows (and links back with) for ``end``."""
+    return (end - timedelta(microseconds=1)).date().isoformat()
 
 
 class QuotaView(APIView):
