@@ -37,6 +37,22 @@ def realtime_url() -> str:
     return "/ws/realtime" if any("ws/realtime" in p for p in websocket_paths()) else ""
 
 
+def staff_page(view: View) -> View:
+    """Decorates a staff page (cost report, leak report): anonymous users are sent to
+    the admin sign-in (staff sign in there); a signed-in user who is not staff gets a
+    styled 403 with a way back, not a sign-in form that cannot help them."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        if not (request.user.is_active and getattr(request.user, "is_staff", False)):
+            return render(request, "frontend/staff_only.html", status=403)
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
 def page(scope: str = "read") -> Callable[[View], View]:
     """Decorates a dashboard view: signed in, in a team, and holding ``scope``."""
 

@@ -7,7 +7,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
@@ -17,7 +16,7 @@ from apps.billing.principal import Principal
 from apps.billing.quotas import quota_usage
 from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, current_price_book, tenant_report
 from controlplane.errors import ValidationFailed
-from frontend.access import page, render_page
+from frontend.access import page, render_page, staff_page
 
 QUOTA_LABELS = [
     ("concurrent_sandboxes", "Concurrent sandboxes", ""),
@@ -109,7 +108,7 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
     )
 
 
-@staff_member_required
+@staff_page
 @require_GET
 def cost_report_page(request: HttpRequest) -> HttpResponse:
     start, end, error = _window(request)

@@ -7,7 +7,6 @@ import hmac
 from typing import Any
 
 from django.conf import settings
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -17,7 +16,7 @@ from apps.sandboxes import reports
 from apps.sandboxes.metrics import render_metrics
 from apps.sandboxes.services.audit import audit_run
 from apps.sandboxes.services.reconcile import sandbox_reconcile
-from frontend.access import page, render_page
+from frontend.access import page, render_page, staff_page
 
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -42,14 +41,14 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
 
 
-@staff_member_required
+@staff_page
 @require_http_methods(["GET"])
 def leak_report(request: HttpRequest) -> HttpResponse:
     context: dict[str, Any] = reports.leak_report_context(tenant_slug=request.GET.get("tenant", ""))
     return render(request, "reports/leak_report.html", context)
 
 
-@staff_member_required
+@staff_page
 @require_POST
 def leak_report_run(request: HttpRequest) -> HttpResponse:
     """Runs a reconciler round (if asked) and an installation-wide audit now."""

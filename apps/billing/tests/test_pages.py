@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
 
 from apps.billing.models import TenantQuota
 from apps.billing.quotas import quota_get
@@ -50,7 +51,9 @@ def test_it_keeps_the_cost_report_for_staff_and_sorts_it(
     ledger_sandbox(b, T0, [("provisioning", 0), ("deleted", 3600)])
     member = User.objects.create_user("ana", password="pw")
     client.force_login(member)
-    assert client.get("/billing/staff/costs/").status_code == 302  # to the admin login
+    refused = client.get("/billing/staff/costs/")  # signed in, not staff: a way back
+    assert refused.status_code == 403 and 'id="staff-only"' in refused.content.decode()
+    assert Client().get("/billing/staff/costs/")["Location"].startswith("/admin/login/")
     staff = User.objects.create_user("root", password="pw", is_staff=True)
     client.force_login(staff)
     window = {"start": "2026-03-01", "end": "2026-04-01"}

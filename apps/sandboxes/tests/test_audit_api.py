@@ -74,7 +74,7 @@ def test_it_serves_metrics_to_staff_and_the_token_only(settings: Any, make_tenan
     member = User.objects.create_user("member", password="x")
     client.force_login(member)
     assert client.get("/metrics").status_code == 401
-    assert client.get("/reports/leaks").status_code == 302  # to the admin sign-in
+    assert client.get("/reports/leaks").status_code == 403  # signed in, not staff
     assert client.get("/reports/leaks.json").status_code == 403
 
     by_token = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me")
