@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent
+# A real OCI registry on loopback (Debian's docker-registry), for every test that pulls.
+pytest_plugins = ["apps.sandboxes.backends.local.images.tests.fixtures"]
 
 
 def _free_port() -> int:

@@ -243,6 +243,16 @@ if HEDGEROW_SANDBOX_DISK_MIB < 1 or not (
     raise ImproperlyConfigured(
         "HEDGEROW_SANDBOX_DISK_MIB must be >= 1 and HEDGEROW_SANDBOX_DISK_SIZE_MIB 0 or >= 256"
     )
+# OCI images (docs/images.md): one content-addressed store per machine, shared by every
+# instance on it; registries reached over plain HTTP besides loopback (comma list of
+# host[:port]); the free space a pull must leave; the cache size above which unused
+# images are collected, least recently used first (0: only what no image uses).
+HEDGEROW_IMAGE_STORE = env_str("HEDGEROW_IMAGE_STORE", "/var/lib/hedgerow/images")
+HEDGEROW_INSECURE_REGISTRIES = [
+    r.strip() for r in env_str("HEDGEROW_INSECURE_REGISTRIES", "").split(",") if r.strip()
+]
+HEDGEROW_IMAGE_MIN_FREE_MIB = env_int("HEDGEROW_IMAGE_MIN_FREE_MIB", 2048)
+HEDGEROW_IMAGE_CACHE_MIB = env_int("HEDGEROW_IMAGE_CACHE_MIB", 50 * 1024)
 HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
 HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
 HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)

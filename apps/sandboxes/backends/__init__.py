@@ -26,6 +26,10 @@ def get_backend() -> Backend:
                 isolation=settings.HEDGEROW_LOCAL_ISOLATION,
                 agent_launch=settings.HEDGEROW_LOCAL_AGENT_LAUNCH,
                 disk_size_mib=settings.HEDGEROW_SANDBOX_DISK_SIZE_MIB,
+                image_store=Path(settings.HEDGEROW_IMAGE_STORE),
+                insecure_registries=tuple(settings.HEDGEROW_INSECURE_REGISTRIES),
+                image_min_free_bytes=settings.HEDGEROW_IMAGE_MIN_FREE_MIB << 20,
+                image_cache_bytes=settings.HEDGEROW_IMAGE_CACHE_MIB << 20,
                 agent_bundle=Path(settings.HEDGEROW_AGENT_BUNDLE)
                 if settings.HEDGEROW_AGENT_BUNDLE
                 else None,

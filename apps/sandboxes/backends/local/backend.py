@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import stat
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,8 +21,10 @@ from typing import Any
 from apps.sandboxes.backends.base import (
     BackendError,
     BackendEvent,
+    DiskExhausted,
     Endpoint,
     ImageInfo,
+    ImageUnavailable,
     InventoryItem,
     ProgressCallback,
     RegistryCredentials,
@@ -54,6 +57,9 @@ from .config import (
     check_instance,
     check_sandbox_id,
 )
+from .images import Credentials, ImageRecord, ImageStore
+from .images import errors as image_errors
+from .images import reference as image_ref
 from .network import Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
@@ -61,6 +67,42 @@ from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build
 log = logging.getLogger(__name__)
 
 HOST_IMAGE = "host"
+RESOLVE_CACHE_S = 60.0
+
+
+def _credential_key(credentials: RegistryCredentials | None) -> str:
+    if credentials is None:
+        return ""
+    raw = f"{credentials.username}\0{credentials.password}".encode()
+    return hashlib.sha256(raw).hexdigest()
+
+
+@contextlib.contextmanager
+def _typed_image_errors(reference: str) -> Iterator[None]:
+    """The store's typed errors as the backend contract's: the control plane maps
+    ``code`` to a 4xx without knowing this backend."""
+    try:
+        yield
+    except image_errors.DiskExhausted as exc:
+        raise DiskExhausted(f"{reference}: {exc.message}") from exc
+    except image_errors.ImageError as exc:
+        raise ImageUnavailable(
+            f"{exc.reference}: {exc.message}", code=exc.code, reference=reference
+        ) from exc
+
+
+def _is_image_archive(path: Path) -> bool:
+    """A ``docker save`` tarball (manifest.json) or an OCI layout tarball (oci-layout)."""
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.name.lstrip("./") in ("manifest.json", "oci-layout"):
+                    return True
+    except (OSError, tarfile.TarError):
+        return False
+    return False
+
+
 ISOLATED = "netns+bwrap"
 UNISOLATED = "none"
 
@@ -121,6 +163,10 @@ class LocalBackend:
         self.fault_hook: Callable[[str], None] | None = None
         self._gone_reported: set[tuple[str, int | None]] = set()
         self._uid_blocks_claimed = False
+        self._store: ImageStore | None = None  # made on first use (needs skopeo)
+        # (reference, credentials key) -> (info, expiry): a create re-proves access to
+        # an image at most every RESOLVE_CACHE_S per credentials, not per request
+        self._resolved: dict[tuple[str, str], tuple[ImageInfo, float]] = {}
 
     # ---- images ----------------------------------------------------------------------
 
@@ -130,10 +176,17 @@ class LocalBackend:
             if (d / "rootfs").is_dir() and not d.name.startswith("."):
                 digest = (d / "digest").read_text().strip() if (d / "digest").exists() else ""
                 found.append(ImageInfo(d.name, "imported root filesystem", digest))
+        if self.config.image_store.is_dir():
+            found += [self._info(rec) for rec in self._image_store().records()]
         return found
 
     def import_image(self, name: str, tarball: Path) -> ImageInfo:
-        """Unpack a ``docker export`` tarball as image ``name`` (replacing it)."""
+        """An OCI layout (a directory) or a ``docker save`` tarball goes to the image
+        store under reference ``name``; a ``docker export`` tarball (a flat root
+        filesystem) is unpacked as legacy image ``name`` (replacing it)."""
+        if tarball.is_dir() or _is_image_archive(tarball):
+            with _typed_image_errors(name):
+                return self._info(self._image_store().import_archive(tarball, name))
         check_image_name(name)
         if name == HOST_IMAGE:
             raise BackendError("'host' is reserved")
@@ -241,15 +294,58 @@ class LocalBackend:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    # OCI images: the store (images/) is wired in by issue 15's launch work; until then
-    # only "host" and imported root filesystems resolve.
+    # OCI images (images/, docs/images.md). "host" and the legacy `docker export`
+    # imports keep their names; anything else is an OCI reference and goes through the
+    # machine-wide store. No name ever falls back to another image.
+
+    def _is_legacy(self, image: str) -> bool:
+        if image == HOST_IMAGE:
+            return True
+        try:
+            check_image_name(image)
+        except BackendError:
+            return False
+        return (self.images_dir / image / "rootfs").is_dir()
+
+    def _image_store(self) -> ImageStore:
+        if self._store is None:
+            self._store = ImageStore(
+                self.config.image_store,
+                insecure_registries=self.config.insecure_registries,
+                min_free_bytes=self.config.image_min_free_bytes,
+            )
+        return self._store
+
+    @staticmethod
+    def _credentials(credentials: RegistryCredentials | None) -> Credentials | None:
+        if credentials is None:
+            return None
+        return Credentials(credentials.username, credentials.password)
+
+    @staticmethod
+    def _info(rec: ImageRecord) -> ImageInfo:
+        return ImageInfo(rec.reference, "OCI image", rec.digest, rec.unpacked_size, len(rec.layers))
+
     def resolve_image(
         self, reference: str, credentials: RegistryCredentials | None = None
     ) -> ImageInfo:
-        for info in self.images():
-            if info.name == reference:
-                return info
-        raise UnknownImage(f"unknown image {reference!r}", reference=reference)
+        if self._is_legacy(reference):
+            return next(i for i in self.images() if i.name == reference)
+        key = (reference, _credential_key(credentials))
+        hit = self._resolved.get(key)
+        if hit is not None and hit[1] > time.monotonic():
+            return hit[0]
+        store = self._image_store()
+        with _typed_image_errors(reference):
+            digest = store.resolve(reference, credentials=self._credentials(credentials))
+            rec = store.get(digest)
+        info = (
+            self._info(rec)
+            if rec is not None
+            else ImageInfo(str(image_ref.parse(reference)), "OCI image (not pulled)", digest)
+        )
+        self._resolved[key] = (info, time.monotonic() + RESOLVE_CACHE_S)
+        return info
 
     def pull_image(
         self,
@@ -257,10 +353,30 @@ class LocalBackend:
         credentials: RegistryCredentials | None = None,
         progress: ProgressCallback | None = None,
     ) -> ImageInfo:
-        return self.resolve_image(reference, credentials)
+        if self._is_legacy(reference):
+            return self.resolve_image(reference)
+        with _typed_image_errors(reference):
+            rec = self._image_store().pull(
+                reference, credentials=self._credentials(credentials), progress=progress
+            )
+        info = self._info(rec)
+        self._resolved[(reference, _credential_key(credentials))] = (
+            info,
+            time.monotonic() + RESOLVE_CACHE_S,
+        )
+        return info
 
     def remove_image(self, digest: str) -> bool:
-        raise BackendError("not implemented yet (issue 15)")
+        with _typed_image_errors(digest):
+            removed = self._image_store().remove(digest)
+        if removed:
+            self._resolved = {k: v for k, v in self._resolved.items() if v[0].digest != digest}
+        return removed
+
+    def collect_images(self) -> list[str]:
+        """LRU collection down to the cache cap (no cap: only what no image uses)."""
+        cap = self.config.image_cache_bytes or (1 << 62)
+        return self._image_store().collect(cap)
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)

@@ -49,6 +49,13 @@ class LocalBackendConfig:
     # Size of the instance's sandbox storage (storage.py), fixed when it is first
     # created; 0: min(64 GiB, half the free space of the state dir's filesystem).
     disk_size_mib: int = 0
+    # OCI images (docs/images.md): the machine-wide content-addressed store, registries
+    # reached over plain HTTP (loopback always is), the free space a pull must leave,
+    # and the cache size above which unused images are collected (0: no cap).
+    image_store: Path = Path("/var/lib/hedgerow/images")
+    insecure_registries: tuple[str, ...] = ()
+    image_min_free_bytes: int = 2 << 30
+    image_cache_bytes: int = 0
 
 
 def check_instance(instance: str) -> None:

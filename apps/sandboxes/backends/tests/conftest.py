@@ -61,6 +61,8 @@ def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBacke
         instance=instance,
         podagent_dir=PODAGENT,
         isolation=isolation,
+        # not the machine-wide store: a test's pulls, leases and collection stay its own
+        image_store=searchable(tmp) / "images",
     )
 
 

@@ -250,30 +250,7 @@ class ImageStore:
         emit = progress or (lambda _e: None)
         insecure = self.is_insecure(ref)
         with authfile(self.tmp, ref.registry, credentials) as auth:
-            raw = self.skopeo.manifest(ref, ref.transport, auth, insecure)
-            top_digest = "sha256:" + hashlib.sha256(raw).hexdigest()
-            if ref.digest and top_digest != ref.digest:
-                raise errors.DigestMismatch(
-                    str(ref), f"registry served {top_digest} for {ref.digest}"
-                )
-            doc = self._json(ref, raw)
-            index_digest = None
-            if self._media_type(doc) in INDEX_TYPES:
-                index_digest = top_digest
-                digest = self._choose(ref, doc)
-                raw = self.skopeo.manifest(ref, ref.with_digest(digest), auth, insecure)
-                if "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
-                    raise errors.DigestMismatch(
-                        str(ref), f"registry served other bytes for {digest}"
-                    )
-                doc = self._json(ref, raw)
-            else:
-                digest = top_digest
-            if self._media_type(doc) not in MANIFEST_TYPES:
-                raise errors.ImageStoreError(
-                    str(ref), f"unsupported manifest type {self._media_type(doc)!r}"
-                )
-            self._check_manifest(str(ref), doc)
+            digest, index_digest, raw, doc = self._resolve(ref, auth, insecure)
             emit({"phase": "resolved", "digest": digest})
             with (
                 _flock(self.locks / "collect.lock", fcntl.LOCK_SH),
@@ -298,6 +275,39 @@ class ImageStore:
         _write_json(self.refs_dir / f"{ref_key}.json", {"reference": str(ref), "digest": digest})
         emit({"phase": "done", "digest": digest})
         return rec
+
+    def resolve(self, reference: str, *, credentials: Credentials | None = None) -> str:
+        """The manifest digest ``reference`` names for this platform, asked of the
+        registry with these credentials (the layers are not fetched): proves access."""
+        ref = parse(reference)
+        with authfile(self.tmp, ref.registry, credentials) as auth:
+            return self._resolve(ref, auth, self.is_insecure(ref))[0]
+
+    def _resolve(
+        self, ref: Reference, auth: Path, insecure: bool
+    ) -> tuple[str, str | None, bytes, dict[str, Any]]:
+        """(manifest digest, index digest or None, manifest bytes, manifest JSON)."""
+        raw = self.skopeo.manifest(ref, ref.transport, auth, insecure)
+        top_digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+        if ref.digest and top_digest != ref.digest:
+            raise errors.DigestMismatch(str(ref), f"registry served {top_digest} for {ref.digest}")
+        doc = self._json(ref, raw)
+        index_digest = None
+        if self._media_type(doc) in INDEX_TYPES:
+            index_digest = top_digest
+            digest = self._choose(ref, doc)
+            raw = self.skopeo.manifest(ref, ref.with_digest(digest), auth, insecure)
+            if "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
+                raise errors.DigestMismatch(str(ref), f"registry served other bytes for {digest}")
+            doc = self._json(ref, raw)
+        else:
+            digest = top_digest
+        if self._media_type(doc) not in MANIFEST_TYPES:
+            raise errors.ImageStoreError(
+                str(ref), f"unsupported manifest type {self._media_type(doc)!r}"
+            )
+        self._check_manifest(str(ref), doc)
+        return digest, index_digest, raw, doc
 
     def import_archive(
         self,
@@ -618,6 +628,21 @@ class ImageStore:
                     if json.loads(p.read_text())["digest"] in removed:
                         p.unlink()
         return removed
+
+    def remove(self, digest: str) -> bool:
+        """Drop one image (its record, the references naming it, then every blob and
+        layer no other image uses). False, and nothing removed, while it is leased."""
+        with _flock(self.locks / "collect.lock"):
+            if digest in set(self.leased().values()):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.images_dir / f"{_hex(digest)}.json")
+            for p in self.refs_dir.iterdir():
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    if json.loads(p.read_text())["digest"] == digest:
+                        p.unlink()
+            self._sweep()
+        return True
 
     def _sweep(self) -> int:
         """Delete blobs and layers no image record names; returns the new usage."""

@@ -1,4 +1,6 @@
-"""A real registry on loopback: Debian's docker-registry (the reference server).
+"""Registry fixtures for every test (the root conftest.py loads this plugin).
+
+A real registry on loopback: Debian's docker-registry (the reference server).
 
 One per test session with htpasswd auth and one without, each in a tmp dir on a free
 loopback port, stopped after. Its access log is kept so tests can count blob GETs.
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .registry import PASSWORD, USER, Registry, start
+from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry, start
 
 __all__ = ["PASSWORD", "USER", "Registry"]
 
