@@ -215,6 +215,10 @@ def test_it_creates_a_key_shown_once_that_works_and_revokes_it(live, make_tenant
         assert secret.startswith("hr_")
         page.get_by_role("button", name="Copy the new key").click()
         assert page.evaluate("navigator.clipboard.readText()") == secret
+        # post/redirect/get: the page is a GET now, so a reload issues nothing new
+        page.reload()
+        expect(page.locator("#new-key-secret")).to_have_count(0)
+        # (one key only: the .get() at the end would raise on two)
         row = page.locator("#keys-table tr", has_text="eval-harness")
         expect(row).to_contain_text(secret[:11])
         expect(row).to_contain_text("read")
