@@ -35,6 +35,7 @@ from apps.sandboxes.backends.base import (
     UnknownImage,
 )
 from podagent import seccomp
+from podagent.userns import RANGE as USERNS_RANGE
 
 from . import idmap, process
 from ._btrfs import qgroup_name
@@ -92,6 +93,8 @@ class _Launch:
     env: dict[str, str] = field(default_factory=lambda: dict(process.SANDBOX_ENV))
     workdir: str = "/workspace"
     digest: str = ""
+    user: tuple[int, int] | None = None  # commands' uid:gid, None: root
+    caps: tuple[str, ...] = ()  # what root's commands keep (process.IMAGE_CAPABILITIES)
 
 
 def image_env(image: list[str]) -> dict[str, str]:
@@ -623,15 +626,14 @@ class LocalBackend:
         lower = store.lower_dirs(rec)
         with _typed_image_errors(rec.reference):
             uid, gid = image_user.resolve_user(rec.reference, lower, rec.config.user)
-        if (uid, gid) != (0, 0):
-            log.warning(
-                "image %s: User %r (%d:%d) is not honoured yet, commands run as root",
-                rec.reference,
-                rec.config.user,
-                uid,
-                gid,
-            )
+            if max(uid, gid) >= USERNS_RANGE:  # another sandbox's host ids: never
+                raise image_user.ImageUserUnknown(
+                    rec.reference, f"User {rec.config.user!r} is outside ids 0..{USERNS_RANGE - 1}"
+                )
         self._ensure_roots_shared()
+        if (uid, gid) != (0, 0):
+            # the image's user runs the commands: /workspace is theirs to write
+            os.chown(volume.workspace, uid_base + uid, uid_base + gid)
         upper, work = volume.root / "root" / "upper", volume.root / "root" / "work"
         for path in (upper.parent, upper, work):
             path.mkdir(mode=0o755)
@@ -652,6 +654,8 @@ class LocalBackend:
             env=image_env(rec.config.env),
             workdir=image_workdir(rec.config.working_dir),
             digest=rec.digest,
+            user=(uid, gid) if (uid, gid) != (0, 0) else None,
+            caps=tuple(process.IMAGE_CAPABILITIES),
         )
 
     def _image_python(self, root: Path) -> str:
@@ -727,6 +731,8 @@ class LocalBackend:
             root=launch.root,
             env=launch.env,
             workdir=launch.workdir,
+            caps=launch.caps if pause is None else (),
+            user=launch.user,
             workspace=workspace,
             tmp=tmp,
             token_fd=token_fd,
@@ -824,7 +830,11 @@ class LocalBackend:
                 "log": str(d / "agent.log"),
                 "workdir": "/workspace",
                 "env": launch.env,
-                "agent_args": process.agent_args(self.config.agent_port, launch.workdir),
+                "agent_args": process.agent_args(
+                    self.config.agent_port, launch.workdir, launch.user
+                ),
+                # kept by the agent for root's commands (none for host sandboxes)
+                "caps": [process.IMAGE_CAPABILITIES[c] for c in launch.caps],
                 "umask": _own_umask(),
                 "timeout": timeout,
             },

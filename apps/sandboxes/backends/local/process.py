@@ -75,6 +75,25 @@ PROC_MASKED_FILES = (
     "kallsyms",
 )
 PROC_MASKED_DIRS = ("acpi", "scsi")
+# What root inside an OCI image sandbox may do, as in a container: Docker's default
+# capability set, in the sandbox's user namespace only (docs/security.md). Host and
+# legacy-image sandboxes keep none.
+IMAGE_CAPABILITIES = {
+    "CAP_CHOWN": 0,
+    "CAP_DAC_OVERRIDE": 1,
+    "CAP_FOWNER": 3,
+    "CAP_FSETID": 4,
+    "CAP_KILL": 5,
+    "CAP_SETGID": 6,
+    "CAP_SETUID": 7,
+    "CAP_SETPCAP": 8,
+    "CAP_NET_BIND_SERVICE": 10,
+    "CAP_NET_RAW": 13,
+    "CAP_SYS_CHROOT": 18,
+    "CAP_MKNOD": 27,
+    "CAP_AUDIT_WRITE": 29,
+    "CAP_SETFCAP": 31,
+}
 
 
 def host_base_args() -> list[str]:
@@ -164,8 +183,13 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def agent_args(port: int, workdir: str = "/workspace") -> list[str]:
+def agent_args(
+    port: int, workdir: str = "/workspace", user: tuple[int, int] | None = None
+) -> list[str]:
+    # an image's User: commands run as these ids, the agent stays the sandbox's root
+    identity = ["--user", f"{user[0]}:{user[1]}"] if user is not None else []
     return [
+        *identity,
         "--listen",
         f"0.0.0.0:{port}",
         "--token-file",
@@ -181,8 +205,8 @@ def agent_args(port: int, workdir: str = "/workspace") -> list[str]:
     ]
 
 
-def _agent_command(python: str, port: int, workdir: str) -> list[str]:
-    args = agent_args(port, workdir)
+def _agent_command(python: str, port: int, workdir: str, user: tuple[int, int] | None) -> list[str]:
+    args = agent_args(port, workdir, user)
     if python != BUNDLED_PYTHON:
         return [python, "-m", "podagent", *args]
     # the bundled loader runs the bundled interpreter, isolated (-I): nothing of the
@@ -208,6 +232,8 @@ def bwrap_argv(
     root: Path | None = None,
     env: dict[str, str] | None = None,
     workdir: str = "/workspace",
+    caps: Sequence[str] = (),
+    user: tuple[int, int] | None = None,
 ) -> list[str]:
     """bwrap's command line: options, ``--``, payload (``split`` separates them: the
     options go by ``--args``). With ``pause`` (zygote launch) the payload is the static
@@ -219,7 +245,9 @@ def bwrap_argv(
     host file the sandbox binds: its path would show in mountinfo).
     ``root``: an OCI image's writable overlay (images/overlay.py), bound as ``/``
     instead of a read-only tmpfs holding ``base_args``; ``env``: what commands see
-    (SANDBOX_ENV by default); ``workdir``: their default directory."""
+    (SANDBOX_ENV by default); ``workdir``: their default directory; ``caps``: what
+    exec launch's agent (and so root's commands) keeps (the zygote's agent gets them
+    from its request); ``user``: the ids the agent runs commands as."""
     seccomp = ["--seccomp", str(seccomp_fd)]
     layout = _Layout(base_args, root, SANDBOX_ENV if env is None else env)
     if pause is not None:
@@ -244,11 +272,13 @@ def bwrap_argv(
         agent_env = seccomp  # the launcher leaves the environment as given
         agent_mount = ["--ro-bind", str(agent_bundle), BUNDLE_MOUNT]
     limits_args = ["--cgroup-fds", format_fds(cgroup_fds)] if cgroup_fds else []
+    for cap in caps:
+        agent_env = [*agent_env, "--cap-add", cap]
     return [
         "bwrap",
         "--die-with-parent",
         *_sandbox_args(layout, workspace, tmp, token_fd, agent_env, agent_mount),
-        *_agent_command(python, port, workdir),
+        *_agent_command(python, port, workdir, user),
         *limits_args,
     ]
 

@@ -33,7 +33,9 @@ from .conftest import Sandbox, needs_root, new_spec
 
 pytestmark = needs_root
 CREDS = RegistryCredentials(USER, PASSWORD)
-APPLETS = ("dd", "mkdir", "pwd", "grep", "wc", "head", "sed", "cut", "sync", "chmod", "ln")
+APPLETS = ("dd", "mkdir", "pwd", "grep", "wc", "head", "sed", "cut", "sync", "chmod", "chown", "ln")
+# Docker's default capability set (CapEff of a container's root: 00000000a80425fb)
+DOCKER_CAPS = "00000000a80425fb"
 
 
 def _tools_layer() -> tuple[bytes, str]:
@@ -234,10 +236,58 @@ def test_exec_launch_runs_an_image(
     sb = image_sandbox(debian_image, on=exec_backend)
     assert exec_backend.endpoint(sb.id) is not None
     assert json.loads((backend._dir(sb.id) / "meta.json").read_text())["launch"] == "exec"
-    code, out, err = sb.sh("echo hi > /usr/local/hi && cat /usr/local/hi && pwd && id -u")
-    assert (code, out) == (0, "hi\n/testbed\n0\n"), err
+    code, out, err = sb.sh(
+        "echo hi > /usr/local/hi && cat /usr/local/hi && pwd && id -u && "
+        "chown 1000:1000 /usr/local/hi && stat -c %u /usr/local/hi && "
+        "grep ^CapEff /proc/self/status | cut -f2"
+    )
+    assert (code, out) == (0, f"hi\n/testbed\n0\n1000\n{DOCKER_CAPS}\n"), err
     exec_backend.destroy(sb.id)
     assert _leftovers(backend, sb.id) == []
+
+
+@pytest.fixture(scope="module")
+def user_image(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> str:
+    lay = Layout(tmp_path_factory.mktemp("launch-user") / "layout")
+    group = layer([E("etc/group", data=b"root:x:0:\nstaff:x:50:user\n")])
+    config = {"User": "user:staff", "WorkingDir": "/home/user"}
+    lay.tag("v1", lay.image([busybox_layer(), _tools_layer(), group], config))
+    ref = f"{registry.host}/launch/user:v1"
+    lay.push("v1", ref, registry.creds)
+    return ref
+
+
+def test_root_of_an_image_has_the_container_default_capabilities(
+    image_sandbox: Callable[..., Sandbox],
+    sandbox_factory: Callable[..., Sandbox],
+    busybox_image: str,
+) -> None:
+    sb = image_sandbox(busybox_image)
+    code, out, err = sb.sh(
+        "grep -E '^Cap(Eff|Bnd)' /proc/self/status | cut -f2; "
+        "touch /owned && chown 1000:50 /owned && stat -c %u:%g /owned"
+    )
+    assert (code, out) == (0, f"{DOCKER_CAPS}\n{DOCKER_CAPS}\n1000:50\n"), err
+    # nothing beyond: no mounts (no CAP_SYS_ADMIN, and seccomp), no raw sockets on the
+    # host-owned network namespace
+    assert sb.sh("mkdir /m && mount -t tmpfs none /m")[0] != 0
+    # a host sandbox's commands keep none
+    host = sandbox_factory()
+    assert host.sh("grep ^CapEff /proc/self/status | cut -f2")[1] == "0000000000000000\n"
+
+
+def test_image_user_runs_commands_with_its_ids(
+    image_sandbox: Callable[..., Sandbox], user_image: str
+) -> None:
+    sb = image_sandbox(user_image)
+    code, out, err = sb.sh("id -u; id -g; id -G; pwd; grep ^CapEff /proc/self/status | cut -f2")
+    assert (code, out) == (0, "1000\n50\n50\n/home/user\n0000000000000000\n"), err
+    # an unprivileged user: root's files are not its own
+    assert sb.sh("touch /etc/x")[0] != 0
+    # /workspace is the user's (the WorkingDir the agent made is root's, as with
+    # Docker's run -w)
+    code, out, _ = sb.sh("touch /tmp/x /workspace/x && stat -c %u:%g /workspace/x")
+    assert (code, out) == (0, "1000:50\n")
 
 
 # ---- limits and failures ----------------------------------------------------------
@@ -273,12 +323,13 @@ def test_an_unpullable_image_is_typed_and_leaves_nothing(
         assert _leftovers(backend, spec.sandbox_id) == []
 
 
+@pytest.mark.parametrize("user", ["nobody-here", "user:nogroup", "70000"])
 def test_an_unknown_image_user_is_typed(
-    backend: LocalBackend, registry: Registry, tmp_path: Path
+    backend: LocalBackend, registry: Registry, tmp_path: Path, user: str
 ) -> None:
     lay = Layout(tmp_path / "layout")
-    lay.tag("v1", lay.image([busybox_layer()], {"User": "nobody-here"}))
-    ref = f"{registry.host}/launch/baduser:v1"
+    lay.tag("v1", lay.image([busybox_layer()], {"User": user}))
+    ref = f"{registry.host}/launch/baduser-{user.replace(':', '-')}:v1"
     lay.push("v1", ref, registry.creds)
     spec = new_spec(image=ref, registry_credentials=CREDS)
     with pytest.raises(ImageUnavailable) as err:
