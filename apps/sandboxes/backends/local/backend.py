@@ -936,7 +936,8 @@ class LocalBackend:
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
         # its processes are dead: the root is unused (an image sandbox's upper dir is
         # in its volume, so before the volume goes)
-        self._release_image_root(sid)
+        if self.isolated:  # image roots exist only there (unprivileged umount2 fails)
+            self._release_image_root(sid)
         if self.storage is not None:
             self.storage.remove(sid)  # nothing writes any more
         shutil.rmtree(self._dir(sid), ignore_errors=True)
