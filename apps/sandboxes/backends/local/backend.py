@@ -9,6 +9,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -60,6 +61,7 @@ from .config import (
 from .images import Credentials, ImageRecord, ImageStore
 from .images import errors as image_errors
 from .images import reference as image_ref
+from .images.overlay import unmount_rootfs
 from .network import Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
@@ -68,6 +70,37 @@ log = logging.getLogger(__name__)
 
 HOST_IMAGE = "host"
 RESOLVE_CACHE_S = 60.0
+# A staging layout nobody writes is kept this long for a retried pull to resume, then
+# it is an ``image_staging`` leftover the reconciler removes.
+STAGING_STALE_S = 3600.0
+
+
+def lease_holder(instance: str, sandbox_id: str) -> str:
+    """The store lease name of one sandbox of one instance: ``<instance>.<sid>``.
+
+    The store is machine-wide, so its leases are every instance's; instance ids have
+    no dots, so the prefix tells this instance's leases (``inventory``) from others'."""
+    return f"{instance}.{sandbox_id}"
+
+
+def _mount_points() -> set[str]:
+    """Every mount point of this mount namespace (mountinfo's field 5, octal escapes
+    such as ``\\040`` for a space decoded)."""
+    points = set()
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            raw = line.split(b" ")[4]
+            decoded = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), raw)
+            points.add(os.fsdecode(decoded))
+    return points
+
+
+def _is_sandbox_id(name: str) -> bool:
+    try:
+        check_sandbox_id(name)
+    except BackendError:
+        return False
+    return True
 
 
 def _credential_key(credentials: RegistryCredentials | None) -> str:
@@ -841,7 +874,84 @@ class LocalBackend:
                 items.append(
                     InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
                 )
+        items += self._image_inventory(gen_of)
         return items
+
+    # OCI image leftovers (docs/images.md "Leftovers"): a sandbox's root mount point,
+    # this instance's leases in the machine-wide store (by holder prefix), and staging
+    # layouts no pull writes any more (machine-wide: whichever instance lists one first
+    # removes it; they name no sandbox, so they are reclaimed as unowned).
+
+    def _roots_dir(self) -> Path:
+        return self.config.state_dir / "roots"
+
+    def _existing_store(self) -> ImageStore | None:
+        if self._store is None and not self.config.image_store.is_dir():
+            return None  # nothing ever pulled or imported on this machine
+        return self._image_store()
+
+    def _image_inventory(self, gen_of: Callable[[str | None], int | None]) -> list[InventoryItem]:
+        items: list[InventoryItem] = []
+        roots = self._roots_dir()
+        try:
+            root_dirs = sorted(roots.iterdir()) if roots.is_dir() else []
+            store = self._existing_store()
+            leases = store.leased() if store is not None else {}
+            staging = store.stale_staging(STAGING_STALE_S) if store is not None else []
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"cannot list image leftovers: {exc}") from exc
+        for d in root_dirs:
+            sid = d.name if _is_sandbox_id(d.name) else None
+            items.append(InventoryItem("sandbox_root", str(d), sid, gen_of(sid), self.node))
+        prefix = lease_holder(self.config.instance, "")
+        for holder in sorted(leases):
+            if holder.startswith(prefix):
+                sid = holder.removeprefix(prefix)
+                items.append(
+                    InventoryItem("image_lease", f"lease:{holder}", sid, gen_of(sid), self.node)
+                )
+        for stage in staging:
+            items.append(InventoryItem("image_staging", str(stage), None, None, self.node))
+        return items
+
+    def _reclaim_image_item(self, item: InventoryItem) -> None:
+        kind, name = item.kind, item.name
+        if kind == "image_lease":
+            holder = name.removeprefix("lease:")
+            prefix = lease_holder(self.config.instance, "")
+            sid = holder.removeprefix(prefix)
+            if not holder.startswith(prefix) or not _is_sandbox_id(sid):
+                raise BackendError(f"{name} is not an image lease of this instance")
+            with self._lock(sid):
+                store = self._existing_store()
+                if store is not None:
+                    store.release(holder)
+        elif kind == "sandbox_root":
+            path = Path(name)
+            if path.parent != self._roots_dir() or not _is_sandbox_id(path.name):
+                raise BackendError(f"{name} is not a sandbox root of this instance")
+            with self._lock(path.name):
+                try:
+                    # lazily: a process still inside keeps its view until it exits
+                    while str(path) in _mount_points():
+                        unmount_rootfs(path)
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise BackendError(f"cannot remove sandbox root {name}: {exc}") from exc
+        elif kind == "image_staging":
+            store = self._existing_store()
+            if store is None:
+                return
+            try:
+                store.drop_staging(Path(name), STAGING_STALE_S)
+            except ValueError as exc:
+                raise BackendError(str(exc)) from exc
+            except OSError as exc:
+                raise BackendError(f"cannot remove staging layout {name}: {exc}") from exc
+        else:
+            raise BackendError(f"unknown inventory kind {kind!r}")
 
     def reclaim(self, item: InventoryItem) -> None:
         kind, name = item.kind, item.name
@@ -895,7 +1005,7 @@ class LocalBackend:
         elif kind == "loop" and self.storage is not None:
             self.storage.detach_loop(name)
         else:
-            raise BackendError(f"unknown inventory kind {kind!r}")
+            self._reclaim_image_item(item)
 
     # ---- events ----------------------------------------------------------------------
 
