@@ -95,6 +95,11 @@ def _mount_points() -> set[str]:
     return points
 
 
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def _is_sandbox_id(name: str) -> bool:
     try:
         check_sandbox_id(name)
@@ -792,6 +797,34 @@ class LocalBackend:
         after every sandbox is destroyed and the zygote stopped)."""
         if self.storage is not None:
             self.storage.release()
+
+    def check_disk(self, disk_bytes: int, min_free_bytes: int | None = None) -> None:
+        """Raises DiskExhausted when a new sandbox must not start: the state dir's or
+        the image store's filesystem has less than ``min_free_bytes`` free (default:
+        the image reserve), or the sandbox storage has less room than ``disk_bytes``
+        (the sandbox's quota). Three statvfs calls; nothing is written."""
+        reserve = self.config.image_min_free_bytes if min_free_bytes is None else min_free_bytes
+        for label, path in (
+            ("state dir", self.config.state_dir),
+            ("image store", self.config.image_store),
+        ):
+            while not path.exists() and path != path.parent:
+                path = path.parent  # not made yet: the filesystem it will be on
+            free = _free_bytes(path)
+            if free < reserve:
+                raise DiskExhausted(
+                    f"the {label}'s filesystem ({path}) has {free >> 20} MiB free, below "
+                    f"the {reserve >> 20} MiB reserve (HEDGEROW_IMAGE_MIN_FREE_MIB)"
+                )
+        if self.storage is not None and self.storage.mounted():
+            free = _free_bytes(self.storage.mount)
+            if free < disk_bytes:
+                raise DiskExhausted(
+                    f"the sandbox storage ({self.storage.mount}) has {free >> 20} MiB free, "
+                    f"less than a sandbox's {disk_bytes >> 20} MiB disk "
+                    "(HEDGEROW_SANDBOX_DISK_MIB; the storage's size is "
+                    "HEDGEROW_SANDBOX_DISK_SIZE_MIB)"
+                )
 
     def disk_usage(self, sandbox_id: str) -> int | None:
         """Bytes the sandbox's /workspace and /tmp use; None when unbounded or unknown."""
