@@ -494,6 +494,8 @@ class LocalBackend:
         # the agent's own groups (memory and pids split from its commands': cgroups.py)
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
         cgroup_files = self.cgroups.agent_files(created)
+        if self.storage is not None:  # the agent names a full disk from its quota group
+            cgroup_files.update(self.storage.quota_files(sid))
         self._hook("cgroups_created")
         if self.isolated:
             # sandbox root (host id uid_base) owns what it may write
