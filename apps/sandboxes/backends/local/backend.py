@@ -921,8 +921,14 @@ class LocalBackend:
         return self.config.state_dir / "roots"
 
     def _existing_store(self) -> ImageStore | None:
-        if self._store is None and not self.config.image_store.is_dir():
-            return None  # nothing ever pulled or imported on this machine
+        if self._store is None:
+            root = self.config.image_store
+            if not root.is_dir():
+                return None  # nothing ever pulled or imported on this machine
+            if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
+                # another user's store (an unprivileged dev instance): this instance
+                # cannot pull into it, so it holds no lease or staging there
+                return None
         return self._image_store()
 
     def _image_inventory(self, gen_of: Callable[[str | None], int | None]) -> list[InventoryItem]:
