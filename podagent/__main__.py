@@ -141,6 +141,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         spawn.run_as(*args.user)
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, exist_ok=True)
+    limits.CGROUPS.sync_dir = workdir  # on the sandbox's volume: see disk_exhausted
     log = JsonLog(args.log_file)
     state = AgentState(token, base_env, find_shell(base_env), workdir, log, args.max_pty)
     server = AgentServer(args.listen, state)

@@ -324,10 +324,12 @@ def sandbox_create(
 
     Idempotent by ``idempotency_key``: the same key and body return the existing
     sandbox (created=False); the same key with a different body is a 409. A taken
-    ``external_id`` is a 409. Never leaves a half-created row: the row, its ledger
+    ``external_id`` is a 409. A host short of disk is a 507 ``disk_exhausted``
+    (``services/disk_guard.py``). Never leaves a half-created row: the row, its ledger
     event and the enqueue happen together or not at all.
     """
     from apps.sandboxes.admission import admission_check  # quotas live with billing
+    from apps.sandboxes.services.disk_guard import disk_guard
     from apps.sandboxes.services.warm_pool import warm_pool_claim, warm_pool_record_claim
     from apps.sandboxes.tasks import provision_sandbox
 
@@ -335,6 +337,7 @@ def sandbox_create(
         existing = sandbox_by_idempotency_key(tenant=tenant, idempotency_key=idempotency_key)
         if existing is not None:
             return _replayed(existing, request), False
+    disk_guard()  # 507 disk_exhausted before anything is recorded
     fingerprint = request.fingerprint()
     external_id = request.external_id or _new_external_id()
     now = timezone.now()

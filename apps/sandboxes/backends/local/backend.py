@@ -11,6 +11,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -66,6 +67,7 @@ from .images import errors as image_errors
 from .images import overlay as image_overlay
 from .images import reference as image_ref
 from .images import user as image_user
+from .images.overlay import unmount_rootfs
 from .network import Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
@@ -114,6 +116,44 @@ def image_workdir(working_dir: str) -> str:
     if not working_dir:
         return "/workspace"
     return os.path.normpath("/" + working_dir.lstrip("/"))
+
+
+# A staging layout nobody writes is kept this long for a retried pull to resume, then
+# it is an ``image_staging`` leftover the reconciler removes.
+STAGING_STALE_S = 3600.0
+
+
+def lease_holder(instance: str, sandbox_id: str) -> str:
+    """The store lease name of one sandbox of one instance: ``<instance>.<sid>``.
+
+    The store is machine-wide, so its leases are every instance's; instance ids have
+    no dots, so the prefix tells this instance's leases (``inventory``) from others'."""
+    return f"{instance}.{sandbox_id}"
+
+
+def _mount_points() -> set[str]:
+    """Every mount point of this mount namespace (mountinfo's field 5, octal escapes
+    such as ``\\040`` for a space decoded)."""
+    points = set()
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            raw = line.split(b" ")[4]
+            decoded = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), raw)
+            points.add(os.fsdecode(decoded))
+    return points
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _is_sandbox_id(name: str) -> bool:
+    try:
+        check_sandbox_id(name)
+    except BackendError:
+        return False
+    return True
 
 
 def _credential_key(credentials: RegistryCredentials | None) -> str:
@@ -529,6 +569,8 @@ class LocalBackend:
         # the agent's own groups (memory and pids split from its commands': cgroups.py)
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
         cgroup_files = self.cgroups.agent_files(created)
+        if self.storage is not None:  # the agent names a full disk from its quota group
+            cgroup_files.update(self.storage.quota_files(sid))
         self._hook("cgroups_created")
         if self.isolated:
             # sandbox root (host id uid_base) owns what it may write
@@ -567,7 +609,7 @@ class LocalBackend:
                 spec.image,
                 credentials=self._credentials(spec.registry_credentials),
                 progress=progress,
-                lease=spec.sandbox_id,
+                lease=lease_holder(self.config.instance, spec.sandbox_id),
             )
         self._resolved[(spec.image, _credential_key(spec.registry_credentials))] = (
             self._info(rec),
@@ -683,7 +725,7 @@ class LocalBackend:
         with contextlib.suppress(FileNotFoundError):
             target.rmdir()
         if self.config.image_store.is_dir():
-            self._image_store().release(sid)
+            self._image_store().release(lease_holder(self.config.instance, sid))
 
     def _make_dirs(self, sid: str, disk_bytes: int) -> Volume | None:
         """Every directory a sandbox gets, made in one place: its state dir (meta,
@@ -988,6 +1030,34 @@ class LocalBackend:
         if self.storage is not None:
             self.storage.release()
 
+    def check_disk(self, disk_bytes: int, min_free_bytes: int | None = None) -> None:
+        """Raises DiskExhausted when a new sandbox must not start: the state dir's or
+        the image store's filesystem has less than ``min_free_bytes`` free (default:
+        the image reserve), or the sandbox storage has less room than ``disk_bytes``
+        (the sandbox's quota). Three statvfs calls; nothing is written."""
+        reserve = self.config.image_min_free_bytes if min_free_bytes is None else min_free_bytes
+        for label, path in (
+            ("state dir", self.config.state_dir),
+            ("image store", self.config.image_store),
+        ):
+            while not path.exists() and path != path.parent:
+                path = path.parent  # not made yet: the filesystem it will be on
+            free = _free_bytes(path)
+            if free < reserve:
+                raise DiskExhausted(
+                    f"the {label}'s filesystem ({path}) has {free >> 20} MiB free, below "
+                    f"the {reserve >> 20} MiB reserve (HEDGEROW_IMAGE_MIN_FREE_MIB)"
+                )
+        if self.storage is not None and self.storage.mounted():
+            free = _free_bytes(self.storage.mount)
+            if free < disk_bytes:
+                raise DiskExhausted(
+                    f"the sandbox storage ({self.storage.mount}) has {free >> 20} MiB free, "
+                    f"less than a sandbox's {disk_bytes >> 20} MiB disk "
+                    "(HEDGEROW_SANDBOX_DISK_MIB; the storage's size is "
+                    "HEDGEROW_SANDBOX_DISK_SIZE_MIB)"
+                )
+
     def disk_usage(self, sandbox_id: str) -> int | None:
         """Bytes the sandbox's /workspace and /tmp use; None when unbounded or unknown."""
         check_sandbox_id(sandbox_id)
@@ -1069,7 +1139,87 @@ class LocalBackend:
                 items.append(
                     InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
                 )
+        items += self._image_inventory(gen_of)
         return items
+
+    # OCI image leftovers (docs/images.md "Leftovers"): a sandbox's root mount point,
+    # this instance's leases in the machine-wide store (by holder prefix), and staging
+    # layouts no pull writes any more (machine-wide: whichever instance lists one first
+    # removes it; they name no sandbox, so they are reclaimed as unowned).
+
+    def _existing_store(self) -> ImageStore | None:
+        if self._store is None:
+            root = self.config.image_store
+            if not root.is_dir():
+                return None  # nothing ever pulled or imported on this machine
+            if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
+                # another user's store (an unprivileged dev instance): this instance
+                # cannot pull into it, so it holds no lease or staging there
+                return None
+        return self._image_store()
+
+    def _image_inventory(self, gen_of: Callable[[str | None], int | None]) -> list[InventoryItem]:
+        items: list[InventoryItem] = []
+        roots = self.roots_dir
+        try:
+            root_dirs = sorted(roots.iterdir()) if roots.is_dir() else []
+            store = self._existing_store()
+            leases = store.leased() if store is not None else {}
+            staging = store.stale_staging(STAGING_STALE_S) if store is not None else []
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"cannot list image leftovers: {exc}") from exc
+        for d in root_dirs:
+            sid = d.name if _is_sandbox_id(d.name) else None
+            items.append(InventoryItem("sandbox_root", str(d), sid, gen_of(sid), self.node))
+        prefix = lease_holder(self.config.instance, "")
+        for holder in sorted(leases):
+            if holder.startswith(prefix):
+                sid = holder.removeprefix(prefix)
+                items.append(
+                    InventoryItem("image_lease", f"lease:{holder}", sid, gen_of(sid), self.node)
+                )
+        for stage in staging:
+            items.append(InventoryItem("image_staging", str(stage), None, None, self.node))
+        return items
+
+    def _reclaim_image_item(self, item: InventoryItem) -> None:
+        kind, name = item.kind, item.name
+        if kind == "image_lease":
+            holder = name.removeprefix("lease:")
+            prefix = lease_holder(self.config.instance, "")
+            sid = holder.removeprefix(prefix)
+            if not holder.startswith(prefix) or not _is_sandbox_id(sid):
+                raise BackendError(f"{name} is not an image lease of this instance")
+            with self._lock(sid):
+                store = self._existing_store()
+                if store is not None:
+                    store.release(holder)
+        elif kind == "sandbox_root":
+            path = Path(name)
+            if path.parent != self.roots_dir or not _is_sandbox_id(path.name):
+                raise BackendError(f"{name} is not a sandbox root of this instance")
+            with self._lock(path.name):
+                try:
+                    # lazily: a process still inside keeps its view until it exits
+                    while str(path) in _mount_points():
+                        unmount_rootfs(path)
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise BackendError(f"cannot remove sandbox root {name}: {exc}") from exc
+        elif kind == "image_staging":
+            store = self._existing_store()
+            if store is None:
+                return
+            try:
+                store.drop_staging(Path(name), STAGING_STALE_S)
+            except ValueError as exc:
+                raise BackendError(str(exc)) from exc
+            except OSError as exc:
+                raise BackendError(f"cannot remove staging layout {name}: {exc}") from exc
+        else:
+            raise BackendError(f"unknown inventory kind {kind!r}")
 
     def reclaim(self, item: InventoryItem) -> None:
         kind, name = item.kind, item.name
@@ -1123,7 +1273,7 @@ class LocalBackend:
         elif kind == "loop" and self.storage is not None:
             self.storage.detach_loop(name)
         else:
-            raise BackendError(f"unknown inventory kind {kind!r}")
+            self._reclaim_image_item(item)
 
     # ---- events ----------------------------------------------------------------------
 

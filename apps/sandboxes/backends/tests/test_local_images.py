@@ -20,6 +20,7 @@ import pytest
 
 from apps.sandboxes.backends.base import ImageUnavailable, RegistryCredentials
 from apps.sandboxes.backends.local import LocalBackend, wait_healthy
+from apps.sandboxes.backends.local.backend import lease_holder
 from apps.sandboxes.backends.local.images.tests.ocibuild import (
     E,
     Layout,
@@ -133,7 +134,9 @@ def _leftovers(backend: LocalBackend, sid: str) -> list[str]:
         found.append(f"mount {target}")
     if os.path.lexists(target):
         found.append(f"dir {target}")
-    if (backend.config.image_store / "leases" / sid).exists():
+    if (
+        backend.config.image_store / "leases" / lease_holder(backend.config.instance, sid)
+    ).exists():
         found.append(f"lease {sid}")
     assert backend.storage is not None
     if os.path.lexists(backend.storage.mount / sid):
@@ -161,6 +164,9 @@ def test_image_runs_with_a_writable_root_and_its_config(
         assert {"phase": "done", "digest": digest} in events
         meta = json.loads((backend._dir(sb.id) / "meta.json").read_text())
         assert meta["image_digest"] == digest
+        # leased under this instance's name for it: collection and the reconciler see it
+        lease = backend.config.image_store / "leases" / lease_holder(backend.config.instance, sb.id)
+        assert json.loads(lease.read_text()) == {"digest": digest}
 
         # root of its own root: writes anywhere, copied up into its volume
         code, out, err = sb.sh(
@@ -366,7 +372,9 @@ def test_destroy_of_a_busy_root_unmounts_it_lazily(
     try:
         backend.destroy(sb.id)
         assert not _mounted(target)
-        assert (backend.config.image_store / "leases" / sb.id).exists() is False
+        assert (
+            backend.config.image_store / "leases" / lease_holder(backend.config.instance, sb.id)
+        ).exists() is False
     finally:
         holder.kill()
         holder.wait()
