@@ -78,3 +78,33 @@ def test_a_pull_whose_login_is_revoked_meanwhile_fails_typed(
     assert refused.status_code == 422, refused.text
     assert refused.json()["error"]["code"] == "registry_unauthorized"
     assert http.delete(f"/registry-credentials/{cred['id']}").status_code == 204
+
+
+def test_concurrent_pull_requests_make_one_record_and_no_secret_reaches_a_log(
+    live: Any, make_tenant: Any, registry: Registry, tmp_path: Path
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    ref, digest = push_image(registry, tmp_path, f"live{time.time_ns()}/busy")
+    http.post(
+        "/registry-credentials",
+        json={"registry": registry.host, "username": USER, "password": PASSWORD},
+    )
+
+    def post(_: int) -> tuple[int, str]:
+        with api_client(live, secret) as own:
+            response = own.post("/images", json={"reference": ref})
+            return response.status_code, str(response.json().get("id"))
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, range(8)))
+    assert {code for code, _ in answers} <= {200, 202}, answers
+    ids = {image_id for _, image_id in answers}
+    assert len(ids) == 1, answers
+    assert len(http.get("/images").json()["results"]) == 1
+    done = _until_done(http, ids.pop())
+    assert (done["status"], done["digest"]) == ("ready", digest), done
+    for proc in (live.web, live.worker):
+        assert PASSWORD not in proc.log_path.read_text(errors="replace"), proc.name
