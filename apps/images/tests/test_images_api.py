@@ -197,6 +197,8 @@ def test_import_of_an_oci_layout_tarball(make_tenant, api_client, tmp_path, uniq
     created = client.post("/api/v1/sandboxes", {"image": ref}, format="json")
     assert created.status_code == 201, created.content
     assert created.json()["image_digest"] == digest
+    used = client.get(f"/api/v1/images/{body['id']}").json()
+    assert used["last_used_at"] is not None and used["sandboxes"] == 1
 
 
 def test_import_of_garbage_is_a_typed_422_and_records_nothing(make_tenant, api_client):
