@@ -288,3 +288,32 @@ def test_a_create_with_a_private_image_uses_the_stored_login(
     assert (body["image"], body["image_digest"], body["progress"]) == (ref, digest, None)
     host = client.post("/api/v1/sandboxes", {"image": "host"}, format="json")
     assert host.status_code == 201 and host.json()["image_digest"] == ""
+
+
+def test_one_pull_task_per_flight_and_a_dead_flight_is_restarted(
+    make_tenant, api_client, open_registry, tmp_path, unique_repo,
+    django_capture_on_commit_callbacks,
+):  # fmt: skip
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.images.services import PULL_STALE_S
+
+    _, secret = make_tenant()
+    client = api_client(secret)
+    ref, _ = push_image(open_registry, tmp_path, unique_repo("flight"))
+    with django_capture_on_commit_callbacks(execute=False) as first:
+        image_id = client.post("/api/v1/images", {"reference": ref}, format="json").json()["id"]
+    with django_capture_on_commit_callbacks(execute=False) as second:
+        again = client.post("/api/v1/images", {"reference": ref}, format="json")
+    assert again.json()["id"] == image_id
+    assert (len(first), len(second)) == (1, 0)  # one pull task enqueued, not two
+    # its worker died: no progress for longer than PULL_STALE_S → the next POST restarts it
+    old = timezone.now() - timedelta(seconds=PULL_STALE_S + 1)
+    Image.objects.filter(pk=image_id).update(updated_at=old)
+    with django_capture_on_commit_callbacks(execute=False) as third:
+        restarted = client.post("/api/v1/images", {"reference": ref}, format="json")
+    assert restarted.status_code == 202 and restarted.json()["id"] == image_id
+    assert len(third) == 1
+    assert Image.objects.get(pk=image_id).updated_at > old
