@@ -97,8 +97,15 @@ def _table_context(
     }
 
 
-def _images() -> list[str]:
-    return sorted(image.name for image in get_backend().images())
+def _images(principal: Principal) -> list[str]:
+    """What the create form offers: the backend's built-in names (``host``, legacy
+    imported root filesystems) and the team's own ready images — never the machine's
+    whole image store, which holds other teams' images too."""
+    from apps.images.models import Image, ImageStatus
+
+    builtin = {image.name for image in get_backend().images() if "/" not in image.name}
+    mine = Image.objects.for_tenant(principal.tenant).filter(status=ImageStatus.READY)
+    return sorted(builtin) + sorted(set(mine.values_list("reference", flat=True)) - builtin)
 
 
 @require_GET
@@ -113,7 +120,7 @@ def sandbox_list(request: HttpRequest, principal: Principal) -> HttpResponse:
             **_table_context(principal, filters, request.GET.get("cursor", "")),
             "states": [s.value for s in State],
             "sorts": list(selectors.SANDBOX_SORTS),
-            "images": _images(),
+            "images": _images(principal),
             "form": FORM_DEFAULTS,
             "errors": {},
             "nav_section": "sandboxes",
@@ -157,7 +164,7 @@ def sandbox_create_view(request: HttpRequest, principal: Principal) -> HttpRespo
         "form": FORM_DEFAULTS if created else request.POST,
         "errors": errors,
         "created": created,
-        "images": _images(),
+        "images": _images(principal),
     }
     response = render_page(
         request,
