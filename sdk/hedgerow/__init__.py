@@ -1,5 +1,6 @@
 """Hedgerow: sandboxes for agent training and evaluation."""
 
+from hedgerow._common import VERSION as __version__
 from hedgerow.aio import AsyncClient, AsyncSandbox
 from hedgerow.client import Client, Sandbox
 from hedgerow.errors import (
@@ -16,7 +17,7 @@ from hedgerow.errors import (
     ValidationError,
     WaitTimeout,
 )
-from hedgerow.results import ExecResult, StreamInfo
+from hedgerow.results import ExecError, ExecResult, StreamInfo
 
 __all__ = [
     "AgentUnreachable",
@@ -26,6 +27,7 @@ __all__ = [
     "BudgetExhausted",
     "Client",
     "Conflict",
+    "ExecError",
     "ExecResult",
     "HedgerowError",
     "NotFound",
@@ -37,4 +39,5 @@ __all__ = [
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",
+    "__version__",
 ]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import builtins
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -101,7 +100,8 @@ class AsyncClient:
         await self._http.aclose()
 
     async def cleanup_sandboxes(self) -> None:
-        pending = builtins.list(self._created.values())
+        # Those a signal's cleanup has not deleted already.
+        pending = [s for s in self._created.values() if registry.has(self.url, s.id)]
         results = await asyncio.gather(*(s.delete() for s in pending), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, HedgerowError):
@@ -141,36 +141,50 @@ class AsyncClient:
         heartbeat: bool = True,
         queue: Optional[bool] = None,
     ) -> AsyncSandbox:
-        """See ``Client.create_sandbox``."""
+        """See ``Client.create_sandbox`` (interrupt-safe the same way: the id is
+        registered for cleanup before the request is sent; heartbeats run as a task)."""
+        chosen_id = sandbox_id or common.new_sandbox_id()
+        hb_timeout = common.heartbeat_timeout(heartbeat_timeout_s, heartbeat)
         body = common.create_body(
             image,
             cpu=cpu,
             memory=memory,
             network_access=network_access,
             ttl_seconds=ttl_seconds,
-            heartbeat_timeout_s=heartbeat_timeout_s,
+            heartbeat_timeout_s=hb_timeout,
             labels=labels,
-            sandbox_id=sandbox_id,
+            sandbox_id=chosen_id,
             queue=queue,
         )
         key = idempotency_key or common.new_idempotency_key()
-        response = await self.request(
-            "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
-        )
+        registered = self.cleanup and registry.add(
+            self.url, self.api_key, chosen_id,
+            handle_signals=self.handle_signals, confirmed=False,
+        )  # fmt: skip
+        try:
+            response = await self.request(
+                "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
+            )
+        except HedgerowError as exc:
+            if exc.status and registered:  # the server answered: nothing was created
+                registry.discard(self.url, chosen_id)
+            raise
         sandbox = AsyncSandbox(self, response.json())
         if self.cleanup:
             self._created[sandbox.id] = sandbox
-            registry.add(self.url, self.api_key, sandbox.id, handle_signals=self.handle_signals)
+            registry.confirm(self.url, sandbox.id)
         # A warm pool claim answers ``ready`` already: no /wait round trip.
         if wait and sandbox.state != "ready":
             try:
                 await sandbox.wait(timeout=wait_timeout)
             except BaseException:
-                with contextlib.suppress(HedgerowError):
-                    await sandbox.delete()
+                # Unless a signal's cleanup has deleted it already.
+                if not self.cleanup or registry.has(self.url, sandbox.id):
+                    with contextlib.suppress(HedgerowError):
+                        await sandbox.delete()
                 raise
-        if heartbeat_timeout_s and heartbeat:
-            sandbox.start_heartbeats(max(heartbeat_timeout_s / 3.0, 1.0))
+        if hb_timeout and heartbeat:
+            sandbox.start_heartbeats(max(hb_timeout / 3.0, 1.0))
         return sandbox
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
