@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "apps.billing",
     "apps.sandboxes",
     "apps.trajectories",
+    "apps.images",
     "apps.orchard",
     "frontend",
 ]

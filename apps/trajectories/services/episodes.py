@@ -166,6 +166,13 @@ def episode_attach_sandbox(
         generation=gen,
         defaults={"sandbox": sandbox},
     )
+    if sandbox.image_digest and not episode.image_digest:
+        # Exactly what the episode ran: the image digest of its (first) sandbox, unless
+        # the client recorded one itself. The JSONL export carries it.
+        Episode.objects.filter(pk=episode.pk, image_digest="").update(
+            image_digest=sandbox.image_digest
+        )
+        episode.image_digest = sandbox.image_digest
     return link
 
 
