@@ -8,7 +8,11 @@ from hedgerow.errors import (
     AuthError,
     BudgetExhausted,
     Conflict,
+    DiskExhausted,
     HedgerowError,
+    ImageInUse,
+    ImageUnavailable,
+    InvalidImageReference,
     NotFound,
     QuotaExceeded,
     SandboxLost,
@@ -17,6 +21,7 @@ from hedgerow.errors import (
     ValidationError,
     WaitTimeout,
 )
+from hedgerow.images import Image
 from hedgerow.results import ExecError, ExecResult, StreamInfo
 
 __all__ = [
@@ -27,9 +32,14 @@ __all__ = [
     "BudgetExhausted",
     "Client",
     "Conflict",
+    "DiskExhausted",
     "ExecError",
     "ExecResult",
     "HedgerowError",
+    "Image",
+    "ImageInUse",
+    "ImageUnavailable",
+    "InvalidImageReference",
     "NotFound",
     "QuotaExceeded",
     "Sandbox",

@@ -184,3 +184,15 @@ def list_params(path: str, limit: Optional[int], cursor: Optional[str]) -> Dict[
     if cursor:
         params["cursor"] = cursor
     return params
+
+
+def report_progress(
+    data: Dict[str, Any], seen: Optional[Dict[str, Any]], callback: Any
+) -> Optional[Dict[str, Any]]:
+    """Calls ``callback`` with a sandbox's image pull ``progress`` when it changed;
+    returns the progress now seen."""
+    progress = data.get("progress")
+    if callback is not None and isinstance(progress, dict) and progress != seen:
+        callback(dict(progress))
+        return progress
+    return seen

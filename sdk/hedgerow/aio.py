@@ -25,6 +25,7 @@ from hedgerow import streaming
 from hedgerow._common import Command
 from hedgerow.cleanup import registry
 from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.images import AsyncImages
 from hedgerow.results import ExecResult
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
@@ -63,6 +64,7 @@ class AsyncClient:
             trust_env=False,
             limits=httpx.Limits(max_connections=max_connections),
         )
+        self.images = AsyncImages(self)  # pull / list / get / remove / import_
 
     async def request(
         self, method: str, path: str, *, retry: bool = True, **kwargs: Any
@@ -140,6 +142,7 @@ class AsyncClient:
         idempotency_key: Optional[str] = None,
         heartbeat: bool = True,
         queue: Optional[bool] = None,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
     ) -> AsyncSandbox:
         """See ``Client.create_sandbox`` (interrupt-safe the same way: the id is
         registered for cleanup before the request is sent; heartbeats run as a task)."""
@@ -176,7 +179,7 @@ class AsyncClient:
         # A warm pool claim answers ``ready`` already: no /wait round trip.
         if wait and sandbox.state != "ready":
             try:
-                await sandbox.wait(timeout=wait_timeout)
+                await sandbox.wait(timeout=wait_timeout, on_progress=on_progress)
             except BaseException:
                 # Unless a signal's cleanup has deleted it already.
                 if not self.cleanup or registry.has(self.url, sandbox.id):
@@ -243,11 +246,18 @@ class AsyncSandbox:
         self.data = (await self._client.request("GET", f"/sandboxes/{self.id}")).json()
         return self
 
-    async def wait(self, timeout: float = 120.0) -> AsyncSandbox:
+    async def wait(
+        self,
+        timeout: float = 120.0,
+        *,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> AsyncSandbox:
+        """See ``Sandbox.wait``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        seen = common.report_progress(self.data, None, on_progress)
         while True:
-            slice_s = max(0.0, min(60.0, deadline - loop.time()))
+            slice_s = max(0.0, min(1.0 if on_progress else 60.0, deadline - loop.time()))
             try:
                 response = await self._client.request(
                     "GET",
@@ -260,6 +270,8 @@ class AsyncSandbox:
             except HedgerowError as exc:
                 if exc.code != "wait_timeout" or loop.time() >= deadline:
                     raise
+            if on_progress is not None:
+                seen = common.report_progress((await self.refresh()).data, seen, on_progress)
 
     async def delete(self) -> None:
         self.stop_heartbeats()

@@ -3,6 +3,7 @@
     hedgerow login --url http://HOST:8000 --key hr_...
     hedgerow sandbox create [--count N] · ls · get ID · rm ID... · exec ID -- CMD...
     hedgerow sandbox shell ID · cp SRC DST (ID:/path on either side)
+    hedgerow image pull REF · ls · rm ID... · import PATH --reference REF
     hedgerow ops get SANDBOX OP · keys ls|create|revoke · trajectories import|export
     hedgerow bench exec|create
 
@@ -32,6 +33,7 @@ from hedgerow._common import VERSION as __version__
 from hedgerow.cleanup import registry
 from hedgerow.client import Client, Sandbox
 from hedgerow.errors import HedgerowError
+from hedgerow.images import Image
 
 
 class Progress:
@@ -311,6 +313,76 @@ def cmd_sandbox_shell(args: argparse.Namespace) -> int:
     return run_shell(hr.url, hr.api_key, args.id, cmd=args.command or None)
 
 
+# -- images -----------------------------------------------------------------------------
+_IMAGE_HEADER = f"{'ID':<36} {'STATUS':<8} {'SIZE':>10} {'SANDBOXES':>9}  REFERENCE"
+
+
+def _image_row(image: Image) -> str:
+    return f"{image.id:<36} {image.status:<8} {image.size_bytes:>10} {image.sandboxes:>9}  " + (
+        image.reference
+    )
+
+
+class PullProgress:
+    """A progress bar of bytes on a terminal (stderr); plain lines otherwise."""
+
+    def __init__(self, reference: str) -> None:
+        self.reference = reference
+        self.tty = sys.stderr.isatty() or os.environ.get("HEDGEROW_PROGRESS") == "1"
+        self.drawn = False
+
+    def __call__(self, progress: Dict[str, Any]) -> None:
+        phase = str(progress.get("phase", ""))
+        done, total = int(progress.get("bytes") or 0), int(progress.get("total") or 0)
+        layers = progress.get("layers", "")
+        if self.tty:
+            width = 30
+            filled = int(width * min(done / total, 1.0)) if total else 0
+            bar = "#" * filled + "-" * (width - filled)
+            sys.stderr.write(f"\rpulling {self.reference} {phase:<10} [{bar}] {done}/{total} B")
+            self.drawn = True
+        else:
+            sys.stderr.write(f"{phase} layers={layers} bytes={done}/{total}\n")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    hr = _client(args)
+    if args.image_cmd == "pull":
+        bar = PullProgress(args.reference)
+        try:
+            image = hr.images.pull(args.reference, progress=bar, wait=not args.no_wait)
+        finally:
+            bar.finish()
+        _out(args, image.raw, lambda: f"{image.id} {image.status} {image.digest}")
+        return 0
+    if args.image_cmd == "ls":
+        images = hr.images.list()
+        _out(
+            args,
+            [i.raw for i in images],
+            lambda: "\n".join([_IMAGE_HEADER, *(_image_row(i) for i in images)]),
+        )
+        return 0
+    if args.image_cmd == "import":
+        image = hr.images.import_(args.path, args.reference)
+        _out(args, image.raw, lambda: f"{image.id} {image.status} {image.digest}")
+        return 0
+    failed = 0
+    for image_id in args.ids:
+        try:
+            hr.images.remove(image_id)
+        except HedgerowError as exc:
+            failed += 1
+            print(f"hedgerow: {image_id}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 # -- operations, keys, trajectories --------------------------------------------------
 def cmd_ops_get(args: argparse.Namespace) -> int:
     result = _client(args).operation(args.sandbox, args.op)
@@ -559,6 +631,22 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("src")
     cp.add_argument("dst")
     cp.set_defaults(func=cmd_sandbox_cp)
+
+    image = command(sub, "image", "the team's OCI images").add_subparsers(
+        dest="image_cmd", required=True, metavar="SUBCOMMAND"
+    )
+    pull = command(image, "pull", "pull an image (a progress bar on a terminal)")
+    pull.add_argument("reference", help="an OCI reference: python:3.12-slim, ghcr.io/o/i:tag")
+    pull.add_argument("--no-wait", action="store_true", help="return once the pull started")
+    pull.set_defaults(func=cmd_image)
+    command(image, "ls", "list the team's images").set_defaults(func=cmd_image)
+    image_rm = command(image, "rm", "forget images (refused while a live sandbox uses one)")
+    image_rm.add_argument("ids", nargs="+", metavar="ID")
+    image_rm.set_defaults(func=cmd_image)
+    image_import = command(image, "import", "upload an OCI layout or `docker save` tarball")
+    image_import.add_argument("path", help="a tarball, or an OCI layout directory")
+    image_import.add_argument("--reference", required=True, help="the name to give it")
+    image_import.set_defaults(func=cmd_image)
 
     ops = command(sub, "ops", "recorded execs").add_subparsers(
         dest="cmd", required=True, metavar="SUBCOMMAND"

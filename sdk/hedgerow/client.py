@@ -32,6 +32,7 @@ from hedgerow._common import Command as Command  # re-exported: episode.py impor
 from hedgerow.cleanup import registry
 from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.images import Images
 from hedgerow.results import ExecResult
 
 DEFAULT_URL = common.DEFAULT_URL
@@ -76,6 +77,7 @@ class Client:
             timeout=timeout,
             trust_env=False,
         )
+        self.images = Images(self)  # pull / list / get / remove / import_
 
     # -- plumbing ---------------------------------------------------------------
     def request(
@@ -160,6 +162,7 @@ class Client:
         idempotency_key: Optional[str] = None,
         heartbeat: bool = True,
         queue: Optional[bool] = None,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
     ) -> Sandbox:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
         context manager that deletes it.
@@ -176,7 +179,13 @@ class Client:
         ``heartbeat=False`` means none (the TTL, default 3600 s, still applies).
         A create answered ``ready`` (a warm pool claim) makes no /wait request.
         ``queue=True``: over a team quota, wait in the admission queue (state ``queued``)
-        instead of raising QuotaExceeded; give ``wait_timeout`` room for the wait."""
+        instead of raising QuotaExceeded; give ``wait_timeout`` room for the wait.
+
+        ``image``: ``host`` (default), a named image, or an OCI reference
+        (``python:3.12-slim``, ``ghcr.io/org/img@sha256:…``) pulled with the team's
+        registry credentials; an image that cannot be had raises ``ImageUnavailable``
+        (its ``code`` says why) at once. ``on_progress(dict)`` is called with the pull's
+        ``{"phase", "layers", "bytes", "total"}`` while the sandbox provisions."""
         chosen_id = sandbox_id or common.new_sandbox_id()
         hb_timeout = common.heartbeat_timeout(heartbeat_timeout_s, heartbeat)
         body = common.create_body(
@@ -211,7 +220,7 @@ class Client:
         # /wait round trip would only read back what this response says.
         if wait and sandbox.state != "ready":
             try:
-                sandbox.wait(timeout=wait_timeout)
+                sandbox.wait(timeout=wait_timeout, on_progress=on_progress)
             except BaseException:
                 # Unless a signal's cleanup has deleted it already.
                 if not self.cleanup or registry.has(self.url, sandbox.id):
@@ -296,12 +305,19 @@ class Sandbox:
         self.data = self._client.request("GET", f"/sandboxes/{self.id}").json()
         return self
 
-    def wait(self, timeout: float = 120.0) -> Sandbox:
-        """Server-side, event-driven wait (long-polls in ≤60 s slices). Raises
+    def wait(
+        self,
+        timeout: float = 120.0,
+        *,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> Sandbox:
+        """Server-side, event-driven wait (long-polls in ≤60 s slices; 1 s slices with
+        ``on_progress``, which gets each new image pull progress). Raises
         ``SandboxNotReady`` if it fails and ``WaitTimeout`` at the deadline."""
         deadline = time.monotonic() + timeout
+        seen = common.report_progress(self.data, None, on_progress)
         while True:
-            slice_s = max(0.0, min(60.0, deadline - time.monotonic()))
+            slice_s = max(0.0, min(1.0 if on_progress else 60.0, deadline - time.monotonic()))
             try:
                 self.data = self._client.request(
                     "GET",
@@ -313,6 +329,8 @@ class Sandbox:
             except HedgerowError as exc:
                 if exc.code != "wait_timeout" or time.monotonic() >= deadline:
                     raise
+            if on_progress is not None:
+                seen = common.report_progress(self.refresh().data, seen, on_progress)
 
     def delete(self) -> None:
         self.stop_heartbeats()
