@@ -221,7 +221,8 @@ def cmd_sandbox_rm(args: argparse.Namespace) -> int:
             print(f"{sandbox_id}: {exc}", file=sys.stderr)
         progress.advance()
     progress.finish()
-    _out(args, {"deleted": [i for i in ids if i not in failed], "failed": failed}, lambda: "")
+    deleted = [i for i in ids if i not in failed]
+    _out(args, {"deleted": deleted, "failed": failed}, lambda: "\n".join(deleted))
     return 1 if failed else 0
 
 

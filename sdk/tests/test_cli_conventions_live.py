@@ -107,7 +107,8 @@ def test_ls_rm_and_help_follow_conventions(live, make_tenant, tmp_path):
     assert created.returncode == 0, created.stderr
     gone_id, live_id = created.stdout.split()
     assert Sandbox.objects.get(external_id=live_id).labels == {"suite": "cli"}
-    assert cli("sandbox", "rm", gone_id).returncode == 0
+    removed = cli("sandbox", "rm", gone_id)
+    assert (removed.returncode, removed.stdout) == (0, f"{gone_id}\n")
 
     listed = cli("sandbox", "ls")
     assert listed.returncode == 0, listed.stderr
