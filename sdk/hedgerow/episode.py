@@ -18,7 +18,8 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hedgerow.errors import HedgerowError, SandboxLost
+from hedgerow._common import new_operation_id
+from hedgerow.errors import HedgerowError, SandboxLost, SandboxTerminating
 
 if TYPE_CHECKING:
     from hedgerow.client import Client, Command, Sandbox
@@ -28,6 +29,18 @@ _current: contextvars.ContextVar[Episode | None] = contextvars.ContextVar(
     "hedgerow_episode", default=None
 )
 FLUSH_EVERY = 16
+VERIFIER_KINDS = ("pytest", "unittest", "go", "jest", "junit-xml", "custom")
+# The control plane's mapping (apps/trajectories/services/attribution.py), so the
+# local verdict agrees with the recorded one: these exits mean the verifier did not
+# run or the framework failed on its own (no test judged the policy).
+_NOT_RUNNABLE = frozenset({126, 127})
+_FRAMEWORK_ERRORS = {
+    "pytest": frozenset({3, 4, 5}),
+    "unittest": frozenset({5}),
+    "go": frozenset({2}),
+}
+# Errors that mean the sandbox went away under the episode (deleted, lost).
+_SANDBOX_GONE = (SandboxLost, SandboxTerminating)
 
 
 def current_episode() -> Episode | None:
@@ -126,6 +139,7 @@ class Episode:
         *,
         error: HedgerowError | None = None,
         kind: str = "exec",
+        verifier: dict[str, Any] | None = None,
     ) -> None:
         if sandbox.id not in self._sandboxes and self.data:
             self._sandboxes.add(sandbox.id)
@@ -134,6 +148,8 @@ class Episode:
             "action": _storable(command),
             "sandbox_id": sandbox.id,
         }
+        if verifier:
+            step["verifier"] = verifier
         if error is None or error.status >= 500:
             # The control plane has the operation (a 502 leaves a failed row): link it.
             step["operation_id"] = operation_id
@@ -156,22 +172,42 @@ class Episode:
         timeout: float | None = None,
         name: str | None = None,
         version: str | None = None,
+        kind: str = "custom",
     ) -> ExecResult:
-        """Runs the verifier as a step. Exit 0 = pass, other exits = fail; a timeout or
-        a kill is a broken verifier (the control plane reads its operation record)."""
+        """Runs the verifier as a step. ``kind`` (pytest, unittest, go, jest, junit-xml,
+        custom) says which exit codes are the framework's own errors. Exit 0 = pass; exit
+        126/127 (not executable / not found), a framework error (pytest 3/4/5,
+        unittest 5, go 2), a timeout or a kill = the verifier did not judge the policy
+        (``error``/``timeout``: class ``verifier``); other exits = fail. An exec that
+        raises is recorded as a step too (the refused command), then re-raised."""
+        if kind not in VERIFIER_KINDS:
+            raise ValueError(f"kind is one of {', '.join(VERIFIER_KINDS)}")
         target = sandbox or self._only_sandbox()
         token = _current.set(None)  # recorded below as a verifier step, not an exec
+        declared = {"kind": kind}
+        operation_id = new_operation_id()
         try:
-            result = target.exec(command, timeout=timeout)
+            result = target.exec(command, timeout=timeout, operation_id=operation_id)
+        except HedgerowError as exc:
+            self.record_exec(
+                target, operation_id, command, error=exc, kind="verifier", verifier=declared
+            )
+            raise
         finally:
             _current.reset(token)
-        self.record_exec(target, result.operation_id, command, kind="verifier")
+        self.record_exec(target, result.operation_id, command, kind="verifier", verifier=declared)
         if result.timed_out:
             outcome = "timeout"
         elif result.termination != "exited":
             outcome = "error"
+        elif result.exit_code == 0:
+            outcome = "pass"
+        elif result.exit_code in _NOT_RUNNABLE or result.exit_code in _FRAMEWORK_ERRORS.get(
+            kind, frozenset()
+        ):
+            outcome = "error"
         else:
-            outcome = "pass" if result.exit_code == 0 else "fail"
+            outcome = "fail"
         self.set_result(verifier_outcome=outcome, verifier_name=name, verifier_version=version)
         return result
 
@@ -211,7 +247,7 @@ class Episode:
             _current.reset(self._token)
             self._token = None
         if exc is not None and "termination_reason" not in self._result:
-            reason = "sandbox_lost" if isinstance(exc, SandboxLost) else "harness_crash"
+            reason = "sandbox_lost" if isinstance(exc, _SANDBOX_GONE) else "harness_crash"
             self._result["termination_reason"] = reason
         if exc is None:
             self.close()

@@ -1,0 +1,120 @@
+"""Issue 22 item 1: a verifier that did not run is ``verifier``, not the policy failing;
+the policy's own failures seen through a verifier stay ``task``. Real sandboxes, real
+commands: the exit codes come from the shell and Python in the sandbox."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from hedgerow import Client
+
+from apps.sandboxes.models import Sandbox, State
+from apps.trajectories.models import Episode
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def _settled(live):
+    yield
+    deadline = time.monotonic() + 60
+    busy = (State.REQUESTED, State.PROVISIONING, State.TERMINATING)
+    while Sandbox.objects.filter(state__in=busy).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _sdk(live, secret: str) -> Client:
+    return Client(url=live.url, api_key=secret, max_retries=1, timeout=90)
+
+
+def test_a_verifier_that_did_not_run_is_verifier_and_the_policys_failures_stay_task(
+    live, make_tenant
+):
+    _, secret = make_tenant()
+    cases: dict[str, tuple[str, str | list[str], str]] = {
+        # (setup, verifier command, kind) -> expected class
+        "not-found": ("true", "/workspace/no-such-verifier", "custom"),
+        "not-executable": (
+            "printf 'exit 0' > /workspace/v.sh && chmod -x /workspace/v.sh",
+            "/workspace/v.sh",
+            "custom",
+        ),
+        "no-tests-collected": ("true", ["python3", "-c", "raise SystemExit(5)"], "pytest"),
+        "usage-error": ("true", ["python3", "-c", "raise SystemExit(4)"], "pytest"),
+        # Counter-cases: the policy's code does not even parse; the policy wrote no
+        # answer so the verifier's read raises. Both are the policy's failure.
+        "policy-syntax-error": (
+            "printf 'def f(:\\n' > /workspace/solution.py",
+            ["python3", "-c", "import sys; sys.path.insert(0, '/workspace'); import solution"],
+            "custom",
+        ),
+        "no-answer-file": (
+            "rm -f /workspace/answer",
+            ["python3", "-c", "open('/workspace/answer').read()"],
+            "custom",
+        ),
+        "pytest-interrupted": ("true", ["python3", "-c", "raise SystemExit(2)"], "pytest"),
+    }
+    classes, outcomes = {}, {}
+    with _sdk(live, secret) as hr, hr.create_sandbox() as sandbox:
+        for name, (setup, command, kind) in cases.items():
+            with sandbox.episode(task_id=name) as ep:
+                sandbox.exec(setup)
+                result = ep.verify(command, timeout=30, kind=kind)
+            classes[name] = ep.failure_class
+            outcomes[name] = (result.exit_code, Episode.objects.get(episode_id=ep.id))
+    assert classes == {
+        "not-found": "verifier",
+        "not-executable": "verifier",
+        "no-tests-collected": "verifier",
+        "usage-error": "verifier",
+        "policy-syntax-error": "task",
+        "no-answer-file": "task",
+        "pytest-interrupted": "task",
+    }
+    assert outcomes["not-found"][0] == 127 and outcomes["not-executable"][0] == 126
+    row = outcomes["no-tests-collected"][1]
+    assert row.verifier_outcome == "error"
+    decisive, fact = row.failure_evidence[0], row.failure_evidence[1]
+    assert decisive["rule"] == "verifier_error"
+    assert (fact["source"], fact["verifier_kind"]) == ("operation", "pytest")
+    assert "no tests collected" in fact["detail"]
+    step = row.steps.get(kind="verifier")
+    assert step.verifier == {"kind": "pytest"} and step.operation_record is not None
+
+
+def test_the_operation_record_beats_a_client_that_reports_fail_or_verifier_error(live, make_tenant):
+    _, secret = make_tenant()
+    http = httpx.Client(
+        base_url=live.url + "/api/v1",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=90,
+        trust_env=False,
+    )
+    with _sdk(live, secret) as hr, hr.create_sandbox() as sandbox:
+        closed = {}
+        for name, command, body in (
+            ("missing", "/no/such/verifier", {"verifier_outcome": "fail"}),
+            ("explicit", "true", {"termination_reason": "verifier_error"}),
+        ):
+            ep = http.post("/episodes", json={"task_id": name, "sandbox_ids": [sandbox.id]})
+            op_id = f"op-verify-{name}"
+            ran = http.post(
+                f"/sandboxes/{sandbox.id}/exec", json={"command": command, "operation_id": op_id}
+            )
+            assert ran.status_code == 200, ran.text
+            step = {"kind": "verifier", "sandbox_id": sandbox.id, "operation_id": op_id}
+            appended = http.post(f"/episodes/{ep.json()['id']}/steps", json={"steps": [step]})
+            assert appended.status_code == 201, appended.text
+            closed[name] = http.post(f"/episodes/{ep.json()['id']}/close", json=body).json()
+    assert closed["missing"]["failure_class"] == "verifier"
+    assert closed["explicit"]["failure_class"] == "verifier"
+    bad = http.post("/episodes", json={"task_id": "k"}).json()
+    refused = http.post(
+        f"/episodes/{bad['id']}/steps",
+        json={"steps": [{"kind": "verifier", "verifier": {"kind": "mocha"}}]},
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["field"].startswith("steps")
