@@ -4,7 +4,7 @@
         out = sandbox.exec("pytest -x")           # recorded as a step automatically
         ep.step(action=model_text, observation={"text": prompt}, kind="model",
                 model_call={"tokens_in": 812, "tokens_out": 64, "latency_s": 1.9})
-        ep.verify("python verify.py", timeout=60)  # the verifier's verdict, as a step
+        ep.verify("pytest -q", kind="pytest", timeout=60)  # the verdict, as a step
     # closed on exit: an exception closes it as ``harness_crash`` (and is re-raised)
 
 The control plane links exec steps to its own operation records and decides the
@@ -39,8 +39,16 @@ _FRAMEWORK_ERRORS = {
     "unittest": frozenset({5}),
     "go": frozenset({2}),
 }
-# Errors that mean the sandbox went away under the episode (deleted, lost).
+# Errors that mean the sandbox went away under the episode (lost, or deleted by
+# anyone): the episode ends ``sandbox_lost``, not ``harness_crash``.
 _SANDBOX_GONE = (SandboxLost, SandboxTerminating)
+_SANDBOX_GONE_CODES = frozenset({"sandbox_lost", "sandbox_terminating", "sandbox_deleted"})
+
+
+def _sandbox_gone(exc: BaseException) -> bool:
+    return isinstance(exc, _SANDBOX_GONE) or (
+        isinstance(exc, HedgerowError) and exc.code in _SANDBOX_GONE_CODES
+    )
 
 
 def current_episode() -> Episode | None:
@@ -173,18 +181,24 @@ class Episode:
         name: str | None = None,
         version: str | None = None,
         kind: str = "custom",
+        report: str | None = None,
     ) -> ExecResult:
         """Runs the verifier as a step. ``kind`` (pytest, unittest, go, jest, junit-xml,
         custom) says which exit codes are the framework's own errors. Exit 0 = pass; exit
         126/127 (not executable / not found), a framework error (pytest 3/4/5,
         unittest 5, go 2), a timeout or a kill = the verifier did not judge the policy
         (``error``/``timeout``: class ``verifier``); other exits = fail. An exec that
-        raises is recorded as a step too (the refused command), then re-raised."""
+        raises is recorded as a step too (the refused command), then re-raised.
+
+        ``report``: where the verifier writes JUnit XML (``pytest --junitxml=PATH``). It
+        is read back from the sandbox and the control plane keeps the per-test results
+        on the step; the report then decides pass/fail, and no report or a report with
+        no executed test means the verifier did not judge (``verifier``)."""
         if kind not in VERIFIER_KINDS:
             raise ValueError(f"kind is one of {', '.join(VERIFIER_KINDS)}")
         target = sandbox or self._only_sandbox()
         token = _current.set(None)  # recorded below as a verifier step, not an exec
-        declared = {"kind": kind}
+        declared: dict[str, Any] = {"kind": kind}
         operation_id = new_operation_id()
         try:
             result = target.exec(command, timeout=timeout, operation_id=operation_id)
@@ -195,6 +209,12 @@ class Episode:
             raise
         finally:
             _current.reset(token)
+        if report is not None:
+            declared["report_path"] = report
+            try:
+                declared["report"] = target.read_file(report).decode("utf-8", "replace")
+            except HedgerowError:
+                declared["report"] = ""  # the verifier wrote none: the control plane decides
         self.record_exec(target, result.operation_id, command, kind="verifier", verifier=declared)
         if result.timed_out:
             outcome = "timeout"
@@ -220,7 +240,8 @@ class Episode:
 
     def set_result(self, **result: Any) -> None:
         """termination_reason, reward, reward_components, verifier_name/version/outcome,
-        inference_error — sent when the episode closes."""
+        inference_error, client_cost (what the episode cost outside the sandbox, e.g.
+        model tokens, as a decimal string) — sent when the episode closes."""
         self._result.update({k: v for k, v in result.items() if v is not None})
 
     def close(self, **result: Any) -> dict[str, Any]:
@@ -247,7 +268,7 @@ class Episode:
             _current.reset(self._token)
             self._token = None
         if exc is not None and "termination_reason" not in self._result:
-            reason = "sandbox_lost" if isinstance(exc, _SANDBOX_GONE) else "harness_crash"
+            reason = "sandbox_lost" if _sandbox_gone(exc) else "harness_crash"
             self._result["termination_reason"] = reason
         if exc is None:
             self.close()

@@ -17,6 +17,7 @@ from apps.trajectories.models import (
     VerifierOutcome,
 )
 from apps.trajectories.services.episodes import EpisodeResult, StepInput
+from apps.trajectories.services.junit import MAX_REPORT_BYTES
 
 
 class EpisodeOpenSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -49,6 +50,12 @@ class VerifierDeclarationSerializer(serializers.Serializer):  # type: ignore[typ
     """A verifier step's declaration: which framework ran (docs/trajectories.md)."""
 
     kind = serializers.ChoiceField(choices=VerifierKind.choices)
+    # A structured report (JUnit XML) the verifier wrote, as read from the sandbox:
+    # parsed into the step's per-test results; empty = the verifier wrote none.
+    report = serializers.CharField(
+        required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_REPORT_BYTES
+    )
+    report_path = serializers.CharField(required=False, allow_blank=True, max_length=1000)
 
 
 class StepInputSerializer(serializers.Serializer):  # type: ignore[type-arg]

@@ -239,11 +239,29 @@ def verifier_exit_outcome(kind: str, exit_code: int | None) -> tuple[str, str]:
     return VerifierOutcome.FAIL, f"exit {exit_code}"
 
 
+def report_outcome(verifier: dict[str, Any]) -> tuple[str, str]:
+    """The verdict of a declared report: a valid report with at least one executed test
+    decides pass/fail (a test erroring because the code under test is broken is the
+    policy's failure); no report, an invalid one, or zero executed tests: the verifier
+    did not judge."""
+    error = (verifier.get("report") or {}).get("error")
+    if error:
+        return VerifierOutcome.ERROR, f"no valid report: {error}"
+    summary = verifier.get("summary") or {}
+    executed = sum(int(summary.get(k) or 0) for k in ("passed", "failed", "error"))
+    if not executed:
+        return VerifierOutcome.ERROR, "the report has no executed test"
+    bad = int(summary.get("failed") or 0) + int(summary.get("error") or 0)
+    counts = ", ".join(f"{summary.get(k, 0)} {k}" for k in ("passed", "failed", "error", "skipped"))
+    return (VerifierOutcome.FAIL if bad else VerifierOutcome.PASS), f"report: {counts}"
+
+
 def _verifier_outcome(episode: Episode) -> tuple[str, list[dict[str, Any]]]:
     """The verifier's verdict. Its own step's operation (control plane) decides when
-    the verifier did not run or broke (timeout, kill, not found / not executable, the
-    framework's own error); otherwise the client's reported pass/fail stands, else the
-    exit code. A client's explicit ``verifier_error`` termination is a broken verifier."""
+    the verifier did not run or broke (timeout, kill, not found / not executable); then
+    a declared report decides (``report_outcome``); then the framework's own error
+    codes; otherwise the client's reported pass/fail stands, else the exit code. A
+    client's explicit ``verifier_error`` termination is a broken verifier."""
     facts: list[dict[str, Any]] = []
     outcome = episode.verifier_outcome
     step = (
@@ -260,6 +278,10 @@ def _verifier_outcome(episode: Episode) -> tuple[str, list[dict[str, Any]]]:
             outcome = VerifierOutcome.TIMEOUT
         elif op.termination != "exited":  # signaled, agent_error, output_limit, failed
             outcome = VerifierOutcome.ERROR
+        elif op.exit_code in NOT_RUNNABLE:
+            outcome, why = verifier_exit_outcome(kind, op.exit_code)
+        elif (step.verifier or {}).get("report") is not None:
+            outcome, why = report_outcome(step.verifier)
         else:
             exit_outcome, why = verifier_exit_outcome(kind, op.exit_code)
             if exit_outcome in VERIFIER_BROKEN or not outcome:

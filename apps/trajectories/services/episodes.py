@@ -27,6 +27,7 @@ from apps.trajectories.models import (
     VerifierOutcome,
 )
 from apps.trajectories.services.attribution import episode_attribution
+from apps.trajectories.services.junit import ReportInvalid, parse_junit
 from apps.trajectories.services.step_schema import step_problem
 from controlplane import jsonsafe
 from controlplane.errors import Conflict, NotFound, ValidationFailed
@@ -266,7 +267,7 @@ def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
         started_at=item.started_at,
         ended_at=item.ended_at,
         duration_s=item.duration_s,
-        verifier=item.verifier,
+        verifier=_verifier_record(item.verifier),
     )
     if item.sandbox_id:
         sandbox = _sandbox_of(episode.tenant, item.sandbox_id)
@@ -296,6 +297,31 @@ def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
         raise ValidationFailed("operation_id needs sandbox_id", field="sandbox_id")
     step.save()
     return step
+
+
+def _verifier_record(declared: dict[str, Any]) -> dict[str, Any]:
+    """What a verifier step keeps of its declaration: the kind and, when it declared a
+    report, the per-test results parsed from it (or why there are none). The report's
+    text itself is not stored."""
+    if not declared:
+        return {}
+    record: dict[str, Any] = {"kind": declared["kind"]}
+    if "report" not in declared and not declared.get("report_path"):
+        return record
+    report: dict[str, Any] = {"format": "junit-xml", "path": declared.get("report_path", "")}
+    record["report"] = report
+    text = declared.get("report") or ""
+    if not text:
+        report["error"] = "the verifier wrote no report"
+        return record
+    try:
+        parsed = parse_junit(text)
+    except ReportInvalid as exc:
+        report["error"] = str(exc)
+        return record
+    record["results"] = parsed.results
+    record["summary"] = parsed.summary
+    return record
 
 
 def _resources(episode: Episode) -> dict[str, Any]:

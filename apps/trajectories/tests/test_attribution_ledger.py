@@ -5,6 +5,7 @@ them (the live tests in test_attribution_live.py cause the faults for real)."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -182,3 +183,72 @@ def test_eta_counts_an_episode_without_a_verdict_as_not_usable(make_tenant, api_
     stats = episode_stats(episodes=episode_list(tenant=tenant))
     assert (stats.episodes, stats.valid, stats.eta) == (2, 1, 0.5)
     assert stats.success_rate_valid == 1.0
+
+
+def _record(episode_id: str, sandbox_id: str, cls: str, started, ended, **extra) -> bytes:
+    record = {
+        "schema": "hedgerow.episode/v1", "episode_id": episode_id, "task_id": "imp",
+        "status": "closed", "started_at": started.isoformat(), "ended_at": ended.isoformat(),
+        "failure": {"auto_class": cls, "class": cls, "evidence": []},
+        "sandboxes": [{"sandbox_id": sandbox_id, "generation": 1,
+                       "attached_at": started.isoformat()}],
+        **extra,
+    }  # fmt: skip
+    return (json.dumps(record) + "\n").encode()
+
+
+def test_an_import_is_checked_against_this_tenants_ledger_and_keeps_its_claim(
+    make_tenant, api_client, make_user, client
+):
+    tenant, secret = make_tenant()
+    outsider, _ = make_tenant()
+    client = api_client(secret)
+    now = timezone.now()
+    start, end = now - timedelta(seconds=50), now - timedelta(seconds=10)
+    lost = _ready_sandbox(tenant, seconds_ago=100)
+    _event(lost, "lost", "backend_resource_gone", now - timedelta(seconds=30))
+    healthy = _ready_sandbox(tenant, seconds_ago=100)
+    theirs = make_sandbox(outsider, external_id="sb-theirs")
+    _event(theirs, "lost", "backend_resource_gone", now - timedelta(seconds=30))
+    body = b"".join(
+        [
+            _record("ep-claims-success", lost.external_id, "success", start, end,
+                    verifier={"outcome": "pass"}),
+            _record("ep-claims-env", healthy.external_id, "environment", start, end,
+                    verifier={"outcome": "fail"}),
+            _record("ep-elsewhere", "sb-theirs", "success", start, end,
+                    verifier={"outcome": "pass"}),
+        ]
+    )  # fmt: skip
+    response = client.generic(
+        "POST", "/api/v1/episodes/import", body, content_type="application/x-ndjson"
+    )
+    assert response.status_code == 200, response.content
+    got = {
+        e["id"]: (e["claimed_class"], e["failure_class"])
+        for e in client.get("/api/v1/episodes").json()["results"]
+    }
+    assert got == {
+        "ep-claims-success": ("success", "environment"),
+        "ep-claims-env": ("environment", "task"),
+        # Another tenant's sandbox of that name is not this ledger's to judge.
+        "ep-elsewhere": ("success", "success"),
+    }
+    row = Episode.objects.get(tenant=tenant, episode_id="ep-claims-success")
+    assert row.failure_evidence[0]["rule"] == "infra_fault_during_episode"
+    assert "the import claimed success" in row.failure_evidence[-1]["detail"]
+    assert not row.sandbox_links.filter(sandbox=theirs).exists()
+    exported = client.get("/api/v1/episodes/export", {"task": "imp"})
+    lines = [json.loads(x) for x in b"".join(exported.streaming_content).splitlines()]
+    claims = {x["episode_id"]: x["failure"].get("claimed") for x in lines}
+    assert claims == {
+        "ep-claims-success": "success",
+        "ep-claims-env": "environment",
+        "ep-elsewhere": None,
+    }
+    # The pages show the disagreement: the list marks it, the episode says both.
+    client.force_login(make_user("ann", (tenant, "owner")))
+    listing = client.get("/trajectories/").content.decode()
+    assert 'data-claimed="success"' in listing and 'data-claimed="environment"' in listing
+    page = client.get("/trajectories/ep-claims-success/").content.decode()
+    assert 'id="claim"' in page and "claimed" in page

@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from hedgerow import Client
+from hedgerow import Client, HedgerowError
 
 from apps.sandboxes.models import Sandbox, State
 from apps.trajectories.models import Episode
@@ -118,3 +118,67 @@ def test_the_operation_record_beats_a_client_that_reports_fail_or_verifier_error
     )
     assert refused.status_code == 400
     assert refused.json()["error"]["field"].startswith("steps")
+
+
+def test_a_sandbox_deleted_by_another_client_mid_episode_is_environment(live, make_tenant):
+    _, secret = make_tenant()
+    with _sdk(live, secret) as hr, _sdk(live, secret) as other:
+        sandbox = hr.create_sandbox()
+        with pytest.raises(HedgerowError) as raised, sandbox.episode(task_id="t") as ep:
+            sandbox.exec("echo work")
+            other.get(sandbox.id).delete()
+            ep.verify("true", timeout=10)
+    assert raised.value.code in ("sandbox_terminating", "sandbox_deleted")
+    row = Episode.objects.get(episode_id=ep.id)
+    assert (row.termination_reason, row.failure_class) == ("sandbox_lost", "environment")
+    fact = row.failure_evidence[1]
+    assert (fact["source"], fact["reason"]) == ("ledger", "deleted")
+    # The refused verifier exec is recorded as a step, with the refusal.
+    verifier = row.steps.get(kind="verifier")
+    assert verifier.observation["error"]["code"] == raised.value.code
+    assert verifier.verifier == {"kind": "custom"} and verifier.operation_record is None
+
+
+JUNIT = (
+    '<testsuites><testsuite name="s" tests="3">'
+    '<testcase classname="tests.test_a" name="test_ok"/>'
+    '<testcase classname="tests.test_a" name="test_bad"><failure message="no"/></testcase>'
+    '<testcase classname="tests.test_a" name="test_later"><skipped/></testcase>'
+    "</testsuite></testsuites>"
+)
+
+
+def test_a_junit_report_gives_the_per_test_vector_and_the_verdict(live, make_tenant):
+    _, secret = make_tenant()
+    writes = "import sys; open('/workspace/r.xml', 'w').write(sys.argv[1]); sys.exit(1)"
+    zero = '<testsuite tests="0"></testsuite>'
+    with _sdk(live, secret) as hr, hr.create_sandbox() as sandbox:
+        with sandbox.episode(task_id="reported") as reported:
+            reported.verify(["python3", "-c", writes, JUNIT], kind="pytest",
+                            report="/workspace/r.xml", timeout=30)  # fmt: skip
+        with sandbox.episode(task_id="no-report") as crashed:
+            sandbox.exec("rm -f /workspace/r.xml")
+            # A verifier that dies on its own import before writing its report.
+            crashed.verify(["python3", "-c", "import no_such_verifier_lib"], kind="pytest",
+                           report="/workspace/r.xml", timeout=30)  # fmt: skip
+        with sandbox.episode(task_id="zero") as empty:
+            empty.verify(["python3", "-c", writes, zero], kind="junit-xml",
+                         report="/workspace/r.xml", timeout=30)  # fmt: skip
+    row = Episode.objects.get(episode_id=reported.id)
+    assert row.failure_class == "task"
+    step = row.steps.get(kind="verifier")
+    assert step.verifier["results"] == {
+        "tests.test_a::test_ok": "passed",
+        "tests.test_a::test_bad": "failed",
+        "tests.test_a::test_later": "skipped",
+    }
+    assert step.verifier["summary"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
+    assert "report: 1 passed, 1 failed" in row.failure_evidence[1]["detail"]
+    assert "report" not in step.verifier["report"]  # the text itself is not kept
+    assert crashed.failure_class == "verifier"
+    no_report = Episode.objects.get(episode_id=crashed.id).failure_evidence[1]["detail"]
+    assert "no valid report: the verifier wrote no report" in no_report
+    assert empty.failure_class == "verifier"
+    assert (
+        "no executed test" in Episode.objects.get(episode_id=empty.id).failure_evidence[1]["detail"]
+    )
