@@ -182,3 +182,19 @@ def test_a_junit_report_gives_the_per_test_vector_and_the_verdict(live, make_ten
     assert (
         "no executed test" in Episode.objects.get(episode_id=empty.id).failure_evidence[1]["detail"]
     )
+
+
+def test_exec_stream_inside_an_episode_is_recorded_as_a_step(live, make_tenant):
+    _, secret = make_tenant()
+    with _sdk(live, secret) as hr, hr.create_sandbox() as sandbox:
+        with sandbox.episode(task_id="streamed") as ep:
+            frames = list(sandbox.exec_stream("echo streamed; exit 3"))
+            ep.verify("true", timeout=10)
+    exit_frame = frames[-1]
+    assert exit_frame.type == "exit" and exit_frame.result is not None
+    assert exit_frame.result.exit_code == 3
+    row = Episode.objects.get(episode_id=ep.id)
+    step = row.steps.get(index=0)
+    assert step.kind == "exec" and step.operation_record is not None
+    assert step.observation["exit_code"] == 3
+    assert step.action == "echo streamed; exit 3"
