@@ -22,6 +22,7 @@ from hedgerow._common import new_operation_id
 from hedgerow.errors import HedgerowError, SandboxLost, SandboxTerminating
 
 if TYPE_CHECKING:
+    from hedgerow.aio import AsyncClient, AsyncSandbox
     from hedgerow.client import Client, Command, Sandbox
     from hedgerow.results import ExecResult
 
@@ -51,8 +52,17 @@ def _sandbox_gone(exc: BaseException) -> bool:
     )
 
 
+_current_async: contextvars.ContextVar[AsyncEpisode | None] = contextvars.ContextVar(
+    "hedgerow_async_episode", default=None
+)
+
+
 def current_episode() -> Episode | None:
     return _current.get()
+
+
+def current_async_episode() -> AsyncEpisode | None:
+    return _current_async.get()
 
 
 def _storable(command: Command) -> Command:
@@ -64,11 +74,35 @@ def _storable(command: Command) -> Command:
     return [arg.replace("\x00", "\\0") for arg in command]
 
 
-class Episode:
+def local_outcome(result: ExecResult, kind: str) -> str:
+    """The verifier's outcome as the control plane reads it from its exit (a declared
+    report, parsed there, can still overrule it)."""
+    if result.timed_out:
+        return "timeout"
+    if result.termination != "exited":
+        return "error"
+    if result.exit_code == 0:
+        return "pass"
+    if result.exit_code in _NOT_RUNNABLE or result.exit_code in _FRAMEWORK_ERRORS.get(
+        kind, frozenset()
+    ):
+        return "error"
+    return "fail"
+
+
+def check_verifier_kind(kind: str) -> None:
+    if kind not in VERIFIER_KINDS:
+        raise ValueError(f"kind is one of {', '.join(VERIFIER_KINDS)}")
+
+
+class EpisodeRecord:
+    """What the sync and async episodes share: the open body, the pending steps and the
+    result; no I/O."""
+
     def __init__(
         self,
-        client: Client,
-        sandboxes: list[Sandbox],
+        client: Any,
+        sandboxes: list[Any],
         *,
         task_id: str,
         episode_id: str | None = None,
@@ -89,7 +123,6 @@ class Episode:
         self._pending: list[dict[str, Any]] = []
         self._next_index = 0
         self._result: dict[str, Any] = {}
-        self._token: contextvars.Token[Episode | None] | None = None
 
     @property
     def id(self) -> str:
@@ -99,17 +132,11 @@ class Episode:
     def failure_class(self) -> str:
         return str(self.data.get("failure_class") or "")
 
-    def open(self) -> Episode:
-        self.data = self._client.request("POST", "/episodes", json=self._open_body).json()
-        return self
-
     # -- steps ----------------------------------------------------------------
     def _add(self, step: dict[str, Any]) -> None:
         step["index"] = self._next_index
         self._next_index += 1
         self._pending.append(step)
-        if len(self._pending) >= FLUSH_EVERY:
-            self.flush()
 
     def step(
         self,
@@ -141,7 +168,7 @@ class Episode:
 
     def record_exec(
         self,
-        sandbox: Sandbox,
+        sandbox: Any,
         operation_id: str,
         command: Command,
         *,
@@ -164,6 +191,47 @@ class Episode:
         else:
             step["observation"] = {"error": {"code": error.code, "message": error.message}}
         self._add(step)
+
+    def set_result(self, **result: Any) -> None:
+        """termination_reason, reward, reward_components, verifier_name/version/outcome,
+        inference_error, client_cost (what the episode cost outside the sandbox, e.g.
+        model tokens, as a decimal string) — sent when the episode closes."""
+        self._result.update({k: v for k, v in result.items() if v is not None})
+
+    def _exit_reason(self, exc: BaseException) -> None:
+        if "termination_reason" not in self._result:
+            reason = "sandbox_lost" if _sandbox_gone(exc) else "harness_crash"
+            self._result["termination_reason"] = reason
+
+    def _close_body(self, result: dict[str, Any]) -> dict[str, Any]:
+        self.set_result(**result)
+        body = dict(self._result)
+        body.setdefault("termination_reason", "submitted")
+        return body
+
+
+class Episode(EpisodeRecord):
+    def __init__(
+        self,
+        client: Client,
+        sandboxes: list[Sandbox],
+        *,
+        task_id: str,
+        episode_id: str | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(client, sandboxes, task_id=task_id, episode_id=episode_id, **fields)
+        self._client: Client = client
+        self._token: contextvars.Token[Episode | None] | None = None
+
+    def open(self) -> Episode:
+        self.data = self._client.request("POST", "/episodes", json=self._open_body).json()
+        return self
+
+    def _add(self, step: dict[str, Any]) -> None:
+        super()._add(step)
+        if len(self._pending) >= FLUSH_EVERY:
+            self.flush()
 
     def flush(self) -> None:
         if not self._pending or not self.data:
@@ -194,8 +262,7 @@ class Episode:
         is read back from the sandbox and the control plane keeps the per-test results
         on the step; the report then decides pass/fail, and no report or a report with
         no executed test means the verifier did not judge (``verifier``)."""
-        if kind not in VERIFIER_KINDS:
-            raise ValueError(f"kind is one of {', '.join(VERIFIER_KINDS)}")
+        check_verifier_kind(kind)
         target = sandbox or self._only_sandbox()
         token = _current.set(None)  # recorded below as a verifier step, not an exec
         declared: dict[str, Any] = {"kind": kind}
@@ -216,18 +283,7 @@ class Episode:
             except HedgerowError:
                 declared["report"] = ""  # the verifier wrote none: the control plane decides
         self.record_exec(target, result.operation_id, command, kind="verifier", verifier=declared)
-        if result.timed_out:
-            outcome = "timeout"
-        elif result.termination != "exited":
-            outcome = "error"
-        elif result.exit_code == 0:
-            outcome = "pass"
-        elif result.exit_code in _NOT_RUNNABLE or result.exit_code in _FRAMEWORK_ERRORS.get(
-            kind, frozenset()
-        ):
-            outcome = "error"
-        else:
-            outcome = "fail"
+        outcome = local_outcome(result, kind)
         self.set_result(verifier_outcome=outcome, verifier_name=name, verifier_version=version)
         return result
 
@@ -238,17 +294,9 @@ class Episode:
             raise HedgerowError("verify() needs sandbox= when the episode has several")
         return Sandbox(self._client, {"id": next(iter(self._sandboxes))})
 
-    def set_result(self, **result: Any) -> None:
-        """termination_reason, reward, reward_components, verifier_name/version/outcome,
-        inference_error, client_cost (what the episode cost outside the sandbox, e.g.
-        model tokens, as a decimal string) — sent when the episode closes."""
-        self._result.update({k: v for k, v in result.items() if v is not None})
-
     def close(self, **result: Any) -> dict[str, Any]:
-        self.set_result(**result)
+        body = self._close_body(result)
         self.flush()
-        body = dict(self._result)
-        body.setdefault("termination_reason", "submitted")
         self.data = self._client.request("POST", f"/episodes/{self.id}/close", json=body).json()
         return self.data
 
@@ -267,13 +315,120 @@ class Episode:
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
-        if exc is not None and "termination_reason" not in self._result:
-            reason = "sandbox_lost" if _sandbox_gone(exc) else "harness_crash"
-            self._result["termination_reason"] = reason
+        if exc is not None:
+            self._exit_reason(exc)
         if exc is None:
             self.close()
             return
         try:
             self.close()
+        except HedgerowError:
+            pass  # the harness's own exception is the one to see
+
+
+class AsyncEpisode(EpisodeRecord):
+    """The episode for ``hedgerow.aio``: ``async with sandbox.episode(task_id=...) as ep``.
+    Execs (``await sandbox.exec``) inside the block become steps; ``await ep.verify``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        sandboxes: list[AsyncSandbox],
+        *,
+        task_id: str,
+        episode_id: str | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(client, sandboxes, task_id=task_id, episode_id=episode_id, **fields)
+        self._client: AsyncClient = client
+        self._token: contextvars.Token[AsyncEpisode | None] | None = None
+
+    async def open(self) -> AsyncEpisode:
+        response = await self._client.request("POST", "/episodes", json=self._open_body)
+        self.data = response.json()
+        return self
+
+    async def flush(self) -> None:
+        if not self._pending or not self.data:
+            return
+        batch, self._pending = self._pending, []
+        await self._client.request("POST", f"/episodes/{self.id}/steps", json={"steps": batch})
+
+    async def flush_if_due(self) -> None:
+        if len(self._pending) >= FLUSH_EVERY:
+            await self.flush()
+
+    async def verify(
+        self,
+        command: Command,
+        *,
+        sandbox: AsyncSandbox | None = None,
+        timeout: float | None = None,
+        name: str | None = None,
+        version: str | None = None,
+        kind: str = "custom",
+        report: str | None = None,
+    ) -> ExecResult:
+        """See ``Episode.verify``."""
+        check_verifier_kind(kind)
+        target = sandbox or self._only_sandbox()
+        token = _current_async.set(None)  # recorded below as a verifier step
+        declared: dict[str, Any] = {"kind": kind}
+        operation_id = new_operation_id()
+        try:
+            result = await target.exec(command, timeout=timeout, operation_id=operation_id)
+        except HedgerowError as exc:
+            self.record_exec(
+                target, operation_id, command, error=exc, kind="verifier", verifier=declared
+            )
+            raise
+        finally:
+            _current_async.reset(token)
+        if report is not None:
+            declared["report_path"] = report
+            try:
+                declared["report"] = (await target.read_file(report)).decode("utf-8", "replace")
+            except HedgerowError:
+                declared["report"] = ""
+        self.record_exec(target, result.operation_id, command, kind="verifier", verifier=declared)
+        outcome = local_outcome(result, kind)
+        self.set_result(verifier_outcome=outcome, verifier_name=name, verifier_version=version)
+        return result
+
+    def _only_sandbox(self) -> AsyncSandbox:
+        from hedgerow.aio import AsyncSandbox
+
+        if len(self._sandboxes) != 1:
+            raise HedgerowError("verify() needs sandbox= when the episode has several")
+        return AsyncSandbox(self._client, {"id": next(iter(self._sandboxes))})
+
+    async def close(self, **result: Any) -> dict[str, Any]:
+        body = self._close_body(result)
+        await self.flush()
+        response = await self._client.request("POST", f"/episodes/{self.id}/close", json=body)
+        self.data = response.json()
+        return self.data
+
+    async def __aenter__(self) -> AsyncEpisode:
+        if not self.data:
+            await self.open()
+        self._token = _current_async.set(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _current_async.reset(self._token)
+            self._token = None
+        if exc is None:
+            await self.close()
+            return
+        self._exit_reason(exc)
+        try:
+            await self.close()
         except HedgerowError:
             pass  # the harness's own exception is the one to see

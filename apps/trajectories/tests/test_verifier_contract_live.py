@@ -4,11 +4,13 @@ commands: the exit codes come from the shell and Python in the sandbox."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import pytest
 from hedgerow import Client, HedgerowError
+from hedgerow.aio import AsyncClient
 
 from apps.sandboxes.models import Sandbox, State
 from apps.trajectories.models import Episode
@@ -198,3 +200,23 @@ def test_exec_stream_inside_an_episode_is_recorded_as_a_step(live, make_tenant):
     assert step.kind == "exec" and step.operation_record is not None
     assert step.observation["exit_code"] == 3
     assert step.action == "echo streamed; exit 3"
+
+
+def test_the_async_client_records_episodes_too(live, make_tenant):
+    _, secret = make_tenant()
+
+    async def run() -> tuple[str, str]:
+        async with AsyncClient(live.url, secret) as aclient:
+            async with await aclient.create_sandbox() as sandbox:
+                async with sandbox.episode(task_id="async", model="m-1") as ep:
+                    await sandbox.exec("echo hi > /workspace/answer")
+                    ep.step(action="done", kind="model")
+                    await ep.verify("/workspace/missing-verifier", timeout=10)
+                return ep.id, ep.failure_class
+
+    episode_id, failure_class = asyncio.run(run())
+    assert failure_class == "verifier"
+    row = Episode.objects.get(episode_id=episode_id)
+    assert [s.kind for s in row.steps.all()] == ["exec", "model", "verifier"]
+    assert row.steps.get(index=0).operation_record is not None
+    assert row.verifier_outcome == "error"
