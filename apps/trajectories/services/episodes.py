@@ -26,7 +26,7 @@ from apps.trajectories.models import (
     StepKind,
     VerifierOutcome,
 )
-from apps.trajectories.services.attribution import episode_attribution
+from apps.trajectories.services.attribution import DETECTION_GRACE, episode_attribution
 from apps.trajectories.services.junit import ReportInvalid, parse_junit
 from apps.trajectories.services.step_schema import step_problem
 from controlplane import jsonsafe
@@ -473,6 +473,36 @@ def episode_attribute(*, episode: Episode) -> Episode:
             episodes=[e for e in sharing_episodes(sandbox_pks=pks) if e.pk != episode.pk]
         )
     return episode
+
+
+# The sweep looks a little past the grace so a run that is late still sees it once.
+SWEEP_SLACK = timedelta(seconds=60)
+
+
+def episodes_reattribute_recent(*, now: datetime | None = None, limit: int = 1000) -> int:
+    """Re-runs attribution for episodes that closed within the detection grace, so a
+    loss the watcher noticed after the harness closed is attributed without a manual
+    ``/attribute``. A verdict reached while healthy stands (the procedure ignores what
+    came after it), and episodes past the grace are never touched. Returns how many
+    changed class."""
+    now = now or timezone.now()
+    recent = (
+        Episode.objects.filter(
+            status=EpisodeStatus.CLOSED,
+            imported=False,
+            ended_at__gte=now - DETECTION_GRACE - SWEEP_SLACK,
+            sandbox_links__sandbox__isnull=False,
+        )
+        .exclude(auto_failure_class__in=(FailureClass.STARTUP, FailureClass.ENVIRONMENT))
+        .distinct()
+        .order_by("ended_at")[:limit]
+    )
+    changed = 0
+    for episode in recent:
+        if episode_attribution(episode=episode).failure_class != episode.auto_failure_class:
+            episode_attribute(episode=episode)
+            changed += 1
+    return changed
 
 
 def _imported_attribute(episode: Episode) -> Episode:

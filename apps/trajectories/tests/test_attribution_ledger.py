@@ -15,6 +15,7 @@ from apps.sandboxes.models import Operation, OperationStatus, SandboxEvent, Stat
 from apps.sandboxes.tests.factories import make_sandbox
 from apps.trajectories.models import Episode
 from apps.trajectories.selectors import episode_list, episode_stats
+from apps.trajectories.services.episodes import episodes_reattribute_recent
 
 pytestmark = pytest.mark.django_db
 
@@ -252,3 +253,30 @@ def test_an_import_is_checked_against_this_tenants_ledger_and_keeps_its_claim(
     assert 'data-claimed="success"' in listing and 'data-claimed="environment"' in listing
     page = client.get("/trajectories/ep-claims-success/").content.decode()
     assert 'id="claim"' in page and "claimed" in page
+
+
+def test_a_loss_noticed_in_the_grace_is_attributed_without_a_manual_call(make_tenant, api_client):
+    tenant, secret = make_tenant()
+    client = api_client(secret)
+    crashed_on = _ready_sandbox(tenant)
+    crashed = _open(client, sandbox_ids=[crashed_on.external_id])
+    assert _close(client, crashed, termination_reason="harness_crash")["failure_class"] == (
+        "undetermined"
+    )
+    verified_on = _ready_sandbox(tenant)
+    verified = _open(client, sandbox_ids=[verified_on.external_id])
+    _op(verified_on, "op-v", at=timezone.now(), exit_code=0)
+    _steps(client, verified, {"kind": "verifier", "sandbox_id": verified_on.external_id,
+                              "operation_id": "op-v"})  # fmt: skip
+    assert _close(client, verified)["failure_class"] == "success"
+    later = timezone.now() + timedelta(seconds=3)
+    for sandbox in (crashed_on, verified_on):
+        _event(sandbox, "lost", "backend_resource_gone", later)
+    assert episodes_reattribute_recent() == 1
+    classes = {
+        e["id"]: e["failure_class"] for e in client.get("/api/v1/episodes").json()["results"]
+    }
+    assert classes == {crashed["id"]: "environment", verified["id"]: "success"}
+    # Past the grace nothing is re-run, whatever the ledger says now.
+    Episode.objects.filter(episode_id=verified["id"]).update(auto_failure_class="task")
+    assert episodes_reattribute_recent(now=timezone.now() + timedelta(hours=1)) == 0
