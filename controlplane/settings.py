@@ -339,6 +339,12 @@ CELERY_BEAT_SCHEDULE["audit-leaks"] = {
     "task": "apps.sandboxes.tasks.audit_leaks",
     "schedule": HEDGEROW_AUDIT_INTERVAL_S,
 }
+# Episodes closed within the loss-detection grace are re-attributed this often.
+HEDGEROW_REATTRIBUTE_INTERVAL_S = env_float("HEDGEROW_REATTRIBUTE_INTERVAL_S", 20.0)
+CELERY_BEAT_SCHEDULE["reattribute-episodes"] = {
+    "task": "apps.trajectories.tasks.reattribute_recent_episodes",
+    "schedule": HEDGEROW_REATTRIBUTE_INTERVAL_S,
+}
 CELERY_BEAT_SCHEDULE["recover-operations"] = {
     "task": "apps.sandboxes.tasks.recover_operations",
     "schedule": HEDGEROW_OPERATION_RECOVERY_AFTER_S,

@@ -24,6 +24,7 @@ from hedgerow import _common as common
 from hedgerow import streaming
 from hedgerow._common import Command
 from hedgerow.cleanup import registry
+from hedgerow.episode import AsyncEpisode, current_async_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.images import AsyncImages
 from hedgerow.results import ExecResult
@@ -323,14 +324,27 @@ class AsyncSandbox:
             login_shell=login_shell,
             operation_id=operation_id,
         )
-        if (on_stdout is not None or on_stderr is not None) and streaming.available():
-            return await streaming.acollect(self._stream_body(body), on_stdout, on_stderr)
-        response = await self._client.request(
-            "POST",
-            f"/sandboxes/{self.id}/exec",
-            json=body,
-            timeout=common.exec_http_timeout(timeout),
-        )
+        episode = current_async_episode()  # trajectories hook: see hedgerow/episode.py
+        try:
+            if (on_stdout is not None or on_stderr is not None) and streaming.available():
+                live = await streaming.acollect(self._stream_body(body), on_stdout, on_stderr)
+                if episode is not None:
+                    episode.record_exec(self, body["operation_id"], command)
+                    await episode.flush_if_due()
+                return live
+            response = await self._client.request(
+                "POST",
+                f"/sandboxes/{self.id}/exec",
+                json=body,
+                timeout=common.exec_http_timeout(timeout),
+            )
+        except HedgerowError as exc:
+            if episode is not None:
+                episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], command)
+            await episode.flush_if_due()
         result = ExecResult.from_api(response.json())
         if on_stdout is not None and result.stdout:
             on_stdout(result.stdout)
@@ -340,6 +354,11 @@ class AsyncSandbox:
 
     async def operation(self, operation_id: str) -> ExecResult:
         return await self._client.operation(self.id, operation_id)
+
+    def episode(self, *, task_id: str, **fields: Any) -> AsyncEpisode:
+        """A recorded episode in this sandbox: ``async with sandbox.episode(task_id=...)
+        as ep:``. Execs awaited inside the block become steps (see hedgerow.episode)."""
+        return AsyncEpisode(self._client, [self], task_id=task_id, **fields)
 
     # -- live output (hedgerow/streaming.py) ---------------------------------------
     def exec_stream(

@@ -440,7 +440,8 @@ class Sandbox:
     ) -> Iterator[streaming.Frame]:
         """``for frame in sandbox.exec_stream(cmd)``: start/stdout/stderr frames as the
         command runs, then one ``exit`` frame whose ``result`` is the typed ExecResult.
-        A dropped socket is resumed where it stopped (no frame lost or repeated)."""
+        A dropped socket is resumed where it stopped (no frame lost or repeated).
+        Inside an episode the command is recorded as a step, as ``exec`` does."""
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -450,7 +451,28 @@ class Sandbox:
             login_shell=login_shell,
             operation_id=operation_id,
         )
-        return self._stream_body(body)
+        episode = current_episode()  # trajectories hook: see hedgerow/episode.py
+        if episode is None:
+            return self._stream_body(body)
+        return self._recorded_stream(self._stream_body(body), episode, body, command)
+
+    def _recorded_stream(
+        self,
+        frames: Iterator[streaming.Frame],
+        episode: Episode,
+        body: Dict[str, Any],
+        command: Command,
+    ) -> Iterator[streaming.Frame]:
+        error: Optional[HedgerowError] = None
+        try:
+            yield from frames
+        except HedgerowError as exc:
+            error = exc
+            raise
+        finally:
+            # Recorded once the stream ends, fails, or is abandoned: the operation
+            # exists either way (a refused one is recorded with its error).
+            episode.record_exec(self, body["operation_id"], command, error=error)
 
     def _stream_body(self, body: Dict[str, Any]) -> Iterator[streaming.Frame]:
         response = self._client.request(
