@@ -44,7 +44,17 @@ function setup(page: HTMLElement): void {
   } else if (["requested", "provisioning", "terminating"].includes(page.dataset.state ?? "")) {
     window.setInterval(refreshState, 4000);
   }
+  // An image pull's progress is written to the row (at most 4 times a second) but sends
+  // no state event: re-read the header while the sandbox is being provisioned.
+  if (["requested", "provisioning"].includes(page.dataset.state ?? "")) {
+    const timer = window.setInterval(() => {
+      const state = document.querySelector<HTMLElement>("#sandbox-header [data-state]")?.dataset.state;
+      if (state && !["requested", "provisioning"].includes(state)) window.clearInterval(timer);
+      else htmx.trigger("#sandbox-header", "refresh");
+    }, 1000);
+  }
 
+  setupOperationOutput();
   setupTerminal(sandboxId);
   setupExec(sandboxId, client);
   setupUpload(sandboxId);
@@ -157,5 +167,20 @@ function setupUpload(sandboxId: string): void {
       progress.hidden = true;
     });
     xhr.send(file);
+  });
+}
+
+// An operation row's "Output" button opens (and closes) the row under it, which htmx
+// fills with the stored stdout/stderr on the first click.
+function setupOperationOutput(): void {
+  document.addEventListener("click", (event) => {
+    const button = (event.target as Element).closest<HTMLButtonElement>("[data-op-toggle]");
+    if (!button) return;
+    const row = document.getElementById(button.getAttribute("aria-controls") ?? "");
+    if (!row) return;
+    const open = row.hidden;
+    row.hidden = !open;
+    button.setAttribute("aria-expanded", String(open));
+    button.textContent = open ? "Hide output" : "Output";
   });
 }

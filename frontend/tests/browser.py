@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    ViewportSize,
+    expect,
+    sync_playwright,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # `make test` must leave the working tree clean: screenshots go to a scratch directory
@@ -97,3 +104,22 @@ def screenshot(page: Page, name: str) -> None:
     # A scrolled page (focus moved into the terminal) shoots its sticky top bar midway.
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+# The two screens issue 24 names: a laptop and a phone.
+DESKTOP: ViewportSize = {"width": 1440, "height": 900}
+PHONE: ViewportSize = {"width": 390, "height": 844}
+
+
+def sideways_overflow(page: Page) -> list[str]:
+    """For each of DESKTOP and PHONE: "WxH: scrollWidth > innerWidth" when the document
+    scrolls sideways (a wide table must scroll inside its own box, not the page)."""
+    found = []
+    for size in (DESKTOP, PHONE):
+        page.set_viewport_size(size)
+        # reading scrollWidth forces layout at the new size: no waiting needed
+        widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+        if widths[0] > widths[1]:
+            found.append(f"{size['width']}x{size['height']}: {widths[0]} > {widths[1]}")
+    page.set_viewport_size({"width": 1280, "height": 800})
+    return found
