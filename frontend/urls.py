@@ -1,6 +1,6 @@
 from django.urls import path
 
-from frontend import team_views, views
+from frontend import operation_views, team_views, views
 
 app_name = "frontend"
 
@@ -21,6 +21,16 @@ urlpatterns = [
         "sandboxes/<str:sandbox_id>/operations",
         views.sandbox_operations,
         name="sandbox-operations",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/output",
+        operation_views.operation_output,
+        name="operation-output",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/output.txt",
+        operation_views.operation_output_download,
+        name="operation-output-download",
     ),
     path("sandboxes/<str:sandbox_id>/files", views.sandbox_files, name="sandbox-files"),
     path("sandboxes/<str:sandbox_id>/delete", views.sandbox_delete_view, name="sandbox-delete"),

@@ -111,6 +111,17 @@ DESKTOP: ViewportSize = {"width": 1440, "height": 900}
 PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
+# The innermost elements sticking out past the viewport's right edge: what to fix.
+_WIDE_ELEMENTS = """() => [...document.querySelectorAll('body *')]
+  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+  .filter(e => ![...e.children].some(c => c.getBoundingClientRect().right > window.innerWidth + 1))
+  .slice(0, 6)
+  .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
+       (typeof e.className === 'string' && e.className
+         ? '.' + e.className.split(' ').join('.') : '') +
+       ':' + Math.round(e.getBoundingClientRect().right))"""
+
+
 def sideways_overflow(page: Page) -> list[str]:
     """For each of DESKTOP and PHONE: "WxH: scrollWidth > innerWidth" when the document
     scrolls sideways (a wide table must scroll inside its own box, not the page)."""
@@ -120,6 +131,7 @@ def sideways_overflow(page: Page) -> list[str]:
         # reading scrollWidth forces layout at the new size: no waiting needed
         widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
         if widths[0] > widths[1]:
-            found.append(f"{size['width']}x{size['height']}: {widths[0]} > {widths[1]}")
+            culprits = page.evaluate(_WIDE_ELEMENTS)
+            found.append(f"{size['width']}x{size['height']}: {widths[0]} > {widths[1]} {culprits}")
     page.set_viewport_size({"width": 1280, "height": 800})
     return found
