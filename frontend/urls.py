@@ -1,6 +1,6 @@
 from django.urls import path
 
-from frontend import operation_views, team_views, views
+from frontend import file_views, operation_views, team_views, views
 
 app_name = "frontend"
 
@@ -33,6 +33,16 @@ urlpatterns = [
         name="operation-output-download",
     ),
     path("sandboxes/<str:sandbox_id>/files", views.sandbox_files, name="sandbox-files"),
+    path(
+        "sandboxes/<str:sandbox_id>/files/delete",
+        file_views.sandbox_file_delete,
+        name="sandbox-file-delete",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/exists",
+        file_views.sandbox_file_exists,
+        name="sandbox-file-exists",
+    ),
     path("sandboxes/<str:sandbox_id>/delete", views.sandbox_delete_view, name="sandbox-delete"),
     path("keys/", team_views.keys, name="keys"),
     path("keys/<str:key_id>/revoke", team_views.key_revoke, name="key-revoke"),

@@ -2,6 +2,7 @@
 import "./styles.css";
 import htmx from "htmx.org";
 import { csrfToken } from "./api";
+import { confirmDialog } from "./confirm";
 import { hydrateTimes } from "./format";
 import { realtime } from "./realtime";
 
@@ -53,12 +54,11 @@ document.addEventListener("click", (event) => {
 });
 
 // <form data-confirm="Delete sb-1?"> asks in an accessible <dialog> before submitting.
-const dialog = document.querySelector<HTMLDialogElement>("#confirm-dialog");
 document.addEventListener(
   "submit",
   (event) => {
     const form = event.target as HTMLFormElement;
-    if (!form.dataset.confirm || !dialog || form.dataset.confirmed === "yes") return;
+    if (!form.dataset.confirm || form.dataset.confirmed === "yes") return;
     event.preventDefault();
     event.stopImmediatePropagation();
     let message = form.dataset.confirm;
@@ -67,19 +67,12 @@ document.addEventListener(
       const n = document.querySelectorAll(`input[name="${form.dataset.confirmCount}"][form="${form.id}"]:checked`).length;
       message = message.replace("{n}", String(n));
     }
-    dialog.querySelector(".confirm-message")!.textContent = message;
-    dialog.returnValue = "";
-    dialog.showModal();
-    dialog.addEventListener(
-      "close",
-      () => {
-        if (dialog.returnValue !== "confirm") return;
-        form.dataset.confirmed = "yes";
-        form.requestSubmit();
-        delete form.dataset.confirmed;
-      },
-      { once: true },
-    );
+    void confirmDialog(message).then((yes) => {
+      if (!yes) return;
+      form.dataset.confirmed = "yes";
+      form.requestSubmit();
+      delete form.dataset.confirmed;
+    });
   },
   true,
 );

@@ -70,6 +70,26 @@ class FilesView(APIView):
 
     post = put
 
+    @extend_schema(
+        parameters=[
+            PATH_PARAM,
+            OpenApiParameter("recursive", bool, description="delete a non-empty directory"),
+        ],
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Deletes a file, symlink or directory (a non-empty one needs "
+        "`recursive=true`, else 400 `directory_not_empty`); `/` and `/workspace` "
+        "themselves are refused (400 `path_protected`).",
+    )
+    def delete(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        recursive = request.query_params.get("recursive", "").lower() in ("1", "true", "yes")
+        return Response(
+            files.file_delete(
+                sandbox=sandbox, path=request.query_params.get("path"), recursive=recursive
+            )
+        )
+
 
 class FileListView(APIView):
     @extend_schema(

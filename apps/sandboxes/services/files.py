@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -135,6 +136,25 @@ def file_list(
         "entries": listing.get("entries", []),
         "next_cursor": listing.get("next"),
     }
+
+
+def file_delete(*, sandbox: Sandbox, path: str | None, recursive: bool = False) -> dict[str, Any]:
+    """Deletes a file, a symlink (not its target) or a directory in the sandbox. A
+    non-empty directory needs ``recursive`` (else 400 ``directory_not_empty``); a
+    missing path is a 404. Refuses ``/`` and ``/workspace`` themselves."""
+    ensure_ready(sandbox)
+    target = _check_path(path)
+    if posixpath.normpath(target) in ("/", "/workspace"):
+        raise ApiError(f"{target} itself cannot be deleted", code="path_protected", field="path")
+    params = {"path": target, "recursive": "1" if recursive else "0"}
+    try:
+        response = agent_for(sandbox).request("DELETE", "/files", params=params)
+    except AgentError as exc:
+        raise _translate(exc) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    result: dict[str, Any] = response.json()
+    return result
 
 
 def file_stat(*, sandbox: Sandbox, path: str | None) -> dict[str, Any]:
