@@ -230,7 +230,8 @@ function setupOperationOutput(): void {
     if (!row) return;
     const open = row.hidden;
     row.hidden = !open;
+    // The label stays "Output" (its accessible name must contain the visible text);
+    // aria-expanded and the pressed look say whether it is open.
     button.setAttribute("aria-expanded", String(open));
-    button.textContent = open ? "Hide output" : "Output";
   });
 }

@@ -27,6 +27,9 @@ SCREENSHOTS = (
     else Path(os.environ.get("TMPDIR", "/tmp")) / "hedgerow-screenshots"
 )
 CHROMIUM = "/usr/bin/chromium"
+# axe-core from npm (frontend/package.json devDependencies; `npm ci` installs it),
+# injected into the page under test: never a CDN.
+AXE = ROOT / "frontend" / "node_modules" / "axe-core" / "axe.min.js"
 # Flags that keep Chromium off the network (the tests may only talk to loopback).
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -135,3 +138,23 @@ def sideways_overflow(page: Page) -> list[str]:
             found.append(f"{size['width']}x{size['height']}: {widths[0]} > {widths[1]} {culprits}")
     page.set_viewport_size({"width": 1280, "height": 800})
     return found
+
+
+def axe_violations(page: Page, impacts: tuple[str, ...] = ("serious", "critical")) -> list[str]:
+    """axe-core's violations of the page as it is now, at ``impacts``: "rule-id (impact):
+    selector, …" per rule, so a failing assertion names what to fix."""
+    if not AXE.exists():
+        raise AssertionError(f"{AXE} is missing: run `scripts/stack.sh install` (npm ci)")
+    if not page.evaluate("typeof window.axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE))
+    found = page.evaluate(
+        """async (impacts) => {
+          const result = await window.axe.run(document, { resultTypes: ["violations"] });
+          return result.violations
+            .filter(v => impacts.includes(v.impact))
+            .map(v => `${v.id} (${v.impact}): ` +
+                 v.nodes.slice(0, 5).map(n => n.target.join(" ")).join(", "));
+        }""",
+        list(impacts),
+    )
+    return list(found)

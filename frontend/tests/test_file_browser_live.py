@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from frontend.tests.browser import Console, chromium, new_page, sign_in
+from frontend.tests.browser import Console, axe_violations, chromium, new_page, sign_in
 from frontend.tests.test_dashboard_live import _api, _create_ready
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("assets")]
@@ -66,6 +66,7 @@ def test_it_keeps_its_place_asks_before_replacing_and_deletes(
         # a reload opens where the URL says
         page.reload()
         expect(page.locator('#files tr[data-entry="seed.txt"]')).to_contain_text("15 B")
+        assert axe_violations(page) == []
 
         page.get_by_role("button", name="Delete notes.txt").click()
         expect(dialog).to_contain_text("Delete /workspace/data/notes.txt?")

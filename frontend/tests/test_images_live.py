@@ -17,7 +17,14 @@ from playwright.sync_api import expect
 from apps.images.models import Image, ImageStatus
 from apps.images.services import publish_image
 from apps.images.tests.conftest import push_image
-from frontend.tests.browser import Console, chromium, new_page, sideways_overflow, sign_in
+from frontend.tests.browser import (
+    Console,
+    axe_violations,
+    chromium,
+    new_page,
+    sideways_overflow,
+    sign_in,
+)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("assets")]
 
@@ -61,6 +68,7 @@ def test_it_pulls_from_the_page_and_the_row_turns_ready_without_reloading(
         expect(row.locator(f'span[title="{digest}"]')).to_have_count(1)
         assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
         assert sideways_overflow(page) == []
+        assert axe_violations(page) == []
 
         row.get_by_role("button", name=f"Delete {ref}").click()
         dialog = page.locator("#confirm-dialog")
@@ -97,6 +105,7 @@ def test_it_draws_pull_progress_from_image_progress_events(
             "fetching · 3.0 MiB of 4.0 MiB · 2 layers"
         )
         expect(row.locator(".meter-fill")).to_have_attribute("style", "width: 75%;")
+        assert axe_violations(page) == []
 
         def finish() -> None:
             Image.objects.filter(pk=image_id).update(

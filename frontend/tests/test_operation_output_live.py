@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from frontend.tests.browser import Console, chromium, new_page, sideways_overflow, sign_in
+from frontend.tests.browser import (
+    Console,
+    axe_violations,
+    chromium,
+    new_page,
+    sideways_overflow,
+    sign_in,
+)
 from frontend.tests.test_dashboard_live import _api, _create_ready
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("assets")]
@@ -41,6 +48,7 @@ def test_it_opens_an_sdk_commands_stored_output_and_downloads_it(
         expect(out).to_contain_text("1000 earlier stdout lines omitted")
         expect(out.locator('[data-stream="stderr"]')).to_have_text("went <wrong>\n")
         assert sideways_overflow(page) == []
+        assert axe_violations(page) == []
         with page.expect_download() as info:
             out.get_by_role("link", name="Download output").click()
         saved = tmp_path / "out.txt"
