@@ -149,3 +149,19 @@ document.body.addEventListener("htmx:afterRequest", (event) => {
   const form = (event as CustomEvent<{ elt: Element }>).detail.elt;
   if (form instanceof HTMLFormElement && form.id === "bulk-delete") chosen.clear();
 });
+
+// A table that scrolls sideways inside its box must be reachable by keyboard (axe:
+// scrollable-region-focusable): such boxes get tabindex=0, re-checked after swaps and
+// on every resize (a handful of elements: cheap).
+function focusableScrollers(): void {
+  for (const box of document.querySelectorAll<HTMLElement>(".table-wrap")) {
+    if (box.scrollWidth > box.clientWidth + 1) {
+      if (!box.hasAttribute("tabindex")) box.tabIndex = 0;
+    } else if (box.tabIndex === 0) {
+      box.removeAttribute("tabindex");
+    }
+  }
+}
+focusableScrollers();
+document.body.addEventListener("htmx:afterSettle", focusableScrollers);
+window.addEventListener("resize", focusableScrollers);

@@ -17,6 +17,9 @@ from playwright.sync_api import (
     expect,
     sync_playwright,
 )
+from playwright.sync_api import (
+    TimeoutError as PlaywrightTimeout,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # `make test` must leave the working tree clean: screenshots go to a scratch directory
@@ -115,25 +118,43 @@ PHONE: ViewportSize = {"width": 390, "height": 844}
 
 
 # The innermost elements sticking out past the viewport's right edge: what to fix.
-_WIDE_ELEMENTS = """() => [...document.querySelectorAll('body *')]
-  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
-  .filter(e => ![...e.children].some(c => c.getBoundingClientRect().right > window.innerWidth + 1))
-  .slice(0, 6)
-  .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
-       (typeof e.className === 'string' && e.className
-         ? '.' + e.className.split(' ').join('.') : '') +
-       ':' + Math.round(e.getBoundingClientRect().right))"""
+_WIDE_ELEMENTS = """() => {
+  const W = window.innerWidth + 1;
+  const name = (e) => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
+    (typeof e.className === 'string' && e.className
+      ? '.' + e.className.trim().split(/\\s+/).join('.') : '');
+  const wide = [...document.querySelectorAll('body *')]
+    .filter(e => e.getBoundingClientRect().right > W)
+    .filter(e => ![...e.children].some(c => c.getBoundingClientRect().right > W))
+    .map(e => [name(e), e.getBoundingClientRect().right]);
+  // text overflowing a narrower box (white-space: nowrap) sticks out too
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (!n.textContent.trim()) continue;
+    range.selectNodeContents(n);
+    const right = range.getBoundingClientRect().right;
+    if (right > W) wide.push(['text in ' + name(n.parentElement), right]);
+  }
+  return wide.sort((a, b) => b[1] - a[1]).slice(0, 6)
+    .map(([what, right]) => what + ':' + Math.round(right));
+}"""
 
 
 def sideways_overflow(page: Page) -> list[str]:
-    """For each of DESKTOP and PHONE: "WxH: scrollWidth > innerWidth" when the document
-    scrolls sideways (a wide table must scroll inside its own box, not the page)."""
+    """For each of DESKTOP and PHONE: "WxH: scrollWidth > innerWidth [culprits]" when the
+    document scrolls sideways (a wide table must scroll inside its own box, not the
+    page). Charts re-fit a beat after a resize (ResizeObserver), so the page gets a
+    moment to settle; an overflow that is still there after it is reported."""
     found = []
     for size in (DESKTOP, PHONE):
         page.set_viewport_size(size)
-        # reading scrollWidth forces layout at the new size: no waiting needed
-        widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
-        if widths[0] > widths[1]:
+        try:
+            page.wait_for_function(
+                "document.scrollingElement.scrollWidth <= window.innerWidth", timeout=3_000
+            )
+        except PlaywrightTimeout:
+            widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
             culprits = page.evaluate(_WIDE_ELEMENTS)
             found.append(f"{size['width']}x{size['height']}: {widths[0]} > {widths[1]} {culprits}")
     page.set_viewport_size({"width": 1280, "height": 800})
