@@ -165,3 +165,37 @@ function focusableScrollers(): void {
 focusableScrollers();
 document.body.addEventListener("htmx:afterSettle", focusableScrollers);
 window.addEventListener("resize", focusableScrollers);
+
+// A live re-read swaps the element that had keyboard focus (a checkbox, a Delete button)
+// for a fresh copy, and focus fell to <body>: the keyboard user lost their place. The
+// same control in the new content gets focus back (found by id, name+value or label),
+// else the swapped region itself.
+let refocus: string | null = null;
+function selectorFor(el: Element): string {
+  if (el.id) return `#${CSS.escape(el.id)}`;
+  const name = el.getAttribute("name");
+  const value = el.getAttribute("value");
+  if (name) return `${el.tagName.toLowerCase()}[name="${CSS.escape(name)}"]${value ? `[value="${CSS.escape(value)}"]` : ""}`;
+  const label = el.getAttribute("aria-label");
+  if (label) return `${el.tagName.toLowerCase()}[aria-label="${CSS.escape(label)}"]`;
+  return "";
+}
+document.body.addEventListener("htmx:beforeSwap", (event) => {
+  const target = (event as CustomEvent<{ target: Element }>).detail.target;
+  const active = document.activeElement;
+  refocus = active && active !== document.body && target.contains(active) ? selectorFor(active) : null;
+});
+document.body.addEventListener("htmx:afterSettle", (event) => {
+  if (refocus === null) return;
+  const wanted = refocus;
+  refocus = null;
+  if (document.activeElement && document.activeElement !== document.body) return;
+  const target = (event as CustomEvent<{ target: HTMLElement }>).detail.target;
+  const again = wanted ? document.querySelector<HTMLElement>(wanted) : null;
+  if (again) {
+    again.focus();
+  } else if (document.contains(target)) {
+    if (!target.hasAttribute("tabindex")) target.tabIndex = -1;
+    target.focus();
+  }
+});

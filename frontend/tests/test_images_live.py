@@ -118,3 +118,32 @@ def test_it_draws_pull_progress_from_image_progress_events(
         expect(row).to_contain_text("4.0 MiB")
         expect(row.locator("[data-progress]")).to_have_count(0)
     assert console.errors == []
+
+
+def test_focus_stays_on_its_control_when_the_table_is_re_read(
+    live: Any, make_tenant: Any, make_user: Any
+) -> None:
+    """Issue 24, defect 12: a live re-read swapped the focused button away and focus
+    fell to <body>; the same control in the new table gets it back."""
+    tenant, _ = make_tenant()
+    make_user("kai", (tenant, "member"))
+    ref = "registry.example/acme/focus:1"
+    Image.objects.create(tenant=tenant, reference=ref, status=ImageStatus.READY)
+    console = Console()
+    with chromium() as browser:
+        page = new_page(browser, live.url, console)
+        sign_in(page, "kai", "kai")
+        page.goto("/images/")
+        button = page.get_by_role("button", name=f"Delete {ref}")
+        button.focus()
+        page.evaluate("window.__swapped = false")
+        page.evaluate(
+            "document.body.addEventListener('htmx:afterSettle', () => { window.__swapped = true },"
+            " { once: true }); window.htmx.trigger('#images-table', 'refresh')"
+        )
+        page.wait_for_function("window.__swapped === true")
+        expect(button).to_be_focused()
+        assert page.evaluate("document.activeElement.getAttribute('aria-label')") == (
+            f"Delete {ref}"
+        )
+    assert console.errors == []
