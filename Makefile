@@ -1,4 +1,4 @@
-.PHONY: up down test lint typecheck check-migrations compose-config services bench k8s-smoke k8s-manifests agent-bundle
+.PHONY: up down test screenshots lint typecheck check-migrations compose-config services bench k8s-smoke k8s-manifests agent-bundle
 
 up:
 	@scripts/stack.sh up
@@ -11,6 +11,14 @@ services:
 
 test:
 	@scripts/test.sh
+
+# Refreshes docs/screenshots/*.png (the README's) from the browser tests that take them;
+# `make test` writes its screenshots to a scratch directory and leaves the tree clean.
+SCREENSHOT_TESTS = frontend/tests/test_screens_live.py frontend/tests/test_images_live.py \
+	apps/billing/tests/test_pages_browser.py apps/sandboxes/tests/test_audit_pages_live.py \
+	apps/trajectories/tests/test_pages_live.py
+screenshots:
+	@HEDGEROW_UPDATE_SCREENSHOTS=1 HEDGEROW_SKIP_STATIC=1 scripts/test.sh $(SCREENSHOT_TESTS) -q
 
 lint:
 	.venv/bin/ruff check .

@@ -22,6 +22,7 @@ from frontend.tests.browser import (
     axe_violations,
     chromium,
     new_page,
+    screenshot,
     sideways_overflow,
     sign_in,
 )
@@ -69,6 +70,7 @@ def test_it_pulls_from_the_page_and_the_row_turns_ready_without_reloading(
         assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
         assert sideways_overflow(page) == []
         assert axe_violations(page) == []
+        screenshot(page, "images")
 
         row.get_by_role("button", name=f"Delete {ref}").click()
         dialog = page.locator("#confirm-dialog")
