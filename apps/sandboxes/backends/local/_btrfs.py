@@ -33,6 +33,7 @@ _SNAP_DESTROY = _ioc(_W, 15, 4096)  # struct btrfs_ioctl_vol_args
 _INO_LOOKUP = _ioc(_WR, 18, 4096)  # struct btrfs_ioctl_ino_lookup_args
 _SNAP_CREATE_V2 = _ioc(_W, 23, 4096)  # struct btrfs_ioctl_vol_args_v2
 _SUBVOL_CREATE_V2 = _ioc(_W, 24, 4096)  # struct btrfs_ioctl_vol_args_v2
+_GET_SUBVOL_INFO = _ioc(_R, 60, 504)  # struct btrfs_ioctl_get_subvol_info_args
 _QUOTA_CTL = _ioc(_WR, 40, 16)
 _QGROUP_ASSIGN = _ioc(_W, 41, 24)
 _QGROUP_CREATE = _ioc(_W, 42, 16)
@@ -149,6 +150,20 @@ def snapshot_subvolume(
     finally:
         os.close(src)
     del inherit  # kept alive until the ioctl returned
+
+
+def subvolume_ctransid(path: Path) -> int:
+    """The transaction that last changed anything in the subvolume ``path`` (any
+    inode: data, owner, mode, a new or removed name). Unlike its generation, it does
+    not move when the subvolume is snapshotted or its read-only flag toggled."""
+    fd = _dirfd(path)
+    try:
+        args = bytearray(504)
+        fcntl.ioctl(fd, _GET_SUBVOL_INFO, args)
+        # treeid, name[256], parent_id, dirid, generation, flags, 3 uuids, then ctransid
+        return int(struct.unpack_from("Q", args, 8 + 256 + 8 + 8 + 8 + 8 + 48)[0])
+    finally:
+        os.close(fd)
 
 
 def subvolume_id(path: Path) -> int:

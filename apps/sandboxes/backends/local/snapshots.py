@@ -46,14 +46,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _entry(path: Path, st: os.stat_result, base: int) -> str:
+def _entry(path: Path, st: os.stat_result, base: int, known: str | None = None) -> str:
     """``type mode uid gid size content``: content is the sha256 of a regular file,
     the target of a symlink, the device numbers of a device (overlay whiteouts are
-    0/0 character devices)."""
+    0/0 character devices). ``known``: the entry the content is known to be (a
+    restore from an unchanged snapshot), whose hash is taken if the rest agrees."""
     mode = stat.S_IMODE(st.st_mode)
     owner = f"{_owner(st.st_uid, base)}:{_owner(st.st_gid, base)}"
     if stat.S_ISREG(st.st_mode):
-        return f"f {mode:o} {owner} {st.st_size} {_sha256(path)}"
+        head = f"f {mode:o} {owner} {st.st_size} "
+        if known is not None and known.startswith(head):
+            return known
+        return head + _sha256(path)
     if stat.S_ISDIR(st.st_mode):
         return f"d {mode:o} {owner}"
     if stat.S_ISLNK(st.st_mode):
@@ -66,22 +70,24 @@ def _entry(path: Path, st: os.stat_result, base: int) -> str:
     return f"s {mode:o} {owner}"  # a socket: its inode is state, its peer is not
 
 
-def tree(volume: Path, base: int) -> dict[str, str]:
+def tree(volume: Path, base: int, known: dict[str, str] | None = None) -> dict[str, str]:
     """Every captured entry of ``volume`` (a sandbox's subvolume or a snapshot):
     ``{"workspace/a.txt": "f 644 0:0 6 <sha256>", …}``. The caller keeps the tree
-    still (frozen sandbox, read-only snapshot, or not yet started)."""
+    still (frozen sandbox, read-only snapshot, or not yet started). ``known``: file
+    hashes that need not be computed again (see ``_entry``): only metadata is read."""
+    known = known or {}
     out: dict[str, str] = {}
     for part in CAPTURED:
         top = volume / part
         if not os.path.lexists(top):
             continue  # a host sandbox has no root/upper
-        out[part] = _entry(top, os.lstat(top), base)
+        out[part] = _entry(top, os.lstat(top), base, known.get(part))
         for dirpath, dirnames, filenames in os.walk(top):
             dirnames.sort()
             for name in [*dirnames, *sorted(filenames)]:
                 path = Path(dirpath, name)
                 rel = str(path.relative_to(volume))
-                out[rel] = _entry(path, os.lstat(path), base)
+                out[rel] = _entry(path, os.lstat(path), base, known.get(rel))
     return out
 
 

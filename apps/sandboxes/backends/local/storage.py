@@ -239,6 +239,14 @@ class Storage:
             raise BackendError(f"cannot snapshot {sandbox_id}'s volume: {exc}") from exc
         return target
 
+    def snapshot_ctransid(self, snapshot_id: str) -> int:
+        """The last transaction that changed the snapshot's contents (_btrfs)."""
+        path = self.snapshots_dir / snapshot_id
+        try:
+            return _btrfs.subvolume_ctransid(path)
+        except OSError as exc:
+            raise BackendError(f"cannot read snapshot {snapshot_id}: {exc}") from exc
+
     def drop_snapshot(self, snapshot_id: str) -> None:
         """Deletes the snapshot's subvolume. Idempotent."""
         if not self.mounted():
