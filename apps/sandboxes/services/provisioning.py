@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
-from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec
+from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec, StateDivergence
 from apps.sandboxes.faults import fault_point
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
@@ -37,6 +37,7 @@ def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
         labels=dict(sandbox.labels),
         # the tenant's login for the image's registry, decrypted in memory only
         registry_credentials=credentials_for(sandbox.tenant, sandbox.image),
+        snapshot_id=sandbox.snapshot_id.hex if sandbox.snapshot_id else "",
     )
 
 
@@ -111,17 +112,28 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
         endpoint = backend.provision(spec, _ProvisionProgress(sandbox))
         fault_point("provision.after_backend")
         wait_agent_healthy(endpoint, spec.agent_token, settings.HEDGEROW_READY_TIMEOUT_S)
+        if sandbox.snapshot_id is not None:
+            # a restore is ready only in the snapshot's state (docs/snapshots.md)
+            from apps.sandboxes.services.snapshots import snapshot_verify_child
+
+            diff = snapshot_verify_child(sandbox=sandbox, endpoint=endpoint)
+            if diff:
+                names = ", ".join(d["probe"] for d in diff)
+                raise StateDivergence(f"probes differ from the snapshot's: {names}", diff=diff)
     except Exception as exc:  # noqa: BLE001 - any failure must end in `failed`, not stuck
         log.warning("provision of %s failed: %s", sandbox.external_id, exc)
         _destroy_quietly(sandbox)
+        diverged = isinstance(exc, StateDivergence)
+        extra: dict[str, Any] = {"divergence": exc.diff} if isinstance(exc, StateDivergence) else {}
         sandbox_transition(
             sandbox=sandbox,
             from_states=(State.PROVISIONING,),
             to_state=State.FAILED,
-            reason="provision_error",
+            reason="state_divergence" if diverged else "provision_error",
             message=str(exc)[:1000],
             terminated_at=timezone.now(),
             progress=None,
+            **extra,
         )
         return sandbox
     became_ready = sandbox_transition(

@@ -1,0 +1,205 @@
+"""Snapshots and forks against the real stack (issue 16): uvicorn, a Celery worker,
+Postgres, Redis and real sandboxes on the local backend."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.models import Sandbox, SandboxEvent, Snapshot
+from apps.sandboxes.tests.live_api import api_client, ready_sandbox
+
+pytestmark = pytest.mark.timeout(300)
+
+PROBES = [
+    {"name": "files", "command": "ls -la /workspace /tmp | sed 1d; cat /workspace/state.txt"},
+    {"name": "sum", "command": ["sh", "-c", "sha256sum /workspace/data.bin"]},
+]
+
+
+def _settled(http: httpx.Client, path: str, until: tuple[str, ...], timeout: float = 60) -> Any:
+    """Polls ``path`` until its ``state`` is one of ``until`` (deadline, no fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body = http.get(path).json()
+        if body.get("state") in until or time.monotonic() > deadline:
+            return body
+        time.sleep(0.1)
+
+
+def _exec(http: httpx.Client, sandbox: str, command: str) -> dict[str, Any]:
+    ran = http.post(f"/sandboxes/{sandbox}/exec", json={"command": command})
+    assert ran.status_code == 200, ran.text
+    body: dict[str, Any] = ran.json()
+    return body
+
+
+def _snapshot(http: httpx.Client, sandbox: str, **body: Any) -> dict[str, Any]:
+    made = http.post(f"/sandboxes/{sandbox}/snapshots", json=body)
+    assert made.status_code == 202, made.text
+    assert made.json()["state"] == "capturing"
+    snap: dict[str, Any] = _settled(http, f"/snapshots/{made.json()['id']}", ("ready", "failed"))
+    return snap
+
+
+def _children_settled(http: httpx.Client, ids: list[str]) -> list[dict[str, Any]]:
+    return [
+        _settled(http, f"/sandboxes/{i}", ("ready", "failed", "lost", "deleted"), 120) for i in ids
+    ]
+
+
+def test_it_forks_eight_children_that_each_have_the_parents_state(live, make_tenant):
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    parent = ready_sandbox(http)
+    setup = _exec(
+        http,
+        parent,
+        "echo step-7 > /workspace/state.txt && head -c 1048576 /dev/urandom > /workspace/data.bin"
+        " && echo scratch > /tmp/scratch",
+    )
+    assert setup["exit_code"] == 0, setup
+    manifest = {"messages": [{"role": "user", "content": "fix the bug"}], "seed": 7}
+    snap = _snapshot(http, parent, name="step-7", manifest=manifest, probes=PROBES)
+    assert snap["state"] == "ready", snap
+    assert snap["manifest"] == manifest and snap["sandbox"] == parent
+    assert snap["fingerprint"]["tree"].startswith("sha256:")
+    assert set(snap["fingerprint"]["probes"]) == {"files", "sum"}
+    assert snap["fingerprint"]["probes"]["files"]["stdout"].endswith("step-7\n")
+    assert snap["size_bytes"] >= 1 << 20 and snap["capture_s"] is not None
+    # the parent runs on; what it writes after the capture is not in the snapshot
+    assert _exec(http, parent, "echo later > /workspace/later.txt")["exit_code"] == 0
+
+    forked = http.post(
+        f"/snapshots/{snap['id']}/fork", json={"count": 8}, headers={"Idempotency-Key": "f1"}
+    )
+    assert forked.status_code == 201, forked.text
+    ids = [c["id"] for c in forked.json()["sandboxes"]]
+    assert len(set(ids)) == 8
+    # a retried fork with the same key creates nothing more
+    again = http.post(
+        f"/snapshots/{snap['id']}/fork", json={"count": 8}, headers={"Idempotency-Key": "f1"}
+    )
+    assert again.status_code == 200 and [c["id"] for c in again.json()["sandboxes"]] == ids
+    assert Sandbox.objects.filter(snapshot_id=snap["id"]).count() == 8
+
+    children = _children_settled(http, ids)
+    assert [c["state"] for c in children] == ["ready"] * 8, [c["status_message"] for c in children]
+    parent_sum = _exec(http, parent, "sha256sum /workspace/data.bin")["stdout"]
+    for child in children:
+        assert child["from_snapshot"] == snap["id"] and child["divergence"] is None
+        got = _exec(
+            http,
+            child["id"],
+            "cat /workspace/state.txt /tmp/scratch; sha256sum /workspace/data.bin",
+        )
+        assert got["stdout"] == "step-7\nscratch\n" + parent_sum
+        assert _exec(http, child["id"], "test -e /workspace/later.txt || echo absent")[
+            "stdout"
+        ] == ("absent\n")
+    # a child's writes reach neither its siblings nor the parent
+    assert _exec(http, ids[0], "echo child-0 > /workspace/state.txt")["exit_code"] == 0
+    for other in (ids[1], parent):
+        assert _exec(http, other, "cat /workspace/state.txt")["stdout"] == "step-7\n"
+
+    listed = http.get(f"/sandboxes/{parent}/snapshots").json()["results"]
+    assert [s["id"] for s in listed] == [snap["id"]]
+    deleted = http.delete(f"/snapshots/{snap['id']}")
+    assert deleted.status_code == 200 and deleted.json()["state"] == "deleted"
+    deadline = time.monotonic() + 30
+    while snap["id"].replace("-", "") in get_backend().snapshots():  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the worker did not remove the snapshot"
+        time.sleep(0.1)
+    # children keep their state; the snapshot cannot be forked any more
+    assert _exec(http, ids[2], "cat /workspace/state.txt")["stdout"] == "step-7\n"
+    refused = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 1})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "snapshot_not_ready"
+
+
+def test_a_diverging_probe_fails_the_child_with_its_diff_and_a_volatile_one_does_not(
+    live, make_tenant
+):
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    parent = ready_sandbox(http)
+    assert _exec(http, parent, "echo x > /workspace/x")["exit_code"] == 0
+    clock = {"name": "clock", "command": "date +%s%N"}
+    strict = _snapshot(http, parent, probes=[clock])
+    lenient = _snapshot(http, parent, probes=[{**clock, "volatile": True}])
+    assert strict["state"] == lenient["state"] == "ready"
+
+    made = http.post("/sandboxes", json={"from_snapshot": strict["id"]})
+    assert made.status_code == 201, made.text
+    (failed,) = _children_settled(http, [made.json()["id"]])
+    assert failed["state"] == "failed"
+    (entry,) = failed["divergence"]
+    assert entry["probe"] == "clock"
+    assert entry["expected"]["stdout"] == strict["fingerprint"]["probes"]["clock"]["stdout"]
+    assert entry["actual"]["stdout"] != entry["expected"]["stdout"]
+    row = Sandbox.objects.get(external_id=failed["id"])
+    assert SandboxEvent.objects.filter(sandbox=row, reason="state_divergence").exists()
+    assert not [i for i in get_backend().inventory() if i.sandbox_id == row.id.hex]
+
+    made = http.post("/sandboxes", json={"from_snapshot": lenient["id"]})
+    (ok,) = _children_settled(http, [made.json()["id"]])
+    assert ok["state"] == "ready" and ok["divergence"] is None
+    assert _exec(http, ok["id"], "cat /workspace/x")["stdout"] == "x\n"
+
+
+def test_a_capture_that_fails_is_reported_and_leaves_nothing(live, make_tenant):
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    parent = ready_sandbox(http)
+    row = Sandbox.objects.get(external_id=parent)
+    get_backend().destroy(row.id.hex)  # gone behind the control plane's back
+    snap = _snapshot(http, parent)
+    assert snap["state"] == "failed", snap
+    assert snap["error"]["code"] == "sandbox_not_running"
+    assert snap["fingerprint"] == {} and snap["captured_at"] is None
+    assert snap["id"].replace("-", "") not in get_backend().snapshots()  # type: ignore[attr-defined]
+    refused = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 2})
+    assert refused.status_code == 409
+    assert Sandbox.objects.filter(snapshot_id=snap["id"]).count() == 0
+
+
+def test_another_tenants_snapshot_is_a_404(live, make_tenant):
+    _, owner_secret = make_tenant()
+    _, other_secret = make_tenant()
+    owner, other = api_client(live, owner_secret), api_client(live, other_secret)
+    parent = ready_sandbox(owner)
+    snap = _snapshot(owner, parent)
+    assert snap["state"] == "ready"
+    path = f"/snapshots/{snap['id']}"
+    assert other.get(path).status_code == 404
+    assert other.get(path).json()["error"]["code"] == "snapshot_not_found"
+    assert other.delete(path).status_code == 404
+    assert other.post(f"{path}/fork", json={"count": 1}).status_code == 404
+    assert other.post("/sandboxes", json={"from_snapshot": snap["id"]}).status_code == 404
+    assert other.get("/snapshots").json()["results"] == []
+    assert other.post(f"/sandboxes/{parent}/snapshots", json={}).status_code == 404
+    assert Snapshot.objects.get(pk=snap["id"]).state == "ready"
+    assert Sandbox.objects.filter(snapshot_id=snap["id"]).count() == 0
+    assert owner.delete(path).json()["state"] == "deleted"
+
+
+def test_bad_snapshot_requests_are_typed_and_record_nothing(live, make_tenant):
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    parent = ready_sandbox(http)
+    bad = http.post(f"/sandboxes/{parent}/snapshots", json={"probes": [{"command": 3}]})
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "probes"
+    assert Snapshot.objects.count() == 0
+    snap = _snapshot(http, parent)
+    too_many = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 65})
+    assert too_many.status_code == 400 and too_many.json()["error"]["field"] == "count"
+    wrong_image = http.post(
+        "/sandboxes", json={"from_snapshot": snap["id"], "image": "docker.io/library/busybox"}
+    )
+    assert wrong_image.status_code == 400
+    assert wrong_image.json()["error"]["code"] == "snapshot_image_mismatch"
+    assert Sandbox.objects.filter(snapshot_id=snap["id"]).count() == 0
+    http.delete(f"/snapshots/{snap['id']}")
