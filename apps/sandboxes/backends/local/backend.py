@@ -1022,6 +1022,7 @@ class LocalBackend:
                 if digest:
                     with _typed_image_errors(digest):
                         self._image_store().lease(holder, digest)
+                storage.flush()  # outside the freeze: see Storage.flush
                 started = time.monotonic()
                 with self.cgroups.frozen(Path(freezer)):
                     self._hook("snapshot_frozen")

@@ -39,6 +39,7 @@ _LOOP_CLR_FD = 0x4C01
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syncfs.argtypes = [ctypes.c_int]
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,18 @@ class Storage:
     @property
     def snapshots_dir(self) -> Path:
         return self.mount / ".snapshots"
+
+    def flush(self) -> None:
+        """Writes the storage's dirty data out (syncfs): done before a sandbox is frozen
+        for a capture, so the snapshot inside the freeze flushes only what was written
+        since (a GiB written just before would otherwise keep it frozen for seconds)."""
+        fd = os.open(self.mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if _libc.syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise BackendError(f"cannot sync {self.mount}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
 
     def capture(self, sandbox_id: str, snapshot_id: str) -> Path:
         """A read-only snapshot of the sandbox's subvolume at
