@@ -339,6 +339,7 @@ class Snapshot(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     captured_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_reason = models.CharField(max_length=32, blank=True)  # deleted | ttl_expired
 
     objects = SnapshotQuerySet.as_manager()
 

@@ -193,7 +193,8 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
     * ``heartbeat_expired``: no heartbeat within ``heartbeat_timeout_s``;
     * ``pending_timeout``: requested/provisioning past the pending deadline (e.g. the
       worker died mid-provision and the task was lost) → ``failed`` and destroyed;
-    * stuck ``terminating`` rows get their destroy re-enqueued.
+    * stuck ``terminating`` rows get their destroy re-enqueued;
+    * ``snapshot_ttl_expired``: snapshots past their ``expires_at`` are deleted.
     """
     from apps.sandboxes.tasks import destroy_sandbox
 
@@ -250,4 +251,7 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
     for sandbox in stuck:
         destroy_sandbox.delay(str(sandbox.id))
         counts["redestroy"] += 1
+    from apps.sandboxes.services.snapshots import snapshot_reap_expired
+
+    counts["snapshot_ttl_expired"] = snapshot_reap_expired(now=now)
     return counts

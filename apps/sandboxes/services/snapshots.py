@@ -268,21 +268,35 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
 # ---- delete and reap ---------------------------------------------------------------
 
 
-def snapshot_delete(*, snapshot: Snapshot) -> Snapshot:
-    """``capturing``/``ready``/``failed`` → ``deleted`` and the backend copy removed
-    after commit (a worker). Idempotent. Sandboxes restored from it keep their state."""
+def snapshot_delete(*, snapshot: Snapshot, reason: str = "deleted") -> Snapshot:
+    """``capturing``/``ready``/``failed`` → ``deleted`` (with ``reason``) and the backend
+    copy removed after commit (a worker). Idempotent. Sandboxes restored from it keep
+    their state."""
     from apps.sandboxes.tasks import destroy_snapshot
 
     moved = (
         Snapshot.objects.filter(pk=snapshot.pk)
         .exclude(state=SnapshotState.DELETED)
-        .update(state=SnapshotState.DELETED, deleted_at=timezone.now())
+        .update(state=SnapshotState.DELETED, deleted_at=timezone.now(), deleted_reason=reason)
     )
     if moved:
         snapshot_id = str(snapshot.id)
         transaction.on_commit(lambda: destroy_snapshot.delay(snapshot_id))
     snapshot.refresh_from_db()
     return snapshot
+
+
+def snapshot_reap_expired(*, now: Any = None) -> int:
+    """Deletes every snapshot past its ``expires_at`` (reason ``ttl_expired``); the
+    periodic reaper calls it. Returns how many."""
+    now = now or timezone.now()
+    reaped = 0
+    for snapshot in Snapshot.objects.filter(
+        state__in=(SnapshotState.READY, SnapshotState.FAILED), expires_at__lt=now
+    ):
+        if snapshot_delete(snapshot=snapshot, reason="ttl_expired").deleted_reason == "ttl_expired":
+            reaped += 1
+    return reaped
 
 
 def snapshot_destroy(*, snapshot_id: str) -> None:

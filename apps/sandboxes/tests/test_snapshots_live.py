@@ -203,3 +203,48 @@ def test_bad_snapshot_requests_are_typed_and_record_nothing(live, make_tenant):
     assert wrong_image.json()["error"]["code"] == "snapshot_image_mismatch"
     assert Sandbox.objects.filter(snapshot_id=snap["id"]).count() == 0
     http.delete(f"/snapshots/{snap['id']}")
+
+
+def test_a_fork_over_the_quota_is_refused_whole(live, make_tenant):
+    from apps.billing.models import TenantQuota
+    from apps.billing.quotas import quota_get
+
+    tenant, secret = make_tenant()
+    http = api_client(live, secret)
+    parent = ready_sandbox(http)
+    snap = _snapshot(http, parent)
+    TenantQuota.objects.filter(pk=quota_get(tenant=tenant).pk).update(max_concurrent_sandboxes=3)
+    refused = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 3})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "quota_exceeded"
+    assert Sandbox.objects.filter(snapshot_id=snap["id"]).count() == 0  # not one of them
+    fits = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 2})
+    assert fits.status_code == 201, fits.text
+    children = _children_settled(http, [c["id"] for c in fits.json()["sandboxes"]])
+    assert [c["state"] for c in children] == ["ready", "ready"]
+
+
+def test_an_expired_snapshot_is_reaped_with_its_reason(live, make_tenant):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.sandboxes.services.provisioning import sandbox_reap
+
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    parent = ready_sandbox(http)
+    short = _snapshot(http, parent, ttl_seconds=60)
+    long = _snapshot(http, parent, ttl_seconds=3600)
+    counts = sandbox_reap(now=timezone.now() + timedelta(seconds=120))
+    assert counts["snapshot_ttl_expired"] == 1
+    reaped = http.get(f"/snapshots/{short['id']}").json()
+    assert reaped["state"] == "deleted"
+    assert Snapshot.objects.get(pk=short["id"]).deleted_reason == "ttl_expired"
+    assert http.get(f"/snapshots/{long['id']}").json()["state"] == "ready"
+    backend = get_backend()
+    deadline = time.monotonic() + 30
+    while short["id"].replace("-", "") in backend.snapshots():  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the worker did not remove the reaped snapshot"
+        time.sleep(0.1)
+    assert long["id"].replace("-", "") in backend.snapshots()  # type: ignore[attr-defined]
