@@ -1,0 +1,89 @@
+"""Snapshots in the reconciler (issue 16): a backend snapshot without a live record is
+a leak and is removed; one with a ``capturing``/``ready`` record is kept; a capture
+whose worker vanished is failed. Real local backend, real database."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from apps.sandboxes.agent_client import agent_token
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.backends.base import SandboxSpec
+from apps.sandboxes.backends.local import wait_healthy
+from apps.sandboxes.models import Snapshot, SnapshotState
+from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create
+from apps.sandboxes.services.reconcile import sandbox_reconcile
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.django_db]
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left() -> Iterator[None]:
+    yield
+    backend = get_backend()
+    for sid in {i.sandbox_id for i in backend.inventory() if i.sandbox_id}:
+        backend.destroy(sid)
+    for snap in backend.snapshots():  # type: ignore[attr-defined]
+        backend.delete_snapshot(snap)
+
+
+def _snapshot_row(sandbox: Any, state: str, **fields: Any) -> Snapshot:
+    return Snapshot.objects.create(
+        tenant=sandbox.tenant,
+        sandbox=sandbox,
+        backend=sandbox.backend,
+        image="host",
+        state=state,
+        ttl_seconds=3600,
+        expires_at=timezone.now() + timedelta(hours=1),
+        **fields,
+    )
+
+
+def test_it_removes_snapshots_without_a_live_record_and_keeps_the_others(
+    make_tenant: Any,
+) -> None:
+    tenant, _ = make_tenant()
+    sandbox, _ = sandbox_create(
+        tenant=tenant,
+        request=SandboxRequest(image="host", cpu_millis=250, memory_mib=128),
+        idempotency_key=None,
+        actor="test",
+    )
+    backend = get_backend()
+    spec = SandboxSpec(
+        sandbox_id=sandbox.id.hex,
+        tenant_id=str(tenant.pk),
+        generation=1,
+        image="host",
+        cpu_millis=250,
+        memory_mib=128,
+        network_access=False,
+        agent_token=agent_token(sandbox.id.hex, 1),
+    )
+    wait_healthy(backend.provision(spec), spec.agent_token, timeout=30)
+    kept = _snapshot_row(sandbox, SnapshotState.READY)
+    deleted = _snapshot_row(sandbox, SnapshotState.DELETED)
+    orphan = uuid.uuid4()
+    for snap_id in (kept.id, deleted.id, orphan):
+        backend.snapshot(sandbox.id.hex, snap_id.hex)  # type: ignore[attr-defined]
+    lost = _snapshot_row(sandbox, SnapshotState.CAPTURING)
+    Snapshot.objects.filter(pk=lost.pk).update(created_at=timezone.now() - timedelta(hours=2))
+
+    run = sandbox_reconcile()
+
+    assert run.actions.get("snapshot_leak_reclaimed") == 2
+    assert run.actions.get("snapshot_capture_lost") == 1
+    assert backend.snapshots() == [kept.id.hex]  # type: ignore[attr-defined]
+    lost.refresh_from_db()
+    assert lost.state == SnapshotState.FAILED
+    assert lost.error == {"code": "capture_lost", "message": "still capturing after the deadline"}
+    again = sandbox_reconcile()  # idempotent
+    assert "snapshot_leak_reclaimed" not in again.actions
+    assert backend.snapshots() == [kept.id.hex]  # type: ignore[attr-defined]
