@@ -18,11 +18,13 @@ from hedgerow.errors import (
     SandboxLost,
     SandboxNotReady,
     SandboxTerminating,
+    SnapshotFailed,
     ValidationError,
     WaitTimeout,
 )
 from hedgerow.images import Image
 from hedgerow.results import ExecError, ExecResult, StreamInfo
+from hedgerow.snapshots import Snapshot
 
 __all__ = [
     "AgentUnreachable",
@@ -46,6 +48,8 @@ __all__ = [
     "SandboxLost",
     "SandboxNotReady",
     "SandboxTerminating",
+    "Snapshot",
+    "SnapshotFailed",
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",

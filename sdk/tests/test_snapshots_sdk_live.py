@@ -1,0 +1,50 @@
+"""``sb.snapshot()`` and ``client.fork()`` against the real stack (issue 16)."""
+
+from __future__ import annotations
+
+import hedgerow
+import pytest
+from hedgerow import Client
+
+from apps.sandboxes.backends import get_backend
+from apps.sandboxes.models import Sandbox
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_it_snapshots_and_forks_through_the_sync_client(live, make_tenant):
+    _, secret = make_tenant()
+    with Client(live.url, secret) as hr:
+        parent = hr.create_sandbox()
+        parent.write_file("/workspace/state.txt", b"turn 3\n")
+        snap = parent.snapshot(
+            name="turn-3",
+            manifest={"messages": ["hi"], "seed": 1},
+            probes=[{"name": "state", "command": "cat /workspace/state.txt"}],
+        )
+        assert isinstance(snap, hedgerow.Snapshot) and snap.state == "ready"
+        assert snap.fingerprint["probes"]["state"]["stdout"] == "turn 3\n"
+        assert snap.manifest == {"messages": ["hi"], "seed": 1}
+        assert [s.id for s in hr.snapshots()] == [snap.id]
+
+        children = hr.fork(snap, n=3, idempotency_key="sdk-fork")
+        assert [c.state for c in children] == ["ready"] * 3
+        for child in children:
+            assert child.read_file("/workspace/state.txt") == b"turn 3\n"
+        again = hr.fork(snap, n=3, idempotency_key="sdk-fork")  # a retry: the same three
+        assert [c.id for c in again] == [c.id for c in children]
+        one = hr.create_sandbox(from_snapshot=snap)
+        assert one.data["from_snapshot"] == snap.id
+        assert one.read_file("/workspace/state.txt") == b"turn 3\n"
+        assert Sandbox.objects.filter(snapshot_id=snap.id).count() == 4
+
+        parent.delete()
+        dead = hr.create_sandbox()
+        get_backend().destroy(Sandbox.objects.get(external_id=dead.id).id.hex)
+        with pytest.raises(hedgerow.SnapshotFailed) as caught:
+            dead.snapshot()
+        assert caught.value.code == "sandbox_not_running"
+        snap.delete()
+        assert snap.state == "deleted"
+        with pytest.raises(hedgerow.Conflict):
+            hr.fork(snap, n=1)
