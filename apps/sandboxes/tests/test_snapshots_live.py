@@ -248,3 +248,39 @@ def test_an_expired_snapshot_is_reaped_with_its_reason(live, make_tenant):
         assert time.monotonic() < deadline, "the worker did not remove the reaped snapshot"
         time.sleep(0.1)
     assert long["id"].replace("-", "") in backend.snapshots()  # type: ignore[attr-defined]
+
+
+def test_an_image_sandbox_forks_with_its_root_and_the_snapshot_keeps_the_image(
+    live, make_tenant, open_registry, tmp_path
+):
+    from apps.images.tests.conftest import push_image
+
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    ref, digest = push_image(open_registry, tmp_path, f"t{time.time_ns()}/snap")
+    parent = ready_sandbox(http, image=ref)
+    made = _exec(
+        http, parent, "echo root-write > /etc/new && rm /bin/env && echo ws > /workspace/w"
+    )
+    assert made["exit_code"] == 0, made
+    probes = [{"name": "root", "command": "cat /etc/new; ls /bin"}]
+    snap = _snapshot(http, parent, probes=probes)
+    assert snap["state"] == "ready" and snap["image"] == ref and snap["image_digest"] == digest
+    # the parent goes, and the image cache is collected down to nothing: the
+    # snapshot's lease keeps the image's layers for its children
+    assert http.delete(f"/sandboxes/{parent}").status_code == 202
+    _settled(http, f"/sandboxes/{parent}", ("deleted",))
+    backend = get_backend()
+    backend._image_store().collect(0)  # type: ignore[attr-defined]
+    assert backend._image_store().get(digest) is not None  # type: ignore[attr-defined]
+
+    forked = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    children = _children_settled(http, [c["id"] for c in forked.json()["sandboxes"]])
+    assert [c["state"] for c in children] == ["ready", "ready"], children
+    for child in children:
+        assert child["image"] == ref and child["image_digest"] == digest
+        got = _exec(http, child["id"], "cat /etc/new /workspace/w; test -e /bin/env || echo gone")
+        assert got["stdout"] == "root-write\nws\ngone\n"
+    assert _exec(http, children[0]["id"], "echo mine > /etc/new")["exit_code"] == 0
+    assert _exec(http, children[1]["id"], "cat /etc/new")["stdout"] == "root-write\n"
