@@ -24,12 +24,13 @@ from hedgerow.errors import (
 )
 from hedgerow.images import Image
 from hedgerow.results import ExecError, ExecResult, StreamInfo
-from hedgerow.snapshots import Snapshot
+from hedgerow.snapshots import AsyncSnapshot, Snapshot
 
 __all__ = [
     "AgentUnreachable",
     "AsyncClient",
     "AsyncSandbox",
+    "AsyncSnapshot",
     "AuthError",
     "BudgetExhausted",
     "Client",

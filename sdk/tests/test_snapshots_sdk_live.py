@@ -48,3 +48,27 @@ def test_it_snapshots_and_forks_through_the_sync_client(live, make_tenant):
         assert snap.state == "deleted"
         with pytest.raises(hedgerow.Conflict):
             hr.fork(snap, n=1)
+
+
+def test_the_async_client_snapshots_and_forks(live, make_tenant):
+    import asyncio
+
+    from hedgerow import AsyncClient
+
+    _, secret = make_tenant()
+
+    async def main() -> tuple[str, list[bytes], str]:
+        async with AsyncClient(live.url, secret) as hr:
+            parent = await hr.create_sandbox()
+            await parent.write_file("/workspace/a.txt", b"async state\n")
+            snap = await parent.snapshot(probes=[{"command": "cat /workspace/a.txt"}])
+            children = await hr.fork(snap, n=2)
+            contents = [await c.read_file("/workspace/a.txt") for c in children]
+            listed = await hr.snapshots()
+            await snap.delete()
+            return snap.fingerprint["probes"]["probe0"]["stdout"], contents, listed[0].id
+
+    stdout, contents, listed = asyncio.run(main())
+    assert stdout == "async state\n"
+    assert contents == [b"async state\n"] * 2
+    assert Sandbox.objects.filter(snapshot_id=listed).count() == 2
