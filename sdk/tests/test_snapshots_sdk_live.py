@@ -72,3 +72,53 @@ def test_the_async_client_snapshots_and_forks(live, make_tenant):
     assert stdout == "async state\n"
     assert contents == [b"async state\n"] * 2
     assert Sandbox.objects.filter(snapshot_id=listed).count() == 2
+
+
+def test_the_cli_creates_lists_forks_and_removes_snapshots(live, make_tenant, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sdk_dir = Path(__file__).resolve().parents[1]
+    _, secret = make_tenant()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEDGEROW_")}
+    env.update({"HEDGEROW_URL": live.url, "HEDGEROW_API_KEY": secret, "PYTHONPATH": str(sdk_dir)})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hedgerow.cli", *args],
+            env=env,
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    with Client(live.url, secret) as hr:
+        parent = hr.create_sandbox()
+        parent.write_file("/workspace/cli.txt", b"from the cli\n")
+        manifest = tmp_path / "manifest.json"
+        manifest.write_text(json.dumps({"seed": 3}))
+        made = cli(
+            "--json", "snapshot", "create", parent.id, "--name", "cli",
+            "--manifest", str(manifest), "--probe", "cat /workspace/cli.txt",
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        snap = json.loads(made.stdout)
+        assert (snap["state"], snap["name"], snap["manifest"]) == ("ready", "cli", {"seed": 3})
+        listed = cli("snapshot", "ls")
+        assert listed.returncode == 0 and snap["id"] in listed.stdout
+        forked = cli("snapshot", "fork", snap["id"], "2")
+        assert forked.returncode == 0, forked.stderr
+        ids = forked.stdout.split()
+        assert len(ids) == 2
+        for sandbox_id in ids:
+            assert hr.get(sandbox_id).read_file("/workspace/cli.txt") == b"from the cli\n"
+            hr.delete(sandbox_id)
+        removed = cli("snapshot", "rm", snap["id"])
+        assert removed.returncode == 0, removed.stderr
+        assert hr.get_snapshot(snap["id"]).state == "deleted"
+        missing = cli("snapshot", "rm", "00000000-0000-0000-0000-000000000000")
+        assert missing.returncode == 1 and "snapshot_not_found" in missing.stderr
