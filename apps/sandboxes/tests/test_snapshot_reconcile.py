@@ -17,6 +17,7 @@ from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import SandboxSpec
 from apps.sandboxes.backends.local import wait_healthy
 from apps.sandboxes.models import Snapshot, SnapshotState
+from apps.sandboxes.services.audit import audit_compute
 from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create
 from apps.sandboxes.services.reconcile import sandbox_reconcile
 
@@ -46,9 +47,7 @@ def _snapshot_row(sandbox: Any, state: str, **fields: Any) -> Snapshot:
     )
 
 
-def test_it_removes_snapshots_without_a_live_record_and_keeps_the_others(
-    make_tenant: Any,
-) -> None:
+def _running_sandbox(make_tenant: Any) -> Any:
     tenant, _ = make_tenant()
     sandbox, _ = sandbox_create(
         tenant=tenant,
@@ -68,6 +67,14 @@ def test_it_removes_snapshots_without_a_live_record_and_keeps_the_others(
         agent_token=agent_token(sandbox.id.hex, 1),
     )
     wait_healthy(backend.provision(spec), spec.agent_token, timeout=30)
+    return sandbox
+
+
+def test_it_removes_snapshots_without_a_live_record_and_keeps_the_others(
+    make_tenant: Any,
+) -> None:
+    sandbox = _running_sandbox(make_tenant)
+    backend = get_backend()
     kept = _snapshot_row(sandbox, SnapshotState.READY)
     deleted = _snapshot_row(sandbox, SnapshotState.DELETED)
     orphan = uuid.uuid4()
@@ -87,3 +94,32 @@ def test_it_removes_snapshots_without_a_live_record_and_keeps_the_others(
     again = sandbox_reconcile()  # idempotent
     assert "snapshot_leak_reclaimed" not in again.actions
     assert backend.snapshots() == [kept.id.hex]  # type: ignore[attr-defined]
+
+
+def test_the_audit_balances_snapshots_and_names_the_leaked_ones(make_tenant: Any) -> None:
+    sandbox = _running_sandbox(make_tenant)
+    backend = get_backend()
+    start = timezone.now() - timedelta(minutes=1)
+    live = _snapshot_row(sandbox, SnapshotState.READY)
+    leaked = _snapshot_row(sandbox, SnapshotState.DELETED, deleted_reason="deleted")
+    _snapshot_row(sandbox, SnapshotState.DELETED, deleted_reason="deleted")
+    _snapshot_row(sandbox, SnapshotState.DELETED, deleted_reason="ttl_expired")
+    _snapshot_row(sandbox, SnapshotState.FAILED)
+    orphan = uuid.uuid4()
+    for snap_id in (live.id, leaked.id, orphan):
+        backend.snapshot(sandbox.id.hex, snap_id.hex)  # type: ignore[attr-defined]
+
+    report = audit_compute(period_start=start, period_end=timezone.now() + timedelta(minutes=1))
+
+    snaps = report.snapshots
+    assert snaps.created == 5
+    assert snaps.terms == {"deleted": 1, "expired": 1, "failed": 1, "live": 1, "leaked": 1}
+    assert snaps.leaked_ids == [str(leaked.id)] and snaps.orphaned == [str(orphan)]
+    assert report.as_dict()["snapshots"]["equation"] == (
+        "snapshots created 5 = deleted 1 + expired 1 + failed 1 + live 1 + leaked 1"
+    )
+    assert any("snapshot(s) leaked" in w for w in report.warnings)
+    sandbox_reconcile()  # removes the leaked and the orphaned copy
+    after = audit_compute(period_start=start, period_end=timezone.now() + timedelta(minutes=1))
+    assert after.snapshots.terms["leaked"] == 0 and after.snapshots.terms["deleted"] == 2
+    assert after.snapshots.orphaned == []
