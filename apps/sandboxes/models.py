@@ -16,6 +16,9 @@ class State(models.TextChoices):
     REQUESTED = "requested"
     PROVISIONING = "provisioning"
     READY = "ready"
+    # its state captured as a snapshot and its compute released; ``resume`` restores it
+    # under the same id with generation + 1 (docs/snapshots.md)
+    PAUSED = "paused"
     TERMINATING = "terminating"
     DELETED = "deleted"
     FAILED = "failed"  # never became ready
@@ -315,6 +318,8 @@ class Snapshot(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     name = models.CharField(max_length=128, blank=True)
+    # "snapshot": the client's; "pause": what ``pause`` captured for ``resume``
+    kind = models.CharField(max_length=16, default="snapshot")
     state = models.CharField(
         max_length=16, choices=SnapshotState.choices, default=SnapshotState.CAPTURING
     )

@@ -20,7 +20,13 @@ from apps.sandboxes.api.serializers import (
     SnapshotForkSerializer,
     SnapshotSerializer,
 )
-from apps.sandboxes.services.snapshots import snapshot_create, snapshot_delete, snapshot_fork
+from apps.sandboxes.services.snapshots import (
+    sandbox_pause,
+    sandbox_resume,
+    snapshot_create,
+    snapshot_delete,
+    snapshot_fork,
+)
 
 
 class SandboxSnapshotsView(APIView):
@@ -111,3 +117,33 @@ class SnapshotForkView(APIView):
         renderer = SandboxSerializer()
         body = {"sandboxes": [renderer.render(c) for c in children]}
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class SandboxPauseView(APIView):
+    @extend_schema(
+        request=None,
+        responses={202: SandboxSerializer, **ERROR_RESPONSES},
+        description="`ready` → `paused`: no new operation starts; a worker captures the "
+        "sandbox's filesystem state and releases its compute. If the capture fails it is "
+        "`ready` again (ledger reason `pause_failed`). Process memory is not kept.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        sandbox = sandbox_pause(sandbox=sandbox, actor=principal.actor)
+        return Response(SandboxSerializer().render(sandbox), status=status.HTTP_202_ACCEPTED)
+
+
+class SandboxResumeView(APIView):
+    @extend_schema(
+        request=None,
+        responses={202: SandboxSerializer, **ERROR_RESPONSES},
+        description="`paused` → `requested`: restored under the same id with generation + "
+        "1, `ready` once its state matched the pause's fingerprint (`/wait`). Operations "
+        "naming the old generation get 409 `stale_generation`.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        sandbox = sandbox_resume(sandbox=sandbox, actor=principal.actor)
+        return Response(SandboxSerializer().render(sandbox), status=status.HTTP_202_ACCEPTED)

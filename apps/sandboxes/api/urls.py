@@ -48,6 +48,16 @@ urlpatterns = [
         snapshots.SandboxSnapshotsView.as_view(),
         name="sandbox-snapshots",
     ),
+    path(
+        "sandboxes/<str:sandbox_id>/pause",
+        snapshots.SandboxPauseView.as_view(),
+        name="sandbox-pause",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/resume",
+        snapshots.SandboxResumeView.as_view(),
+        name="sandbox-resume",
+    ),
     path("snapshots", snapshots.SnapshotListView.as_view(), name="snapshot-list"),
     path(
         "snapshots/<str:snapshot_id>",

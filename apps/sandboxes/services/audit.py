@@ -72,7 +72,7 @@ from apps.sandboxes.services.warm_pool import warm_pool_member_ids
 log = logging.getLogger(__name__)
 
 # ``queued`` (waiting for admission, no resources yet) counts as live: not ended.
-PENDING_OR_LIVE = (State.QUEUED, *LIVE_STATES)
+PENDING_OR_LIVE = (State.QUEUED, *LIVE_STATES, State.PAUSED)  # paused: not ended
 TERMS = ("deleted", "reaped_ttl", "reaped_heartbeat", "failed", "lost", "live", "leaked")
 REAP_TERMS = {"ttl_expired": "reaped_ttl", "heartbeat_expired": "reaped_heartbeat"}
 MAX_IDS = 200  # ids listed per flag; the counts stay exact

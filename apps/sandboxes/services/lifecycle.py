@@ -454,7 +454,13 @@ def sandbox_delete(*, sandbox: Sandbox, actor: str, reason: str = "deleted") -> 
     sandbox_id = str(sandbox.id)
     moved = sandbox_transition(
         sandbox=sandbox,
-        from_states=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY),
+        from_states=(
+            State.QUEUED,
+            State.REQUESTED,
+            State.PROVISIONING,
+            State.READY,
+            State.PAUSED,
+        ),
         to_state=State.TERMINATING,
         reason=reason,
         actor=actor,

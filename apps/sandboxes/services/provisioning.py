@@ -154,6 +154,10 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
         # Deleted while we were provisioning: the delete path's destroy may have run
         # before our resources existed, so remove them here too.
         _destroy_quietly(sandbox)
+    if became_ready and sandbox.snapshot_id is not None:
+        from apps.sandboxes.services.snapshots import snapshot_drop_pause
+
+        snapshot_drop_pause(sandbox=sandbox)  # a resume: its pause is spent
     return sandbox
 
 
@@ -183,6 +187,9 @@ def sandbox_destroy(*, sandbox_id: str) -> Sandbox | None:
             reason="destroyed",
             terminated_at=timezone.now(),
         )
+    from apps.sandboxes.services.snapshots import snapshot_drop_pause
+
+    snapshot_drop_pause(sandbox=sandbox)  # a paused sandbox's state goes with it
     return sandbox
 
 
@@ -218,13 +225,12 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
         ):
             destroy_sandbox.delay(str(sandbox.id))
             counts["pending_timeout"] += 1
-    expired = Sandbox.objects.filter(
-        state__in=(State.READY, State.PROVISIONING, State.REQUESTED), expires_at__lt=now
-    )
+    expiring = (State.READY, State.PROVISIONING, State.REQUESTED, State.PAUSED)
+    expired = Sandbox.objects.filter(state__in=expiring, expires_at__lt=now)
     for sandbox in expired:
         if sandbox_transition(
             sandbox=sandbox,
-            from_states=(State.READY, State.PROVISIONING, State.REQUESTED),
+            from_states=expiring,
             to_state=State.TERMINATING,
             reason="ttl_expired",
             actor="reaper",

@@ -36,7 +36,12 @@ from apps.sandboxes.models import (
     State,
 )
 from apps.sandboxes.selectors import sandbox_by_idempotency_key, snapshot_get
-from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create
+from apps.sandboxes.services.lifecycle import (
+    SandboxRequest,
+    sandbox_create,
+    sandbox_record_event,
+    sandbox_transition,
+)
 from controlplane.errors import ApiError, Conflict, ValidationFailed
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,7 @@ MAX_PROBES = 16
 MAX_PROBE_OUTPUT = 64 << 10  # stdout kept per probe (its sha256 covers all of it)
 MAX_MANIFEST_BYTES = 256 << 10
 MAX_FORK = 64
+PAUSE = "pause"  # Snapshot.kind of what ``sandbox_pause`` captures
 DEFAULT_TTL_S = 24 * 3600
 MAX_TTL_S = 30 * 24 * 3600
 QUIESCE_WAIT_S = 30.0  # in-flight operations must end within this before a capture
@@ -239,8 +245,11 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
         return snapshot
     sandbox = snapshot.sandbox
     backend = get_backend()
+    pausing = snapshot.kind == PAUSE
+    # a pause moved the sandbox to ``paused`` first: no new operation starts meanwhile
+    expected = State.PAUSED if pausing else State.READY
     try:
-        if sandbox.state != State.READY or sandbox.generation != snapshot.generation:
+        if sandbox.state != expected or sandbox.generation != snapshot.generation:
             raise SnapshotFailed(f"sandbox is {sandbox.state}", code="sandbox_not_running")
         _wait_quiet(sandbox)
         probes = run_probes(_agent(sandbox), snapshot.probes)
@@ -261,7 +270,18 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
         )
         if not moved:  # deleted meanwhile: its backend copy must not outlive the row
             backend.delete_snapshot(snapshot.id.hex)
+        elif pausing:
+            _release_paused(sandbox)
     snapshot.refresh_from_db()
+    if pausing and snapshot.state == SnapshotState.FAILED:
+        # nothing was released: the sandbox runs on as it was
+        sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.PAUSED,),
+            to_state=State.READY,
+            reason="pause_failed",
+            message=str((snapshot.error or {}).get("message", ""))[:1000],
+        )
     return snapshot
 
 
@@ -387,3 +407,103 @@ def snapshot_verify_child(*, sandbox: Sandbox, endpoint: Endpoint) -> list[dict[
     )
     actual = run_probes(client, snapshot.probes)
     return probe_diff(snapshot.probes, snapshot.fingerprint.get("probes", {}), actual)
+
+
+# ---- pause and resume --------------------------------------------------------------
+
+
+def sandbox_pause(*, sandbox: Sandbox, actor: str) -> Sandbox:
+    """``ready`` → ``paused`` (no new operation starts), and a worker captures its
+    state as a ``pause`` snapshot, then releases its compute (the backend's sandbox is
+    destroyed). A capture that fails moves it back to ``ready`` (reason
+    ``pause_failed``), running as before. 409 unless ``ready``."""
+    from apps.sandboxes.tasks import capture_snapshot
+
+    with transaction.atomic():
+        if not sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.READY,),
+            to_state=State.PAUSED,
+            reason="paused",
+            actor=actor,
+        ):
+            raise Conflict(
+                f"sandbox is {sandbox.state}: only a ready sandbox can be paused",
+                code="sandbox_not_ready",
+            )
+        now = timezone.now()
+        ttl = max(60, int((sandbox.expires_at - now).total_seconds()))
+        snapshot = Snapshot.objects.create(
+            tenant_id=sandbox.tenant_id,
+            sandbox=sandbox,
+            parent_id=sandbox.snapshot_id,
+            name="pause",
+            kind=PAUSE,
+            backend=sandbox.backend,
+            image=sandbox.image,
+            image_digest=sandbox.image_digest,
+            generation=sandbox.generation,
+            ttl_seconds=ttl,
+            expires_at=now + timedelta(seconds=ttl),
+            created_by=actor,
+            created_at=now,
+        )
+        snapshot_id = str(snapshot.id)
+        transaction.on_commit(lambda: capture_snapshot.delay(snapshot_id))
+    return sandbox
+
+
+def _release_paused(sandbox: Sandbox) -> None:
+    """The pause is captured: the sandbox's processes, address and cgroups go (its
+    state lives in the snapshot). Still ``paused`` when this runs, or it was deleted."""
+    try:
+        get_backend().destroy(sandbox.id.hex)
+    except BackendError as exc:  # the reconciler finds what is left
+        sandbox_record_event(sandbox=sandbox, event="destroy_error", message=str(exc))
+        return
+    sandbox_record_event(sandbox=sandbox, event="compute_released", reason="paused")
+
+
+def _pause_snapshot(sandbox: Sandbox) -> Snapshot | None:
+    return (
+        Snapshot.objects.filter(sandbox=sandbox, kind=PAUSE, generation=sandbox.generation)
+        .exclude(state=SnapshotState.DELETED)
+        .order_by("-created_at")
+        .first()
+    )
+
+
+def sandbox_resume(*, sandbox: Sandbox, actor: str) -> Sandbox:
+    """``paused`` → ``requested``: provisioning restores the pause snapshot under the
+    same id with generation + 1 (operations naming the old generation get 409
+    ``stale_generation``), verified like any restore. 409 ``sandbox_pausing`` while the
+    capture runs, ``sandbox_not_paused`` unless paused."""
+    from apps.sandboxes.tasks import provision_sandbox
+
+    if sandbox.state != State.PAUSED:
+        raise Conflict(f"sandbox is {sandbox.state}, not paused", code="sandbox_not_paused")
+    snapshot = _pause_snapshot(sandbox)
+    if snapshot is None or snapshot.state != SnapshotState.READY:
+        raise Conflict("the pause is still being captured", code="sandbox_pausing")
+    with transaction.atomic():
+        if not sandbox_transition(
+            sandbox=sandbox,
+            from_states=(State.PAUSED,),
+            to_state=State.REQUESTED,
+            reason="resumed",
+            actor=actor,
+            snapshot_id=snapshot.id,
+            admitted_at=timezone.now(),
+        ):
+            raise Conflict(f"sandbox is {sandbox.state}, not paused", code="sandbox_not_paused")
+        sandbox_id = str(sandbox.id)
+        transaction.on_commit(lambda: provision_sandbox.delay(sandbox_id))
+    return sandbox
+
+
+def snapshot_drop_pause(*, sandbox: Sandbox) -> None:
+    """A resumed sandbox no longer needs its pause snapshot; an ended one neither."""
+    for snapshot in Snapshot.objects.filter(sandbox=sandbox, kind=PAUSE).exclude(
+        state=SnapshotState.DELETED
+    ):
+        snapshot_delete(snapshot=snapshot, reason="resumed" if sandbox.is_live else "deleted")

@@ -284,3 +284,76 @@ def test_an_image_sandbox_forks_with_its_root_and_the_snapshot_keeps_the_image(
         assert got["stdout"] == "root-write\nws\ngone\n"
     assert _exec(http, children[0]["id"], "echo mine > /etc/new")["exit_code"] == 0
     assert _exec(http, children[1]["id"], "cat /etc/new")["stdout"] == "root-write\n"
+
+
+def test_pause_releases_compute_and_resume_keeps_every_file_under_a_new_generation(
+    live, make_tenant
+):
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    sandbox = ready_sandbox(http)
+    row = Sandbox.objects.get(external_id=sandbox)
+    assert _exec(http, sandbox, "echo kept > /workspace/k && echo tmp > /tmp/t")["exit_code"] == 0
+
+    paused = http.post(f"/sandboxes/{sandbox}/pause")
+    assert paused.status_code == 202, paused.text
+    assert paused.json()["state"] == "paused"
+    refused = http.post(f"/sandboxes/{sandbox}/exec", json={"command": "true"})
+    assert refused.status_code == 409, refused.text
+    backend = get_backend()
+    deadline = time.monotonic() + 60
+    # compute released: no process, address or cgroup left for it
+    while [i for i in backend.inventory() if i.sandbox_id == row.id.hex]:
+        assert time.monotonic() < deadline, "the pause did not release the sandbox"
+        time.sleep(0.1)
+    (pause,) = Snapshot.objects.filter(sandbox=row, kind="pause")
+    pause.refresh_from_db()
+    assert pause.state == "ready"
+    assert http.post(f"/sandboxes/{sandbox}/pause").status_code == 409  # not ready
+
+    resumed = http.post(f"/sandboxes/{sandbox}/resume")
+    assert resumed.status_code == 202, resumed.text
+    ready = _settled(http, f"/sandboxes/{sandbox}", ("ready", "failed"), 120)
+    assert ready["state"] == "ready", ready
+    assert ready["generation"] == 2
+    got = _exec(http, sandbox, "cat /workspace/k /tmp/t")
+    assert got["stdout"] == "kept\ntmp\n"
+    stale = http.post(f"/sandboxes/{sandbox}/exec", json={"command": "echo old", "generation": 1})
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_generation"
+    reasons = list(
+        SandboxEvent.objects.filter(sandbox=row, event="transition").values_list(
+            "to_state", "reason"
+        )
+    )
+    assert ("paused", "paused") in reasons and ("requested", "resumed") in reasons
+    # the spent pause is deleted, and its backend copy goes
+    pause.refresh_from_db()
+    assert pause.state == "deleted" and pause.deleted_reason == "resumed"
+    deadline = time.monotonic() + 30
+    while pause.id.hex in backend.snapshots():  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert http.post(f"/sandboxes/{sandbox}/resume").json()["error"]["code"] == (
+        "sandbox_not_paused"
+    )
+
+
+def test_a_paused_sandbox_can_be_deleted_and_its_state_goes_with_it(live, make_tenant):
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    sandbox = ready_sandbox(http)
+    row = Sandbox.objects.get(external_id=sandbox)
+    assert http.post(f"/sandboxes/{sandbox}/pause").status_code == 202
+    deadline = time.monotonic() + 60
+    while not Snapshot.objects.filter(sandbox=row, kind="pause", state="ready").exists():
+        assert time.monotonic() < deadline, "the pause was not captured"
+        time.sleep(0.1)
+    pause = Snapshot.objects.get(sandbox=row, kind="pause")
+    assert http.delete(f"/sandboxes/{sandbox}").status_code == 202
+    assert _settled(http, f"/sandboxes/{sandbox}", ("deleted",))["state"] == "deleted"
+    deadline = time.monotonic() + 30
+    while pause.id.hex in get_backend().snapshots():  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the paused sandbox's state was left behind"
+        time.sleep(0.1)
+    pause.refresh_from_db()
+    assert pause.state == "deleted"
