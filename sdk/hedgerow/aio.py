@@ -336,6 +336,29 @@ class AsyncSandbox:
         self.stop_heartbeats()
         await self._client.delete(self.id)
 
+    async def pause(self) -> AsyncSandbox:
+        """See ``Sandbox.pause``."""
+        self.stop_heartbeats()
+        self.data = (await self._client.request("POST", f"/sandboxes/{self.id}/pause")).json()
+        return self
+
+    async def resume(self, *, wait: bool = True, timeout: float = 120.0) -> AsyncSandbox:
+        """See ``Sandbox.resume``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                response = await self._client.request("POST", f"/sandboxes/{self.id}/resume")
+                self.data = response.json()
+                break
+            except HedgerowError as exc:
+                if exc.code != "sandbox_pausing" or loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        if wait:
+            await self.wait(timeout=max(1.0, deadline - loop.time()))
+        return self
+
     async def snapshot(
         self,
         *,

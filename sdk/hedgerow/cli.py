@@ -395,6 +395,13 @@ def _snapshot_row(data: Dict[str, Any]) -> str:
     )
 
 
+def cmd_sandbox_pause(args: argparse.Namespace) -> int:
+    sandbox = _client(args).get(args.id)
+    sandbox = sandbox.pause() if args.cmd == "pause" else sandbox.resume()
+    _out(args, sandbox.data, lambda: f"{sandbox.id} {sandbox.state} gen={sandbox.generation}")
+    return 0
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     hr = _client(args)
     if args.snapshot_cmd == "create":
@@ -675,6 +682,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("src")
     cp.add_argument("dst")
     cp.set_defaults(func=cmd_sandbox_cp)
+
+    pause = command(sandbox, "pause", "capture the state and release the compute")
+    pause.add_argument("id", metavar="ID")
+    pause.set_defaults(func=cmd_sandbox_pause)
+    resume = command(sandbox, "resume", "restore a paused sandbox (generation + 1)")
+    resume.add_argument("id", metavar="ID")
+    resume.set_defaults(func=cmd_sandbox_pause)
 
     image = command(sub, "image", "the team's OCI images").add_subparsers(
         dest="image_cmd", required=True, metavar="SUBCOMMAND"

@@ -393,6 +393,30 @@ class Sandbox:
         self.stop_heartbeats()
         self._client.delete(self.id)
 
+    def pause(self) -> Sandbox:
+        """Captures the filesystem state and releases the compute (state ``paused``;
+        docs/snapshots.md). Heartbeats stop: a paused sandbox needs none."""
+        self.stop_heartbeats()
+        self.data = self._client.request("POST", f"/sandboxes/{self.id}/pause").json()
+        return self
+
+    def resume(self, *, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        """Restores a paused sandbox under the same id with ``generation`` + 1 and
+        (``wait=True``) returns once it is ready. Retried while the pause is still
+        being captured (``sandbox_pausing``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.data = self._client.request("POST", f"/sandboxes/{self.id}/resume").json()
+                break
+            except HedgerowError as exc:
+                if exc.code != "sandbox_pausing" or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+        if wait:
+            self.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return self
+
     def snapshot(
         self,
         *,

@@ -122,3 +122,42 @@ def test_the_cli_creates_lists_forks_and_removes_snapshots(live, make_tenant, tm
         assert hr.get_snapshot(snap["id"]).state == "deleted"
         missing = cli("snapshot", "rm", "00000000-0000-0000-0000-000000000000")
         assert missing.returncode == 1 and "snapshot_not_found" in missing.stderr
+
+
+def test_the_sdk_and_cli_pause_and_resume(live, make_tenant):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, secret = make_tenant()
+    with Client(live.url, secret) as hr:
+        sb = hr.create_sandbox()
+        sb.write_file("/workspace/p.txt", b"before the pause\n")
+        assert sb.pause().state == "paused"
+        with pytest.raises(hedgerow.SandboxNotReady):
+            sb.exec("true")
+        assert sb.resume().state == "ready"  # retried while the pause is being captured
+        assert sb.generation == 2
+        assert sb.read_file("/workspace/p.txt") == b"before the pause\n"
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEDGEROW_")}
+        env.update(
+            {
+                "HEDGEROW_URL": live.url,
+                "HEDGEROW_API_KEY": secret,
+                "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            }
+        )
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "hedgerow.cli", *args],
+                env=env, input="", capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+
+        paused = cli("sandbox", "pause", sb.id)
+        assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
+        resumed = cli("sandbox", "resume", sb.id)
+        assert resumed.returncode == 0 and "ready gen=3" in resumed.stdout, resumed.stderr
+        assert sb.refresh().read_file("/workspace/p.txt") == b"before the pause\n"
