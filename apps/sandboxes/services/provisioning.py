@@ -118,8 +118,8 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
 
             diff = snapshot_verify_child(sandbox=sandbox, endpoint=endpoint)
             if diff:
-                names = ", ".join(d["probe"] for d in diff)
-                raise StateDivergence(f"probes differ from the snapshot's: {names}", diff=diff)
+                names = ", ".join(str(d.get("probe") or d.get("service")) for d in diff)
+                raise StateDivergence(f"not the snapshot's state: {names}", diff=diff)
     except Exception as exc:  # noqa: BLE001 - any failure must end in `failed`, not stuck
         log.warning("provision of %s failed: %s", sandbox.external_id, exc)
         _destroy_quietly(sandbox)

@@ -397,14 +397,46 @@ def snapshot_fork(
     return children, True
 
 
+def _services(manifest: dict[str, Any]) -> list[str | list[str]]:
+    services = manifest.get("services") if isinstance(manifest, dict) else None
+    if not isinstance(services, list):
+        return []
+    return [s for s in services if isinstance(s, str | list)]
+
+
+def restart_services(client: AgentClient, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Runs the manifest's ``services`` commands (what restarts a database server or a
+    daemon after a restore: processes are not in a snapshot), in order. Returns one
+    ``{"service", "expected", "actual"}`` per command that did not exit 0."""
+    failed: list[dict[str, Any]] = []
+    for command in _services(manifest):
+        body = {"operation_id": f"service-{uuid.uuid4().hex}", "command": command, "timeout": 120}
+        answer = client.exec(body, timeout=135)
+        code = (answer.get("termination") or {}).get("exit_code")
+        if code != 0:
+            stderr = str((answer.get("stderr") or {}).get("head", ""))[:2000]
+            failed.append(
+                {
+                    "service": command,
+                    "expected": {"exit_code": 0},
+                    "actual": {"exit_code": code, "stderr": stderr},
+                }
+            )
+    return failed
+
+
 def snapshot_verify_child(*, sandbox: Sandbox, endpoint: Endpoint) -> list[dict[str, Any]]:
-    """Runs the snapshot's probes in a restored sandbox (its agent just answered) and
-    returns the non-volatile ones that differ from the capture (empty: same state)."""
+    """In a restored sandbox (its agent just answered): restarts the manifest's
+    services, then runs the snapshot's probes; returns what differs from the capture —
+    services that failed, non-volatile probes that answer otherwise (empty: same state)."""
     assert sandbox.snapshot_id is not None
     snapshot = Snapshot.objects.get(pk=sandbox.snapshot_id)
     client = AgentClient(
         endpoint.host, endpoint.port, agent_token(sandbox.id.hex, sandbox.generation)
     )
+    failed = restart_services(client, snapshot.manifest)
+    if failed:
+        return failed
     actual = run_probes(client, snapshot.probes)
     return probe_diff(snapshot.probes, snapshot.fingerprint.get("probes", {}), actual)
 

@@ -357,3 +357,30 @@ def test_a_paused_sandbox_can_be_deleted_and_its_state_goes_with_it(live, make_t
         time.sleep(0.1)
     pause.refresh_from_db()
     assert pause.state == "deleted"
+
+
+def test_services_restart_in_each_child_and_one_that_fails_is_a_divergence(live, make_tenant):
+    _, secret = make_tenant()
+    http = api_client(live, secret)
+    parent = ready_sandbox(http)
+    started = _snapshot(
+        http,
+        parent,
+        manifest={"services": ["echo up > /tmp/service.pid"]},
+        probes=[{"name": "ws", "command": "ls /workspace"}],
+    )
+    broken = _snapshot(http, parent, manifest={"services": ["echo no db >&2; exit 3"]})
+    made = http.post("/sandboxes", json={"from_snapshot": started["id"]})
+    (ok,) = _children_settled(http, [made.json()["id"]])
+    assert ok["state"] == "ready", ok
+    assert _exec(http, ok["id"], "cat /tmp/service.pid")["stdout"] == "up\n"
+    made = http.post("/sandboxes", json={"from_snapshot": broken["id"]})
+    (failed,) = _children_settled(http, [made.json()["id"]])
+    assert failed["state"] == "failed"
+    assert failed["divergence"] == [
+        {
+            "service": "echo no db >&2; exit 3",
+            "expected": {"exit_code": 0},
+            "actual": {"exit_code": 3, "stderr": "no db\n"},
+        }
+    ]
