@@ -336,7 +336,9 @@ class Snapshot(models.Model):
     # {"tree": "sha256:…", "files": n, "probes": {name: {"exit_code", "stdout"}}}
     fingerprint = models.JSONField(default=dict, blank=True)
     size_bytes = models.BigIntegerField(default=0)
-    capture_s = models.FloatField(null=True, blank=True)
+    capture_s = models.FloatField(null=True, blank=True)  # how long it was frozen
+    # the capture's whole cost (quiesce, probes, snapshot, tree hash): C_s of branch advice
+    capture_wall_s = models.FloatField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)  # {"code", "message"} when failed
     ttl_seconds = models.PositiveIntegerField()
     expires_at = models.DateTimeField()

@@ -430,6 +430,7 @@ class SnapshotSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "fingerprint",
             "size_bytes",
             "capture_s",
+            "capture_wall_s",
             "error",
             "ttl_seconds",
             "expires_at",

@@ -251,9 +251,11 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
     try:
         if sandbox.state != expected or sandbox.generation != snapshot.generation:
             raise SnapshotFailed(f"sandbox is {sandbox.state}", code="sandbox_not_running")
+        started = time.monotonic()
         _wait_quiet(sandbox)
         probes = run_probes(_agent(sandbox), snapshot.probes)
         info = backend.snapshot(sandbox.id.hex, snapshot.id.hex)
+        wall = time.monotonic() - started
     except SnapshotFailed as exc:
         _fail(snapshot, exc.code, str(exc))
     except (AgentError, AgentUnreachable) as exc:
@@ -266,6 +268,7 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
             fingerprint={"tree": info.fingerprint, "files": info.files, "probes": probes},
             size_bytes=info.size_bytes,
             capture_s=info.capture_s,
+            capture_wall_s=wall,
             captured_at=timezone.now(),
         )
         if not moved:  # deleted meanwhile: its backend copy must not outlive the row

@@ -384,3 +384,46 @@ def test_services_restart_in_each_child_and_one_that_fails_is_a_divergence(live,
             "actual": {"exit_code": 3, "stderr": "no db\n"},
         }
     ]
+
+
+def test_branch_advice_weighs_measured_capture_and_restores_against_the_prefix(live, make_tenant):
+    from apps.trajectories.models import Episode, EpisodeSandbox, Step
+
+    tenant, secret = make_tenant()
+    http = api_client(live, secret)
+    sandbox = ready_sandbox(http)
+    row = Sandbox.objects.get(external_id=sandbox)
+    episode = Episode.objects.create(tenant=tenant, task_id="t1")
+    EpisodeSandbox.objects.create(episode=episode, sandbox=row, sandbox_ref=sandbox, generation=1)
+    for index, seconds in enumerate([30.0, 45.0, None, 25.0]):
+        Step.objects.create(episode=episode, index=index, duration_s=seconds)
+    path = f"/episodes/{episode.episode_id}/branch-advice"
+
+    unknown = http.get(path, params={"k": 4}).json()
+    assert unknown["advice"] == "unknown" and unknown["c_p"] == 100.0
+    assert unknown["replay_cost"] == 400.0 and unknown["basis"]["steps_without_duration"] == 1
+
+    snap = _snapshot(http, sandbox)
+    forked = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 2})
+    _children_settled(http, [c["id"] for c in forked.json()["sandboxes"]])
+    advice = http.get(path, params={"k": 4}).json()
+    snap_row = Snapshot.objects.get(pk=snap["id"])
+    children = Sandbox.objects.filter(snapshot=snap_row)
+    restores = sorted((c.ready_at - c.provisioning_started_at).total_seconds() for c in children)
+    assert advice["c_s"] == pytest.approx(snap_row.capture_wall_s)
+    assert advice["c_r"] == pytest.approx(sum(restores) / 2)
+    assert advice["basis"] == {
+        "steps": 4,
+        "steps_without_duration": 1,
+        "captures": 1,
+        "restores": 2,
+        "c_r_from": "restores",
+    }
+    assert advice["snapshot_cost"] == pytest.approx(advice["c_s"] + 4 * advice["c_r"])
+    assert advice["advice"] == "branch"  # seconds of capture and restore against 400 s
+    cheap = http.get(path, params={"k": 4, "step": 0}).json()
+    assert cheap["c_p"] == 30.0
+    tiny = http.get(path, params={"k": 1, "step": -1}).json()  # an empty prefix
+    assert (tiny["c_p"], tiny["advice"]) == (0.0, "replay")
+    _, other = make_tenant()
+    assert api_client(live, other).get(path).status_code == 404

@@ -31,6 +31,11 @@ urlpatterns = [
         name="episode-relabel",
     ),
     path(
+        "episodes/<str:episode_id>/branch-advice",
+        views.EpisodeBranchAdviceView.as_view(),
+        name="episode-branch-advice",
+    ),
+    path(
         "episodes/<str:episode_id>/timeline",
         views.EpisodeTimelineView.as_view(),
         name="episode-timeline",

@@ -274,3 +274,27 @@ class EpisodeTimelineView(APIView):
         episode = _episode(request, episode_id)
         items = selectors.episode_timeline(episode=episode)
         return Response({"results": [TimelineItemSerializer(item).data for item in items]})
+
+
+class EpisodeBranchAdviceView(APIView):
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        parameters=[
+            OpenApiParameter("k", int, description="continuations wanted (default 8)"),
+            OpenApiParameter("step", int, description="branch after this step (default: last)"),
+        ],
+        description="Snapshot-and-fork (C_s + K·C_r) against replaying the prefix (K·C_p), "
+        "from this episode's recorded step durations and the measured captures and "
+        "restores of its sandboxes (docs/snapshots.md).",
+    )
+    def get(self, request: Request, episode_id: str) -> Response:
+        from apps.trajectories.services.branching import episode_branch_advice
+
+        episode = _episode(request, episode_id)
+        try:
+            k = int(request.query_params.get("k", 8))
+            raw_step = request.query_params.get("step")
+            step = int(raw_step) if raw_step else None
+        except ValueError:
+            raise ApiError("k and step must be integers", field="k") from None
+        return Response(episode_branch_advice(episode=episode, k=k, step=step))
