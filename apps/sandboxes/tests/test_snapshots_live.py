@@ -409,7 +409,12 @@ def test_branch_advice_weighs_measured_capture_and_restores_against_the_prefix(l
     advice = http.get(path, params={"k": 4}).json()
     snap_row = Snapshot.objects.get(pk=snap["id"])
     children = Sandbox.objects.filter(snapshot=snap_row)
-    restores = sorted((c.ready_at - c.provisioning_started_at).total_seconds() for c in children)
+    restores = [
+        (c.ready_at - c.provisioning_started_at).total_seconds()
+        for c in children
+        if c.ready_at is not None and c.provisioning_started_at is not None
+    ]
+    assert len(restores) == 2
     assert advice["c_s"] == pytest.approx(snap_row.capture_wall_s)
     assert advice["c_r"] == pytest.approx(sum(restores) / 2)
     assert advice["basis"] == {
