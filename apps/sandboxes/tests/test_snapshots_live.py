@@ -310,6 +310,8 @@ def test_pause_releases_compute_and_resume_keeps_every_file_under_a_new_generati
     pause.refresh_from_db()
     assert pause.state == "ready"
     assert http.post(f"/sandboxes/{sandbox}/pause").status_code == 409  # not ready
+    waited = http.get(f"/sandboxes/{sandbox}/wait", params={"timeout": 30})
+    assert waited.status_code == 409 and waited.json()["error"]["code"] == "sandbox_paused"
 
     resumed = http.post(f"/sandboxes/{sandbox}/resume")
     assert resumed.status_code == 202, resumed.text
