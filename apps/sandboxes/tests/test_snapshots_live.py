@@ -434,3 +434,56 @@ def test_branch_advice_weighs_measured_capture_and_restores_against_the_prefix(l
     assert (tiny["c_p"], tiny["advice"]) == (0.0, "replay")
     _, other = make_tenant()
     assert api_client(live, other).get(path).status_code == 404
+
+
+def test_an_episode_branches_from_another_at_a_step_through_a_snapshot(live, make_tenant):
+    tenant, secret = make_tenant()
+    http = api_client(live, secret)
+    sandbox = ready_sandbox(http)
+    root = http.post("/episodes", json={"task_id": "t", "sandbox_ids": [sandbox]})
+    assert root.status_code == 201, root.text
+    root_id = root.json()["id"]
+    steps = [{"request": {"command": f"step {i}"}, "duration_s": 1.0} for i in range(3)]
+    assert http.post(f"/episodes/{root_id}/steps", json={"steps": steps}).status_code in (
+        200,
+        201,
+    )
+    snap = _snapshot(http, sandbox)
+    forked = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 2})
+    children = _children_settled(http, [c["id"] for c in forked.json()["sandboxes"]])
+    made = []
+    for child in children:
+        branch = http.post(
+            "/episodes",
+            json={
+                "task_id": "t",
+                "sandbox_ids": [child["id"]],
+                "parent_episode_id": root_id,
+                "branch_step": 2,
+            },
+        )
+        assert branch.status_code == 201, branch.text
+        body = branch.json()
+        # the snapshot is taken from the restored sandbox when the client names none
+        assert (body["parent"], body["branch_step"], body["branch_snapshot"]) == (
+            root_id,
+            2,
+            snap["id"],
+        )
+        made.append(body["id"])
+    tree = http.get(f"/episodes/{root_id}/branches").json()["results"]
+    assert sorted(e["id"] for e in tree) == sorted(made)
+    assert http.get(f"/episodes/{root_id}").json()["parent"] is None
+
+    no_step = http.post(
+        "/episodes", json={"task_id": "t", "parent_episode_id": root_id, "branch_step": 9}
+    )
+    assert no_step.status_code == 400 and no_step.json()["error"]["field"] == "branch_step"
+    orphan = http.post("/episodes", json={"task_id": "t", "branch_step": 1})
+    assert orphan.status_code == 400
+    _, other = make_tenant()
+    foreign = api_client(live, other).post(
+        "/episodes", json={"task_id": "t", "parent_episode_id": root_id}
+    )
+    assert foreign.status_code == 404
+    assert api_client(live, other).get(f"/episodes/{root_id}/branches").status_code == 404

@@ -31,6 +31,11 @@ urlpatterns = [
         name="episode-relabel",
     ),
     path(
+        "episodes/<str:episode_id>/branches",
+        views.EpisodeBranchesView.as_view(),
+        name="episode-branches",
+    ),
+    path(
         "episodes/<str:episode_id>/branch-advice",
         views.EpisodeBranchAdviceView.as_view(),
         name="episode-branch-advice",

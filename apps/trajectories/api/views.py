@@ -82,6 +82,7 @@ class EpisodeListCreateView(APIView):
             sandbox_ids=data.get("sandbox_ids") or [],
             episode_id=data.get("episode_id"),
             started_at=data.get("started_at"),
+            branch=serializer.branch(),
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(EpisodeSerializer(episode).data, status=code)
@@ -298,3 +299,12 @@ class EpisodeBranchAdviceView(APIView):
         except ValueError:
             raise ApiError("k and step must be integers", field="k") from None
         return Response(episode_branch_advice(episode=episode, k=k, step=step))
+
+
+class EpisodeBranchesView(APIView):
+    @extend_schema(responses={200: EpisodeSerializer(many=True), **ERROR_RESPONSES})
+    def get(self, request: Request, episode_id: str) -> Response:
+        """The episodes that branch from this one (oldest first): the tree's next level."""
+        episode = _episode(request, episode_id)
+        branches = episode.branches.order_by("started_at", "id").select_related("parent")
+        return Response({"results": EpisodeSerializer(branches, many=True).data})
