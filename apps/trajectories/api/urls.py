@@ -36,6 +36,11 @@ urlpatterns = [
         name="episode-branches",
     ),
     path(
+        "episodes/<str:episode_id>/counterfactual",
+        views.EpisodeCounterfactualView.as_view(),
+        name="episode-counterfactual",
+    ),
+    path(
         "episodes/<str:episode_id>/branch-advice",
         views.EpisodeBranchAdviceView.as_view(),
         name="episode-branch-advice",

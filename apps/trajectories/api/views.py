@@ -308,3 +308,35 @@ class EpisodeBranchesView(APIView):
         episode = _episode(request, episode_id)
         branches = episode.branches.order_by("started_at", "id").select_related("parent")
         return Response({"results": EpisodeSerializer(branches, many=True).data})
+
+
+class EpisodeCounterfactualView(APIView):
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        parameters=[
+            OpenApiParameter("step", int, required=True, description="the branch step t"),
+            OpenApiParameter("label", str, description="the label naming the arm (arm)"),
+            OpenApiParameter("plus", str, description="its value on τ⁺ branches (with)"),
+            OpenApiParameter("minus", str, description="its value on τ⁻ branches (without)"),
+        ],
+        description="Δ_t = mean R(τ⁺) − mean R(τ⁻) over this episode's closed branches at "
+        "step t, with Welch's 95 % interval; infrastructure failures are left out by class.",
+    )
+    def get(self, request: Request, episode_id: str) -> Response:
+        from apps.trajectories.services.branching import episode_counterfactual
+
+        episode = _episode(request, episode_id)
+        params = request.query_params
+        try:
+            step = int(params["step"])
+        except (KeyError, ValueError):
+            raise ApiError("step (an integer) is required", field="step") from None
+        return Response(
+            episode_counterfactual(
+                episode=episode,
+                step=step,
+                label=params.get("label", "arm"),
+                plus=params.get("plus", "with"),
+                minus=params.get("minus", "without"),
+            )
+        )
