@@ -340,7 +340,7 @@ def _reconcile_snapshots(
         details.append({"snapshot_id": str(snapshot_id), "action": "snapshot_leak_reclaimed"})
     stuck = Snapshot.objects.filter(
         state=SnapshotState.CAPTURING, created_at__lt=_provision_deadline(listed_at)
-    )
+    ).select_related("sandbox")
     for snapshot in stuck:
         moved = Snapshot.objects.filter(pk=snapshot.pk, state=SnapshotState.CAPTURING).update(
             state=SnapshotState.FAILED,
@@ -349,6 +349,17 @@ def _reconcile_snapshots(
         if moved:
             with contextlib.suppress(BackendError):
                 backend.delete_snapshot(snapshot.id.hex)
+            if snapshot.kind == "pause":
+                # its compute was never released: the sandbox runs on, as after any
+                # pause whose capture failed
+                sandbox_transition(
+                    sandbox=snapshot.sandbox,
+                    from_states=(State.PAUSED,),
+                    to_state=State.READY,
+                    reason="pause_failed",
+                    actor=ACTOR,
+                    message="the pause's capture was lost",
+                )
             actions["snapshot_capture_lost"] += 1
             details.append({"snapshot_id": str(snapshot.id), "action": "snapshot_capture_lost"})
 

@@ -123,3 +123,33 @@ def test_the_audit_balances_snapshots_and_names_the_leaked_ones(make_tenant: Any
     after = audit_compute(period_start=start, period_end=timezone.now() + timedelta(minutes=1))
     assert after.snapshots.terms["leaked"] == 0 and after.snapshots.terms["deleted"] == 2
     assert after.snapshots.orphaned == []
+
+
+def test_a_lost_pause_capture_puts_the_sandbox_back_to_ready(make_tenant: Any) -> None:
+    from apps.sandboxes.models import SandboxEvent, State
+    from apps.sandboxes.services.lifecycle import sandbox_transition
+
+    sandbox = _running_sandbox(make_tenant)
+    for to_state, reason in (
+        (State.PROVISIONING, "scheduled"),
+        (State.READY, "agent_healthy"),
+        (State.PAUSED, "paused"),
+    ):
+        assert sandbox_transition(
+            sandbox=sandbox,
+            from_states=(sandbox.state,),
+            to_state=to_state,
+            reason=reason,
+            bump_generation=to_state == State.PROVISIONING,
+        )
+    pause = _snapshot_row(sandbox, SnapshotState.CAPTURING, kind="pause")
+    Snapshot.objects.filter(pk=pause.pk).update(created_at=timezone.now() - timedelta(hours=2))
+
+    run = sandbox_reconcile()
+
+    assert run.actions.get("snapshot_capture_lost") == 1
+    sandbox.refresh_from_db()
+    assert sandbox.state == State.READY
+    assert SandboxEvent.objects.filter(
+        sandbox=sandbox, to_state=State.READY, reason="pause_failed"
+    ).exists()
