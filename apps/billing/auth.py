@@ -103,6 +103,18 @@ def principal_refresh(secret: str) -> Principal | None:
         return None
 
 
+def principal_for_key_id(key_id: str) -> Principal:
+    """The principal of the key with this id, with every check a secret gets (revoked,
+    expired, team disabled). For a signed token that names a key rather than carrying
+    its secret (the E2B envd access token, apps/e2b/tokens.py)."""
+    if not _is_uuid(key_id):
+        raise AuthFailed("invalid API key")
+    digest = ApiKey.objects.filter(pk=key_id).values_list("secret_hash", flat=True).first()
+    if digest is None:
+        raise AuthFailed("invalid API key")
+    return _principal_for_digest(digest)
+
+
 def _principal_for_digest(digest: str) -> Principal:
     try:
         key = ApiKey.objects.select_related("tenant").get(secret_hash=digest)
