@@ -8,19 +8,23 @@ work is Hedgerow's exec and file services.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import IO, Any, cast
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.multipartparser import MultiPartParser
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.billing.principal import Principal
-from apps.e2b import connect, process
+from apps.e2b import connect, filesystem, process
 from apps.e2b.connect import ConnectError
 from apps.e2b.tokens import envd_principal
 from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.services import files
 from controlplane.errors import ApiError
 
 Handler = Callable[..., Any]
@@ -126,3 +130,139 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
         raise ConnectError("unimplemented", f"process.Process/{method} is not supported yet")
     except ApiError as exc:
         return _stream_error(exc) if streaming else connect.unary_error(exc)
+
+
+def _http_error(exc: ApiError) -> JsonResponse:
+    """envd's HTTP API error shape: ``{"code": <status>, "message"}``."""
+    status = exc.status_code
+    if isinstance(exc, ConnectError):
+        status = {"not_found": 404, "invalid_argument": 400}.get(exc.connect_code, status)
+    return JsonResponse({"code": status, "message": exc.message}, status=status)
+
+
+def _body_chunks(request: HttpRequest) -> Iterator[bytes]:
+    while chunk := request.read(files.CHUNK):
+        yield chunk
+
+
+@csrf_exempt
+def files_http(request: HttpRequest) -> HttpResponseBase:
+    """``GET /files?path=`` streams a file; ``POST /files`` writes one or more, as a
+    multipart body (one ``file`` part per file, its filename the path) or, for one
+    file, a raw ``application/octet-stream`` body with ``?path=``."""
+    try:
+        if request.method == "GET":
+            _, sandbox = envd_sandbox(request, "read")
+            path = filesystem.path_of(request.GET.get("path"))
+            download = files.file_open(sandbox=sandbox, path=path)
+            response = StreamingHttpResponse(
+                download.chunks(), content_type="application/octet-stream"
+            )
+            response["Content-Length"] = str(download.size)
+            response._resource_closers.append(download.close)  # type: ignore[attr-defined]
+            return response
+        if request.method != "POST":
+            raise ApiError(f"{request.method} is not allowed here", status_code=405)
+        _, sandbox = envd_sandbox(request, "write")
+        limit = int(settings.HEDGEROW_MAX_UPLOAD_BYTES)
+        written: list[dict[str, Any]] = []
+        content_type = request.content_type or ""
+        if content_type == "application/octet-stream":
+            if request.headers.get("Content-Encoding"):
+                raise ApiError("compressed uploads are not supported", status_code=400)
+            path = filesystem.path_of(request.GET.get("path"))
+            length = request.headers.get("Content-Length", "")
+            files.file_write(
+                sandbox=sandbox,
+                path=path,
+                chunks=_body_chunks(request),
+                size=int(length) if length.isdigit() else None,
+                max_bytes=limit,
+            )
+            written.append(_written(path))
+        elif content_type == "multipart/form-data":
+            parser = _PathKeepingParser(
+                request.META, cast(IO[bytes], request), request.upload_handlers, request.encoding
+            )
+            _, uploaded = parser.parse()
+            parts = uploaded.getlist("file")
+            if not parts or set(uploaded) != {"file"} or len(parser.names) != len(parts):
+                raise ApiError(
+                    "the multipart body must hold 'file' parts, each named by its path",
+                    status_code=400,
+                )
+            only = request.GET.get("path") if len(parts) == 1 else None
+            for part, name in zip(parts, parser.names, strict=True):
+                path = filesystem.path_of(only or name)
+                files.file_write(
+                    sandbox=sandbox,
+                    path=path,
+                    chunks=part.chunks(files.CHUNK),
+                    size=part.size,
+                    max_bytes=limit,
+                )
+                written.append(_written(path))
+        else:
+            raise ApiError(
+                "the body must be multipart/form-data or application/octet-stream",
+                status_code=400,
+            )
+        return JsonResponse(written, safe=False)
+    except ApiError as exc:
+        return _http_error(exc)
+
+
+class _PathKeepingParser(MultiPartParser):
+    """Django's parser, keeping each part's whole filename in ``names`` (in order): the
+    SDK puts the file's destination path there, and Django cuts a file's ``name`` to
+    its last component."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.names: list[str] = []
+
+    def sanitize_file_name(self, file_name: str) -> str | None:
+        self.names.append(file_name)
+        return file_name or None
+
+
+def _written(path: str) -> dict[str, Any]:
+    return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+
+@csrf_exempt
+def filesystem_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
+    """``/filesystem.Filesystem/<method>``: the unary calls (watching is not served)."""
+    try:
+        if request.method != "POST":
+            raise ConnectError("unimplemented", f"{request.method} is not a Connect call")
+        if method in ("Stat", "ListDir"):
+            _, sandbox = envd_sandbox(request, "read")
+            data = connect.read_unary(request)
+            if method == "Stat":
+                return JsonResponse(filesystem.stat(sandbox=sandbox, path=data.get("path")))
+            return JsonResponse(
+                filesystem.list_dir(sandbox=sandbox, path=data.get("path"), depth=data.get("depth"))
+            )
+        if method in ("MakeDir", "Move", "Remove"):
+            principal, sandbox = envd_sandbox(request, "write")
+            data = connect.read_unary(request)
+            if method == "MakeDir":
+                result = filesystem.make_dir(
+                    principal=principal, sandbox=sandbox, path=data.get("path")
+                )
+            elif method == "Move":
+                result = filesystem.move(
+                    principal=principal,
+                    sandbox=sandbox,
+                    source=data.get("source"),
+                    destination=data.get("destination"),
+                )
+            else:
+                result = filesystem.remove(
+                    principal=principal, sandbox=sandbox, path=data.get("path")
+                )
+            return JsonResponse(result)
+        raise ConnectError("unimplemented", f"filesystem.Filesystem/{method} is not supported yet")
+    except ApiError as exc:
+        return connect.unary_error(exc)

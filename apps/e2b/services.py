@@ -30,9 +30,9 @@ from apps.sandboxes.services.waiting import sandbox_wait_settled
 from controlplane.errors import ApiError, NotFound, ValidationFailed
 
 # What the answers say envd is: the SDK turns features on by this version (stdin,
-# close_stdin and the default user from 0.5.2 on; 0.5.7 would switch uploads to
-# octet-stream bodies, which the files slice decides on).
-ENVD_VERSION = "0.5.2"
+# close_stdin and the default user from 0.5.2 on, octet-stream uploads from 0.5.7;
+# 0.6.x would add file metadata, which is not served).
+ENVD_VERSION = "0.5.7"
 CLIENT_ID = "hedgerow"
 DEFAULT_TIMEOUT_S = 300  # E2B's default sandbox lifetime
 DEFAULT_CPU_MILLIS = 1000

@@ -6,6 +6,8 @@ from apps.e2b import envd, views
 
 urlpatterns = [
     path("health", envd.health, name="e2b-envd-health"),
+    path("files", envd.files_http, name="e2b-envd-files"),
     path("process.Process/<str:method>", envd.process_rpc, name="e2b-envd-process"),
+    path("filesystem.Filesystem/<str:method>", envd.filesystem_rpc, name="e2b-envd-fs"),
     re_path(r"^(?P<path>.*)$", views.not_found),
 ]
