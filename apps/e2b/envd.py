@@ -127,6 +127,10 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
             _, sandbox = envd_sandbox(request, "read")
             connect.read_unary(request)
             return JsonResponse({"processes": process.process_list(sandbox=sandbox)})
+        if method == "SendSignal":
+            _, sandbox = envd_sandbox(request, "write")
+            process.process_signal(sandbox=sandbox, data=connect.read_unary(request))
+            return JsonResponse({})
         raise ConnectError("unimplemented", f"process.Process/{method} is not supported yet")
     except ApiError as exc:
         return _stream_error(exc) if streaming else connect.unary_error(exc)

@@ -23,7 +23,7 @@ from apps.billing.principal import Principal
 from apps.e2b.connect import ConnectError, envelope
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
-from apps.sandboxes.services.operations import ExecRequest
+from apps.sandboxes.services.operations import ExecRequest, operation_cancel
 from apps.sandboxes.services.streaming import frames_key, operation_exec_stream, operation_recover
 from controlplane.errors import ValidationFailed
 
@@ -221,3 +221,14 @@ def process_list(*, sandbox: Sandbox) -> list[dict[str, Any]]:
             config["cwd"] = request["cwd"]
         processes.append({"config": config, "pid": by_pk[str(operation.pk)]})
     return processes
+
+
+def process_signal(*, sandbox: Sandbox, data: dict[str, Any]) -> None:
+    """SIGTERM or SIGKILL: the command is cancelled (the agent sends SIGTERM, then
+    SIGKILL after the kill grace, to its whole session); its end is recorded on the
+    operation (``cancelled``). A command that already ended is not found, as envd."""
+    if data.get("signal") not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM", 9, 15):
+        raise ConnectError("invalid_argument", "signal must be SIGKILL or SIGTERM")
+    operation = operation_for_pid(sandbox=sandbox, selector=data.get("process"))
+    if not operation_cancel(operation=operation):
+        raise ConnectError("not_found", "the process has already ended")

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from e2b import CommandExitException, Sandbox, TimeoutException
+from e2b import CommandExitException, PtySize, Sandbox, SandboxException, TimeoutException
 
 from apps.e2b.tests.live import opts, wait_all_deleted
 from apps.sandboxes.models import Operation
@@ -84,5 +84,50 @@ def test_it_times_out_a_command_with_the_sdks_timeout_error(live, make_tenant):
         time.sleep(0.1)
         op.refresh_from_db()
     assert op.termination == "timeout" and op.request["timeout"] == 1.0
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_runs_in_the_background_lists_reconnects_waits_and_kills(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    gate = "/tmp/e2b-gate"
+    handle = sbx.commands.run(
+        f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done; echo finished",
+        background=True,
+    )
+    assert handle.pid > 0
+    listed = {p.pid: p for p in sbx.commands.list()}
+    assert handle.pid in listed and gate in " ".join(listed[handle.pid].args)
+    handle.disconnect()
+
+    again = sbx.commands.connect(handle.pid)
+    sbx.commands.run(f"touch {gate}")
+    result = again.wait()
+    # a reconnect replays the command from its start (docs/e2b.md)
+    assert (result.exit_code, result.stdout) == (0, "started\nfinished\n")
+    assert handle.pid not in {p.pid for p in sbx.commands.list()}
+
+    doomed = sbx.commands.run("sleep 300", background=True)
+    assert sbx.commands.kill(doomed.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        doomed.wait()
+    assert killed.value.exit_code == -1
+    op = Operation.objects.get(sandbox__external_id=sbx.sandbox_id, request__command="sleep 300")
+    assert op.termination == "cancelled"
+    assert sbx.commands.kill(doomed.pid) is False  # already ended
+    assert sbx.commands.kill(999999) is False  # never existed
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_refuses_what_it_does_not_serve_yet_with_a_typed_error(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    with pytest.raises(SandboxException, match="stdin"):
+        sbx.commands.run("cat", stdin=True)
+    with pytest.raises(SandboxException, match="UNIMPLEMENTED: PTY"):
+        sbx.pty.create(PtySize(rows=24, cols=80))
+    assert not Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).exists()
     sbx.kill()
     wait_all_deleted(tenant)
