@@ -21,6 +21,7 @@ from django.db import close_old_connections
 
 from apps.billing.principal import Principal
 from apps.e2b.connect import ConnectError, envelope
+from apps.e2b.services import sandbox_env
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
 from apps.sandboxes.services.operations import ExecRequest, operation_cancel
@@ -38,7 +39,9 @@ def pids_key(sandbox: Sandbox) -> str:
     return f"{settings.REDIS_KEY_PREFIX}e2b:pids:{sandbox.pk.hex}:{sandbox.generation}"
 
 
-def exec_request(process: Any, *, timeout: float | None) -> ExecRequest:
+def exec_request(
+    process: Any, *, timeout: float | None, base_env: dict[str, str] | None = None
+) -> ExecRequest:
     """envd's ProcessConfig → a Hedgerow exec request. The SDK's ``commands.run``
     sends ``/bin/bash -l -c <cmd>``: that is a login-shell command, as REST's."""
     if not isinstance(process, dict):
@@ -67,7 +70,7 @@ def exec_request(process: Any, *, timeout: float | None) -> ExecRequest:
     request = ExecRequest(
         command=command,
         cwd=cwd or None,
-        env=dict(envs),
+        env={**(base_env or {}), **envs},
         timeout=timeout if timeout else UNBOUNDED_TIMEOUT_S,
         login_shell=login,
     )
@@ -85,7 +88,7 @@ def process_start(
         raise ConnectError(
             "unimplemented", "stdin for a running command is not supported yet (stdin=False)"
         )
-    request = exec_request(data.get("process"), timeout=timeout)
+    request = exec_request(data.get("process"), timeout=timeout, base_env=sandbox_env(sandbox))
     operation, _ = operation_exec_stream(
         principal=principal,
         sandbox=sandbox,

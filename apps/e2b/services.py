@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.billing.principal import Principal
+from apps.e2b.models import SandboxEnv
 from apps.e2b.tokens import envd_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.models import Sandbox, State
@@ -27,7 +28,8 @@ from apps.sandboxes.services.lifecycle import (
     validate_labels,
 )
 from apps.sandboxes.services.waiting import sandbox_wait_settled
-from controlplane.errors import ApiError, NotFound, ValidationFailed
+from controlplane import jsonsafe
+from controlplane.errors import ApiError, Conflict, NotFound, ValidationFailed
 
 # What the answers say envd is: the SDK turns features on by this version (stdin,
 # close_stdin and the default user from 0.5.2 on, octet-stream uploads from 0.5.7;
@@ -110,12 +112,6 @@ def e2b_create_request(data: dict[str, Any]) -> SandboxRequest:
         value = data.get(name)
         if value not in (None, False, [], {}):
             raise ValidationFailed(reason, field=name, code="not_supported")
-    if _strings(data, "envVars"):
-        raise ValidationFailed(
-            "envVars are not supported yet: pass envs to each command instead",
-            field="envVars",
-            code="not_supported",
-        )
     internet = data.get("allow_internet_access")
     if internet is not None and not isinstance(internet, bool):
         raise ValidationFailed(
@@ -140,13 +136,23 @@ def e2b_sandbox_create(
     envd straight after). One that does not become ready in time is deleted and the
     create fails: nothing is left half-created."""
     request = e2b_create_request(data)
+    env = _strings(data, "envVars")
+    jsonsafe.require_no_nul(env, "envVars")
     with transaction.atomic():
-        sandbox, _ = sandbox_create(
+        sandbox, created = sandbox_create(
             tenant=principal.tenant,
             request=request,
             idempotency_key=_idempotency_key(idempotency_key),
             actor=principal.actor,
         )
+        if created and env:
+            SandboxEnv.objects.create(sandbox=sandbox, env=env)
+        elif not created and sandbox_env(sandbox) != env:
+            raise Conflict(
+                "this idempotency key was used for a different sandbox request",
+                field="idempotency_key",
+                code="idempotency_mismatch",
+            )
     sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=settings.HEDGEROW_READY_TIMEOUT_S)
     if sandbox.state != State.READY:
         state, message = sandbox.state, sandbox.status_message
@@ -160,6 +166,12 @@ def e2b_sandbox_create(
             else 500,
         )
     return sandbox
+
+
+def sandbox_env(sandbox: Sandbox) -> dict[str, str]:
+    """The sandbox's envVars ({} when none were given)."""
+    row = SandboxEnv.objects.filter(sandbox=sandbox).first()
+    return dict(row.env) if row is not None else {}
 
 
 def e2b_sandbox_get(*, principal: Principal, sandbox_id: str) -> Sandbox:

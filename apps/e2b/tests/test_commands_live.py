@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_it_runs_a_command_with_its_result_fields_and_records_the_operation(live, make_tenant):
     tenant, secret = make_tenant()
-    sbx = Sandbox.create(**opts(live, secret))
+    sbx = Sandbox.create(envs={"FROM_SANDBOX": "yes", "GREETING": "hi"}, **opts(live, secret))
     result = sbx.commands.run("echo hi; echo oops >&2")
     assert (result.stdout, result.stderr, result.exit_code, result.error) == (
         "hi\n",
@@ -29,8 +29,11 @@ def test_it_runs_a_command_with_its_result_fields_and_records_the_operation(live
     assert op.exit_code == 0 and op.request["command"] == "echo hi; echo oops >&2"
     assert op.request["login_shell"] is True
 
-    env = sbx.commands.run("echo $GREETING from $(pwd)", envs={"GREETING": "hello"}, cwd="/tmp")
-    assert env.stdout == "hello from /tmp\n"
+    # the sandbox's envVars reach every command; a command's own envs win
+    env = sbx.commands.run(
+        "echo $GREETING $FROM_SANDBOX from $(pwd)", envs={"GREETING": "hello"}, cwd="/tmp"
+    )
+    assert env.stdout == "hello yes from /tmp\n"
 
     with pytest.raises(CommandExitException) as failed:
         sbx.commands.run("echo partial; exit 7")

@@ -107,7 +107,7 @@ def test_it_refuses_bad_input_and_keys_with_typed_errors_and_creates_nothing(liv
         Sandbox.create(timeout=10**9, **o)
     assert too_long.value.status_code == 400 and "timeout" in str(too_long.value)
     with pytest.raises(SandboxException) as env:
-        Sandbox.create(envs={"A": "1"}, **o)
+        Sandbox.create(envs={"A": "nul\x00"}, **o)
     assert env.value.status_code == 400 and "envVars" in str(env.value)
     with pytest.raises(SandboxException) as bad_label:
         Sandbox.create(metadata={"bad key!": "v"}, **o)
@@ -126,4 +126,18 @@ def test_it_refuses_bad_input_and_keys_with_typed_errors_and_creates_nothing(liv
     assert paused.value.status_code == 501 and "snapshots" in str(paused.value)
     assert Row.objects.get(external_id=sbx.sandbox_id).state == State.READY
     sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_answers_a_retried_create_with_the_same_sandbox(live, make_tenant):
+    tenant, secret = make_tenant()
+    o = opts(live, secret)
+    first = Sandbox.create(idempotency_key="rollout-7", envs={"A": "1"}, **o)
+    again = Sandbox.create(idempotency_key="rollout-7", envs={"A": "1"}, **o)
+    assert again.sandbox_id == first.sandbox_id
+    assert Row.objects.filter(tenant=tenant).count() == 1
+    with pytest.raises(SandboxException) as changed:
+        Sandbox.create(idempotency_key="rollout-7", envs={"A": "2"}, **o)
+    assert changed.value.status_code == 409
+    first.kill()
     wait_all_deleted(tenant)
