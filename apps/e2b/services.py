@@ -153,7 +153,7 @@ def e2b_sandbox_create(
                 field="idempotency_key",
                 code="idempotency_mismatch",
             )
-    sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=settings.HEDGEROW_READY_TIMEOUT_S)
+    sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=settings.HEDGEROW_E2B_CREATE_WAIT_S)
     if sandbox.state != State.READY:
         state, message = sandbox.state, sandbox.status_message
         with transaction.atomic():
