@@ -51,6 +51,8 @@ def test_it_refuses_a_token_for_another_sandbox_and_forged_tokens(live, make_ten
     stranger_tenant, stranger = make_tenant()
     mine = Sandbox.create(**opts(live, secret))
     theirs = Sandbox.create(**opts(live, stranger))
+    token = mine._envd_access_token
+    assert token is not None
     envd = httpx.Client(base_url=live.url + "/e2b/envd", timeout=30, trust_env=False)
     body = {"path": "/workspace"}
     # my token, naming their sandbox: gone, as E2B's proxy answers an unknown sandbox
@@ -58,16 +60,16 @@ def test_it_refuses_a_token_for_another_sandbox_and_forged_tokens(live, make_ten
         "/filesystem.Filesystem/ListDir",
         json=body,
         headers={
-            "X-Access-Token": mine._envd_access_token,
+            "X-Access-Token": token,
             "E2b-Sandbox-Id": theirs.sandbox_id,
         },
     )
     assert response.status_code == 503 and "was not found" in response.json()["message"]
-    for token in ("", "forged", mine._envd_access_token + "x"):
+    for bad in ("", "forged", token + "x"):
         response = envd.post(
             "/filesystem.Filesystem/ListDir",
             json=body,
-            headers={"X-Access-Token": token, "E2b-Sandbox-Id": mine.sandbox_id},
+            headers={"X-Access-Token": bad, "E2b-Sandbox-Id": mine.sandbox_id},
         )
         assert response.status_code == 401, response.text
         assert response.json()["code"] == "unauthenticated"
