@@ -20,7 +20,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.billing.principal import Principal
-from apps.e2b import connect, filesystem, process
+from apps.e2b import connect, filesystem, process, pty
 from apps.e2b.connect import ConnectError
 from apps.e2b.tokens import envd_principal
 from apps.sandboxes.models import Sandbox, State
@@ -100,6 +100,12 @@ def _streaming(events: Iterator[bytes | ConnectError]) -> StreamingHttpResponse:
     return response
 
 
+def _streaming_async(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type=connect.STREAM_CONTENT_TYPE)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 def _stream_error(exc: ApiError) -> StreamingHttpResponse:
     return _streaming(iter([ConnectError(connect.code_of(exc), exc.message)]))
 
@@ -114,6 +120,12 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
         if method == "Start":
             principal, sandbox = envd_sandbox(request, "write")
             data = connect.read_stream_request(request)
+            if data.get("pty"):
+                return _streaming_async(
+                    pty.pty_events(
+                        sandbox=sandbox, init=pty.agent_init(data), limits=pty.pty_limits(sandbox)
+                    )
+                )
             operation = process.process_start(
                 principal=principal, sandbox=sandbox, data=data, timeout=connect.timeout_s(request)
             )
@@ -129,7 +141,28 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
             return JsonResponse({"processes": process.process_list(sandbox=sandbox)})
         if method == "SendSignal":
             _, sandbox = envd_sandbox(request, "write")
-            process.process_signal(sandbox=sandbox, data=connect.read_unary(request))
+            data = connect.read_unary(request)
+            channel = pty.pty_channel(sandbox=sandbox, selector=data.get("process"))
+            if channel is not None:
+                pty.pty_publish(channel=channel, message={"op": "kill"})
+            else:
+                process.process_signal(sandbox=sandbox, data=data)
+            return JsonResponse({})
+        if method in ("SendInput", "Update"):
+            _, sandbox = envd_sandbox(request, "write")
+            data = connect.read_unary(request)
+            channel = pty.pty_channel(sandbox=sandbox, selector=data.get("process"))
+            if channel is None:
+                process.operation_for_pid(sandbox=sandbox, selector=data.get("process"))
+                raise ConnectError(
+                    "unimplemented", "stdin and resizing are served for PTY processes only"
+                )
+            message = (
+                pty.pty_input(data.get("input"))
+                if method == "SendInput"
+                else pty.pty_resize(data.get("pty"))
+            )
+            pty.pty_publish(channel=channel, message=message)
             return JsonResponse({})
         raise ConnectError("unimplemented", f"process.Process/{method} is not supported yet")
     except ApiError as exc:

@@ -82,8 +82,6 @@ def process_start(
     *, principal: Principal, sandbox: Sandbox, data: dict[str, Any], timeout: float | None
 ) -> Operation:
     """Starts the command (raises the exec service's typed errors before anything runs)."""
-    if data.get("pty"):
-        raise ConnectError("unimplemented", "PTY processes are not supported yet")
     if data.get("stdin"):
         raise ConnectError(
             "unimplemented", "stdin for a running command is not supported yet (stdin=False)"

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from e2b import CommandExitException, PtySize, Sandbox, SandboxException, TimeoutException
+from e2b import CommandExitException, Sandbox, SandboxException, TimeoutException
 
 from apps.e2b.tests.live import opts, wait_all_deleted
 from apps.sandboxes.models import Operation
@@ -129,8 +129,6 @@ def test_it_refuses_what_it_does_not_serve_yet_with_a_typed_error(live, make_ten
     sbx = Sandbox.create(**opts(live, secret))
     with pytest.raises(SandboxException, match="stdin"):
         sbx.commands.run("cat", stdin=True)
-    with pytest.raises(SandboxException, match="UNIMPLEMENTED: PTY"):
-        sbx.pty.create(PtySize(rows=24, cols=80))
     assert not Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).exists()
     sbx.kill()
     wait_all_deleted(tenant)
