@@ -14,6 +14,7 @@ from typing import IO, Any, cast
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.multipartparser import MultiPartParser
 from django.http.response import HttpResponseBase
@@ -92,7 +93,17 @@ async def _each(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def _release_db() -> None:
+    """Hands the request's DB connection back before a long stream: a stream holds its
+    request thread for as long as the command or terminal runs, and hundreds of them
+    must not hold hundreds of connections (the pool would time out). Whatever reads
+    the database later checks one out again."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 def _streaming(events: Iterator[bytes | ConnectError]) -> StreamingHttpResponse:
+    _release_db()
     response = StreamingHttpResponse(
         _each(_stream(events)), content_type=connect.STREAM_CONTENT_TYPE
     )
@@ -101,6 +112,7 @@ def _streaming(events: Iterator[bytes | ConnectError]) -> StreamingHttpResponse:
 
 
 def _streaming_async(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    _release_db()
     response = StreamingHttpResponse(chunks, content_type=connect.STREAM_CONTENT_TYPE)
     response["Cache-Control"] = "no-store"
     return response
@@ -197,6 +209,7 @@ def files_http(request: HttpRequest) -> HttpResponseBase:
             )
             response["Content-Length"] = str(download.size)
             response._resource_closers.append(download.close)  # type: ignore[attr-defined]
+            _release_db()
             return response
         if request.method != "POST":
             raise ApiError(f"{request.method} is not allowed here", status_code=405)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from apps.billing.principal import Principal
 from apps.e2b.connect import ConnectError, envelope
@@ -148,6 +148,8 @@ def process_events(*, operation: Operation, sandbox: Sandbox) -> Iterator[bytes 
     next_recover = time.monotonic() + RECOVER_EVERY_S
     try:
         while True:
+            if not connection.in_atomic_block:
+                connection.close()  # not held while blocked (envd._release_db)
             entries: Any = client.xread(
                 {key: last_id}, block=int(RECOVER_EVERY_S * 1000), count=500
             )
