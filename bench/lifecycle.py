@@ -124,7 +124,9 @@ async def _call(client: Any, results: Results, method: str, url: str, **kw: Any)
     raise AssertionError("unreachable")
 
 
-async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Semaphore) -> None:
+async def one_lifecycle(
+    client: Any, k: int, results: Results, gate: asyncio.Semaphore, image: str = "host"
+) -> None:
     async with gate:
         start = time.perf_counter()
         sandbox_id = None
@@ -135,7 +137,7 @@ async def one_lifecycle(client: Any, k: int, results: Results, gate: asyncio.Sem
                 results,
                 "POST",
                 "/sandboxes",
-                json={"image": "host"},
+                json={"image": image},
                 headers={"Idempotency-Key": key},
             )
             if created.status_code not in (200, 201):
@@ -208,7 +210,13 @@ class HttpxClient:
 
 
 async def run_load(
-    url: str, secret: str, n: int, k: int, concurrency: int, use_httpx: bool = False
+    url: str,
+    secret: str,
+    n: int,
+    k: int,
+    concurrency: int,
+    use_httpx: bool = False,
+    image: str = "host",
 ) -> Results:
     results = Results()
     gate = asyncio.Semaphore(concurrency)
@@ -219,7 +227,7 @@ async def run_load(
         else Client(url + "/api/v1", headers=headers)
     )
     try:
-        await asyncio.gather(*(one_lifecycle(client, k, results, gate) for _ in range(n)))
+        await asyncio.gather(*(one_lifecycle(client, k, results, gate, image) for _ in range(n)))
     finally:
         await client.aclose()
         results.reconnects = client.reconnects
@@ -263,6 +271,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=0, help="in flight; 0 = N")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--worker-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--image",
+        default="host",
+        help="the image every create asks for: host (default), or an OCI reference "
+        "(pulled once before the clock starts, so the run measures warm creates)",
+    )
     parser.add_argument(
         "--httpx", action="store_true", help="the previous, costlier load generator (httpx)"
     )
@@ -325,7 +339,7 @@ def main() -> int:
     env = {"HEDGEROW_MAX_LIVE_SANDBOXES": "0", "HEDGEROW_LOCAL_SUBNET": args.subnet}
     if args.warm_pool:
         # The shape every create of this run asks for ({"image": "host"}: the defaults).
-        env["HEDGEROW_WARM_POOL"] = f"{POOL_SHAPE}={args.warm_pool}"
+        env["HEDGEROW_WARM_POOL"] = f"{pool_shape(args.image)}={args.warm_pool}"
         env["HEDGEROW_WARM_POOL_MAX_WARMING"] = str(args.warm_pool_warming)
         if args.refill_quiet is not None:
             env["HEDGEROW_WARM_POOL_REFILL_QUIET_S"] = str(args.refill_quiet)
@@ -339,6 +353,8 @@ def main() -> int:
             db_name=os.environ["HEDGEROW_DB_NAME"],
             zygote=_zygote_pid,
         )
+        if args.image != "host":
+            warm_image(args.image)
         prewarm = prewarm_pool(args.warm_pool, scope, args.cpu_sampler) if args.warm_pool else None
         sampler = MemorySampler([stack.web.popen.pid, stack.worker.popen.pid])
         sampler.start()
@@ -351,7 +367,15 @@ def main() -> int:
         started = time.perf_counter()
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             results = runner.run(
-                run_load(stack.url, secret, args.n, args.k, args.concurrency or args.n, args.httpx)
+                run_load(
+                    stack.url,
+                    secret,
+                    args.n,
+                    args.k,
+                    args.concurrency or args.n,
+                    args.httpx,
+                    args.image,
+                )
             )
         wall = time.perf_counter() - started
         all_deleted = settle()
@@ -372,6 +396,23 @@ def main() -> int:
 
 
 POOL_SHAPE = "host:1000m:1024Mi:none"
+
+
+def warm_image(reference: str) -> None:
+    """Pulls the run's image into the machine-wide store before the clock starts (a
+    cold pull is bench/images.py's measurement, not this one's)."""
+    from apps.sandboxes.backends import get_backend
+
+    started = time.perf_counter()
+    info = get_backend().pull_image(reference)
+    print(f"image {reference}: {info.digest} pulled in {time.perf_counter() - started:.1f}s")
+
+
+def pool_shape(image: str) -> str:
+    """The warm pool shape of the run's creates ({"image": image}: the defaults)."""
+    return POOL_SHAPE.replace("host", image, 1)
+
+
 SUBNET_POOL = ipaddress.IPv4Network("10.214.0.0/16")
 
 

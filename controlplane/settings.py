@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "apps.billing",
     "apps.sandboxes",
     "apps.trajectories",
+    "apps.images",
     "apps.orchard",
     "apps.e2b",
     "frontend",
@@ -254,6 +255,8 @@ HEDGEROW_INSECURE_REGISTRIES = [
 ]
 HEDGEROW_IMAGE_MIN_FREE_MIB = env_int("HEDGEROW_IMAGE_MIN_FREE_MIB", 2048)
 HEDGEROW_IMAGE_CACHE_MIB = env_int("HEDGEROW_IMAGE_CACHE_MIB", 50 * 1024)
+# How often the beat collects the image cache down to HEDGEROW_IMAGE_CACHE_MIB.
+HEDGEROW_IMAGE_COLLECT_INTERVAL_S = env_float("HEDGEROW_IMAGE_COLLECT_INTERVAL_S", 600.0)
 HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
 HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
 HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)
@@ -342,9 +345,19 @@ CELERY_BEAT_SCHEDULE["audit-leaks"] = {
     "task": "apps.sandboxes.tasks.audit_leaks",
     "schedule": HEDGEROW_AUDIT_INTERVAL_S,
 }
+# Episodes closed within the loss-detection grace are re-attributed this often.
+HEDGEROW_REATTRIBUTE_INTERVAL_S = env_float("HEDGEROW_REATTRIBUTE_INTERVAL_S", 20.0)
+CELERY_BEAT_SCHEDULE["reattribute-episodes"] = {
+    "task": "apps.trajectories.tasks.reattribute_recent_episodes",
+    "schedule": HEDGEROW_REATTRIBUTE_INTERVAL_S,
+}
 CELERY_BEAT_SCHEDULE["recover-operations"] = {
     "task": "apps.sandboxes.tasks.recover_operations",
     "schedule": HEDGEROW_OPERATION_RECOVERY_AFTER_S,
+}
+CELERY_BEAT_SCHEDULE["collect-image-cache"] = {
+    "task": "apps.sandboxes.tasks.collect_image_cache",
+    "schedule": HEDGEROW_IMAGE_COLLECT_INTERVAL_S,
 }
 
 # --- Kubernetes backend (HEDGEROW_BACKEND=kubernetes; docs/deploy-kubernetes.md) -----

@@ -18,6 +18,7 @@ urlpatterns = [
     path("api/v1/", include("apps.sandboxes.api.urls")),
     path("api/v1/", include("apps.billing.api.urls")),
     path("api/v1/", include("apps.trajectories.api.urls")),
+    path("api/v1/", include("apps.images.api.urls")),
     path("orchard/", include("apps.orchard.urls")),
     path("e2b/", include("apps.e2b.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

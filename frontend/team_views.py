@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
+from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.utils import timezone
@@ -71,8 +73,13 @@ def _keys_context(principal: Principal) -> dict[str, Any]:
 @require_http_methods(["GET", "POST"])
 @page("admin")
 def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
-    """Lists keys; POST issues one and shows its secret on this response only."""
+    """Lists keys; POST issues one, then redirects (post/redirect/get: a reload must not
+    mint a second key) to this page, which shows its secret once."""
     context = _keys_context(principal)
+    if request.method == "GET":
+        issued = _take_issued_key(request, principal)
+        if issued is not None:
+            context.update(issued=issued)
     if request.method == "POST":
         name = request.POST.get("name", "").strip()
         scopes = request.POST.getlist("scopes")
@@ -101,14 +108,43 @@ def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
             except ApiError as exc:
                 errors[exc.field or "form"] = exc.message
             else:
-                context = _keys_context(principal)
-                context.update(issued=issued)
-                return render_page(request, principal, "frontend/keys.html", context)
+                _hold_issued_key(request, issued)
+                return redirect("frontend:keys")
         context.update(errors=errors, form=request.POST, checked_scopes=scopes)
         # 200, like Django's form views: the page is the answer (a 4xx shows as a
         # console error and the form is what the user needs to see).
         return render_page(request, principal, "frontend/keys.html", context)
     return render_page(request, principal, "frontend/keys.html", context)
+
+
+# The secret crosses the redirect in Redis (no persistence, 2-minute TTL) under a
+# random handle kept in the session: never in a URL, a cookie or the session table.
+_ISSUED_TTL_S = 120
+
+
+def _hold_issued_key(request: HttpRequest, issued: services.IssuedKey) -> None:
+    handle = secrets.token_urlsafe(24)
+    cache.set(
+        f"issued-key:{handle}", {"key": str(issued.key.pk), "secret": issued.secret}, _ISSUED_TTL_S
+    )
+    request.session["issued_key"] = handle
+
+
+def _take_issued_key(request: HttpRequest, principal: Principal) -> services.IssuedKey | None:
+    """The key issued by this session's last POST, once: the handle and the secret are
+    deleted as they are read, so a reload shows the list without it."""
+    handle = request.session.pop("issued_key", None)
+    if not isinstance(handle, str):
+        return None
+    held = cache.get(f"issued-key:{handle}")
+    cache.delete(f"issued-key:{handle}")
+    if not isinstance(held, dict):
+        return None
+    try:
+        key = selectors.api_key_get(tenant=principal.tenant, key_id=held["key"])
+    except NotFound:  # another team now (switched teams in between): not shown here
+        return None
+    return services.IssuedKey(key=key, secret=held["secret"])
 
 
 @require_POST

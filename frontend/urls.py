@@ -12,6 +12,7 @@ urlpatterns = [
     path("sandboxes/", views.sandbox_list, name="sandboxes"),
     path("sandboxes/table", views.sandbox_table, name="sandbox-table"),
     path("sandboxes/new", views.sandbox_create_view, name="sandbox-create"),
+    path("sandboxes/delete", views.sandbox_bulk_delete_view, name="sandbox-bulk-delete"),
     path("sandboxes/quota", views.sandbox_quota, name="sandbox-quota"),
     path("sandboxes/<str:sandbox_id>/", views.sandbox_detail, name="sandbox"),
     path("sandboxes/<str:sandbox_id>/header", views.sandbox_header, name="sandbox-header"),

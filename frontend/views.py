@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import posixpath
 from typing import Any
+from urllib.parse import urlencode
 
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -15,14 +17,16 @@ from apps.billing.principal import Principal
 from apps.billing.usage import cost_for_sandboxes, sandbox_cost
 from apps.sandboxes import selectors
 from apps.sandboxes.backends import get_backend
-from apps.sandboxes.models import State
+from apps.sandboxes.models import LIVE_STATES, State
 from apps.sandboxes.services import files
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, NotFound
 from frontend.access import is_htmx, page, render_page, websocket_paths
 from frontend.forms import sandbox_form_errors
 
-PAGE_SIZE = 100
+PAGE_SIZE = 50
+# at most this many sandboxes per bulk delete (one page's worth, twice over)
+BULK_MAX = 200
 FORM_DEFAULTS = {"image": "host", "cpu": "1", "memory": "1Gi", "ttl_seconds": "3600"}
 
 
@@ -31,31 +35,77 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 def _filters(request: HttpRequest) -> dict[str, str]:
+    """The list's filters as the page shows them. No ``state`` at all means "live": a
+    team opening the page wants what is running, not a history of deleted rows."""
     return {
-        "state": request.GET.get("state", "").strip(),
+        "state": request.GET.get("state", "live").strip() or "all",
         "image": request.GET.get("image", "").strip(),
+        "q": request.GET.get("q", "").strip()[:200],
+        "label": request.GET.get("label", "").strip()[:200],
+        "sort": request.GET.get("sort", "newest"),
     }
 
 
-def _table_context(principal: Principal, filters: dict[str, str]) -> dict[str, Any]:
-    qs = selectors.sandbox_list(
-        tenant=principal.tenant, state=filters["state"] or None, image=filters["image"] or None
+def _states(value: str) -> list[str] | None:
+    if value == "live":
+        return [str(s) for s in LIVE_STATES]
+    if value == "all":
+        return None
+    known = {s.value for s in State}
+    chosen = [s for s in value.split(",") if s in known]
+    return chosen or None
+
+
+def _labels(value: str) -> dict[str, str]:
+    """``team=rl,seed=7`` → {"team": "rl", "seed": "7"}; parts without "=" are ignored."""
+    pairs = (part.split("=", 1) for part in value.split(",") if "=" in part)
+    return {k.strip(): v.strip() for k, v in pairs if k.strip()}
+
+
+def _table_context(
+    principal: Principal, filters: dict[str, str], cursor: str = ""
+) -> dict[str, Any]:
+    page = selectors.sandbox_page(
+        tenant=principal.tenant,
+        states=_states(filters["state"]),
+        image=filters["image"] or None,
+        search=filters["q"],
+        labels=_labels(filters["label"]),
+        sort=filters["sort"],
+        cursor=cursor,
+        limit=PAGE_SIZE,
     )
-    rows = list(qs[: PAGE_SIZE + 1])
+    rows = page.rows
     # Cost so far (live sandboxes accrue), one query for the page.
-    costs = cost_for_sandboxes(sandbox_ids=[s.pk for s in rows[:PAGE_SIZE]])
+    costs = cost_for_sandboxes(sandbox_ids=[s.pk for s in rows])
     for row in rows:
         row.cost_so_far = costs.get(str(row.pk))  # type: ignore[attr-defined]
+    query = {k: v for k, v in filters.items() if v and not (k == "sort" and v == "newest")}
     return {
-        "sandboxes": rows[:PAGE_SIZE],
-        "more": len(rows) > PAGE_SIZE,
+        "sandboxes": rows,
+        "next_cursor": page.next_cursor,
+        "cursor": cursor,
+        "next_query": urlencode({**query, "cursor": page.next_cursor}),
+        "first_query": urlencode(query),
         "filters": filters,
-        "filtered": any(filters.values()),
+        # the default view (Live) is not "filtered": an empty one says so plainly
+        "filtered": filters["state"] not in ("live", "all")
+        or any(filters[k] for k in ("image", "q", "label")),
+        "has_any": bool(rows)
+        or selectors.sandbox_page(tenant=principal.tenant, limit=1).rows != [],
+        "bulk_states": [str(s) for s in LIVE_STATES] + [str(State.QUEUED)],
     }
 
 
-def _images() -> list[str]:
-    return sorted(image.name for image in get_backend().images())
+def _images(principal: Principal) -> list[str]:
+    """What the create form offers: the backend's built-in names (``host``, legacy
+    imported root filesystems) and the team's own ready images — never the machine's
+    whole image store, which holds other teams' images too."""
+    from apps.images.models import Image, ImageStatus
+
+    builtin = {image.name for image in get_backend().images() if "/" not in image.name}
+    mine = Image.objects.for_tenant(principal.tenant).filter(status=ImageStatus.READY)
+    return sorted(builtin) + sorted(set(mine.values_list("reference", flat=True)) - builtin)
 
 
 @require_GET
@@ -67,9 +117,10 @@ def sandbox_list(request: HttpRequest, principal: Principal) -> HttpResponse:
         principal,
         "frontend/sandboxes/list.html",
         {
-            **_table_context(principal, filters),
+            **_table_context(principal, filters, request.GET.get("cursor", "")),
             "states": [s.value for s in State],
-            "images": _images(),
+            "sorts": list(selectors.SANDBOX_SORTS),
+            "images": _images(principal),
             "form": FORM_DEFAULTS,
             "errors": {},
             "nav_section": "sandboxes",
@@ -80,7 +131,7 @@ def sandbox_list(request: HttpRequest, principal: Principal) -> HttpResponse:
 @require_GET
 @page()
 def sandbox_table(request: HttpRequest, principal: Principal) -> HttpResponse:
-    context = _table_context(principal, _filters(request))
+    context = _table_context(principal, _filters(request), request.GET.get("cursor", ""))
     return render_page(request, principal, "frontend/sandboxes/_table.html", context)
 
 
@@ -113,7 +164,7 @@ def sandbox_create_view(request: HttpRequest, principal: Principal) -> HttpRespo
         "form": FORM_DEFAULTS if created else request.POST,
         "errors": errors,
         "created": created,
-        "images": _images(),
+        "images": _images(principal),
     }
     response = render_page(
         request,
@@ -146,6 +197,39 @@ def sandbox_delete_view(
     if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         target = reverse("frontend:sandboxes")  # never off-site (an open redirect)
     return redirect(target)
+
+
+@require_POST
+@page("write")
+def sandbox_bulk_delete_view(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """Deletes the chosen sandboxes (one confirmation naming the count, in the page).
+    Ids of another team are not found, like everywhere; ones already ending are
+    skipped. Answers with a message naming what happened."""
+    ids = list(dict.fromkeys(request.POST.getlist("ids")))[:BULK_MAX]
+    deleted = skipped = 0
+    for sandbox_id in ids:
+        try:
+            sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        except NotFound:
+            skipped += 1
+            continue
+        if (
+            not (sandbox.is_live or sandbox.state == State.QUEUED)
+            or sandbox.state == State.TERMINATING
+        ):
+            skipped += 1
+            continue
+        sandbox_delete(sandbox=sandbox, actor=principal.actor)
+        deleted += 1
+    text = f"Deleting {deleted} sandbox{'es' if deleted != 1 else ''}."
+    if skipped:
+        text += f" {skipped} skipped (not found or already ending)."
+    if is_htmx(request):
+        response = HttpResponse(text, status=200)
+        response["HX-Trigger"] = "sandboxes-changed"
+        return response
+    messages.success(request, text)
+    return redirect("frontend:sandboxes")
 
 
 def _detail_context(principal: Principal, sandbox_id: str) -> dict[str, Any]:

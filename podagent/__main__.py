@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import limits
+from . import limits, spawn
 from .environment import TOKEN_VAR, EnvError, build_base_env, find_shell, scrub_own_environ
 from .log import JsonLog
 from .server import AgentServer, AgentState
@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listening-fd", type=int)
     # descriptors of the sandbox's cgroup files, opened by the launcher (limits.py)
     parser.add_argument("--cgroup-fds", type=limits.parse_fds)
+    # an image's User: commands run as UID:GID (spawn.py), the agent stays root
+    parser.add_argument("--user", type=spawn.parse_user)
     return parser
 
 
@@ -62,6 +64,7 @@ _PLAIN_OPTIONS: Dict[str, Optional[Tuple[str, Callable[[str], Any]]]] = {
     "--max-pty": ("max_pty", int),
     "--listening-fd": ("listening_fd", int),
     "--cgroup-fds": ("cgroup_fds", limits.parse_fds),
+    "--user": ("user", spawn.parse_user),
 }
 
 
@@ -81,6 +84,7 @@ def _parse_plain(argv: List[str]) -> Optional[argparse.Namespace]:
         "max_pty": 8,
         "listening_fd": None,
         "cgroup_fds": None,
+        "user": None,
     }
     i = 0
     while i < len(argv):
@@ -133,8 +137,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except EnvError as exc:
         raise SystemExit(f"podagent: {exc}") from None
     scrub_own_environ()
+    if args.user is not None:
+        spawn.run_as(*args.user)
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, exist_ok=True)
+    limits.CGROUPS.sync_dir = workdir  # on the sandbox's volume: see disk_exhausted
     log = JsonLog(args.log_file)
     state = AgentState(token, base_env, find_shell(base_env), workdir, log, args.max_pty)
     server = AgentServer(args.listen, state)

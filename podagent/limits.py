@@ -33,6 +33,9 @@ T = TypeVar("T")
 Snapshot = Tuple[Optional[int], Optional[int]]  # (oom kills, refused forks)
 
 _EMPTY: Snapshot = (None, None)
+# A write the quota refused leaves at most about one write's size unused: a sandbox
+# this close to its disk limit (or 1/256 of it) is full.
+DISK_MARGIN = 1 << 20
 
 
 class Watch:
@@ -105,6 +108,11 @@ class CgroupFiles:
         self.pids_events = _first(fds.get("pids_events"))
         self.memory_max = _first(fds.get("memory_max"))
         self.pids_max = _first(fds.get("pids_max"))
+        # the sandbox's btrfs quota group (sysfs): bytes used, reserved, and its limit
+        self.disk_used = _first(fds.get("disk_used"))
+        self.disk_rsv = fds.get("disk_rsv", [])
+        self.disk_max = _first(fds.get("disk_max"))
+        self.sync_dir: Optional[str] = None  # the workspace: a dir on the volume
         # one thread at a time visits the commands' cgroup: a visiting thread counts
         # against its pids.max, so concurrent visitors would refuse real forks
         self._lock = threading.Lock()
@@ -170,10 +178,10 @@ class CgroupFiles:
             self._running -= 1
             shared = watch.shared or self._started != watch.seq + 1
         before = watch.before
-        if before == _EMPTY:
-            return None
-        oom_now, pids_now = self.snapshot()
         failed = termination.get("signal") is not None or termination.get("exit_code") != 0
+        if before == _EMPTY:
+            return self.disk_exhausted() if failed else None
+        oom_now, pids_now = self.snapshot()
         if failed and before[0] is not None and oom_now is not None and oom_now > before[0]:
             return {
                 "kind": "memory",
@@ -190,10 +198,58 @@ class CgroupFiles:
                 "refused_forks": refused,
                 "message": "the sandbox's process limit was reached: forks were refused",
             }
-        return None
+        return self.disk_exhausted() if failed else None
+
+    def disk_exhausted(self) -> Optional[Dict[str, Any]]:
+        """The sandbox's disk, read from its quota group after a command failed: named
+        when what it uses (and has reserved) is within a write of its limit, so the
+        command's writes got EDQUOT/ENOSPC. The group is the sandbox's, not the
+        command's: a command failing while the disk is full is named for it."""
+        limit = _limit(self.disk_max)
+        if not limit or self.disk_used is None:
+            return None
+        if not self._disk_full(limit):
+            return None
+        # The group's usage is brought up to date when btrfs commits (every 30 s):
+        # files deleted since still count. Looking full, commit the volume's
+        # filesystem (syncfs: this one only; rare, only then) and look again.
+        if self.sync_dir is not None:
+            _syncfs(self.sync_dir)
+        used = self._disk_used()
+        if used is None or not self._disk_full(limit):
+            return None
+        return {
+            "kind": "disk",
+            "limit": limit,
+            "used": used,
+            "message": "the sandbox's disk quota was reached: its writes failed (EDQUOT/ENOSPC)",
+        }
+
+    def _disk_used(self) -> Optional[int]:
+        used = _limit(self.disk_used)
+        if used is None:
+            return None
+        return used + sum(_limit(fd) or 0 for fd in self.disk_rsv)
+
+    def _disk_full(self, limit: int) -> bool:
+        used = self._disk_used()
+        return used is not None and limit - used <= max(DISK_MARGIN, limit // 256)
 
     def pids_limit(self) -> Optional[int]:
         return _limit(self.pids_max)
+
+
+def _syncfs(path: str) -> None:
+    import ctypes
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 CGROUPS = CgroupFiles()

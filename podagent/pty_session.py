@@ -22,7 +22,7 @@ import termios
 import threading
 from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
-from . import limits
+from . import limits, spawn
 from .errors import ApiError
 from .procutil import signal_number, signal_session
 
@@ -118,7 +118,7 @@ class Session:
             # started in the commands' cgroup, like every exec (limits.py)
             self.proc = limits.CGROUPS.spawn(lambda: subprocess.Popen(
                 argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
-                start_new_session=True, preexec_fn=_set_ctty,
+                start_new_session=True, preexec_fn=_set_ctty, **spawn.identity(),
             ))  # fmt: skip
         finally:
             os.close(slave)

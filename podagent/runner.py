@@ -317,6 +317,13 @@ def run(
         "children_remained": children_remained,
     }
     exhausted = cgroups.exhausted(watch, term)
+    if exhausted is None and reason == "output_limit":
+        exhausted = {
+            "kind": "output",
+            "limit": spec.limit,
+            "message": f"the command's output exceeded its {spec.limit}-byte cap "
+            "(output_limit): it was ended",
+        }
     if exhausted is not None:
         result["resource_exhausted"] = exhausted
     return result

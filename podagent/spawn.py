@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import threading
-from typing import Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 # The dispositions Popen(restore_signals=True) resets: CPython ignores them itself.
 _SIGDEF = tuple(
@@ -27,6 +27,30 @@ _posix_spawn = getattr(os, "posix_spawn", None)
 _DUP2 = getattr(os, "POSIX_SPAWN_DUP2", None)
 _state = {"usable": _posix_spawn is not None and _DUP2 is not None, "sealed": False}
 _seal_lock = threading.Lock()
+# (uid, gid) every command runs as (an OCI image's User), None: the agent's own ids
+_run_as: List[Optional[Tuple[int, int]]] = [None]
+
+
+def parse_user(value: str) -> Tuple[int, int]:
+    """``--user UID:GID`` (numeric: the launcher resolved the image's names)."""
+    uid, sep, gid = value.partition(":")
+    if not (sep and uid.isdigit() and gid.isdigit()):
+        raise ValueError(f"--user wants UID:GID, got {value!r}")
+    return int(uid), int(gid)
+
+
+def run_as(uid: int, gid: int) -> None:
+    """Every command from now on runs as uid:gid with no supplementary groups (the
+    agent, root of the sandbox, keeps CAP_SETUID/CAP_SETGID for that)."""
+    _run_as[0] = None if (uid, gid) == (os.getuid(), os.getgid()) else (uid, gid)
+
+
+def identity() -> Dict[str, Any]:
+    """Popen's keyword arguments for the commands' identity ({} for the agent's)."""
+    who = _run_as[0]
+    if who is None:
+        return {}
+    return {"user": who[0], "group": who[1], "extra_groups": []}
 
 
 def _seal_inherited_fds() -> bool:
@@ -67,6 +91,7 @@ def spawn(
     The caller reaps it (wait4). OSError when it cannot be started."""
     if (
         _state["usable"]
+        and _run_as[0] is None  # posix_spawn cannot change ids
         and min(stdin, stdout, stderr) > 2
         and os.path.isabs(argv[0])
         and _in_own_cwd(cwd)
@@ -90,6 +115,7 @@ def spawn(
         stdout=stdout,
         stderr=stderr,
         start_new_session=True,
+        **identity(),
     )
     # We reap it with wait4 ourselves; Popen must never wait for (and reap) it.
     proc.returncode = -1

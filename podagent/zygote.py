@@ -43,7 +43,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, NoReturn, Optional
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 from . import __main__ as agent_main
 from . import (
@@ -158,12 +158,16 @@ class _CapData(ctypes.Structure):
     ]
 
 
-def drop_all_capabilities() -> None:
-    """What bwrap --cap-drop ALL leaves a root process: empty bounding, ambient,
-    permitted, effective and inheritable sets, and no_new_privs."""
+def drop_all_capabilities(keep: Sequence[int] = ()) -> None:
+    """What bwrap --cap-drop ALL (and --cap-add ``keep``) leaves a root process:
+    bounding, permitted, effective and inheritable sets of ``keep`` only (empty by
+    default), no ambient set, and no_new_privs. With no_new_privs a command the
+    agent starts as root gets at most ``keep``; as another uid, nothing."""
     with open("/proc/sys/kernel/cap_last_cap") as fh:
         last = int(fh.read())
     for cap in range(last + 1):
+        if cap in keep:
+            continue
         # EINVAL: a capability this kernel does not know; anything else is fatal
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
             _check(-1, f"PR_CAPBSET_DROP {cap}")
@@ -171,6 +175,11 @@ def drop_all_capabilities() -> None:
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
+    for cap in keep:
+        word, bit = divmod(cap, 32)
+        data[word].effective |= 1 << bit
+        data[word].permitted |= 1 << bit
+        data[word].inheritable |= 1 << bit
     _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
@@ -467,7 +476,8 @@ def _agent_main(
             renumbered = {name: [moved[fd] for fd in fds] for name, fds in cgroup_fds.items()}
             agent_args += ["--cgroup-fds", limits.format_fds(renumbered)]
         if hold_w is not None or os.geteuid() == 0:
-            drop_all_capabilities()  # and no_new_privs
+            # and no_new_privs; an image sandbox's root keeps the container default set
+            drop_all_capabilities([int(c) for c in req.get("caps") or []])
         if hold_w is not None:
             # the sandbox's filter, as bwrap gave pause: the agent is no bwrap descendant
             assert _seccomp_bpf is not None  # spawn checked it

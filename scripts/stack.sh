@@ -237,6 +237,11 @@ secret_key() {
   if [ ! -s "$STATE/secret_key" ]; then
     (umask 077 && head -c 48 /dev/urandom | base64 | tr -d '\n/+=' >"$STATE/secret_key")
   fi
+  # Fernet key for registry passwords at rest (apps/images/crypto.py): 32 random bytes,
+  # url-safe base64. Never in the database, so a dump alone decrypts nothing.
+  if [ ! -s "$STATE/credentials_key" ]; then
+    (umask 077 && head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '\n' >"$STATE/credentials_key")
+  fi
 }
 
 services_up() { install_system; install_python; secret_key; pg_up; redis_up; }

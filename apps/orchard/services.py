@@ -15,7 +15,6 @@ from django.db.models import Count, Sum
 
 from apps.billing.models import Tenant, TenantQuota
 from apps.billing.principal import Principal
-from apps.sandboxes.backends import get_backend
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create, validate_external_id
@@ -47,24 +46,15 @@ def _bool(data: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _image(requested: Any) -> str:
-    """The backend image to use. Orchard clients name container images the local
-    backend may not have; ``HEDGEROW_ORCHARD_DEFAULT_IMAGE`` (when set) stands in for
-    those, otherwise an unknown image is a 400 that lists what exists."""
+    """The image exactly as named: ``host``, an imported image or an OCI reference.
+    ``HEDGEROW_ORCHARD_DEFAULT_IMAGE`` applies only when the body names none; an image
+    that cannot be had is the create's typed 4xx (``sandbox_create`` resolves it with
+    the tenant's credentials), never another image in its place."""
     if requested is None:
         requested = settings.HEDGEROW_ORCHARD_DEFAULT_IMAGE or "host"
     if not isinstance(requested, str) or not requested.strip() or len(requested) > 200:
         raise ValidationFailed("image must be a non-empty string", field="image")
-    names = {image.name for image in get_backend().images()}
-    if requested in names:
-        return requested
-    fallback = settings.HEDGEROW_ORCHARD_DEFAULT_IMAGE
-    if fallback and fallback in names:
-        return str(fallback)
-    raise ValidationFailed(
-        f"unknown image {requested!r}; available: {', '.join(sorted(names))}",
-        field="image",
-        code="unknown_image",
-    )
+    return requested
 
 
 def _quantity(data: dict[str, Any], name: str, parser: Any, default: int, limit: int) -> int:

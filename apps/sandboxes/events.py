@@ -127,6 +127,30 @@ def _fanout_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+def publish_tenant_event(tenant_id: str, payload: dict[str, Any]) -> None:
+    """A UI-only event for the tenant's ``/ws/realtime`` sockets subscribed to the
+    ``sandboxes`` topic (e.g. ``image.progress``): no Redis pub/sub waiter needs it, and
+    with no UI open nothing is sent. Never raises."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    group = tenant_group(tenant_id)
+    members = _group_members_key(layer, group)
+    try:
+        if members is not None:
+            key, expiry = members
+            if redis_client().zcount(key, f"({int(time.time()) - expiry}", "+inf") == 0:
+                return
+        if _asgi_loop_behind_this_thread():
+            async_to_sync(layer.group_send)(group, payload)
+        else:
+            asyncio.run_coroutine_threadsafe(
+                layer.group_send(group, payload), _fanout_loop()
+            ).result(timeout=5)
+    except Exception:  # noqa: BLE001 - a UI fan-out failure must never break a pull
+        log.warning("could not fan out a tenant event", extra={"event": payload.get("type")})
+
+
 def publish_sandbox_state(sandbox: Sandbox) -> None:
     payload = sandbox_state_payload(sandbox)
     sandbox_uuid, tenant_id = str(sandbox.id), str(sandbox.tenant_id)

@@ -46,6 +46,12 @@ class Sandbox(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.REQUESTED)
     generation = models.PositiveIntegerField(default=0)
     image = models.CharField(max_length=200)
+    # The manifest digest the image resolved to at create (then the one the backend ran):
+    # exactly what the sandbox is. "" for ``host``.
+    image_digest = models.CharField(max_length=80, blank=True)
+    # The image pull's progress while ``provisioning`` ({"phase","layers","bytes",
+    # "total"}), else null.
+    progress = models.JSONField(null=True, blank=True)
     cpu_millis = models.PositiveIntegerField()
     memory_mib = models.PositiveIntegerField()
     network_access = models.BooleanField(default=False)

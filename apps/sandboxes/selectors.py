@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox, SandboxEvent
@@ -86,3 +90,83 @@ def operation_get(*, tenant: Tenant, sandbox: Sandbox, operation_id: str) -> Ope
     if operation is None:
         raise NotFound(f"no operation {operation_id!r}", code="operation_not_found")
     return operation
+
+
+# ---- the dashboard's list: filters, search, keyset pages -----------------------------
+
+SANDBOX_SORTS = {
+    # name: (ordering field, descending)
+    "newest": ("created_at", True),
+    "oldest": ("created_at", False),
+    "expiring": ("expires_at", False),
+}
+
+
+@dataclass(frozen=True)
+class SandboxPage:
+    rows: list[Sandbox]
+    next_cursor: str  # "" on the last page
+
+
+def sandbox_page(
+    *,
+    tenant: Tenant,
+    states: list[str] | None = None,
+    image: str | None = None,
+    search: str = "",
+    labels: dict[str, str] | None = None,
+    sort: str = "newest",
+    cursor: str = "",
+    limit: int = 50,
+) -> SandboxPage:
+    """One page of the tenant's sandboxes, newest first by default. ``search`` matches
+    an id (or its prefix, with or without ``sb-``) or a label value; ``labels`` must all
+    match exactly. Keyset pagination on (sort field, id): a page stays correct while
+    sandboxes are created or deleted, unlike an offset. A bad cursor starts over."""
+    field, descending = SANDBOX_SORTS.get(sort, SANDBOX_SORTS["newest"])
+    qs = Sandbox.objects.for_tenant(tenant)
+    if states:
+        qs = qs.filter(state__in=states)
+    if image:
+        qs = qs.filter(image=image)
+    if field == "expires_at":
+        qs = qs.filter(expires_at__isnull=False)
+    for key, value in (labels or {}).items():
+        qs = qs.filter(labels__contains={key: value})
+    term = search.strip()
+    if term:
+        ident = term if term.startswith("sb-") else f"sb-{term}"
+        # a label value: jsonb has no "any value contains", so the text of the
+        # object is searched for the quoted value (exact values, no substrings)
+        qs = qs.filter(
+            Q(external_id__startswith=ident)
+            | Q(labels__icontains=f'"{term}"')
+            | Q(labels__has_key=term)
+        )
+    after = _decode_cursor(cursor)
+    if after is not None:
+        last, pk = after
+        op = "lt" if descending else "gt"
+        qs = qs.filter(Q(**{f"{field}__{op}": last}) | Q(**{field: last, f"id__{op}": pk}))
+    order = [f"-{field}", "-id"] if descending else [field, "id"]
+    rows = list(qs.order_by(*order)[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = _encode_cursor(getattr(rows[-1], field), rows[-1].pk) if more else ""
+    return SandboxPage(rows, next_cursor)
+
+
+def _encode_cursor(value: datetime, pk: uuid.UUID) -> str:
+    raw = f"{value.isoformat()}|{pk}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID] | None:
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        value, pk = raw.split("|", 1)
+        return datetime.fromisoformat(value), uuid.UUID(pk)
+    except (ValueError, UnicodeDecodeError):
+        return None

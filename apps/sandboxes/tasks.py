@@ -57,6 +57,13 @@ def audit_leaks() -> list[int]:
     return [run.pk for run in audit_scheduled()]
 
 
+@shared_task(soft_time_limit=600, time_limit=660)
+def collect_image_cache() -> dict[str, Any]:
+    from apps.sandboxes.services.image_cache import image_cache_collect
+
+    return image_cache_collect()
+
+
 @shared_task(soft_time_limit=120, time_limit=180)
 def recover_operations() -> dict[str, int]:
     from apps.sandboxes.services.recovery import operation_recover_stale

@@ -29,13 +29,16 @@ class FailureClass(models.TextChoices):
     UNDETERMINED = "undetermined"  # closed without any verdict (no verifier, no reward)
 
 
-# Episodes in these classes say nothing about the policy: η counts everything else.
+# Episodes in these classes say nothing about the policy: η counts everything else
+# (docs/trajectories.md "Numbers"). ``undetermined`` (no verdict at all) is not a usable
+# sample either: counting it as valid overstated η.
 INVALID_CLASSES = frozenset(
     {
         FailureClass.STARTUP,
         FailureClass.ENVIRONMENT,
         FailureClass.VERIFIER,
         FailureClass.OBSERVATION,
+        FailureClass.UNDETERMINED,
     }
 )
 
@@ -48,8 +51,20 @@ class EpisodeStatus(models.TextChoices):
 class VerifierOutcome(models.TextChoices):
     PASS = "pass"
     FAIL = "fail"
-    ERROR = "error"  # the verifier crashed
+    ERROR = "error"  # the verifier did not run or crashed: verifier_error
     TIMEOUT = "timeout"
+
+
+class VerifierKind(models.TextChoices):
+    """What ran as the verifier: decides which exit codes are the framework's own
+    errors (docs/trajectories.md, "The verifier contract")."""
+
+    PYTEST = "pytest"
+    UNITTEST = "unittest"
+    GO = "go"
+    JEST = "jest"
+    JUNIT_XML = "junit-xml"
+    CUSTOM = "custom"
 
 
 TERMINATION_REASONS = (
@@ -121,10 +136,16 @@ class Episode(models.Model):
     inference_error = models.JSONField(null=True, blank=True)  # client-reported
     versions = models.JSONField(default=dict, blank=True)  # client, control_plane, agent
     resources = models.JSONField(default=dict, blank=True)  # totals over steps
+    # Total: the episode's share of its sandboxes' full cost + ``client_cost``.
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    client_cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    cost_basis = models.JSONField(default=list, blank=True)  # per sandbox: cost, sharers
     auto_failure_class = models.CharField(max_length=16, blank=True)
     failure_class = models.CharField(max_length=16, blank=True, db_index=True)
     failure_evidence = models.JSONField(default=list, blank=True)
+    # An imported episode's class as the exporting installation decided it; the class
+    # above is this ledger's where it knows the sandboxes (docs/trajectories.md).
+    claimed_class = models.CharField(max_length=16, blank=True)
     imported = models.BooleanField(default=False)
     created_by = models.CharField(max_length=128, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -194,6 +215,8 @@ class Step(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     duration_s = models.FloatField(null=True, blank=True)
+    # A verifier step's declaration: {"kind": "pytest", ...} (VerifierKind).
+    verifier = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

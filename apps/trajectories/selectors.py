@@ -9,11 +9,12 @@ from decimal import Decimal
 from itertools import zip_longest
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
 from apps.billing.models import Tenant
 from apps.sandboxes.models import SandboxEvent
+from apps.trajectories.cost import episodes_total_cost
 from apps.trajectories.models import (
     INVALID_CLASSES,
     Episode,
@@ -154,7 +155,7 @@ def episode_stats(*, episodes: QuerySet[Episode]) -> EpisodeStats:
         by_class[row["failure_class"] or FailureClass.UNDETERMINED] += int(row["n"])
     n = sum(by_class.values())
     valid = n - sum(by_class[cls] for cls in INVALID_CLASSES)
-    cost = closed.aggregate(c=Sum("cost"))["c"] or Decimal("0")
+    cost = episodes_total_cost(episodes=closed)
     successes = by_class[FailureClass.SUCCESS]
     invalid = list(INVALID_CLASSES)
     per_task_rows = (

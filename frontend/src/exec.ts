@@ -1,6 +1,7 @@
 // The run-command box: exec with stream: true, then the operation's frames over the
 // realtime socket, stdout and stderr kept apart, ending with a typed exit line.
 import { api, ApiError } from "./api";
+import { BoundedConsole, type Stream } from "./console";
 import { bytes } from "./format";
 import type { Frame, Realtime } from "./realtime";
 
@@ -57,6 +58,8 @@ export class ExecBox {
   private decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
   private unsubscribe: (() => void) | null = null;
   private sawFrames = false;
+  private operationId = "";
+  private readonly console: BoundedConsole;
 
   constructor(
     private readonly sandboxId: string,
@@ -65,12 +68,15 @@ export class ExecBox {
     private readonly client: Realtime | null,
     private readonly onFinished: () => void,
     private readonly onStarted: () => void = () => {},
-  ) {}
+  ) {
+    this.console = new BoundedConsole(output, () => void this.downloadFull());
+  }
 
   async run(command: string, timeout: number | null): Promise<void> {
     this.reset();
     this.setStatus("starting…", "running");
     const operationId = `web-${crypto.randomUUID()}`;
+    this.operationId = operationId;
     let record: OperationRecord;
     try {
       record = await api<OperationRecord>(
@@ -98,24 +104,26 @@ export class ExecBox {
     this.unsubscribe = null;
     this.sawFrames = false;
     this.decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
-    this.output.replaceChildren();
+    this.console.reset();
     this.output.hidden = false;
   }
 
-  private append(stream: "stdout" | "stderr" | "note", text: string): void {
-    if (!text) return;
-    const last = this.output.lastElementChild as HTMLElement | null;
-    if (last && last.dataset.stream === stream) {
-      last.textContent += text;
-    } else {
-      const span = document.createElement("span");
-      span.className = `stream-${stream}`;
-      span.dataset.stream = stream;
-      span.textContent = text;
-      this.output.append(span);
-    }
-    const nearBottom = this.output.scrollHeight - this.output.scrollTop - this.output.clientHeight < 80;
-    if (nearBottom) this.output.scrollTop = this.output.scrollHeight;
+  private append(stream: Stream, text: string): void {
+    this.console.append(stream, text);
+  }
+
+  /** The stored operation's stdout and stderr as one text file. */
+  private async downloadFull(): Promise<void> {
+    const record = await api<OperationRecord>(
+      `/api/v1/sandboxes/${encodeURIComponent(this.sandboxId)}/operations/${encodeURIComponent(this.operationId)}`,
+    );
+    const parts = [record.stdout ?? ""];
+    if (record.stderr) parts.push("\n--- stderr ---\n", record.stderr);
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob(parts, { type: "text/plain" }));
+    link.download = `${this.operationId}.txt`;
+    link.click();
+    URL.revokeObjectURL(link.href);
   }
 
   private onFrame(frame: Frame): void {
@@ -148,7 +156,8 @@ export class ExecBox {
       if (meta?.truncated) notes.push(`${name} truncated (${bytes(meta.total_bytes ?? 0)} in total)`);
     }
     if (record.children_remained) notes.push("background processes remained");
-    if (!this.output.childElementCount) this.append("note", "(no output)");
+    if (this.console.empty) this.append("note", "(no output)");
+    this.console.flush();
     this.setStatus([end.text, ...notes].join(" · "), end.kind);
     this.output.dataset.finished = record.termination;
     this.onFinished();

@@ -61,7 +61,13 @@ document.addEventListener(
     if (!form.dataset.confirm || !dialog || form.dataset.confirmed === "yes") return;
     event.preventDefault();
     event.stopImmediatePropagation();
-    dialog.querySelector(".confirm-message")!.textContent = form.dataset.confirm;
+    let message = form.dataset.confirm;
+    if (form.dataset.confirmCount) {
+      // a bulk form: name how many it acts on ("Delete {n} sandboxes?")
+      const n = document.querySelectorAll(`input[name="${form.dataset.confirmCount}"][form="${form.id}"]:checked`).length;
+      message = message.replace("{n}", String(n));
+    }
+    dialog.querySelector(".confirm-message")!.textContent = message;
     dialog.returnValue = "";
     dialog.showModal();
     dialog.addEventListener(
@@ -114,3 +120,39 @@ if (document.querySelector("[data-live-sandboxes]")) {
     startPolling();
   }
 }
+
+// Bulk selection in live sandbox tables: the table is re-rendered on every refresh, so
+// the chosen ids live here and are re-applied after each swap.
+const chosen = new Set<string>();
+function applyBulk(): void {
+  const items = Array.from(document.querySelectorAll<HTMLInputElement>("[data-bulk-item]"));
+  for (const item of items) item.checked = chosen.has(item.value);
+  const present = items.filter((i) => chosen.has(i.value)).length;
+  for (const [id] of chosen.entries()) if (!items.some((i) => i.value === id)) chosen.delete(id);
+  const all = document.querySelector<HTMLInputElement>("[data-bulk-all]");
+  if (all) all.checked = items.length > 0 && present === items.length;
+  const submit = document.querySelector<HTMLButtonElement>("[data-bulk-submit]");
+  if (submit) submit.disabled = present === 0;
+  const count = document.querySelector<HTMLElement>("[data-bulk-count]");
+  if (count) count.textContent = present ? `${present} selected` : "";
+}
+document.addEventListener("change", (event) => {
+  const target = event.target as HTMLInputElement;
+  if (target.matches("[data-bulk-item]")) {
+    if (target.checked) chosen.add(target.value);
+    else chosen.delete(target.value);
+  } else if (target.matches("[data-bulk-all]")) {
+    for (const item of document.querySelectorAll<HTMLInputElement>("[data-bulk-item]")) {
+      if (target.checked) chosen.add(item.value);
+      else chosen.delete(item.value);
+    }
+  } else {
+    return;
+  }
+  applyBulk();
+});
+document.body.addEventListener("htmx:afterSwap", applyBulk);
+document.body.addEventListener("htmx:afterRequest", (event) => {
+  const form = (event as CustomEvent<{ elt: Element }>).detail.elt;
+  if (form instanceof HTMLFormElement && form.id === "bulk-delete") chosen.clear();
+});

@@ -145,3 +145,20 @@ def test_a_team_switch_to_a_non_uuid_is_a_typed_400(make_tenant, make_user):
         assert response.content.startswith(b"invalid_team:")
     # The session kept the team it had, and pages still work.
     assert client.get("/sandboxes/").context["tenant"] == mine
+
+
+def test_issuing_a_key_redirects_and_shows_the_secret_once(make_tenant, make_user):
+    """Post/redirect/get: the POST answers a redirect (a reload cannot mint a second
+    key), the next GET shows the secret, the one after does not; it is never in the
+    redirect's URL."""
+    from apps.billing.models import ApiKey
+
+    tenant, _ = make_tenant()
+    client = _signed_in(make_user, "prg", (tenant, "owner"))
+    answer = client.post("/keys/", {"name": "ci", "scopes": ["read"], "expires_in_days": ""})
+    assert answer.status_code == 302 and answer["Location"] == "/keys/"
+    first = client.get("/keys/").content.decode()
+    key = ApiKey.objects.get(tenant=tenant, name="ci")
+    assert 'id="new-key-secret"' in first and key.prefix in first
+    assert 'id="new-key-secret"' not in client.get("/keys/").content.decode()
+    assert ApiKey.objects.filter(tenant=tenant, name="ci").count() == 1

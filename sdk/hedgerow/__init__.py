@@ -1,5 +1,6 @@
 """Hedgerow: sandboxes for agent training and evaluation."""
 
+from hedgerow._common import VERSION as __version__
 from hedgerow.aio import AsyncClient, AsyncSandbox
 from hedgerow.client import Client, Sandbox
 from hedgerow.errors import (
@@ -7,7 +8,11 @@ from hedgerow.errors import (
     AuthError,
     BudgetExhausted,
     Conflict,
+    DiskExhausted,
     HedgerowError,
+    ImageInUse,
+    ImageUnavailable,
+    InvalidImageReference,
     NotFound,
     QuotaExceeded,
     SandboxLost,
@@ -16,7 +21,8 @@ from hedgerow.errors import (
     ValidationError,
     WaitTimeout,
 )
-from hedgerow.results import ExecResult, StreamInfo
+from hedgerow.images import Image
+from hedgerow.results import ExecError, ExecResult, StreamInfo
 
 __all__ = [
     "AgentUnreachable",
@@ -26,8 +32,14 @@ __all__ = [
     "BudgetExhausted",
     "Client",
     "Conflict",
+    "DiskExhausted",
+    "ExecError",
     "ExecResult",
     "HedgerowError",
+    "Image",
+    "ImageInUse",
+    "ImageUnavailable",
+    "InvalidImageReference",
     "NotFound",
     "QuotaExceeded",
     "Sandbox",
@@ -37,4 +49,5 @@ __all__ = [
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",
+    "__version__",
 ]

@@ -10,13 +10,33 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-USER_AGENT = "hedgerow-python/0.2"
+VERSION = "0.2.0"  # keep in step with pyproject.toml
+USER_AGENT = f"hedgerow-python/{VERSION}"
 Command = Union[str, List[str]]
 
 # Statuses retried only when the server says when (Retry-After): "overloaded, try
 # again". A 429 without it (e.g. a quota that will not free itself) raises at once.
 RETRY_STATUSES = (429, 503)
 CHUNK = 256 * 1024
+
+# Sandboxes the SDK creates (and keeps alive with heartbeats) get this heartbeat timeout
+# unless told otherwise: if the program is killed (SIGKILL, OOM, a lost machine) and its
+# heartbeats stop, the server deletes them within this many seconds, not at their TTL.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 300
+
+
+def new_sandbox_id() -> str:
+    """A client-chosen sandbox id, so a create can be registered for cleanup before it
+    is sent (the server accepts ``sandbox_id``)."""
+    return f"sb-{uuid.uuid4().hex[:16]}"
+
+
+def heartbeat_timeout(requested: Optional[int], heartbeat: bool) -> Optional[int]:
+    """The heartbeat timeout a create asks for: ``requested`` if given (0 = none), else
+    the SDK default while the client heartbeats, else none."""
+    if requested is not None:
+        return requested or None
+    return DEFAULT_HEARTBEAT_TIMEOUT_S if heartbeat else None
 
 
 def config_path() -> Path:
@@ -164,3 +184,15 @@ def list_params(path: str, limit: Optional[int], cursor: Optional[str]) -> Dict[
     if cursor:
         params["cursor"] = cursor
     return params
+
+
+def report_progress(
+    data: Dict[str, Any], seen: Optional[Dict[str, Any]], callback: Any
+) -> Optional[Dict[str, Any]]:
+    """Calls ``callback`` with a sandbox's image pull ``progress`` when it changed;
+    returns the progress now seen."""
+    progress = data.get("progress")
+    if callback is not None and isinstance(progress, dict) and progress != seen:
+        callback(dict(progress))
+        return progress
+    return seen

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import builtins
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,7 +24,9 @@ from hedgerow import _common as common
 from hedgerow import streaming
 from hedgerow._common import Command
 from hedgerow.cleanup import registry
+from hedgerow.episode import AsyncEpisode, current_async_episode
 from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.images import AsyncImages
 from hedgerow.results import ExecResult
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
@@ -64,6 +65,7 @@ class AsyncClient:
             trust_env=False,
             limits=httpx.Limits(max_connections=max_connections),
         )
+        self.images = AsyncImages(self)  # pull / list / get / remove / import_
 
     async def request(
         self, method: str, path: str, *, retry: bool = True, **kwargs: Any
@@ -101,7 +103,8 @@ class AsyncClient:
         await self._http.aclose()
 
     async def cleanup_sandboxes(self) -> None:
-        pending = builtins.list(self._created.values())
+        # Those a signal's cleanup has not deleted already.
+        pending = [s for s in self._created.values() if registry.has(self.url, s.id)]
         results = await asyncio.gather(*(s.delete() for s in pending), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, HedgerowError):
@@ -140,37 +143,52 @@ class AsyncClient:
         idempotency_key: Optional[str] = None,
         heartbeat: bool = True,
         queue: Optional[bool] = None,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
     ) -> AsyncSandbox:
-        """See ``Client.create_sandbox``."""
+        """See ``Client.create_sandbox`` (interrupt-safe the same way: the id is
+        registered for cleanup before the request is sent; heartbeats run as a task)."""
+        chosen_id = sandbox_id or common.new_sandbox_id()
+        hb_timeout = common.heartbeat_timeout(heartbeat_timeout_s, heartbeat)
         body = common.create_body(
             image,
             cpu=cpu,
             memory=memory,
             network_access=network_access,
             ttl_seconds=ttl_seconds,
-            heartbeat_timeout_s=heartbeat_timeout_s,
+            heartbeat_timeout_s=hb_timeout,
             labels=labels,
-            sandbox_id=sandbox_id,
+            sandbox_id=chosen_id,
             queue=queue,
         )
         key = idempotency_key or common.new_idempotency_key()
-        response = await self.request(
-            "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
-        )
+        registered = self.cleanup and registry.add(
+            self.url, self.api_key, chosen_id,
+            handle_signals=self.handle_signals, confirmed=False,
+        )  # fmt: skip
+        try:
+            response = await self.request(
+                "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
+            )
+        except HedgerowError as exc:
+            if exc.status and registered:  # the server answered: nothing was created
+                registry.discard(self.url, chosen_id)
+            raise
         sandbox = AsyncSandbox(self, response.json())
         if self.cleanup:
             self._created[sandbox.id] = sandbox
-            registry.add(self.url, self.api_key, sandbox.id, handle_signals=self.handle_signals)
+            registry.confirm(self.url, sandbox.id)
         # A warm pool claim answers ``ready`` already: no /wait round trip.
         if wait and sandbox.state != "ready":
             try:
-                await sandbox.wait(timeout=wait_timeout)
+                await sandbox.wait(timeout=wait_timeout, on_progress=on_progress)
             except BaseException:
-                with contextlib.suppress(HedgerowError):
-                    await sandbox.delete()
+                # Unless a signal's cleanup has deleted it already.
+                if not self.cleanup or registry.has(self.url, sandbox.id):
+                    with contextlib.suppress(HedgerowError):
+                        await sandbox.delete()
                 raise
-        if heartbeat_timeout_s and heartbeat:
-            sandbox.start_heartbeats(max(heartbeat_timeout_s / 3.0, 1.0))
+        if hb_timeout and heartbeat:
+            sandbox.start_heartbeats(max(hb_timeout / 3.0, 1.0))
         return sandbox
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
@@ -229,11 +247,18 @@ class AsyncSandbox:
         self.data = (await self._client.request("GET", f"/sandboxes/{self.id}")).json()
         return self
 
-    async def wait(self, timeout: float = 120.0) -> AsyncSandbox:
+    async def wait(
+        self,
+        timeout: float = 120.0,
+        *,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> AsyncSandbox:
+        """See ``Sandbox.wait``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        seen = common.report_progress(self.data, None, on_progress)
         while True:
-            slice_s = max(0.0, min(60.0, deadline - loop.time()))
+            slice_s = max(0.0, min(1.0 if on_progress else 60.0, deadline - loop.time()))
             try:
                 response = await self._client.request(
                     "GET",
@@ -246,6 +271,8 @@ class AsyncSandbox:
             except HedgerowError as exc:
                 if exc.code != "wait_timeout" or loop.time() >= deadline:
                     raise
+            if on_progress is not None:
+                seen = common.report_progress((await self.refresh()).data, seen, on_progress)
 
     async def delete(self) -> None:
         self.stop_heartbeats()
@@ -297,14 +324,27 @@ class AsyncSandbox:
             login_shell=login_shell,
             operation_id=operation_id,
         )
-        if (on_stdout is not None or on_stderr is not None) and streaming.available():
-            return await streaming.acollect(self._stream_body(body), on_stdout, on_stderr)
-        response = await self._client.request(
-            "POST",
-            f"/sandboxes/{self.id}/exec",
-            json=body,
-            timeout=common.exec_http_timeout(timeout),
-        )
+        episode = current_async_episode()  # trajectories hook: see hedgerow/episode.py
+        try:
+            if (on_stdout is not None or on_stderr is not None) and streaming.available():
+                live = await streaming.acollect(self._stream_body(body), on_stdout, on_stderr)
+                if episode is not None:
+                    episode.record_exec(self, body["operation_id"], command)
+                    await episode.flush_if_due()
+                return live
+            response = await self._client.request(
+                "POST",
+                f"/sandboxes/{self.id}/exec",
+                json=body,
+                timeout=common.exec_http_timeout(timeout),
+            )
+        except HedgerowError as exc:
+            if episode is not None:
+                episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], command)
+            await episode.flush_if_due()
         result = ExecResult.from_api(response.json())
         if on_stdout is not None and result.stdout:
             on_stdout(result.stdout)
@@ -314,6 +354,11 @@ class AsyncSandbox:
 
     async def operation(self, operation_id: str) -> ExecResult:
         return await self._client.operation(self.id, operation_id)
+
+    def episode(self, *, task_id: str, **fields: Any) -> AsyncEpisode:
+        """A recorded episode in this sandbox: ``async with sandbox.episode(task_id=...)
+        as ep:``. Execs awaited inside the block become steps (see hedgerow.episode)."""
+        return AsyncEpisode(self._client, [self], task_id=task_id, **fields)
 
     # -- live output (hedgerow/streaming.py) ---------------------------------------
     def exec_stream(

@@ -3,6 +3,7 @@
     hedgerow login --url http://HOST:8000 --key hr_...
     hedgerow sandbox create [--count N] · ls · get ID · rm ID... · exec ID -- CMD...
     hedgerow sandbox shell ID · cp SRC DST (ID:/path on either side)
+    hedgerow image pull REF · ls · rm ID... · import PATH --reference REF
     hedgerow ops get SANDBOX OP · keys ls|create|revoke · trajectories import|export
     hedgerow bench exec|create
 
@@ -14,10 +15,12 @@ the server's error on stderr (2 for usage errors).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,8 +29,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import httpx
 
 from hedgerow import _common as common
+from hedgerow._common import VERSION as __version__
+from hedgerow.cleanup import registry
 from hedgerow.client import Client, Sandbox
 from hedgerow.errors import HedgerowError
+from hedgerow.images import Image
 
 
 class Progress:
@@ -69,16 +75,35 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(args.url, args.key, cleanup=False)
 
 
+_HEADER = f"{'ID':<24} {'STATE':<12} {'IMAGE':<16} {'CPU':<6} {'MEMORY':<8} CREATED"
+
+
 def _row(data: Dict[str, Any]) -> str:
-    return f"{data['id']:<24} {data['state']:<12} {data.get('image', ''):<12} {data.get('cpu', '')}"
+    return (
+        f"{data['id']:<24} {data['state']:<12} {data.get('image', '')!s:<16} "
+        f"{data.get('cpu', '')!s:<6} {data.get('memory', '')!s:<8} "
+        f"{data.get('created_at', '')}"
+    )
 
 
 # -- login ------------------------------------------------------------------------
+def _read_key() -> str:
+    """The key from a prompt that does not echo it (a terminal) or from stdin (a pipe:
+    ``hedgerow login --url URL < keyfile``); never from argv unless --key is given."""
+    if sys.stdin.isatty():
+        return getpass.getpass("API key: ").strip()
+    return sys.stdin.readline().strip()
+
+
 def cmd_login(args: argparse.Namespace) -> int:
-    url = (
-        args.url or input("Hedgerow URL [http://127.0.0.1:8000]: ") or common.DEFAULT_URL
-    ).rstrip("/")
-    key = args.key or os.environ.get("HEDGEROW_API_KEY") or input("API key: ").strip()
+    url = args.url
+    if not url:
+        url = input("Hedgerow URL [http://127.0.0.1:8000]: ") if sys.stdin.isatty() else ""
+    url = (url or common.DEFAULT_URL).rstrip("/")
+    key = args.key or os.environ.get("HEDGEROW_API_KEY") or _read_key()
+    if not key:
+        print("hedgerow login: no API key given (prompt, stdin or --key)", file=sys.stderr)
+        return 2
     Client(url, key, cleanup=False).list(limit=1)  # fails loudly on a bad URL or key
     path = common.config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,30 +120,68 @@ def cmd_login(args: argparse.Namespace) -> int:
 def cmd_sandbox_ls(args: argparse.Namespace) -> int:
     sandboxes = _client(args).list(state=args.state, limit=args.limit)
     rows = [s.data for s in sandboxes]
-    _out(args, rows, lambda: "\n".join(_row(r) for r in rows) or "(no sandboxes)")
+    _out(args, rows, lambda: "\n".join([_HEADER, *(_row(r) for r in rows)]))
     return 0
 
 
 def cmd_sandbox_create(args: argparse.Namespace) -> int:
-    hr = _client(args)
+    """Creates ``--count`` sandboxes, printing each id as it is created. All or
+    nothing: on Ctrl-C, SIGTERM or a failed create, every sandbox this command created
+    (or was creating) is deleted; on success they outlive the command (no heartbeat
+    timeout: nobody heartbeats them once the command has exited)."""
+    hr = Client(args.url, args.key, cleanup=True)
     progress = Progress("creating", args.count)
+    rows: List[Dict[str, Any]] = []
+    failures: List[BaseException] = []
+    lock = threading.Lock()
+    todo = iter(range(args.count))
 
-    def one(_: int) -> Dict[str, Any]:
-        sandbox = hr.create_sandbox(
-            args.image,
-            cpu=args.cpu,
-            memory=args.memory,
-            network_access=args.network,
-            ttl_seconds=args.ttl,
-            wait=not args.no_wait,
-        )
-        progress.advance()
-        return sandbox.data
+    def worker() -> None:
+        while True:
+            with lock:
+                if failures or next(todo, None) is None:
+                    return
+            try:
+                sandbox = hr.create_sandbox(
+                    args.image,
+                    cpu=args.cpu,
+                    memory=args.memory,
+                    network_access=args.network,
+                    ttl_seconds=args.ttl,
+                    labels=dict(args.label or []) or None,
+                    wait=not args.no_wait,
+                    heartbeat=False,
+                )
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                with lock:
+                    failures.append(exc)
+                return
+            with lock:
+                rows.append(sandbox.data)
+                if not args.json:
+                    print(sandbox.id, flush=True)
+            progress.advance()
 
-    with ThreadPoolExecutor(max_workers=min(args.count, 16)) as pool:
-        rows = list(pool.map(one, range(args.count)))
+    # Daemon threads: after Ctrl-C the command exits at once, whatever they are doing.
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(args.count, 16))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:
+        progress.finish()
+        print("hedgerow: interrupted; deleted the sandboxes this command created", file=sys.stderr)
+        raise
     progress.finish()
-    _out(args, rows if args.count > 1 else rows[0], lambda: "\n".join(r["id"] for r in rows))
+    if failures:
+        hr.cleanup_sandboxes()
+        raise failures[0]
+    for sandbox_id in list(hr._created):
+        registry.discard(hr.url, sandbox_id)  # on success they outlive the command
+    hr._created.clear()
+    if args.json:
+        _out(args, rows if args.count > 1 else rows[0], lambda: "")
     return 0
 
 
@@ -131,8 +194,23 @@ def cmd_sandbox_get(args: argparse.Namespace) -> int:
 def cmd_sandbox_rm(args: argparse.Namespace) -> int:
     hr = _client(args)
     ids = list(args.ids)
+    if not ids and not args.all:
+        print("hedgerow sandbox rm: give sandbox ids, or --all", file=sys.stderr)
+        return 2
     if args.all:
-        ids += [s.id for s in hr.list(state="requested,provisioning,ready,queued", limit=1000)]
+        everything = [s.id for s in hr.list(state=LIVE_STATES, limit=1000)]
+        if everything and not args.yes:
+            question = f"Delete all {len(everything)} live sandboxes of the team? [y/N] "
+            if not sys.stdin.isatty():
+                print(
+                    "hedgerow sandbox rm --all: refusing without a terminal to confirm; add --yes",
+                    file=sys.stderr,
+                )
+                return 2
+            if input(question).strip().lower() not in ("y", "yes"):
+                print("nothing deleted", file=sys.stderr)
+                return 1
+        ids += everything
     progress = Progress("deleting", len(ids))
     failed: List[str] = []
     for sandbox_id in ids:
@@ -143,7 +221,8 @@ def cmd_sandbox_rm(args: argparse.Namespace) -> int:
             print(f"{sandbox_id}: {exc}", file=sys.stderr)
         progress.advance()
     progress.finish()
-    _out(args, {"deleted": [i for i in ids if i not in failed], "failed": failed}, lambda: "")
+    deleted = [i for i in ids if i not in failed]
+    _out(args, {"deleted": deleted, "failed": failed}, lambda: "\n".join(deleted))
     return 1 if failed else 0
 
 
@@ -158,25 +237,36 @@ def exit_code_of(result: Any) -> int:
 
 
 def cmd_sandbox_exec(args: argparse.Namespace) -> int:
-    command: Any = args.command
-    if command and command[0] == "--":
-        command = command[1:]
+    command: Any = list(args.command)
     if not command:
-        print("hedgerow sandbox exec: give a command after the sandbox id", file=sys.stderr)
+        print("hedgerow sandbox exec: give a command: exec ID -- CMD...", file=sys.stderr)
         return 2
     if len(command) == 1:
         command = command[0]  # one word: a shell string ("ls -l | wc -l")
     stdin = sys.stdin.buffer.read() if args.stdin else None
     sandbox = Sandbox(_client(args), {"id": args.id, "state": "ready"})
+
+    def write(stream: Any) -> Callable[[str], None]:
+        def emit(text: str) -> None:
+            stream.write(text)
+            stream.flush()
+
+        return emit
+
+    # Text mode streams output as it is produced; --json prints the record at the end.
     result = sandbox.exec(
-        command, cwd=args.cwd, timeout=args.timeout, stdin=stdin, env=dict(args.env or [])
+        command,
+        cwd=args.cwd,
+        timeout=args.timeout,
+        stdin=stdin,
+        env=dict(args.env or []),
+        on_stdout=None if args.json else write(sys.stdout),
+        on_stderr=None if args.json else write(sys.stderr),
     )
     if args.json:
         print(json.dumps(result.raw, indent=2, default=str))
-    else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
+    elif result.error is not None:
+        print(f"hedgerow: {result.error}", file=sys.stderr)
     return exit_code_of(result)
 
 
@@ -222,6 +312,76 @@ def cmd_sandbox_shell(args: argparse.Namespace) -> int:
 
     hr = _client(args)
     return run_shell(hr.url, hr.api_key, args.id, cmd=args.command or None)
+
+
+# -- images -----------------------------------------------------------------------------
+_IMAGE_HEADER = f"{'ID':<36} {'STATUS':<8} {'SIZE':>10} {'SANDBOXES':>9}  REFERENCE"
+
+
+def _image_row(image: Image) -> str:
+    return f"{image.id:<36} {image.status:<8} {image.size_bytes:>10} {image.sandboxes:>9}  " + (
+        image.reference
+    )
+
+
+class PullProgress:
+    """A progress bar of bytes on a terminal (stderr); plain lines otherwise."""
+
+    def __init__(self, reference: str) -> None:
+        self.reference = reference
+        self.tty = sys.stderr.isatty() or os.environ.get("HEDGEROW_PROGRESS") == "1"
+        self.drawn = False
+
+    def __call__(self, progress: Dict[str, Any]) -> None:
+        phase = str(progress.get("phase", ""))
+        done, total = int(progress.get("bytes") or 0), int(progress.get("total") or 0)
+        layers = progress.get("layers", "")
+        if self.tty:
+            width = 30
+            filled = int(width * min(done / total, 1.0)) if total else 0
+            bar = "#" * filled + "-" * (width - filled)
+            sys.stderr.write(f"\rpulling {self.reference} {phase:<10} [{bar}] {done}/{total} B")
+            self.drawn = True
+        else:
+            sys.stderr.write(f"{phase} layers={layers} bytes={done}/{total}\n")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    hr = _client(args)
+    if args.image_cmd == "pull":
+        bar = PullProgress(args.reference)
+        try:
+            image = hr.images.pull(args.reference, progress=bar, wait=not args.no_wait)
+        finally:
+            bar.finish()
+        _out(args, image.raw, lambda: f"{image.id} {image.status} {image.digest}")
+        return 0
+    if args.image_cmd == "ls":
+        images = hr.images.list()
+        _out(
+            args,
+            [i.raw for i in images],
+            lambda: "\n".join([_IMAGE_HEADER, *(_image_row(i) for i in images)]),
+        )
+        return 0
+    if args.image_cmd == "import":
+        image = hr.images.import_(args.path, args.reference)
+        _out(args, image.raw, lambda: f"{image.id} {image.status} {image.digest}")
+        return 0
+    failed = 0
+    for image_id in args.ids:
+        try:
+            hr.images.remove(image_id)
+        except HedgerowError as exc:
+            failed += 1
+            print(f"hedgerow: {image_id}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 # -- operations, keys, trajectories --------------------------------------------------
@@ -344,91 +504,207 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # -- parser -----------------------------------------------------------------------------
+LIVE_STATES = "requested,provisioning,ready,queued"
+STATES = (
+    "queued", "requested", "provisioning", "ready", "terminating", "deleted", "failed", "lost",
+)  # fmt: skip
+
+
+def _states(value: str) -> Optional[str]:
+    """``--state``: a comma list of states, ``live`` (default) or ``all``."""
+    if value == "all":
+        return None
+    if value == "live":
+        return LIVE_STATES
+    wanted = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [part for part in wanted if part not in STATES]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(
+            f"unknown state {', '.join(unknown) or repr(value)}; "
+            f"use live, all or a comma list of: {', '.join(STATES)}"
+        )
+    return ",".join(wanted)
+
+
+def _pair(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key, val
+
+
+def _global_options(*, top: bool) -> argparse.ArgumentParser:
+    """--url/--key/--json, accepted before or after any subcommand. Only the top level
+    has defaults, so an option given earlier is not reset by a later parser."""
+    options = argparse.ArgumentParser(add_help=False)
+    default: Any = argparse.SUPPRESS
+    options.add_argument(
+        "--url",
+        default=None if top else default,
+        help="server URL (default: HEDGEROW_URL, then the login file)",
+    )
+    options.add_argument(
+        "--key",
+        default=None if top else default,
+        help="API key (default: HEDGEROW_API_KEY, then the login file); `login` prompts "
+        "for it without echo, or reads it from stdin, when not given",
+    )
+    options.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top else default,
+        help="machine-readable output",
+    )
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hedgerow", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="server URL (default: HEDGEROW_URL or the login file)")
-    parser.add_argument("--key", help="API key (default: HEDGEROW_API_KEY or the login file)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = parser.add_subparsers(dest="group", required=True)
+    parser = argparse.ArgumentParser(
+        prog="hedgerow",
+        description=__doc__.split("\n\n")[0],
+        parents=[_global_options(top=True)],
+    )
+    parser.add_argument("--version", action="version", version=f"hedgerow {__version__}")
+    common_options = [_global_options(top=False)]
+    sub = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
-    sub.add_parser("login", help="store URL and key (0600)").set_defaults(func=cmd_login)
+    def command(group: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+        made: argparse.ArgumentParser = group.add_parser(
+            name, help=help_text, description=help_text, parents=common_options
+        )
+        return made
 
-    sandbox = sub.add_parser("sandbox", help="sandboxes").add_subparsers(dest="cmd", required=True)
-    ls = sandbox.add_parser("ls")
-    ls.add_argument("--state")
-    ls.add_argument("--limit", type=int, default=50)
+    command(sub, "login", "check a URL and key and store them (file mode 0600)").set_defaults(
+        func=cmd_login
+    )
+
+    sandbox = command(sub, "sandbox", "create, list, use and delete sandboxes").add_subparsers(
+        dest="cmd", required=True, metavar="SUBCOMMAND"
+    )
+    ls = command(sandbox, "ls", "list the team's sandboxes (live ones unless --state)")
+    ls.add_argument(
+        "--state",
+        type=_states,
+        default=LIVE_STATES,
+        help=f"live (default), all, or a comma list of: {', '.join(STATES)}",
+    )
+    ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     ls.set_defaults(func=cmd_sandbox_ls)
-    create = sandbox.add_parser("create")
-    create.add_argument("--image", default="host")
-    create.add_argument("--cpu")
-    create.add_argument("--memory")
+    create = command(sandbox, "create", "create sandboxes, printing each id as it is created")
+    create.add_argument("--image", default="host", help="image name (default: host)")
+    create.add_argument("--cpu", help="cores: 1, 0.5 or 500m (default 1)")
+    create.add_argument("--memory", help="MiB or 512Mi, 2Gi (default 1024 MiB)")
     create.add_argument("--network", action="store_true", help="allow network access")
-    create.add_argument("--ttl", type=int)
-    create.add_argument("--count", type=int, default=1)
-    create.add_argument("--no-wait", action="store_true")
+    create.add_argument("--ttl", type=int, help="lifetime in seconds (default 3600)")
+    create.add_argument(
+        "--label", action="append", type=_pair, metavar="KEY=VALUE", help="a label (repeatable)"
+    )
+    create.add_argument("--count", type=int, default=1, help="how many (default 1)")
+    create.add_argument("--no-wait", action="store_true", help="do not wait until ready")
     create.set_defaults(func=cmd_sandbox_create)
-    get = sandbox.add_parser("get")
+    get = command(sandbox, "get", "show one sandbox")
     get.add_argument("id")
     get.set_defaults(func=cmd_sandbox_get)
-    rm = sandbox.add_parser("rm")
-    rm.add_argument("ids", nargs="*")
+    rm = command(sandbox, "rm", "delete sandboxes")
+    rm.add_argument("ids", nargs="*", metavar="ID")
     rm.add_argument("--all", action="store_true", help="every live sandbox of the team")
+    rm.add_argument("-y", "--yes", action="store_true", help="do not ask before --all")
     rm.set_defaults(func=cmd_sandbox_rm)
-    run = sandbox.add_parser("exec")
+    run = command(
+        sandbox,
+        "exec",
+        "run a command: exec [OPTIONS] ID -- CMD... (exits with the command's exit code)",
+    )
     run.add_argument("id")
-    run.add_argument("--cwd")
-    run.add_argument("--timeout", type=float)
-    run.add_argument("--env", action="append", type=lambda s: tuple(s.split("=", 1)))
+    run.add_argument("--cwd", help="working directory")
+    run.add_argument("--timeout", type=float, help="seconds (default 600)")
+    run.add_argument(
+        "--env", action="append", type=_pair, metavar="KEY=VALUE", help="environment variable"
+    )
     run.add_argument("--stdin", action="store_true", help="send this process's stdin")
-    run.add_argument("command", nargs=argparse.REMAINDER)
+    run.add_argument("command", nargs="*", help="the command, after --")
     run.set_defaults(func=cmd_sandbox_exec)
-    shell = sandbox.add_parser("shell")
+    shell = command(sandbox, "shell", "an interactive shell (or CMD) in a sandbox")
     shell.add_argument("id")
-    shell.add_argument("command", nargs=argparse.REMAINDER)
+    shell.add_argument("command", nargs="*", help="a command instead of the shell, after --")
     shell.set_defaults(func=cmd_sandbox_shell)
-    cp = sandbox.add_parser("cp", help="SRC DST, one of them ID:/path")
+    cp = command(sandbox, "cp", "copy files or trees: SRC DST, one of them ID:/path")
     cp.add_argument("src")
     cp.add_argument("dst")
     cp.set_defaults(func=cmd_sandbox_cp)
 
-    ops = sub.add_parser("ops").add_subparsers(dest="cmd", required=True)
-    op_get = ops.add_parser("get")
+    image = command(sub, "image", "the team's OCI images").add_subparsers(
+        dest="image_cmd", required=True, metavar="SUBCOMMAND"
+    )
+    pull = command(image, "pull", "pull an image (a progress bar on a terminal)")
+    pull.add_argument("reference", help="an OCI reference: python:3.12-slim, ghcr.io/o/i:tag")
+    pull.add_argument("--no-wait", action="store_true", help="return once the pull started")
+    pull.set_defaults(func=cmd_image)
+    command(image, "ls", "list the team's images").set_defaults(func=cmd_image)
+    image_rm = command(image, "rm", "forget images (refused while a live sandbox uses one)")
+    image_rm.add_argument("ids", nargs="+", metavar="ID")
+    image_rm.set_defaults(func=cmd_image)
+    image_import = command(image, "import", "upload an OCI layout or `docker save` tarball")
+    image_import.add_argument("path", help="a tarball, or an OCI layout directory")
+    image_import.add_argument("--reference", required=True, help="the name to give it")
+    image_import.set_defaults(func=cmd_image)
+
+    ops = command(sub, "ops", "recorded execs").add_subparsers(
+        dest="cmd", required=True, metavar="SUBCOMMAND"
+    )
+    op_get = command(ops, "get", "one exec's record, by sandbox and operation id")
     op_get.add_argument("sandbox")
     op_get.add_argument("op")
     op_get.set_defaults(func=cmd_ops_get)
 
-    keys = sub.add_parser("keys").add_subparsers(dest="keys_cmd", required=True)
-    keys.add_parser("ls").set_defaults(func=cmd_keys)
-    key_create = keys.add_parser("create")
+    keys = command(sub, "keys", "the team's API keys").add_subparsers(
+        dest="keys_cmd", required=True, metavar="SUBCOMMAND"
+    )
+    command(keys, "ls", "list keys").set_defaults(func=cmd_keys)
+    key_create = command(keys, "create", "issue a key (its secret is shown once)")
     key_create.add_argument("name")
-    key_create.add_argument("--scopes", nargs="*")
+    key_create.add_argument("--scopes", nargs="*", help="e.g. read (default: all)")
     key_create.set_defaults(func=cmd_keys)
-    key_revoke = keys.add_parser("revoke")
+    key_revoke = command(keys, "revoke", "revoke a key")
     key_revoke.add_argument("id")
     key_revoke.set_defaults(func=cmd_keys)
 
-    traj = sub.add_parser("trajectories").add_subparsers(dest="traj_cmd", required=True)
-    export = traj.add_parser("export")
-    export.add_argument("-o", "--output")
+    traj = command(sub, "trajectories", "export and import episodes (JSONL)").add_subparsers(
+        dest="traj_cmd", required=True, metavar="SUBCOMMAND"
+    )
+    export = command(traj, "export", "write every episode as JSONL")
+    export.add_argument("-o", "--output", help="file (default: stdout)")
     export.set_defaults(func=cmd_trajectories)
-    imp = traj.add_parser("import")
+    imp = command(traj, "import", "import a JSONL file of episodes")
     imp.add_argument("file")
-    imp.add_argument("--dry-run", action="store_true")
+    imp.add_argument("--dry-run", action="store_true", help="validate only")
     imp.set_defaults(func=cmd_trajectories)
 
-    bench = sub.add_parser("bench").add_subparsers(dest="bench_cmd", required=True)
-    bench_exec = bench.add_parser("exec", help="exec latency through the API")
-    bench_exec.add_argument("--n", type=int, default=100)
+    bench = command(sub, "bench", "latency benchmarks through the API").add_subparsers(
+        dest="bench_cmd", required=True, metavar="SUBCOMMAND"
+    )
+    bench_exec = command(bench, "exec", "exec latency through the API")
+    bench_exec.add_argument("--n", type=int, default=100, help="execs (default 100)")
     bench_exec.set_defaults(func=cmd_bench)
-    bench_create = bench.add_parser("create", help="create→ready→delete latency")
-    bench_create.add_argument("--n", type=int, default=10)
-    bench_create.add_argument("--concurrency", type=int, default=4)
+    bench_create = command(bench, "create", "create→ready→delete latency")
+    bench_create.add_argument("--n", type=int, default=10, help="sandboxes (default 10)")
+    bench_create.add_argument("--concurrency", type=int, default=4, help="in parallel (default 4)")
     bench_create.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first ``--`` is the command of exec/shell, never options.
+    after: List[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, after = words[:at], words[at + 1 :]
+    args = build_parser().parse_args(words)
+    if after:
+        if not hasattr(args, "command"):
+            build_parser().error("`--` is only for `sandbox exec` and `sandbox shell`")
+        args.command = list(args.command) + after
     try:
         return int(args.func(args))
     except HedgerowError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from hedgerow._common import Command as Command  # re-exported: episode.py impor
 from hedgerow.cleanup import registry
 from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.images import Images
 from hedgerow.results import ExecResult
 
 DEFAULT_URL = common.DEFAULT_URL
@@ -66,12 +68,16 @@ class Client:
         self.cleanup = cleanup
         self.handle_signals = handle_signals
         self._created: Dict[str, Sandbox] = {}
+        if cleanup and handle_signals:
+            # Now, from the main thread: creates made from worker threads are covered too.
+            registry.install_signal_handlers()
         self._http = httpx.Client(
             base_url=self.url + "/api/v1",
             headers={"Authorization": f"Bearer {key}", "User-Agent": common.USER_AGENT},
             timeout=timeout,
             trust_env=False,
         )
+        self.images = Images(self)  # pull / list / get / remove / import_
 
     # -- plumbing ---------------------------------------------------------------
     def request(
@@ -115,6 +121,8 @@ class Client:
     def cleanup_sandboxes(self) -> None:
         """Deletes every sandbox this client created and has not deleted yet."""
         for sandbox in builtins.list(self._created.values()):
+            if not registry.has(self.url, sandbox.id):
+                continue  # deleted already (by a signal's cleanup)
             try:
                 sandbox.delete()
             except HedgerowError:
@@ -154,43 +162,73 @@ class Client:
         idempotency_key: Optional[str] = None,
         heartbeat: bool = True,
         queue: Optional[bool] = None,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
     ) -> Sandbox:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
-        context manager that deletes it. A create answered ``ready`` (a warm pool
-        claim) makes no /wait request. One idempotency key covers all retries of this
-        call, so a lost response never creates a second sandbox. With
-        ``heartbeat_timeout_s`` and ``heartbeat=True`` a background thread keeps it alive.
+        context manager that deletes it.
+
+        Interrupt-safe: the SDK chooses the sandbox id (``sandbox_id`` overrides) and,
+        with ``cleanup=True``, registers it for cleanup *before* the request is sent,
+        so Ctrl-C at any moment leaves nothing running. One idempotency key covers all
+        retries of this call, so a lost response never creates a second sandbox.
+
+        ``heartbeat_timeout_s`` (seconds): the server deletes the sandbox when no
+        heartbeat arrives for that long. Default: ``DEFAULT_HEARTBEAT_TIMEOUT_S``
+        (300 s) while ``heartbeat=True`` (a background thread then heartbeats every
+        third of it), so a killed program's sandboxes go within minutes; ``0`` or
+        ``heartbeat=False`` means none (the TTL, default 3600 s, still applies).
+        A create answered ``ready`` (a warm pool claim) makes no /wait request.
         ``queue=True``: over a team quota, wait in the admission queue (state ``queued``)
-        instead of raising QuotaExceeded; give ``wait_timeout`` room for the wait."""
+        instead of raising QuotaExceeded; give ``wait_timeout`` room for the wait.
+
+        ``image``: ``host`` (default), a named image, or an OCI reference
+        (``python:3.12-slim``, ``ghcr.io/org/img@sha256:…``) pulled with the team's
+        registry credentials; an image that cannot be had raises ``ImageUnavailable``
+        (its ``code`` says why) at once. ``on_progress(dict)`` is called with the pull's
+        ``{"phase", "layers", "bytes", "total"}`` while the sandbox provisions."""
+        chosen_id = sandbox_id or common.new_sandbox_id()
+        hb_timeout = common.heartbeat_timeout(heartbeat_timeout_s, heartbeat)
         body = common.create_body(
             image,
             cpu=cpu,
             memory=memory,
             network_access=network_access,
             ttl_seconds=ttl_seconds,
-            heartbeat_timeout_s=heartbeat_timeout_s,
+            heartbeat_timeout_s=hb_timeout,
             labels=labels,
-            sandbox_id=sandbox_id,
+            sandbox_id=chosen_id,
             queue=queue,
         )
         key = idempotency_key or common.new_idempotency_key()
-        data = self.request(
-            "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
-        ).json()
+        registered = self.cleanup and registry.add(
+            self.url, self.api_key, chosen_id,
+            handle_signals=self.handle_signals, confirmed=False,
+        )  # fmt: skip
+        try:
+            data = self.request(
+                "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
+            ).json()
+        except HedgerowError as exc:
+            if exc.status and registered:  # the server answered: nothing was created
+                registry.discard(self.url, chosen_id)
+            raise
         sandbox = Sandbox(self, data)
         if self.cleanup:
             self._created[sandbox.id] = sandbox
-            registry.add(self.url, self.api_key, sandbox.id, handle_signals=self.handle_signals)
+            registry.confirm(self.url, sandbox.id)
         # A create that claimed a warm pool member answers ``ready`` already: the
         # /wait round trip would only read back what this response says.
         if wait and sandbox.state != "ready":
             try:
-                sandbox.wait(timeout=wait_timeout)
+                sandbox.wait(timeout=wait_timeout, on_progress=on_progress)
             except BaseException:
-                sandbox.delete()
+                # Unless a signal's cleanup has deleted it already.
+                if not self.cleanup or registry.has(self.url, sandbox.id):
+                    with contextlib.suppress(HedgerowError):
+                        sandbox.delete()
                 raise
-        if heartbeat_timeout_s and heartbeat:
-            sandbox.start_heartbeats(max(heartbeat_timeout_s / 3.0, 1.0))
+        if hb_timeout and heartbeat:
+            sandbox.start_heartbeats(max(hb_timeout / 3.0, 1.0))
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox:
@@ -267,12 +305,19 @@ class Sandbox:
         self.data = self._client.request("GET", f"/sandboxes/{self.id}").json()
         return self
 
-    def wait(self, timeout: float = 120.0) -> Sandbox:
-        """Server-side, event-driven wait (long-polls in ≤60 s slices). Raises
+    def wait(
+        self,
+        timeout: float = 120.0,
+        *,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> Sandbox:
+        """Server-side, event-driven wait (long-polls in ≤60 s slices; 1 s slices with
+        ``on_progress``, which gets each new image pull progress). Raises
         ``SandboxNotReady`` if it fails and ``WaitTimeout`` at the deadline."""
         deadline = time.monotonic() + timeout
+        seen = common.report_progress(self.data, None, on_progress)
         while True:
-            slice_s = max(0.0, min(60.0, deadline - time.monotonic()))
+            slice_s = max(0.0, min(1.0 if on_progress else 60.0, deadline - time.monotonic()))
             try:
                 self.data = self._client.request(
                     "GET",
@@ -284,6 +329,8 @@ class Sandbox:
             except HedgerowError as exc:
                 if exc.code != "wait_timeout" or time.monotonic() >= deadline:
                     raise
+            if on_progress is not None:
+                seen = common.report_progress(self.refresh().data, seen, on_progress)
 
     def delete(self) -> None:
         self.stop_heartbeats()
@@ -393,7 +440,8 @@ class Sandbox:
     ) -> Iterator[streaming.Frame]:
         """``for frame in sandbox.exec_stream(cmd)``: start/stdout/stderr frames as the
         command runs, then one ``exit`` frame whose ``result`` is the typed ExecResult.
-        A dropped socket is resumed where it stopped (no frame lost or repeated)."""
+        A dropped socket is resumed where it stopped (no frame lost or repeated).
+        Inside an episode the command is recorded as a step, as ``exec`` does."""
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -403,7 +451,28 @@ class Sandbox:
             login_shell=login_shell,
             operation_id=operation_id,
         )
-        return self._stream_body(body)
+        episode = current_episode()  # trajectories hook: see hedgerow/episode.py
+        if episode is None:
+            return self._stream_body(body)
+        return self._recorded_stream(self._stream_body(body), episode, body, command)
+
+    def _recorded_stream(
+        self,
+        frames: Iterator[streaming.Frame],
+        episode: Episode,
+        body: Dict[str, Any],
+        command: Command,
+    ) -> Iterator[streaming.Frame]:
+        error: Optional[HedgerowError] = None
+        try:
+            yield from frames
+        except HedgerowError as exc:
+            error = exc
+            raise
+        finally:
+            # Recorded once the stream ends, fails, or is abandoned: the operation
+            # exists either way (a refused one is recorded with its error).
+            episode.record_exec(self, body["operation_id"], command, error=error)
 
     def _stream_body(self, body: Dict[str, Any]) -> Iterator[streaming.Frame]:
         response = self._client.request(

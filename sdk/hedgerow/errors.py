@@ -67,7 +67,47 @@ class WaitTimeout(HedgerowError):
     pass
 
 
+class ImageUnavailable(ValidationError):
+    """The image cannot be had (a 422, or 400 for a bad reference); ``code`` says why
+    (image_not_found, registry_unauthorized, registry_unreachable, image_digest_mismatch,
+    …) and ``reference`` which image."""
+
+    @property
+    def reference(self) -> str | None:
+        err = self.body.get("error") if isinstance(self.body, dict) else None
+        return str(err["reference"]) if isinstance(err, dict) and "reference" in err else None
+
+
+class InvalidImageReference(ImageUnavailable):
+    """``image_reference_invalid`` (400): not an OCI reference."""
+
+
+class ImageInUse(Conflict):
+    """``image_in_use`` (409): a live sandbox runs the image."""
+
+
+class DiskExhausted(HedgerowError):
+    """``disk_exhausted`` (507): the image store has no room for the image."""
+
+
+IMAGE_ERROR_CODES = (
+    "unknown_image",
+    "image_not_found",
+    "registry_unauthorized",
+    "registry_unreachable",
+    "image_digest_mismatch",
+    "image_platform_unsupported",
+    "image_layer_refused",
+    "image_archive_invalid",
+    "image_user_unknown",
+    "image_store_error",
+)
+
 _BY_CODE = {
+    **dict.fromkeys(IMAGE_ERROR_CODES, ImageUnavailable),
+    "image_reference_invalid": InvalidImageReference,
+    "image_in_use": ImageInUse,
+    "disk_exhausted": DiskExhausted,
     "sandbox_not_ready": SandboxNotReady,
     "sandbox_terminating": SandboxTerminating,
     "sandbox_lost": SandboxLost,

@@ -31,6 +31,19 @@ class StreamInfo:
 
 
 @dataclass(frozen=True)
+class ExecError:
+    """Why an exec did not run or finish normally (``agent_error``: e.g. the command
+    was not found; ``resource_exhausted``: a sandbox limit), from the server's record."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" if self.message else self.code
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """How a command ended, typed: exactly one of exit_code / signal / timed_out applies
     (``termination`` says which: exited, signaled, timeout, output_limit, agent_error)."""
@@ -56,6 +69,21 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.termination == "exited" and self.exit_code == 0 and not self.resource_exhausted
+
+    @property
+    def error(self) -> ExecError | None:
+        """The reason the exec failed (``exec(["nosuchcmd"]).error.message`` says the
+        command was not found), or None when the command ran."""
+        error = self.raw.get("error")
+        if isinstance(error, dict) and (error.get("code") or error.get("message")):
+            return ExecError(
+                code=str(error.get("code") or self.termination or "error"),
+                message=str(error.get("message") or ""),
+                details=dict(error),
+            )
+        if isinstance(error, str) and error:
+            return ExecError(code=self.termination or "error", message=error)
+        return None
 
     @property
     def resource_exhausted(self) -> dict[str, Any] | None:

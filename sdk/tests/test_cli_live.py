@@ -116,7 +116,7 @@ def test_it_creates_in_bulk_exports_trajectories_and_benches(live, make_tenant, 
     created = cli.json("sandbox", "create", "--count", "3", "--no-wait")
     assert len(created) == 3
     assert Sandbox.objects.filter(tenant=tenant).count() == 3
-    removed = cli("sandbox", "rm", "--all")
+    removed = cli("sandbox", "rm", "--all", "--yes")
     assert removed.returncode == 0, removed.stderr
     wait_all_deleted(tenant)
 

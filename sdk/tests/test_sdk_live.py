@@ -85,7 +85,7 @@ def test_it_types_errors_from_the_real_server(live, make_tenant):
         with pytest.raises(hedgerow.NotFound):
             hr.get("missing")
         with pytest.raises(hedgerow.ValidationError) as invalid:
-            hr.create_sandbox("no-such-image")
+            hr.create_sandbox("Not A Reference!")  # image_reference_invalid, a 400
         assert invalid.value.field == "image"
         sandbox = hr.create_sandbox(sandbox_id="fixed-id")
         with pytest.raises(hedgerow.Conflict):

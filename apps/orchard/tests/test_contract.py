@@ -96,9 +96,11 @@ def test_it_maps_block_network_false_to_network_access(web, make_tenant):
     assert sandbox.network_access is True
 
 
-def test_it_substitutes_the_default_image_for_a_container_image_it_lacks(web, make_tenant):
+def test_it_uses_the_default_image_only_when_the_body_names_none(web, make_tenant):
+    # an image that cannot be had is a typed 422, never the default in its place
+    # (apps/images/tests/test_images_api.py::test_orchard_create_never_falls_back_to_host)
     tenant, secret = make_tenant()
-    response = _call(web, "post", "/sandboxes", secret, {"image": "python:3.11-slim"})
+    response = _call(web, "post", "/sandboxes", secret, {})
     assert response.status_code == 200
     assert response.json()["image"] == "host"
 

@@ -8,8 +8,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from apps.sandboxes.backends import get_backend
-from apps.sandboxes.models import Operation, Sandbox, SandboxEvent
+from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
@@ -47,7 +46,12 @@ INT4_MAX = 2**31 - 1
 
 
 class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    image = serializers.CharField(max_length=200, default="host")
+    image = serializers.CharField(
+        max_length=200,
+        default="host",
+        help_text="`host`, an imported image, or an OCI reference (python:3.12-slim, "
+        "ghcr.io/org/img@sha256:…) pulled with your stored registry credentials",
+    )
     cpu = QuantityField(parse_cpu_millis, required=False, help_text="cores: 1, 0.5, '500m'")
     memory = QuantityField(parse_memory_mib, required=False, help_text="MiB or '512Mi', '2Gi'")
     network_access = serializers.BooleanField(default=False)
@@ -65,15 +69,6 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
         help_text="over a quota, wait in the admission queue (state `queued`) instead of "
         "a 429; omitted: the team's default",
     )
-
-    def validate_image(self, value: str) -> str:
-        names = {image.name for image in get_backend().images()}
-        if value not in names:
-            raise serializers.ValidationError(
-                f"unknown image {value!r}; available: {', '.join(sorted(names))}",
-                code="unknown_image",
-            )
-        return value
 
     def validate_cpu(self, value: int) -> int:
         if value > settings.HEDGEROW_MAX_CPU_MILLIS:
@@ -139,6 +134,12 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
         help_text="cost so far (running sandboxes accrue), USD as a decimal string; null "
         "if it never held resources"
     )
+    image_digest = serializers.CharField(
+        read_only=True, help_text="the image's resolved manifest digest ('' for host)"
+    )
+    progress = serializers.SerializerMethodField(
+        help_text="image pull progress {phase, layers, bytes, total} while provisioning, else null"
+    )
 
     class Meta:
         model = Sandbox
@@ -147,6 +148,8 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "state",
             "generation",
             "image",
+            "image_digest",
+            "progress",
             "cpu",
             "cpu_millis",
             "memory",
@@ -203,6 +206,9 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     def get_cost(self, obj: Sandbox) -> str | None:
         cost = self._billing(obj).cost
         return None if cost is None else str(cost.quantize(Decimal("0.000001")))
+
+    def get_progress(self, obj: Sandbox) -> dict[str, Any] | None:
+        return obj.progress if obj.state == State.PROVISIONING and obj.progress else None
 
     def get_cpu(self, obj: Sandbox) -> str:
         return f"{obj.cpu_millis}m"

@@ -95,7 +95,8 @@ class Endpoint:
 class InventoryItem:
     """One backend resource. ``sandbox_id`` is None when the name cannot be parsed."""
 
-    # netns, process, cgroup, directory, nft_rule, veth, address, pod, network_policy, secret
+    # netns, process, cgroup, directory, nft_rule, veth, address, pod, network_policy, secret,
+    # volume, qgroup, loop, neighbour, image_lease, sandbox_root, image_staging
     kind: str
     name: str
     sandbox_id: str | None

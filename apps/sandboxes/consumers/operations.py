@@ -163,6 +163,11 @@ class RealtimeConsumer(_FeedsMixin):
         if self.tenant_group is not None:
             await self.send_json(dict(event))
 
+    async def image_progress(self, event: dict[str, Any]) -> None:
+        """A pull's progress and outcome (apps/images), on the same tenant topic."""
+        if self.tenant_group is not None:
+            await self.send_json(dict(event))
+
     async def disconnect(self, code: int) -> None:
         if getattr(self, "tenant_group", None):
             await self.channel_layer.group_discard(self.tenant_group, self.channel_name)

@@ -324,10 +324,13 @@ def sandbox_create(
 
     Idempotent by ``idempotency_key``: the same key and body return the existing
     sandbox (created=False); the same key with a different body is a 409. A taken
-    ``external_id`` is a 409. Never leaves a half-created row: the row, its ledger
+    ``external_id`` is a 409. A host short of disk is a 507 ``disk_exhausted``
+    (``services/disk_guard.py``). Never leaves a half-created row: the row, its ledger
     event and the enqueue happen together or not at all.
     """
+    from apps.images.services import image_mark_used, image_resolve_for_sandbox
     from apps.sandboxes.admission import admission_check  # quotas live with billing
+    from apps.sandboxes.services.disk_guard import disk_guard
     from apps.sandboxes.services.warm_pool import warm_pool_claim, warm_pool_record_claim
     from apps.sandboxes.tasks import provision_sandbox
 
@@ -335,6 +338,11 @@ def sandbox_create(
         existing = sandbox_by_idempotency_key(tenant=tenant, idempotency_key=idempotency_key)
         if existing is not None:
             return _replayed(existing, request), False
+    disk_guard()  # 507 disk_exhausted before anything is recorded
+    # The image can be had by this tenant (its registry credentials, the registry's
+    # answer now), or a typed 4xx before anything is recorded: never a sandbox that
+    # fails later for an image it could never get, never another image instead.
+    resolved = image_resolve_for_sandbox(tenant=tenant, image=request.image)
     fingerprint = request.fingerprint()
     external_id = request.external_id or _new_external_id()
     now = timezone.now()
@@ -360,6 +368,7 @@ def sandbox_create(
                 tenant=tenant,
                 external_id=external_id,
                 image=request.image,
+                image_digest=resolved.digest,
                 cpu_millis=request.cpu_millis,
                 memory_mib=request.memory_mib,
                 network_access=request.network_access,
@@ -374,6 +383,7 @@ def sandbox_create(
                 created_by=actor,
                 created_at=now,
             )
+            image_mark_used(tenant=tenant, digests=[resolved.digest])
             if warm is not None:
                 # The row, its two ledger rows and its usage record: one statement.
                 warm_pool_record_claim(sandbox=sandbox, claimed=warm, actor=actor)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models.functions import Coalesce
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
+    from apps.images.services import credentials_for
+
     return SandboxSpec(
         sandbox_id=sandbox.id.hex,
         tenant_id=str(sandbox.tenant_id),
@@ -32,7 +35,31 @@ def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
         agent_token=agent_token(sandbox.id.hex, sandbox.generation),
         disk_mib=settings.HEDGEROW_SANDBOX_DISK_MIB,
         labels=dict(sandbox.labels),
+        # the tenant's login for the image's registry, decrypted in memory only
+        registry_credentials=credentials_for(sandbox.tenant, sandbox.image),
     )
+
+
+class _ProvisionProgress:
+    """The backend's pull events as the sandbox's ``progress`` (the contract's shape),
+    written at most every 0.25 s while it is ``provisioning``."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox_pk = sandbox.pk
+        self.last: dict[str, Any] | None = None
+        self.written_at = 0.0
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        from apps.images.services import PROGRESS_MIN_INTERVAL_S, merge_progress
+
+        self.last = merge_progress(event, self.last)
+        now = time.monotonic()
+        if now - self.written_at < PROGRESS_MIN_INTERVAL_S:
+            return
+        self.written_at = now
+        Sandbox.objects.filter(pk=self.sandbox_pk, state=State.PROVISIONING).update(
+            progress=self.last
+        )
 
 
 def wait_agent_healthy(endpoint: Endpoint, token: str, timeout_s: float) -> None:
@@ -81,7 +108,7 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
     backend = get_backend()
     spec = sandbox_spec(sandbox)
     try:
-        endpoint = backend.provision(spec)
+        endpoint = backend.provision(spec, _ProvisionProgress(sandbox))
         fault_point("provision.after_backend")
         wait_agent_healthy(endpoint, spec.agent_token, settings.HEDGEROW_READY_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - any failure must end in `failed`, not stuck
@@ -94,6 +121,7 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
             reason="provision_error",
             message=str(exc)[:1000],
             terminated_at=timezone.now(),
+            progress=None,
         )
         return sandbox
     became_ready = sandbox_transition(
@@ -106,6 +134,9 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
         isolation=endpoint.isolation,
         node=endpoint.node,
         ready_at=timezone.now(),
+        progress=None,
+        # what the backend actually ran (the create's resolve, unless a tag moved since)
+        image_digest=endpoint.image_digest or sandbox.image_digest,
     )
     if not became_ready and sandbox.state != State.READY:
         # Deleted while we were provisioning: the delete path's destroy may have run

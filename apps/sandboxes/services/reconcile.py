@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 # Kinds whose absence means the sandbox is not running (the agent lives in it).
 RUNNING_KINDS = frozenset({"process", "pod"})
+# Kinds a sandbox's destroy may not cover (a lease or root mount left by a provision
+# that crashed before recording it): reclaimed by name after the destroy.
+AFTER_DESTROY_KINDS = frozenset({"image_lease", "sandbox_root"})
 ACTOR = "reconciler"
 
 
@@ -111,6 +114,9 @@ def leak_reclaim(
     kinds = sorted({item.kind for item in items})
     if sandbox_uuid_ is not None:
         backend.destroy(sandbox_uuid_.hex)
+        for item in items:
+            if item.kind in AFTER_DESTROY_KINDS:
+                backend.reclaim(item)  # idempotent: a no-op when destroy removed it
     else:
         for item in items:
             backend.reclaim(item)

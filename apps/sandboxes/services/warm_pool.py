@@ -398,6 +398,12 @@ def warm_pool_refill(*, enqueue: Callable[[str], None] | None = None) -> dict[st
     targets = warm_pool_targets()
     if not targets or not warm_pool_supported():
         return started
+    from apps.sandboxes.services.disk_guard import disk_shortage
+
+    shortage = disk_shortage()
+    if shortage is not None:
+        log.warning("warm pool not refilled: %s", shortage)
+        return started
     client = redis_client()
     try:
         # Cleared first: a member that comes up from here on enqueues a new refill.

@@ -61,3 +61,31 @@ def test_an_agent_out_of_threads_is_a_retryable_503_not_an_unreachable_agent(
         "message": "no thread left",
         "kind": "pids",
     }
+
+
+@pytest.mark.parametrize(
+    ("termination", "exhausted"),
+    [
+        (
+            {"reason": "exited", "exit_code": 1, "signal": None, "message": None},
+            {"kind": "disk", "limit": 32 << 20, "used": 32 << 20, "message": "disk full"},
+        ),
+        (
+            {"reason": "output_limit", "exit_code": None, "signal": 9, "message": "cut"},
+            {"kind": "output", "limit": 100_000, "message": "output cap"},
+        ),
+    ],
+)
+def test_disk_and_output_exhaustion_are_failed_operations_with_their_kind(
+    termination: dict[str, Any], exhausted: dict[str, Any]
+) -> None:
+    fields = result_fields(_result(termination, resource_exhausted=exhausted))
+    assert fields["status"] == OperationStatus.FAILED
+    assert fields["termination"] == termination["reason"]
+    assert fields["error"] == {
+        "code": "resource_exhausted",
+        "message": exhausted["message"],
+        "kind": exhausted["kind"],
+        "limit": exhausted["limit"],
+        "signal": termination["signal"],
+    }

@@ -161,3 +161,28 @@ def test_a_policy_that_exhausts_its_sandbox_is_classed_task_not_environment(
     assert row.failure_class == "task", row.failure_evidence
     op = Operation.objects.get(operation_id=hog.operation_id)
     assert (op.status, (op.error or {}).get("code")) == ("failed", "resource_exhausted")
+
+
+def test_a_command_its_output_cap_ended_is_a_typed_failure_stored_with_its_kind(
+    live: Any, make_tenant: Any
+) -> None:
+    _, secret = make_tenant()
+    http = api(live.url, secret)
+    info = create_ready(http)
+    url = f"/sandboxes/{info['id']}/exec"
+
+    answer = http.post(
+        url, json={"command": "yes", "output_limit": 100_000, "operation_id": "cap-rest"}
+    )
+
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert (body["status"], body["termination"]) == ("failed", "output_limit")
+    assert body["error"]["code"] == "resource_exhausted"
+    assert (body["error"]["kind"], body["error"]["limit"]) == ("output", 100_000)
+    stored = Operation.objects.get(operation_id="cap-rest")
+    assert stored.status == OperationStatus.FAILED
+    assert (stored.error or {}).get("kind") == "output"
+    # the sandbox goes on: a command within the cap completes
+    after = http.post(url, json={"command": "echo ok", "output_limit": 100_000}).json()
+    assert (after["status"], after["stdout"]) == ("completed", "ok\n")

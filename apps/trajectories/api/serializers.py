@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from rest_framework import serializers
@@ -12,9 +13,11 @@ from apps.trajectories.models import (
     FailureClass,
     Step,
     StepKind,
+    VerifierKind,
     VerifierOutcome,
 )
 from apps.trajectories.services.episodes import EpisodeResult, StepInput
+from apps.trajectories.services.junit import MAX_REPORT_BYTES
 
 
 class EpisodeOpenSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -43,6 +46,18 @@ class EpisodeOpenSerializer(serializers.Serializer):  # type: ignore[type-arg]
         return {k: v for k, v in self.validated_data.items() if k not in skip}
 
 
+class VerifierDeclarationSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    """A verifier step's declaration: which framework ran (docs/trajectories.md)."""
+
+    kind = serializers.ChoiceField(choices=VerifierKind.choices)
+    # A structured report (JUnit XML) the verifier wrote, as read from the sandbox:
+    # parsed into the step's per-test results; empty = the verifier wrote none.
+    report = serializers.CharField(
+        required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_REPORT_BYTES
+    )
+    report_path = serializers.CharField(required=False, allow_blank=True, max_length=1000)
+
+
 class StepInputSerializer(serializers.Serializer):  # type: ignore[type-arg]
     kind = serializers.ChoiceField(choices=StepKind.choices, default=StepKind.EXEC)
     index = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)  # int4
@@ -57,6 +72,7 @@ class StepInputSerializer(serializers.Serializer):  # type: ignore[type-arg]
     started_at = serializers.DateTimeField(required=False, allow_null=True)
     ended_at = serializers.DateTimeField(required=False, allow_null=True)
     duration_s = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    verifier = VerifierDeclarationSerializer(required=False)
 
     def to_input(self, data: dict[str, Any]) -> StepInput:
         return StepInput(**{k: v for k, v in data.items() if v is not None or k == "action"})
@@ -88,6 +104,9 @@ class EpisodeCloseSerializer(serializers.Serializer):  # type: ignore[type-arg]
     )
     inference_error = serializers.JSONField(required=False, allow_null=True)
     ended_at = serializers.DateTimeField(required=False, allow_null=True)
+    client_cost = serializers.DecimalField(
+        max_digits=14, decimal_places=6, min_value=Decimal(0), required=False
+    )
 
     def to_result(self) -> EpisodeResult:
         return EpisodeResult(**{k: v for k, v in self.validated_data.items() if v is not None})
@@ -124,6 +143,7 @@ class StepSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "started_at",
             "ended_at",
             "duration_s",
+            "verifier",
         ]
 
 
@@ -133,6 +153,7 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     relabeled = serializers.SerializerMethodField()
     sandboxes = serializers.SerializerMethodField()
     cost = serializers.DecimalField(max_digits=14, decimal_places=6, coerce_to_string=True)
+    client_cost = serializers.DecimalField(max_digits=14, decimal_places=6, coerce_to_string=True)
 
     class Meta:
         model = Episode
@@ -164,8 +185,11 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "versions",
             "resources",
             "cost",
+            "client_cost",
+            "cost_basis",
             "failure_class",
             "auto_failure_class",
+            "claimed_class",
             "failure_evidence",
             "valid",
             "relabeled",

@@ -4,7 +4,7 @@ relabel."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox
-from apps.trajectories.cost import sandbox_window_cost
+from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
 from apps.trajectories.models import (
     TERMINATION_REASONS,
     Episode,
@@ -26,12 +26,15 @@ from apps.trajectories.models import (
     StepKind,
     VerifierOutcome,
 )
-from apps.trajectories.services.attribution import episode_attribution
+from apps.trajectories.services.attribution import DETECTION_GRACE, episode_attribution
+from apps.trajectories.services.junit import ReportInvalid, parse_junit
 from apps.trajectories.services.step_schema import step_problem
 from controlplane import jsonsafe
 from controlplane.errors import Conflict, NotFound, ValidationFailed
 
 CONTROL_PLANE_VERSION = "hedgerow/1"
+# How far ahead of the server's clock a client's time may be before it is refused.
+MAX_CLOCK_SKEW = timedelta(seconds=5)
 EPISODE_FIELDS = (
     "task_id",
     "task_version",
@@ -69,6 +72,7 @@ class StepInput:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     duration_s: float | None = None
+    verifier: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class EpisodeResult:
     verifier_outcome: str = ""
     inference_error: Any = None
     ended_at: datetime | None = None
+    client_cost: Decimal = Decimal(0)  # model tokens etc., reported by the client
 
 
 def _sandbox_of(tenant: Tenant, sandbox_id: str) -> Sandbox:
@@ -88,6 +93,15 @@ def _sandbox_of(tenant: Tenant, sandbox_id: str) -> Sandbox:
     if sandbox is None:
         raise NotFound(f"no sandbox {sandbox_id!r}", code="sandbox_not_found", field="sandbox_id")
     return sandbox
+
+
+def _not_in_future(value: datetime | None, name: str, now: datetime) -> None:
+    if value is not None and value > now + MAX_CLOCK_SKEW:
+        raise ValidationFailed(
+            f"{name} {value.isoformat()} is after the server's clock ({now.isoformat()})",
+            field=name,
+            code="invalid_window",
+        )
 
 
 def episode_open(
@@ -110,6 +124,7 @@ def episode_open(
     if unknown:
         raise ValidationFailed(f"unknown field(s) {sorted(unknown)}", field=sorted(unknown)[0])
     jsonsafe.require_no_nul(fields, "")  # e.g. a sampling or label key: Postgres refuses it
+    _not_in_future(started_at, "started_at", timezone.now())
     sandboxes = [_sandbox_of(tenant, sid) for sid in sandbox_ids]
     clean = {k: v for k, v in fields.items() if v is not None}
     clean.setdefault("versions", {})
@@ -166,6 +181,13 @@ def episode_attach_sandbox(
         generation=gen,
         defaults={"sandbox": sandbox},
     )
+    if sandbox.image_digest and not episode.image_digest:
+        # Exactly what the episode ran: the image digest of its (first) sandbox, unless
+        # the client recorded one itself. The JSONL export carries it.
+        Episode.objects.filter(pk=episode.pk, image_digest="").update(
+            image_digest=sandbox.image_digest
+        )
+        episode.image_digest = sandbox.image_digest
     return link
 
 
@@ -252,6 +274,7 @@ def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
         started_at=item.started_at,
         ended_at=item.ended_at,
         duration_s=item.duration_s,
+        verifier=_verifier_record(item.verifier),
     )
     if item.sandbox_id:
         sandbox = _sandbox_of(episode.tenant, item.sandbox_id)
@@ -281,6 +304,31 @@ def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
         raise ValidationFailed("operation_id needs sandbox_id", field="sandbox_id")
     step.save()
     return step
+
+
+def _verifier_record(declared: dict[str, Any]) -> dict[str, Any]:
+    """What a verifier step keeps of its declaration: the kind and, when it declared a
+    report, the per-test results parsed from it (or why there are none). The report's
+    text itself is not stored."""
+    if not declared:
+        return {}
+    record: dict[str, Any] = {"kind": declared["kind"]}
+    if "report" not in declared and not declared.get("report_path"):
+        return record
+    report: dict[str, Any] = {"format": "junit-xml", "path": declared.get("report_path", "")}
+    record["report"] = report
+    text = declared.get("report") or ""
+    if not text:
+        report["error"] = "the verifier wrote no report"
+        return record
+    try:
+        parsed = parse_junit(text)
+    except ReportInvalid as exc:
+        report["error"] = str(exc)
+        return record
+    record["results"] = parsed.results
+    record["summary"] = parsed.summary
+    return record
 
 
 def _resources(episode: Episode) -> dict[str, Any]:
@@ -332,17 +380,14 @@ def _stored_problem(step: Step) -> tuple[str, str] | None:
     )
 
 
-def _episode_cost(episode: Episode) -> Decimal:
-    end = episode.ended_at or timezone.now()
-    total = Decimal("0")
-    sandboxes = {
-        link.sandbox.pk: link.sandbox
-        for link in episode.sandbox_links.select_related("sandbox")
-        if link.sandbox is not None
-    }
-    for sandbox in sandboxes.values():
-        total += sandbox_window_cost(sandbox=sandbox, start=episode.started_at, end=end)
-    return total
+def episode_costs_refresh(*, episodes: list[Episode]) -> None:
+    """Re-costs closed episodes (their sandbox shares change as a sandbox accrues,
+    ends, or gains another episode)."""
+    for episode in episodes:
+        sandbox_cost, basis = episode_sandbox_cost(episode=episode)
+        Episode.objects.filter(pk=episode.pk).update(
+            cost=sandbox_cost + episode.client_cost, cost_basis=basis
+        )
 
 
 def _validate_result(result: EpisodeResult) -> None:
@@ -354,6 +399,8 @@ def _validate_result(result: EpisodeResult) -> None:
             f"one of {', '.join(TERMINATION_REASONS)}",
             field="termination_reason",
         )
+    if result.client_cost < 0:
+        raise ValidationFailed("client_cost must be ≥ 0", field="client_cost")
     if result.verifier_outcome and result.verifier_outcome not in VerifierOutcome.values:
         raise ValidationFailed(
             f"verifier outcome is one of {', '.join(VerifierOutcome.values)}",
@@ -364,9 +411,19 @@ def _validate_result(result: EpisodeResult) -> None:
 def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
     """Closes an open episode (CAS open → closed), stores the outcome, resource
     totals and cost, and applies the decision procedure. Idempotent: closing a
-    closed episode returns it unchanged."""
+    closed episode returns it unchanged. An impossible window (``ended_at`` before
+    ``started_at`` or after the server's clock) is a 400 ``invalid_window``."""
     _validate_result(result)
     now = timezone.now()
+    if episode.status == EpisodeStatus.OPEN:
+        _not_in_future(result.ended_at, "ended_at", now)
+        if result.ended_at is not None and result.ended_at < episode.started_at:
+            raise ValidationFailed(
+                f"ended_at {result.ended_at.isoformat()} is before the episode's "
+                f"started_at {episode.started_at.isoformat()}",
+                field="ended_at",
+                code="invalid_window",
+            )
     with transaction.atomic():
         changed = Episode.objects.filter(pk=episode.pk, status=EpisodeStatus.OPEN).update(
             status=EpisodeStatus.CLOSED,
@@ -378,6 +435,7 @@ def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
             verifier_version=result.verifier_version,
             verifier_outcome=result.verifier_outcome,
             inference_error=result.inference_error,
+            client_cost=result.client_cost,
         )
         episode.refresh_from_db()
         if changed != 1:
@@ -389,9 +447,13 @@ def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
 def episode_attribute(*, episode: Episode) -> Episode:
     """(Re)applies the decision procedure and recomputes resources and cost of a closed
     episode. A person's label is never overwritten: only ``auto_failure_class``
-    changes under it. Imported episodes keep what they came with."""
-    if episode.status != EpisodeStatus.CLOSED or episode.imported:
+    changes under it. An imported episode is attributed from this ledger only where
+    it names this tenant's sandboxes (its claim stays in ``claimed_class``); otherwise
+    it keeps what it came with."""
+    if episode.status != EpisodeStatus.CLOSED:
         return episode
+    if episode.imported:
+        return _imported_attribute(episode)
     verdict = episode_attribution(episode=episode)
     relabeled = episode.relabels.exists()
     episode.auto_failure_class = verdict.failure_class
@@ -399,7 +461,8 @@ def episode_attribute(*, episode: Episode) -> Episode:
         episode.failure_class = verdict.failure_class
     episode.failure_evidence = verdict.as_evidence()
     episode.resources = _resources(episode)
-    episode.cost = _episode_cost(episode)
+    sandbox_cost, episode.cost_basis = episode_sandbox_cost(episode=episode)
+    episode.cost = sandbox_cost + episode.client_cost
     episode.save(
         update_fields=[
             "auto_failure_class",
@@ -407,8 +470,71 @@ def episode_attribute(*, episode: Episode) -> Episode:
             "failure_evidence",
             "resources",
             "cost",
+            "cost_basis",
         ]
     )
+    # Episodes sharing a sandbox with this one now share its cost with one more.
+    pks = [link.sandbox_id for link in episode.sandbox_links.all() if link.sandbox_id]
+    if pks:
+        episode_costs_refresh(
+            episodes=[e for e in sharing_episodes(sandbox_pks=pks) if e.pk != episode.pk]
+        )
+    return episode
+
+
+# The sweep looks a little past the grace so a run that is late still sees it once.
+SWEEP_SLACK = timedelta(seconds=60)
+
+
+def episodes_reattribute_recent(*, now: datetime | None = None, limit: int = 1000) -> int:
+    """Re-runs attribution for episodes that closed within the detection grace, so a
+    loss the watcher noticed after the harness closed is attributed without a manual
+    ``/attribute``. A verdict reached while healthy stands (the procedure ignores what
+    came after it), and episodes past the grace are never touched. Returns how many
+    changed class."""
+    now = now or timezone.now()
+    recent = (
+        Episode.objects.filter(
+            status=EpisodeStatus.CLOSED,
+            imported=False,
+            ended_at__gte=now - DETECTION_GRACE - SWEEP_SLACK,
+            sandbox_links__sandbox__isnull=False,
+        )
+        .exclude(auto_failure_class__in=(FailureClass.STARTUP, FailureClass.ENVIRONMENT))
+        .distinct()
+        .order_by("ended_at")[:limit]
+    )
+    changed = 0
+    for episode in recent:
+        if episode_attribution(episode=episode).failure_class != episode.auto_failure_class:
+            episode_attribute(episode=episode)
+            changed += 1
+    return changed
+
+
+def _imported_attribute(episode: Episode) -> Episode:
+    """The ledger's word on an imported episode whose sandboxes are this tenant's: the
+    claimed class is kept beside it, and a disagreement is a fact in the evidence."""
+    if not episode.sandbox_links.filter(sandbox__isnull=False).exists():
+        return episode
+    verdict = episode_attribution(episode=episode)
+    claimed = episode.claimed_class
+    evidence = verdict.as_evidence()
+    if claimed and claimed != verdict.failure_class:
+        evidence.append(
+            {
+                "class": "note",
+                "source": "import",
+                "detail": f"the import claimed {claimed}; this installation's ledger says "
+                f"{verdict.failure_class}",
+                "claimed_class": claimed,
+            }
+        )
+    episode.auto_failure_class = verdict.failure_class
+    if not episode.relabels.exists():
+        episode.failure_class = verdict.failure_class
+    episode.failure_evidence = evidence
+    episode.save(update_fields=["auto_failure_class", "failure_class", "failure_evidence"])
     return episode
 
 

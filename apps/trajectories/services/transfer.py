@@ -21,6 +21,7 @@ from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
 from apps.billing.models import Tenant
+from apps.sandboxes.models import Operation, Sandbox
 from apps.trajectories.models import (
     Episode,
     EpisodeRelabel,
@@ -29,7 +30,9 @@ from apps.trajectories.models import (
     FailureClass,
     Step,
     StepKind,
+    VerifierKind,
 )
+from apps.trajectories.services.episodes import episode_attribute
 from apps.trajectories.services.step_schema import step_problem
 from controlplane import jsonsafe
 from controlplane.errors import ApiError
@@ -82,6 +85,11 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
             "auto_class": episode.auto_failure_class,
             "class": episode.failure_class,
             "evidence": episode.failure_evidence,
+            **(
+                {"claimed": episode.claimed_class}
+                if episode.claimed_class and episode.claimed_class != episode.failure_class
+                else {}
+            ),
             "relabels": [
                 {
                     "from": r.from_class,
@@ -122,6 +130,7 @@ def _step_record(step: Step) -> dict[str, Any]:
         "started_at": _iso(step.started_at),
         "ended_at": _iso(step.ended_at),
         "duration_s": step.duration_s,
+        "verifier": step.verifier,
     }
 
 
@@ -176,6 +185,13 @@ def _obj(data: dict[str, Any], name: str) -> dict[str, Any]:
     value = data.get(name) or {}
     if not isinstance(value, dict):
         raise RecordError(name, "must be an object")
+    return value
+
+
+def _verifier_declaration(data: dict[str, Any]) -> dict[str, Any]:
+    value = _obj(data, "verifier")
+    if value and value.get("kind") not in VerifierKind.values:
+        raise RecordError("verifier.kind", f"one of {', '.join(VerifierKind.values)}")
     return value
 
 
@@ -243,11 +259,14 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
         auto_failure_class=failure.get("auto_class") or "",
         failure_class=failure.get("class") or "",
         failure_evidence=failure.get("evidence") or [],
+        claimed_class=failure.get("claimed") or failure.get("class") or "",
         imported=True,
         created_by="import",
         **{name: _text(data, name, required=name == "task_id") for name in _TEXT},
         **{name: _obj(data, name) for name in _OBJECTS},
     )
+    if episode.ended_at is not None and episode.ended_at < episode.started_at:
+        raise RecordError("ended_at", "is before started_at (an impossible window)")
     steps = [_build_step(episode, i, s) for i, s in enumerate(data.get("steps") or [])]
     if len({s.index for s in steps}) != len(steps):
         raise RecordError("steps", "step indexes repeat")
@@ -260,6 +279,7 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
         )
         for s in data.get("sandboxes") or []
     ]
+    _resolve_local(tenant, links, steps)
     relabels = [
         EpisodeRelabel(
             episode=episode,
@@ -272,6 +292,26 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
         for r in failure.get("relabels") or []
     ]
     return episode, steps, links, relabels
+
+
+def _resolve_local(tenant: Tenant, links: list[EpisodeSandbox], steps: list[Step]) -> None:
+    """Links the sandboxes (and their operations) the record names that are this
+    tenant's: the ledger then knows them and attributes the episode (item 6). Another
+    tenant's sandbox of the same name is never linked."""
+    refs = {link.sandbox_ref for link in links} | {s.sandbox_ref for s in steps if s.sandbox_ref}
+    local = {
+        sb.external_id: sb for sb in Sandbox.objects.for_tenant(tenant).filter(external_id__in=refs)
+    }
+    if not local:
+        return
+    for link in links:
+        link.sandbox = local.get(link.sandbox_ref)
+    for step in steps:
+        sandbox = local.get(step.sandbox_ref)
+        if sandbox is not None and step.operation_id:
+            step.operation_record = Operation.objects.filter(
+                sandbox=sandbox, operation_id=step.operation_id
+            ).first()
 
 
 def _build_step(episode: Episode, position: int, data: Any) -> Step:
@@ -304,6 +344,7 @@ def _build_step(episode: Episode, position: int, data: Any) -> Step:
             started_at=_time(data, "started_at"),
             ended_at=_time(data, "ended_at"),
             duration_s=_num(data, "duration_s"),
+            verifier=_verifier_declaration(data),
         )
     except RecordError as exc:
         raise RecordError(f"{where}.{exc.field}", exc.message) from None
@@ -351,6 +392,7 @@ def episodes_import(
                 Step.objects.bulk_create(steps)
                 EpisodeSandbox.objects.bulk_create(links)
                 EpisodeRelabel.objects.bulk_create(relabels)
+                episode_attribute(episode=episode)
         except IntegrityError as exc:
             report.errors.append({"line": number, "field": None, "message": str(exc)[:300]})
             continue

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import http.client
 import ipaddress
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
 import tarfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ from apps.sandboxes.backends.base import (
     UnknownImage,
 )
 from podagent import seccomp
+from podagent.userns import RANGE as USERNS_RANGE
 
 from . import idmap, process
 from ._btrfs import qgroup_name
@@ -59,7 +64,10 @@ from .config import (
 )
 from .images import Credentials, ImageRecord, ImageStore
 from .images import errors as image_errors
+from .images import overlay as image_overlay
 from .images import reference as image_ref
+from .images import user as image_user
+from .images.overlay import unmount_rootfs
 from .network import Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
@@ -68,6 +76,84 @@ log = logging.getLogger(__name__)
 
 HOST_IMAGE = "host"
 RESOLVE_CACHE_S = 60.0
+MS_BIND = 4096
+MS_SHARED = 1 << 20
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+@dataclass
+class _Launch:
+    """How the sandbox's root and commands look: the defaults (host, legacy images)
+    or an OCI image's overlay root, environment and working directory."""
+
+    base_args: list[str]
+    python: str
+    root: Path | None = None
+    env: dict[str, str] = field(default_factory=lambda: dict(process.SANDBOX_ENV))
+    workdir: str = "/workspace"
+    digest: str = ""
+    user: tuple[int, int] | None = None  # commands' uid:gid, None: root
+    caps: tuple[str, ...] = ()  # what root's commands keep (process.IMAGE_CAPABILITIES)
+
+
+def image_env(image: list[str]) -> dict[str, str]:
+    """The commands' environment for an OCI image: the sandbox's defaults, then the
+    image config's ``Env`` over them (its PATH included), as a container sees it."""
+    env = dict(process.SANDBOX_ENV)
+    for item in image:
+        key, sep, value = item.partition("=")
+        if sep and key:
+            env[key] = value
+    return env
+
+
+def image_workdir(working_dir: str) -> str:
+    """The image config's ``WorkingDir`` as the commands' default directory
+    (/workspace when unset; relative paths are taken from /, as Docker does)."""
+    if not working_dir:
+        return "/workspace"
+    return os.path.normpath("/" + working_dir.lstrip("/"))
+
+
+# A staging layout nobody writes is kept this long for a retried pull to resume, then
+# it is an ``image_staging`` leftover the reconciler removes.
+STAGING_STALE_S = 3600.0
+
+
+def lease_holder(instance: str, sandbox_id: str) -> str:
+    """The store lease name of one sandbox of one instance: ``<instance>.<sid>``.
+
+    The store is machine-wide, so its leases are every instance's; instance ids have
+    no dots, so the prefix tells this instance's leases (``inventory``) from others'."""
+    return f"{instance}.{sandbox_id}"
+
+
+def _mount_points() -> set[str]:
+    """Every mount point of this mount namespace (mountinfo's field 5, octal escapes
+    such as ``\\040`` for a space decoded)."""
+    points = set()
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            raw = line.split(b" ")[4]
+            decoded = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), raw)
+            points.add(os.fsdecode(decoded))
+    return points
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _is_sandbox_id(name: str) -> bool:
+    try:
+        check_sandbox_id(name)
+    except BackendError:
+        return False
+    return True
 
 
 def _credential_key(credentials: RegistryCredentials | None) -> str:
@@ -167,6 +253,8 @@ class LocalBackend:
         # (reference, credentials key) -> (info, expiry): a create re-proves access to
         # an image at most every RESOLVE_CACHE_S per credentials, not per request
         self._resolved: dict[tuple[str, str], tuple[ImageInfo, float]] = {}
+        self._roots_shared = False  # roots_dir is a shared mount (checked once)
+        self._userns: dict[int, int] = {}  # uid base -> user namespace fd (idmaps)
 
     # ---- images ----------------------------------------------------------------------
 
@@ -290,7 +378,13 @@ class LocalBackend:
 
     @staticmethod
     def _endpoint_of(meta: dict[str, Any]) -> Endpoint:
-        return Endpoint(meta["ip"], int(meta["port"]), meta["isolation"], meta.get("node", ""))
+        return Endpoint(
+            meta["ip"],
+            int(meta["port"]),
+            meta["isolation"],
+            meta.get("node", ""),
+            meta.get("image_digest", ""),
+        )
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -380,7 +474,17 @@ class LocalBackend:
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
-        base_args, python = self._base_args(spec.image)
+        if self._is_legacy(spec.image):
+            base_args, python = self._base_args(spec.image)
+            launch: _Launch | None = _Launch(base_args, python)
+        else:
+            with _typed_image_errors(spec.image):
+                image_ref.parse(spec.image)  # a bad reference: nothing made at all
+            if not self.isolated:
+                raise BackendError(
+                    f"image {spec.image!r}: OCI images need the netns+bwrap isolation (root)"
+                )
+            launch = None  # pulled and mounted inside, where a failure rolls back
         with self._lock(spec.sandbox_id):
             meta = self._meta(spec.sandbox_id)
             if (
@@ -393,7 +497,7 @@ class LocalBackend:
             if meta or self._dir(spec.sandbox_id).exists():
                 self._destroy_locked(spec.sandbox_id)
             try:
-                return self._provision_locked(spec, base_args, python)
+                return self._provision_locked(spec, launch, progress)
             except Exception as exc:
                 try:
                     self._destroy_locked(spec.sandbox_id)
@@ -405,15 +509,24 @@ class LocalBackend:
                     raise
                 raise BackendError(f"provision failed: {exc}") from exc
 
-    def _provision_locked(self, spec: SandboxSpec, base_args: list[str], python: str) -> Endpoint:
+    def _provision_locked(
+        self, spec: SandboxSpec, launch: _Launch | None, progress: ProgressCallback | None
+    ) -> Endpoint:
         sid = spec.sandbox_id
         d = self._dir(sid)
+        image: ImageRecord | None = None
+        if launch is None:
+            # leased to this sandbox before the pull returns: collection cannot take
+            # it before the mount; destroy releases the lease by the sandbox id
+            image = self._pull_leased(spec, progress)
+            self._hook("image_pulled")
         volume = self._make_dirs(sid, spec.disk_mib << 20)
         meta: dict[str, Any] = {
             "sandbox_id": sid,
             "tenant_id": spec.tenant_id,
             "generation": spec.generation,
             "image": spec.image,
+            "image_digest": image.digest if image is not None else "",
             "state": "provisioning",
             "isolation": ISOLATED if self.isolated else UNISOLATED,
             "node": self.node,
@@ -456,6 +569,8 @@ class LocalBackend:
         # the agent's own groups (memory and pids split from its commands': cgroups.py)
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
         cgroup_files = self.cgroups.agent_files(created)
+        if self.storage is not None:  # the agent names a full disk from its quota group
+            cgroup_files.update(self.storage.quota_files(sid))
         self._hook("cgroups_created")
         if self.isolated:
             # sandbox root (host id uid_base) owns what it may write
@@ -463,14 +578,17 @@ class LocalBackend:
         else:
             process.write_token(d / "secret", spec.agent_token)
         pause = self._zygote_pause() if self.isolated else None
+        if image is not None:
+            assert volume is not None  # OCI images need isolation (provision checks)
+            launch = self._mount_image_root(sid, volume, image, int(meta["uid_base"]), pause)
+            self._hook("root_mounted")
+        assert launch is not None
         if pause is not None:
             meta.update(
-                self._spawn_from_zygote(spec, d, base_args, pause, cgroup_dirs, cgroup_files, meta)
+                self._spawn_from_zygote(spec, d, launch, pause, cgroup_dirs, cgroup_files, meta)
             )
         elif self.isolated:
-            pid, start = self._launch_exec(
-                spec, d, base_args, python, cgroup_dirs, cgroup_files, meta
-            )
+            pid, start = self._launch_exec(spec, d, launch, cgroup_dirs, cgroup_files, meta)
             meta.update(pid=pid, start_time=start, launch="exec")
             meta.update(process.find_exec_agent(pid, start, self.agent_start_timeout))
         else:
@@ -482,6 +600,132 @@ class LocalBackend:
         self._save_meta(sid, meta)
         self._hook("started")
         return self._endpoint_of(meta)
+
+    # ---- OCI image roots (docs/images.md "Sandbox roots") ------------------------------
+
+    def _pull_leased(self, spec: SandboxSpec, progress: ProgressCallback | None) -> ImageRecord:
+        with _typed_image_errors(spec.image):
+            rec = self._image_store().pull(
+                spec.image,
+                credentials=self._credentials(spec.registry_credentials),
+                progress=progress,
+                lease=lease_holder(self.config.instance, spec.sandbox_id),
+            )
+        self._resolved[(spec.image, _credential_key(spec.registry_credentials))] = (
+            self._info(rec),
+            time.monotonic() + RESOLVE_CACHE_S,
+        )
+        return rec
+
+    @property
+    def roots_dir(self) -> Path:
+        """Where image sandboxes' roots are mounted, ``<roots_dir>/<sandbox id>``: a
+        shared mount, so roots mounted after the zygote started reach its launcher
+        mount namespace (an rslave copy of this one, whose / is private)."""
+        return self.config.state_dir / "roots"
+
+    def _root_target(self, sid: str) -> Path:
+        return self.roots_dir / sid
+
+    def _ensure_roots_shared(self) -> None:
+        """Makes ``roots_dir`` a shared bind mount of itself, once per machine boot;
+        a zygote started before then is stopped (its launcher namespace was copied
+        without it, so no root mounted later could reach its bwraps)."""
+        if self._roots_shared:
+            return
+        with file_lock(self.locks_dir / "roots.lock"):
+            if not _is_shared_mount(self.roots_dir):
+                self.roots_dir.mkdir(mode=0o711, exist_ok=True)
+                os.chmod(self.roots_dir, 0o711)  # noqa: S103 - bwrap (a sandbox's id) binds from here
+                target = os.fsencode(self.roots_dir)
+                if _libc.mount(target, target, None, MS_BIND, None) != 0:
+                    err = ctypes.get_errno()
+                    raise BackendError(f"cannot bind-mount {self.roots_dir}: {os.strerror(err)}")
+                if _libc.mount(None, target, None, MS_SHARED, None) != 0:
+                    err = ctypes.get_errno()
+                    _libc.umount2(target, image_overlay.MNT_DETACH)
+                    raise BackendError(f"cannot make {self.roots_dir} shared: {os.strerror(err)}")
+                self.zygote.stop()
+        self._roots_shared = True
+
+    def _userns_of(self, uid_base: int) -> int:
+        """A user namespace fd with the sandbox's id maps, for idmapping its layers
+        (the mount keeps only the mapping): one per uid base, kept (~4 ms each)."""
+        fd = self._userns.get(uid_base)
+        if fd is None:
+            fd = idmap.userns_fd(uid_base)
+            os.set_inheritable(fd, False)
+            self._userns[uid_base] = fd
+        return fd
+
+    def _mount_image_root(
+        self, sid: str, volume: Volume, rec: ImageRecord, uid_base: int, pause: Path | None
+    ) -> _Launch:
+        """The sandbox's root: the image's layers (idmapped to its ids) under a
+        writable upper dir inside its volume (its ``disk`` quota covers the root's
+        writes), mounted at ``<roots_dir>/<sid>``."""
+        store = self._image_store()
+        lower = store.lower_dirs(rec)
+        with _typed_image_errors(rec.reference):
+            uid, gid = image_user.resolve_user(rec.reference, lower, rec.config.user)
+            if max(uid, gid) >= USERNS_RANGE:  # another sandbox's host ids: never
+                raise image_user.ImageUserUnknown(
+                    rec.reference, f"User {rec.config.user!r} is outside ids 0..{USERNS_RANGE - 1}"
+                )
+        self._ensure_roots_shared()
+        if (uid, gid) != (0, 0):
+            # the image's user runs the commands: /workspace is theirs to write
+            os.chown(volume.workspace, uid_base + uid, uid_base + gid)
+        upper, work = volume.root / "root" / "upper", volume.root / "root" / "work"
+        for path in (upper.parent, upper, work):
+            path.mkdir(mode=0o755)
+            os.chown(path, uid_base, uid_base)  # the sandbox's root owns its /
+        target = self._root_target(sid)
+        target.mkdir(mode=0o755, exist_ok=True)
+        try:
+            image_overlay.mount_rootfs(lower, upper, work, target, self._userns_of(uid_base))
+        except OSError as exc:
+            raise BackendError(f"cannot mount {sid}'s root from {rec.reference}: {exc}") from exc
+        python = ""
+        if pause is None:  # exec launch: the agent runs on the image's python or the bundle
+            python = self._image_python(target)
+        return _Launch(
+            [],
+            python,
+            root=target,
+            env=image_env(rec.config.env),
+            workdir=image_workdir(rec.config.working_dir),
+            digest=rec.digest,
+            user=(uid, gid) if (uid, gid) != (0, 0) else None,
+            caps=tuple(process.IMAGE_CAPABILITIES),
+        )
+
+    def _image_python(self, root: Path) -> str:
+        for python in ("usr/bin/python3", "usr/local/bin/python3"):
+            if os.path.lexists(root / python):
+                return "/" + python
+        if self.config.agent_bundle is not None:
+            return process.BUNDLED_PYTHON
+        raise BackendError("the image has no python3 and no agent bundle is configured")
+
+    def _release_image_root(self, sid: str) -> None:
+        """Unmounts the sandbox's root (lazily if something still holds it) and drops
+        its image lease. Idempotent; works from the sandbox id alone."""
+        target = self._root_target(sid)
+        path = os.fsencode(target)
+        while _libc.umount2(path, 0) == 0:
+            pass  # stacked mounts: one umount each
+        err = ctypes.get_errno()
+        if err == errno.EBUSY:
+            if _libc.umount2(path, image_overlay.MNT_DETACH) != 0:
+                err = ctypes.get_errno()
+                raise BackendError(f"cannot unmount {target}: {os.strerror(err)}")
+        elif err not in (errno.EINVAL, errno.ENOENT):
+            raise BackendError(f"cannot unmount {target}: {os.strerror(err)}")
+        with contextlib.suppress(FileNotFoundError):
+            target.rmdir()
+        if self.config.image_store.is_dir():
+            self._image_store().release(lease_holder(self.config.instance, sid))
 
     def _make_dirs(self, sid: str, disk_bytes: int) -> Volume | None:
         """Every directory a sandbox gets, made in one place: its state dir (meta,
@@ -498,6 +742,8 @@ class LocalBackend:
             # A zygote started before the storage was mounted has a copy of the old
             # mount table (the host's / is private): its bwraps could not bind from it.
             self.zygote.stop()
+        # before any zygote starts: image roots mounted later must reach its bwraps
+        self._ensure_roots_shared()
         return self.storage.create(sid, disk_bytes)
 
     def _data_dirs(self, sid: str) -> tuple[Path, Path]:
@@ -510,7 +756,7 @@ class LocalBackend:
     def _bwrap_argv(
         self,
         d: Path,
-        base_args: list[str],
+        launch: _Launch,
         *,
         python: str,
         bundle: Path | None = None,
@@ -523,7 +769,12 @@ class LocalBackend:
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
         workspace, tmp = self._data_dirs(d.name)
         return process.bwrap_argv(
-            base_args=base_args,
+            base_args=launch.base_args,
+            root=launch.root,
+            env=launch.env,
+            workdir=launch.workdir,
+            caps=launch.caps if pause is None else (),
+            user=launch.user,
             workspace=workspace,
             tmp=tmp,
             token_fd=token_fd,
@@ -545,8 +796,7 @@ class LocalBackend:
         self,
         spec: SandboxSpec,
         d: Path,
-        base_args: list[str],
-        python: str,
+        launch: _Launch,
         cgroup_dirs: dict[str, Path],
         cgroup_files: dict[str, list[str]],
         meta: dict[str, Any],
@@ -561,8 +811,8 @@ class LocalBackend:
                 fds.append(process.data_memfd("token", spec.agent_token.encode()))
                 argv = self._bwrap_argv(
                     d,
-                    base_args,
-                    python=python,
+                    launch,
+                    python=launch.python,
                     bundle=self.config.agent_bundle,
                     cgroup_fds=limit_fds,
                     seccomp_fd=fds[0],
@@ -597,13 +847,13 @@ class LocalBackend:
         self,
         spec: SandboxSpec,
         d: Path,
-        base_args: list[str],
+        launch: _Launch,
         pause: Path,
         cgroup_dirs: dict[str, Path],
         cgroup_files: dict[str, list[str]],
         meta: dict[str, Any],
     ) -> dict[str, Any]:
-        options, payload = process.split(self._bwrap_argv(d, base_args, python="", pause=pause))
+        options, payload = process.split(self._bwrap_argv(d, launch, python="", pause=pause))
         timeout = self.agent_start_timeout
         answer = self.zygote.spawn(
             {
@@ -621,8 +871,12 @@ class LocalBackend:
                 "cgroup_files": cgroup_files,
                 "log": str(d / "agent.log"),
                 "workdir": "/workspace",
-                "env": process.SANDBOX_ENV,
-                "agent_args": process.agent_args(self.config.agent_port),
+                "env": launch.env,
+                "agent_args": process.agent_args(
+                    self.config.agent_port, launch.workdir, launch.user
+                ),
+                # kept by the agent for root's commands (none for host sandboxes)
+                "caps": [process.IMAGE_CAPABILITIES[c] for c in launch.caps],
                 "umask": _own_umask(),
                 "timeout": timeout,
             },
@@ -722,8 +976,12 @@ class LocalBackend:
             # no meta: whether it had network access is unknown, so look
             self.network.delete(sid, meta.get("ip"), egress=meta.get("network_access", True))
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
+        # its processes are dead: the root is unused (an image sandbox's upper dir is
+        # in its volume, so before the volume goes)
+        if self.isolated:  # image roots exist only there (unprivileged umount2 fails)
+            self._release_image_root(sid)
         if self.storage is not None:
-            self.storage.remove(sid)  # its processes are dead: nothing writes any more
+            self.storage.remove(sid)  # nothing writes any more
         shutil.rmtree(self._dir(sid), ignore_errors=True)
         if self._dir(sid).exists():
             raise BackendError(f"cannot remove {self._dir(sid)}")
@@ -751,14 +1009,54 @@ class LocalBackend:
                 idmap.release_blocks(self.config.claims_dir, subnet)
             self.network.teardown_instance()
         self.cgroups.remove_group()
+        self._release_roots_dir()
         if self.storage is not None:
             self.storage.teardown()  # unmount (the loop device goes too), delete the image
+
+    def _release_roots_dir(self) -> None:
+        path = os.fsencode(self.roots_dir)
+        while _is_shared_mount(self.roots_dir) and _libc.umount2(path, 0) == 0:
+            pass
+        with contextlib.suppress(OSError):
+            self.roots_dir.rmdir()
+        self._roots_shared = False
+        for fd in self._userns.values():
+            os.close(fd)
+        self._userns.clear()
 
     def release_storage(self) -> None:
         """Unmounts the sandbox storage, keeping it for the next start (`make down`,
         after every sandbox is destroyed and the zygote stopped)."""
         if self.storage is not None:
             self.storage.release()
+
+    def check_disk(self, disk_bytes: int, min_free_bytes: int | None = None) -> None:
+        """Raises DiskExhausted when a new sandbox must not start: the state dir's or
+        the image store's filesystem has less than ``min_free_bytes`` free (default:
+        the image reserve), or the sandbox storage has less room than ``disk_bytes``
+        (the sandbox's quota). Three statvfs calls; nothing is written."""
+        reserve = self.config.image_min_free_bytes if min_free_bytes is None else min_free_bytes
+        for label, path in (
+            ("state dir", self.config.state_dir),
+            ("image store", self.config.image_store),
+        ):
+            while not path.exists() and path != path.parent:
+                path = path.parent  # not made yet: the filesystem it will be on
+            free = _free_bytes(path)
+            if free < reserve:
+                raise DiskExhausted(
+                    f"the {label}'s filesystem ({path}) has {free >> 20} MiB free, below "
+                    f"the {reserve >> 20} MiB reserve (HEDGEROW_IMAGE_MIN_FREE_MIB)"
+                )
+        if self.storage is not None and self.storage.mounted():
+            free = _free_bytes(self.storage.mount)
+            if free < disk_bytes:
+                raise DiskExhausted(
+                    f"the sandbox storage ({self.storage.mount}) has {free >> 20} MiB free, "
+                    f"less than a sandbox's {disk_bytes >> 20} MiB disk "
+                    "(HEDGEROW_SANDBOX_DISK_MIB; the storage's size is "
+                    "HEDGEROW_SANDBOX_DISK_SIZE_MIB)"
+                )
 
     def disk_usage(self, sandbox_id: str) -> int | None:
         """Bytes the sandbox's /workspace and /tmp use; None when unbounded or unknown."""
@@ -841,7 +1139,87 @@ class LocalBackend:
                 items.append(
                     InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
                 )
+        items += self._image_inventory(gen_of)
         return items
+
+    # OCI image leftovers (docs/images.md "Leftovers"): a sandbox's root mount point,
+    # this instance's leases in the machine-wide store (by holder prefix), and staging
+    # layouts no pull writes any more (machine-wide: whichever instance lists one first
+    # removes it; they name no sandbox, so they are reclaimed as unowned).
+
+    def _existing_store(self) -> ImageStore | None:
+        if self._store is None:
+            root = self.config.image_store
+            if not root.is_dir():
+                return None  # nothing ever pulled or imported on this machine
+            if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
+                # another user's store (an unprivileged dev instance): this instance
+                # cannot pull into it, so it holds no lease or staging there
+                return None
+        return self._image_store()
+
+    def _image_inventory(self, gen_of: Callable[[str | None], int | None]) -> list[InventoryItem]:
+        items: list[InventoryItem] = []
+        roots = self.roots_dir
+        try:
+            root_dirs = sorted(roots.iterdir()) if roots.is_dir() else []
+            store = self._existing_store()
+            leases = store.leased() if store is not None else {}
+            staging = store.stale_staging(STAGING_STALE_S) if store is not None else []
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"cannot list image leftovers: {exc}") from exc
+        for d in root_dirs:
+            sid = d.name if _is_sandbox_id(d.name) else None
+            items.append(InventoryItem("sandbox_root", str(d), sid, gen_of(sid), self.node))
+        prefix = lease_holder(self.config.instance, "")
+        for holder in sorted(leases):
+            if holder.startswith(prefix):
+                sid = holder.removeprefix(prefix)
+                items.append(
+                    InventoryItem("image_lease", f"lease:{holder}", sid, gen_of(sid), self.node)
+                )
+        for stage in staging:
+            items.append(InventoryItem("image_staging", str(stage), None, None, self.node))
+        return items
+
+    def _reclaim_image_item(self, item: InventoryItem) -> None:
+        kind, name = item.kind, item.name
+        if kind == "image_lease":
+            holder = name.removeprefix("lease:")
+            prefix = lease_holder(self.config.instance, "")
+            sid = holder.removeprefix(prefix)
+            if not holder.startswith(prefix) or not _is_sandbox_id(sid):
+                raise BackendError(f"{name} is not an image lease of this instance")
+            with self._lock(sid):
+                store = self._existing_store()
+                if store is not None:
+                    store.release(holder)
+        elif kind == "sandbox_root":
+            path = Path(name)
+            if path.parent != self.roots_dir or not _is_sandbox_id(path.name):
+                raise BackendError(f"{name} is not a sandbox root of this instance")
+            with self._lock(path.name):
+                try:
+                    # lazily: a process still inside keeps its view until it exits
+                    while str(path) in _mount_points():
+                        unmount_rootfs(path)
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise BackendError(f"cannot remove sandbox root {name}: {exc}") from exc
+        elif kind == "image_staging":
+            store = self._existing_store()
+            if store is None:
+                return
+            try:
+                store.drop_staging(Path(name), STAGING_STALE_S)
+            except ValueError as exc:
+                raise BackendError(str(exc)) from exc
+            except OSError as exc:
+                raise BackendError(f"cannot remove staging layout {name}: {exc}") from exc
+        else:
+            raise BackendError(f"unknown inventory kind {kind!r}")
 
     def reclaim(self, item: InventoryItem) -> None:
         kind, name = item.kind, item.name
@@ -895,7 +1273,7 @@ class LocalBackend:
         elif kind == "loop" and self.storage is not None:
             self.storage.detach_loop(name)
         else:
-            raise BackendError(f"unknown inventory kind {kind!r}")
+            self._reclaim_image_item(item)
 
     # ---- events ----------------------------------------------------------------------
 
@@ -931,6 +1309,18 @@ def _parse_qgroup(name: str) -> int:
     if level != "1" or not ident.isdigit():
         raise BackendError(f"{name} is not a sandbox quota group")
     return (1 << 48) | int(ident)
+
+
+def _is_shared_mount(path: Path) -> bool:
+    """A mount point at ``path`` (topmost) that is shared (mountinfo's optional
+    fields name a peer group)."""
+    found = False
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        if len(fields) > 6 and fields[4] == str(path):
+            optional = fields[6 : fields.index("-")]
+            found = any(f.startswith("shared:") for f in optional)
+    return found
 
 
 def _own_umask() -> int:

@@ -75,6 +75,25 @@ PROC_MASKED_FILES = (
     "kallsyms",
 )
 PROC_MASKED_DIRS = ("acpi", "scsi")
+# What root inside an OCI image sandbox may do, as in a container: Docker's default
+# capability set, in the sandbox's user namespace only (docs/security.md). Host and
+# legacy-image sandboxes keep none.
+IMAGE_CAPABILITIES = {
+    "CAP_CHOWN": 0,
+    "CAP_DAC_OVERRIDE": 1,
+    "CAP_FOWNER": 3,
+    "CAP_FSETID": 4,
+    "CAP_KILL": 5,
+    "CAP_SETGID": 6,
+    "CAP_SETUID": 7,
+    "CAP_SETPCAP": 8,
+    "CAP_NET_BIND_SERVICE": 10,
+    "CAP_NET_RAW": 13,
+    "CAP_SYS_CHROOT": 18,
+    "CAP_MKNOD": 27,
+    "CAP_AUDIT_WRITE": 29,
+    "CAP_SETFCAP": 31,
+}
 
 
 def host_base_args() -> list[str]:
@@ -164,15 +183,20 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def agent_args(port: int) -> list[str]:
+def agent_args(
+    port: int, workdir: str = "/workspace", user: tuple[int, int] | None = None
+) -> list[str]:
+    # an image's User: commands run as these ids, the agent stays the sandbox's root
+    identity = ["--user", f"{user[0]}:{user[1]}"] if user is not None else []
     return [
+        *identity,
         "--listen",
         f"0.0.0.0:{port}",
         "--token-file",
         f"{SECRET_MOUNT}/token",
         "--unlink-token",
         "--workdir",
-        "/workspace",
+        workdir,
         # JSON request lines (with the control plane's request id) go to the agent's
         # stdout, which the launcher appends to the host-side agent.log: traceable
         # from the host, and no log file the sandbox's own commands could rewrite.
@@ -181,8 +205,8 @@ def agent_args(port: int) -> list[str]:
     ]
 
 
-def _agent_command(python: str, port: int) -> list[str]:
-    args = agent_args(port)
+def _agent_command(python: str, port: int, workdir: str, user: tuple[int, int] | None) -> list[str]:
+    args = agent_args(port, workdir, user)
     if python != BUNDLED_PYTHON:
         return [python, "-m", "podagent", *args]
     # the bundled loader runs the bundled interpreter, isolated (-I): nothing of the
@@ -205,6 +229,11 @@ def bwrap_argv(
     agent_bundle: Path | None = None,
     pause: Path | None = None,
     cgroup_fds: dict[str, list[int]] | None = None,
+    root: Path | None = None,
+    env: dict[str, str] | None = None,
+    workdir: str = "/workspace",
+    caps: Sequence[str] = (),
+    user: tuple[int, int] | None = None,
 ) -> list[str]:
     """bwrap's command line: options, ``--``, payload (``split`` separates them: the
     options go by ``--args``). With ``pause`` (zygote launch) the payload is the static
@@ -213,12 +242,18 @@ def bwrap_argv(
     once; the sandbox lives as long as the agent holds pause's hold pipe).
     ``seccomp_fd``: where bwrap finds the seccomp program (podagent/seccomp.py);
     ``token_fd``: the agent's token, copied into a tmpfs at /run/hedgerow (never a
-    host file the sandbox binds: its path would show in mountinfo)."""
+    host file the sandbox binds: its path would show in mountinfo).
+    ``root``: an OCI image's writable overlay (images/overlay.py), bound as ``/``
+    instead of a read-only tmpfs holding ``base_args``; ``env``: what commands see
+    (SANDBOX_ENV by default); ``workdir``: their default directory; ``caps``: what
+    exec launch's agent (and so root's commands) keeps (the zygote's agent gets them
+    from its request); ``user``: the ids the agent runs commands as."""
     seccomp = ["--seccomp", str(seccomp_fd)]
+    layout = _Layout(base_args, root, SANDBOX_ENV if env is None else env)
     if pause is not None:
         zygote_args = ["--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)]
         payload = [PAUSE_MOUNT, str(READY_FD), str(HOLD_FD)]
-        sandbox = _sandbox_args(base_args, workspace, tmp, token_fd, seccomp, zygote_args)
+        sandbox = _sandbox_args(layout, workspace, tmp, token_fd, seccomp, zygote_args)
         return ["bwrap", *sandbox, *payload]
     bundled = python == BUNDLED_PYTHON
     if bundled and agent_bundle is None:
@@ -237,17 +272,36 @@ def bwrap_argv(
         agent_env = seccomp  # the launcher leaves the environment as given
         agent_mount = ["--ro-bind", str(agent_bundle), BUNDLE_MOUNT]
     limits_args = ["--cgroup-fds", format_fds(cgroup_fds)] if cgroup_fds else []
+    for cap in caps:
+        agent_env = [*agent_env, "--cap-add", cap]
     return [
         "bwrap",
         "--die-with-parent",
-        *_sandbox_args(base_args, workspace, tmp, token_fd, agent_env, agent_mount),
-        *_agent_command(python, port),
+        *_sandbox_args(layout, workspace, tmp, token_fd, agent_env, agent_mount),
+        *_agent_command(python, port, workdir, user),
         *limits_args,
     ]
 
 
+class _Layout:
+    """The sandbox's root: a read-only tmpfs holding ``base_args`` (host, legacy
+    images) or an OCI image's writable overlay root, and the commands' environment."""
+
+    def __init__(self, base_args: Sequence[str], root: Path | None, env: dict[str, str]) -> None:
+        self.base_args, self.root, self.env = list(base_args), root, env
+
+    def root_args(self) -> list[str]:
+        if self.root is None:
+            return ["--tmpfs", "/", *self.base_args]
+        # bwrap's --bind is always nosuid; the overlay itself is nodev
+        return ["--bind", str(self.root), "/", *self.base_args]
+
+    def seal_args(self) -> list[str]:
+        return ["--remount-ro", "/"] if self.root is None else []
+
+
 def _sandbox_args(
-    base_args: Sequence[str],
+    layout: _Layout,
     workspace: Path,
     tmp: Path,
     token_fd: int,
@@ -265,11 +319,9 @@ def _sandbox_args(
         "--cap-drop",
         "ALL",
         "--clearenv",
-        *(arg for key, value in SANDBOX_ENV.items() for arg in ("--setenv", key, value)),
+        *(arg for key, value in layout.env.items() for arg in ("--setenv", key, value)),
         *agent_env,
-        "--tmpfs",
-        "/",
-        *base_args,
+        *layout.root_args(),
         "--proc",
         "/proc",
         *proc_mask_args(),
@@ -284,8 +336,7 @@ def _sandbox_args(
         *agent_mount,
         *("--perms", "0700", "--tmpfs", SECRET_MOUNT),
         *("--perms", "0600", "--file", str(token_fd), f"{SECRET_MOUNT}/token"),
-        "--remount-ro",
-        "/",
+        *layout.seal_args(),
         "--chdir",
         "/workspace",
         "--",

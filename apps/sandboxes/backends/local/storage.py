@@ -248,6 +248,21 @@ class Storage:
         except (OSError, ValueError):
             return None
 
+    def quota_files(self, sandbox_id: str) -> dict[str, list[str]]:
+        """The sysfs files of the sandbox's quota group the agent reads to name a full
+        disk (podagent/limits.py): usage, reservations, limit. Empty if not mounted."""
+        if not self.mounted():
+            return {}
+        level, _, ident = _btrfs.qgroup_name(qgroup_of(sandbox_id)).partition("/")
+        group = self.sysfs() / "qgroups" / f"{level}_{ident}"
+        if not (group / "max_referenced").exists():
+            return {}
+        return {
+            "disk_used": [str(group / "referenced")],
+            "disk_rsv": [str(group / "rsv_data")] if (group / "rsv_data").exists() else [],
+            "disk_max": [str(group / "max_referenced")],
+        }
+
     # ---- inventory -----------------------------------------------------------------
 
     def volumes(self) -> list[str]:

@@ -256,3 +256,56 @@ def test_commands_run_in_their_own_cgroups_and_cannot_reach_the_agents_descripto
 
 def _procs(group: Path) -> set[int]:
     return {int(x) for x in (group / "cgroup.procs").read_text().split()}
+
+
+def test_writes_past_the_disk_quota_are_named_disk_and_a_plain_failure_is_not(
+    launched: Callable[..., Sandbox],
+) -> None:
+    """``dd`` past a 32 MiB ``disk_mib``: the write gets EDQUOT, dd fails, and the agent
+    reads the sandbox's quota group (usage at the limit), not the exit code."""
+    sb = launched(disk_mib=32)
+    # a command that fails while the disk has room is not exhausted
+    status, plain = post_exec(sb, "exit 2")
+    assert status == 200 and "resource_exhausted" not in plain
+
+    status, result = post_exec(sb, "dd if=/dev/zero of=/workspace/fill bs=1M count=100")
+    assert status == 200, result
+    assert result["termination"]["exit_code"] != 0
+    assert "quota" in result["stderr"]["head"].lower() or "space" in result["stderr"]["head"]
+    exhausted = result["resource_exhausted"]
+    assert exhausted["kind"] == "disk"
+    assert exhausted["limit"] == 32 << 20
+    assert 31 << 20 <= exhausted["used"] <= 32 << 20
+    # a command that succeeds on a full disk is not named (it wrote nothing)
+    status, ok = post_exec(sb, "echo fine")
+    assert status == 200 and ok["stdout"]["head"] == "fine\n"
+    assert "resource_exhausted" not in ok
+    # freed, the same failure is an ordinary one again
+    status, freed = post_exec(sb, "rm /workspace/fill; exit 1")
+    assert status == 200 and "resource_exhausted" not in freed
+
+
+def test_a_command_ended_by_its_output_cap_is_named_output(
+    launched: Callable[..., Sandbox],
+) -> None:
+    sb = launched()
+    conn = http.client.HTTPConnection(sb.endpoint.host, sb.endpoint.port, timeout=120)
+    body = {
+        "operation_id": f"op-{uuid.uuid4().hex}",
+        "command": "yes",
+        "output_limit": 100_000,
+        "output_window": 1000,
+        "timeout": 30,
+    }
+    conn.request(
+        "POST",
+        "/exec",
+        json.dumps(body),
+        {"Authorization": f"Bearer {sb.spec.agent_token}", "Content-Type": "application/json"},
+    )
+    result = json.loads(conn.getresponse().read())
+    conn.close()
+    assert result["termination"]["reason"] == "output_limit"
+    assert result["resource_exhausted"]["kind"] == "output"
+    assert result["resource_exhausted"]["limit"] == 100_000
+    assert "output_limit" in result["resource_exhausted"]["message"]

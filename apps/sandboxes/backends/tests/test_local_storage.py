@@ -7,7 +7,9 @@ quota from inside real sandboxes and check the host's root filesystem from outsi
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -16,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from apps.sandboxes.backends.base import BackendError, InventoryItem
+from apps.sandboxes.backends.base import BackendError, DiskExhausted, InventoryItem
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, _btrfs
 from apps.sandboxes.backends.local.storage import qgroup_of
 
-from .conftest import PODAGENT, Sandbox, needs_root, new_spec, searchable
+from .conftest import PODAGENT, Sandbox, make_config, needs_root, new_spec, searchable
 
 pytestmark = needs_root
 
@@ -336,3 +338,33 @@ def test_unisolated_sandboxes_have_no_storage(tmp_path: Path) -> None:
     )
     assert b.storage is None  # documented as unbounded (dev, non-root)
     assert b.disk_usage(uuid.uuid4().hex) is None
+
+
+# ---- the disk guard (issue 15) -----------------------------------------------------
+
+
+def test_check_disk_refuses_a_sandbox_the_storage_has_no_room_for(tmp_path):
+    """A tiny configured storage (256 MiB): a sandbox whose disk would not fit in what
+    is free is refused with DiskExhausted; one that fits is not."""
+    config = dataclasses.replace(
+        make_config(tmp_path, f"dg{os.getpid()}", "netns"), disk_size_mib=256
+    )
+    b = LocalBackend(config)
+    try:
+        spec = new_spec(disk_mib=64)
+        b.provision(spec)  # mounts the storage
+        b.check_disk(16 << 20, min_free_bytes=0)
+        with pytest.raises(DiskExhausted, match="sandbox storage") as info:
+            b.check_disk(512 << 20, min_free_bytes=0)
+        assert info.value.code == "disk_exhausted"
+        b.destroy(spec.sandbox_id)
+    finally:
+        b.teardown_instance()
+
+
+def test_check_disk_refuses_below_the_reserve_of_the_state_dir_and_store(tmp_path):
+    b = LocalBackend(make_config(tmp_path, f"dr{os.getpid()}", "none"))
+    total = shutil.disk_usage(tmp_path).total
+    with pytest.raises(DiskExhausted, match=r"state dir.*HEDGEROW_IMAGE_MIN_FREE_MIB"):
+        b.check_disk(0, min_free_bytes=total + 1)
+    b.check_disk(0, min_free_bytes=1 << 20)  # a small reserve: room

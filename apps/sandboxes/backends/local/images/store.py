@@ -597,6 +597,61 @@ class ImageStore:
                 out[p.name] = str(json.loads(p.read_text())["digest"])
         return out
 
+    # ---- stale staging (the reconciler's ``image_staging`` inventory) ---------------
+
+    @contextlib.contextmanager
+    def _staging_free(self, stage: Path) -> Iterator[bool]:
+        """Holds the lock the writer of ``stage`` holds, if free (yields False when a
+        pull or import is writing it). A pull's layout ``<hex>`` is written under its
+        manifest lock; an import's ``import-*`` under the collect lock (shared)."""
+        name = "collect" if stage.name.startswith("import-") else stage.name
+        fd = os.open(self.locks / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _age(stage: Path) -> float:
+        """Seconds since anything was added, renamed or written in the layout."""
+        newest = 0.0
+        for dirpath, _dirs, files in os.walk(stage):
+            for p in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
+                with contextlib.suppress(FileNotFoundError):
+                    newest = max(newest, os.lstat(p).st_mtime)
+        return time.time() - newest
+
+    def stale_staging(self, min_age_s: float) -> list[Path]:
+        """Staging layouts no pull or import is writing and nothing touched for
+        ``min_age_s``: a crashed pull's layout (kept that long so a retry resumes it)
+        or an import killed before its cleanup."""
+        stale = []
+        for stage in sorted(self.staging.iterdir()):
+            if self._age(stage) < min_age_s:
+                continue
+            with self._staging_free(stage) as free:
+                if free:
+                    stale.append(stage)
+        return stale
+
+    def drop_staging(self, stage: Path, min_age_s: float) -> bool:
+        """Delete one stale staging layout (checked again under its lock: a pull that
+        started since keeps it). Idempotent; True if it was deleted."""
+        if stage.parent != self.staging:
+            raise ValueError(f"{stage} is not a staging layout of {self.root}")
+        with self._staging_free(stage) as free:
+            if not free or not stage.exists() or self._age(stage) < min_age_s:
+                return False
+            doomed = self.tmp / f"gc-staging-{stage.name}.{uuid.uuid4().hex}"
+            os.rename(stage, doomed)
+            shutil.rmtree(doomed)
+            return True
+
     def usage(self) -> int:
         """Bytes the cache holds: blobs plus unpacked layers (file contents)."""
         total = sum(p.stat().st_size for p in self.blobs.iterdir())

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class ImagesConfig(AppConfig):
+    """OCI images and registry credentials as tenant resources (issue 15)."""
+
+    name = "apps.images"
+    label = "images"
+    default_auto_field = "django.db.models.BigAutoField"
