@@ -48,7 +48,8 @@ def _filters(request: HttpRequest) -> dict[str, str]:
 
 def _states(value: str) -> list[str] | None:
     if value == "live":
-        return [str(s) for s in LIVE_STATES]
+        # queued ones too: waiting for capacity, a team wants them in view (and deletable)
+        return [str(State.QUEUED), *(str(s) for s in LIVE_STATES)]
     if value == "all":
         return None
     known = {s.value for s in State}
