@@ -329,6 +329,44 @@ def test_an_unpullable_image_is_typed_and_leaves_nothing(
         assert _leftovers(backend, spec.sandbox_id) == []
 
 
+def test_a_warm_create_within_the_proof_window_asks_no_registry(
+    backend: LocalBackend, registry: Registry, image_sandbox: Callable[..., Sandbox], tmp_path: Path
+) -> None:
+    """The control plane's create resolves the image with the tenant's login (cached
+    RESOLVE_CACHE_S per credentials); provision then leases the stored image without
+    a second registry round trip. Other credentials still prove access themselves."""
+    lay = Layout(tmp_path / "layout")
+    desc = lay.image([busybox_layer()], {"Cmd": ["/bin/sh"]})
+    lay.tag("v1", desc)
+    ref = f"{registry.host}/launch/warm:v1"
+    lay.push("v1", ref, registry.creds)
+    image_sandbox(ref)  # pulled and stored; the pull's proof is cached
+    assert backend.resolve_image(ref, CREDS).digest == desc["digest"]
+    gets = registry.manifest_gets("launch/warm")
+    events: list[dict[str, Any]] = []
+    spec = new_spec(image=ref, registry_credentials=CREDS)
+    endpoint = backend.provision(spec, progress=events.append)
+    try:
+        wait_healthy(endpoint, spec.agent_token, timeout=20)
+        assert endpoint.image_digest == desc["digest"]
+        assert registry.manifest_gets("launch/warm") == gets  # the store alone
+        assert events[-1] == {"phase": "done", "digest": desc["digest"]}
+        holder = lease_holder(backend.config.instance, spec.sandbox_id)
+        lease = backend.config.image_store / "leases" / holder
+        assert json.loads(lease.read_text()) == {"digest": desc["digest"]}
+        assert Sandbox(backend, spec, endpoint).sh("echo ok")[1] == "ok\n"
+    finally:
+        backend.destroy(spec.sandbox_id)
+    assert _leftovers(backend, spec.sandbox_id) == []
+    # within the same window, a wrong login or none is asked of the registry: refused
+    for creds in (RegistryCredentials(USER, "wrong"), None):
+        other = new_spec(image=ref, registry_credentials=creds)
+        with pytest.raises(ImageUnavailable) as err:
+            backend.provision(other)
+        assert err.value.code == "registry_unauthorized"
+        assert _leftovers(backend, other.sandbox_id) == []
+
+
 @pytest.mark.parametrize("user", ["nobody-here", "user:nogroup", "70000"])
 def test_an_unknown_image_user_is_typed(
     backend: LocalBackend, registry: Registry, tmp_path: Path, user: str
