@@ -9,6 +9,7 @@ no test waits minutes for mmdebstrap inside its own timeout.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -80,8 +81,21 @@ def push_swe_image(tmp: Path, ref: str, creds: str | None) -> str:
     return str(desc["digest"])
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> int:
+    """No arguments: build (or find) the userland layer. ``--push REF [--creds U:P]``:
+    also build the SWE image and push it to REF (docs/images.md, the user's guide);
+    the push does not verify TLS (test registries)."""
+    parser = argparse.ArgumentParser(prog="swe")
+    parser.add_argument("--push", metavar="REF", help="push the SWE image to this reference")
+    parser.add_argument("--creds", metavar="USER:PASSWORD", help="the registry's login")
+    args = parser.parse_args(argv)
     path, diff_id = userland_layer()
     print(f"userland layer {path} ({diff_id})", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp:
-        testbed_layer(Path(tmp))
+    if args.push:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(push_swe_image(Path(tmp), args.push, args.creds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
