@@ -641,8 +641,9 @@ class LocalBackend:
 
     def _pull_leased(self, spec: SandboxSpec, progress: ProgressCallback | None) -> ImageRecord:
         """The sandbox's image, leased to it. A warm create asks no registry: when
-        these credentials proved access to the reference within RESOLVE_CACHE_S (the
-        control plane's create resolved it) and the store holds that digest complete,
+        these credentials proved access to the reference within RESOLVE_CACHE_S in
+        this process (a resolve_image, a pull or an earlier provision) and the store
+        holds that digest complete,
         the lease is taken from the store alone. Otherwise a pull, which asks the
         registry with these credentials (and fetches what is missing)."""
         holder = lease_holder(self.config.instance, spec.sandbox_id)
