@@ -158,7 +158,10 @@ def sandbox_create_view(request: HttpRequest, principal: Principal) -> HttpRespo
                 actor=principal.actor,
             )
         except ApiError as exc:
-            errors[exc.field or "form"] = exc.message
+            # an image the backend cannot have: its stable code first (image_not_found,
+            # registry_unauthorized, …), as the API answers it, then the registry's words
+            typed = exc.field == "image" and exc.code != "bad_request"
+            errors[exc.field or "form"] = f"{exc.code}: {exc.message}" if typed else exc.message
     if created is not None and not is_htmx(request):
         return redirect("frontend:sandbox", sandbox_id=created.external_id)
     context = {
