@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from apps.billing.models import Tenant
-from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.tests.live_api import wait_all_deleted
+
+__all__ = ["opts", "wait_all_deleted"]
 
 
 def opts(live: Any, secret: str) -> dict[str, Any]:
@@ -18,15 +18,3 @@ def opts(live: Any, secret: str) -> dict[str, Any]:
         "sandbox_url": live.url + "/e2b/envd",
         "request_timeout": 90,
     }
-
-
-def wait_all_deleted(tenant: Tenant, timeout: float = 90.0) -> None:
-    """Blocks until every sandbox of the tenant is final, so no destroy task is still
-    writing when the test database is flushed."""
-    deadline = time.monotonic() + timeout
-    unsettled = Sandbox.objects.filter(tenant=tenant).exclude(
-        state__in=(State.DELETED, State.FAILED, State.LOST)
-    )
-    while unsettled.exists():
-        assert time.monotonic() < deadline, list(unsettled.values_list("external_id", "state"))
-        time.sleep(0.2)

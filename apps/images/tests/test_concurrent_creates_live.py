@@ -16,10 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from apps.orchard.tests.live import wait_all_deleted
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
-from apps.sandboxes.tests.live_api import api_client
+from apps.sandboxes.tests.live_api import api_client, wait_all_deleted
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 CREATES = 20
