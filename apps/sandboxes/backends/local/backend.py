@@ -35,6 +35,7 @@ from apps.sandboxes.backends.base import (
     SandboxSpec,
     UnknownImage,
 )
+from apps.sandboxes.backends.egress import ALL, NONE, EgressError, EgressPolicy, parse_egress
 from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
 
@@ -531,6 +532,7 @@ class LocalBackend:
             "isolation": ISOLATED if self.isolated else UNISOLATED,
             "node": self.node,
             "network_access": spec.network_access,
+            "egress": spec.egress_policy.to_json(),
             "labels": spec.labels,
             "created_at": time.time(),
         }
@@ -564,7 +566,7 @@ class LocalBackend:
         meta["cgroups"] = {c: str(p) for c, p in self.cgroups.paths(sid).items()}
         self._save_meta(sid, meta)
         if self.isolated:
-            self.network.create(sid, ip, spec.network_access, self._hook)
+            self.network.create(sid, ip, spec.egress_policy, self._hook)
         created = self.cgroups.create(sid, limits)
         # the agent's own groups (memory and pids split from its commands': cgroups.py)
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
@@ -974,7 +976,7 @@ class LocalBackend:
             self.cgroups.remove(path)
         if self.isolated:
             # no meta: whether it had network access is unknown, so look
-            self.network.delete(sid, meta.get("ip"), egress=meta.get("network_access", True))
+            self.network.delete(sid, meta.get("ip"), policy=_meta_policy(meta))
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
         # its processes are dead: the root is unused (an image sandbox's upper dir is
         # in its volume, so before the volume goes)
@@ -1377,3 +1379,16 @@ def wait_healthy(endpoint: Endpoint, token: str = "", timeout: float = 15) -> di
     raise BackendError(
         f"agent at {endpoint.host}:{endpoint.port} not healthy: {last}", transient=True
     )
+
+
+def _meta_policy(meta: dict[str, Any]) -> EgressPolicy | None:
+    """The egress policy meta.json records; None when unknown (no meta, or a bad one):
+    destroy then removes every kind of egress element the address may hold."""
+    if "egress" in meta:
+        try:
+            return parse_egress(meta["egress"])
+        except EgressError:
+            return None
+    if "network_access" in meta:  # written before egress policies existed
+        return ALL if meta["network_access"] else NONE
+    return None

@@ -1,0 +1,54 @@
+"""Egress policies of the local backend, proven with real connection attempts from
+sandboxes into a namespace the test builds (egress_internet.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from apps.sandboxes.backends.egress import parse_egress
+from apps.sandboxes.backends.local import LocalBackend
+
+from .conftest import Sandbox, needs_root, probe
+from .egress_internet import Internet, internet
+
+pytestmark = needs_root
+
+
+@pytest.fixture(scope="module")
+def net() -> Iterator[Internet]:
+    with internet() as inet:
+        yield inet
+
+
+def test_a_cidr_rule_opens_that_port_of_those_addresses_only(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    quad = f"{net.c}/30"  # .4-.7: only c of the listeners
+    policy = parse_egress({"allow": [f"{net.a}:8080", f"{quad}:8081"]})
+    sb = sandbox_factory(network_access=True, egress=policy)
+    targets = [f"{h}:{p}" for h in (net.a, net.b, net.c, net.link_local) for p in (8080, 8081)]
+    got = probe(sb, targets)
+    opened = {t for t, result in got.items() if result == "open"}
+    assert opened == {f"{net.a}:8080", f"{net.c}:8081"}, got
+    assert set(got) == set(targets), got
+    # refused at once (an ICMP admin-prohibited), not a hang until a timeout
+    assert got[f"{net.b}:8080"] in ("EHOSTUNREACH", "ECONNREFUSED", "EACCES"), got
+    # the elements are the sandbox's own and go with it
+    assert sorted(backend.network._elements("allow_net")) == sorted(
+        [f"{sb.endpoint.host} . {net.a} . 8080", f"{sb.endpoint.host} . {quad} . 8081"]
+    )
+    backend.destroy(sb.id)
+    assert backend.network._elements("allow_net") == []
+
+
+@pytest.mark.parametrize("egress", ["all", "allow"])
+def test_link_local_addresses_are_refused_under_every_policy(
+    sandbox_factory: Callable[..., Sandbox], net: Internet, egress: str
+) -> None:
+    policy = parse_egress("all" if egress == "all" else {"allow": [f"{net.a}:8080"]})
+    sb = sandbox_factory(network_access=True, egress=policy)
+    got = probe(sb, [f"{net.link_local}:8080", f"{net.a}:8080"])
+    assert got[f"{net.a}:8080"] == "open", got  # routed: the refusal is the rule's
+    assert got[f"{net.link_local}:8080"] != "open", got
