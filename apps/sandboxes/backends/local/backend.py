@@ -39,7 +39,7 @@ from apps.sandboxes.backends.egress import ALL, NONE, EgressError, EgressPolicy,
 from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
 
-from . import idmap, process
+from . import idmap, process, resolver
 from ._btrfs import qgroup_name
 from ._netlink import NETNS_DIR
 from ._sys import (
@@ -98,6 +98,7 @@ class _Launch:
     digest: str = ""
     user: tuple[int, int] | None = None  # commands' uid:gid, None: root
     caps: tuple[str, ...] = ()  # what root's commands keep (process.IMAGE_CAPABILITIES)
+    resolv_conf: Path | None = None  # bound over /etc/resolv.conf (an allowlist's resolver)
 
 
 def image_env(image: list[str]) -> dict[str, str]:
@@ -539,6 +540,7 @@ class LocalBackend:
         if volume is not None:
             meta["disk"] = {"qgroup": volume.qgroup, "limit_bytes": volume.limit_bytes}
         limits = Limits(spec.memory_mib * 1024 * 1024, spec.cpu_millis, spec.pids_limit)
+        resolv_conf: Path | None = None
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
@@ -547,6 +549,8 @@ class LocalBackend:
                     owner = f"{self.config.instance} {self.config.state_dir}"
                     idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
                     self._uid_blocks_claimed = True
+                if spec.egress_policy.mode == "allow":
+                    resolv_conf = self._ensure_resolver()
             ip = self.network.claim_ip(sid)
             meta.update(
                 uid_base=idmap.uid_base(ip),
@@ -585,6 +589,7 @@ class LocalBackend:
             launch = self._mount_image_root(sid, volume, image, int(meta["uid_base"]), pause)
             self._hook("root_mounted")
         assert launch is not None
+        launch.resolv_conf = resolv_conf
         if pause is not None:
             meta.update(
                 self._spawn_from_zygote(spec, d, launch, pause, cgroup_dirs, cgroup_files, meta)
@@ -770,8 +775,11 @@ class LocalBackend:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
         workspace, tmp = self._data_dirs(d.name)
+        base_args = launch.base_args
+        if launch.resolv_conf is not None:  # over the host's or the image's own
+            base_args = [*base_args, "--ro-bind", str(launch.resolv_conf), "/etc/resolv.conf"]
         return process.bwrap_argv(
-            base_args=launch.base_args,
+            base_args=base_args,
             root=launch.root,
             env=launch.env,
             workdir=launch.workdir,
@@ -995,11 +1003,44 @@ class LocalBackend:
             return self._endpoint_of(meta)
         return None
 
+    def _ensure_resolver(self) -> Path:
+        """The instance's resolver runs on the gateway (caller holds the instance
+        lock); returns the resolv.conf naming it."""
+        gw = self.network.gateway
+        conf = self.config.state_dir / "resolv.conf"
+        text = f"nameserver {gw}\noptions timeout:2 attempts:2\n"
+        upstream = self.config.dns_upstream or resolver.system_upstream()
+        if not upstream:
+            raise BackendError("egress allowlists need an upstream DNS server (dns_upstream)")
+        try:
+            if not conf.exists() or conf.read_text() != text:
+                conf.write_text(text)
+                conf.chmod(0o644)
+            resolver.start(
+                self.config.state_dir,
+                gw,
+                upstream,
+                self.names.nft_table,
+                self.config.dns_grace_s,
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot start the instance's resolver: {exc}") from exc
+        return conf
+
+    def stop_resolver(self) -> None:
+        resolver.stop(self.config.state_dir)
+
+    def dns_log(self, sandbox_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The sandbox's DNS queries as the resolver logged them, oldest first."""
+        check_sandbox_id(sandbox_id)
+        return resolver.read_log(self.config.state_dir, sandbox_id, limit)
+
     def teardown_instance(self) -> None:
         """Destroy every sandbox, then the bridge, host tables, cgroup group and
         subnet claim of this instance (tests, uninstall)."""
         # first: nothing below needs it, and a step that raises must not leave it running
         self.zygote.stop()
+        resolver.stop(self.config.state_dir)
         for d in sorted(self.sandboxes_dir.iterdir()):
             if d.is_dir():
                 self.destroy(d.name)
