@@ -139,6 +139,12 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
         )
 
 
+class SandboxPatchSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    """The schema of PATCH /sandboxes/{id}: only the egress policy changes."""
+
+    egress = serializers.JSONField(help_text="'none', 'all' or {\"allow\": [...]}")
+
+
 _BILLING_ATTR = "_hedgerow_render_billing"
 
 

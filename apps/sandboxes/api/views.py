@@ -19,10 +19,11 @@ from apps.sandboxes.api.serializers import (
     OperationSerializer,
     SandboxCreateSerializer,
     SandboxEventSerializer,
+    SandboxPatchSerializer,
     SandboxSerializer,
 )
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
-from apps.sandboxes.services.egress import MAX_DNS_LOG, sandbox_dns_log
+from apps.sandboxes.services.egress import MAX_DNS_LOG, sandbox_dns_log, sandbox_set_egress
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
 from apps.sandboxes.services.operations import operation_exec
 from apps.sandboxes.services.patching import sandbox_apply_patch
@@ -95,6 +96,31 @@ class SandboxDetailView(APIView):
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         sandbox = sandbox_delete(sandbox=sandbox, actor=principal.actor)
         return Response(_render_sandbox(sandbox), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=SandboxPatchSerializer,
+        responses={200: SandboxSerializer, **ERROR_RESPONSES},
+        description="Changes a ready sandbox's `egress` policy (docs/egress.md): new "
+        "connections follow it at once; recorded in the ledger as `egress_changed`.",
+    )
+    def patch(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("a JSON object is expected")
+        unknown = sorted(set(request.data) - {"egress"})
+        if unknown:
+            raise ValidationFailed(
+                f"only egress can be changed, not {', '.join(map(str, unknown))}",
+                field=str(unknown[0]),
+                code="not_patchable",
+            )
+        if "egress" not in request.data:
+            raise ValidationFailed("egress is required", field="egress")
+        sandbox = sandbox_set_egress(
+            sandbox=sandbox, egress=request.data["egress"], actor=principal.actor
+        )
+        return Response(_render_sandbox(sandbox))
 
 
 class SandboxWaitView(APIView):

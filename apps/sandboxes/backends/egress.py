@@ -166,3 +166,25 @@ def _parse_cidr(entry: str, item: str) -> CidrRule:
                 code="forbidden_address",
             )
     return CidrRule(network, int(port_text))
+
+
+def uncovered(policy: EgressPolicy, allowed: EgressPolicy) -> list[str]:
+    """The entries of ``policy`` that ``allowed`` (a tenant's permitted patterns) does not
+    cover: a name by the same name or a wildcard above it (``*.example.org`` covers
+    ``pkg.example.org`` and ``*.git.example.org``), a CIDR:port by a CIDR holding it with
+    the same port. ``"all"`` is judged by the caller (``egress_allow_all``)."""
+    if policy.mode != "allow":
+        return []
+    out = []
+    for name in policy.names:
+        bare = name[2:] if name.startswith("*.") else name
+        if not any(
+            name == p or (p.startswith("*.") and bare.endswith(p[1:])) for p in allowed.names
+        ):
+            out.append(name)
+    for rule in policy.cidrs:
+        if not any(
+            rule.port == q.port and rule.network.subnet_of(q.network) for q in allowed.cidrs
+        ):
+            out.append(str(rule))
+    return out

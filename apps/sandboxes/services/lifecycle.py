@@ -367,6 +367,9 @@ def sandbox_create(
             field="egress",
             extra={"reason": "egress_unsupported"},
         )
+    from apps.sandboxes.services.egress import egress_quota_check
+
+    egress_quota_check(tenant=tenant, policy=parse_egress(request.egress))
     disk_guard()  # 507 disk_exhausted before anything is recorded
     # The image can be had by this tenant (its registry credentials, the registry's
     # answer now), or a typed 4xx before anything is recorded: never a sandbox that

@@ -4,6 +4,8 @@ allowed, so the resolver answers them itself: nothing is forwarded off the machi
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -55,3 +57,56 @@ def test_the_dns_log_shows_what_the_sandbox_asked_and_only_to_its_tenant(live, m
     assert hidden.json()["error"]["code"] == "sandbox_not_found"
     bad = http.get(f"/sandboxes/{sandbox_id}/dns-log", params={"limit": "x"})
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "limit"
+
+
+CONNECT = (
+    "import socket,sys\n"
+    "for t in sys.argv[1:]:\n"
+    "    h,p=t.rsplit(':',1); s=socket.socket(); s.settimeout(2)\n"
+    "    try:\n"
+    "        s.connect((h,int(p))); print(t,'open')\n"
+    "    except OSError as e:\n"
+    "        print(t,'refused')\n"
+    "    finally:\n"
+    "        s.close()\n"
+)
+
+
+def test_patch_changes_a_live_sandbox_and_the_ledger_records_it(live, make_tenant):
+    from apps.sandboxes.backends.tests.egress_internet import internet
+    from apps.sandboxes.models import SandboxEvent
+
+    _, secret = make_tenant()
+    http = _client(live, secret)
+    with internet() as net:
+        a, b = f"{net.a}:8080", f"{net.b}:8080"
+        created = http.post("/sandboxes", json={"image": "host", "egress": {"allow": [a]}})
+        assert created.status_code == 201, created.text
+        sandbox_id = created.json()["id"]
+        assert http.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).status_code == 200
+
+        def opened() -> set[str]:
+            ran = http.post(
+                f"/sandboxes/{sandbox_id}/exec", json={"command": ["python3", "-c", CONNECT, a, b]}
+            )
+            assert ran.status_code == 200, ran.text
+            lines = [line.split() for line in ran.json()["stdout"].splitlines()]
+            return {t for t, result in lines if result == "open"}
+
+        assert opened() == {a}
+        patched = http.patch(f"/sandboxes/{sandbox_id}", json={"egress": {"allow": [b]}})
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["egress"] == {"allow": [b], "dns": "filtered"}
+        assert opened() == {b}
+        closed = http.patch(f"/sandboxes/{sandbox_id}", json={"egress": "none"})
+        assert (closed.status_code, closed.json()["network_access"]) == (200, False)
+        assert opened() == set()
+    events = SandboxEvent.objects.filter(event="egress_changed").order_by("at", "id")
+    allow_a = {"allow": [a], "dns": "filtered"}
+    allow_b = {"allow": [b], "dns": "filtered"}
+    assert [(json.loads(e.message), e.reason) for e in events] == [
+        ({"from": allow_a, "to": allow_b}, "api"),
+        ({"from": allow_b, "to": "none"}, "api"),
+    ]
+    log = http.get(f"/sandboxes/{sandbox_id}/events").json()["results"]
+    assert [e["event"] for e in log].count("egress_changed") == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from apps.sandboxes.backends.egress import EgressError, parse_egress
@@ -144,3 +146,85 @@ def test_allowlists_are_refused_where_the_backend_cannot_enforce_them(
     assert response.status_code == 400, response.content
     assert response.json()["error"]["reason"] == "egress_unsupported"
     assert not Sandbox.objects.exists()
+
+
+def test_quota_patterns_cover_names_below_wildcards_and_cidrs_inside_theirs():
+    from apps.sandboxes.backends.egress import uncovered
+
+    permitted = parse_egress({"allow": ["*.example.org", "pkg.python.test", "10.0.0.0/8:443"]})
+    policy = parse_egress(
+        {
+            "allow": [
+                "pkg.example.org",
+                "*.git.example.org",
+                "example.org",  # the wildcard is below it, not it
+                "pkg.python.test",
+                "files.python.test",
+                "10.20.0.0/16:443",
+                "10.20.0.0/16:80",
+                "11.0.0.0/16:443",
+            ]
+        }
+    )
+    assert uncovered(policy, permitted) == [
+        "example.org",
+        "files.python.test",
+        "10.20.0.0/16:80",
+        "11.0.0.0/16:443",
+    ]
+    assert uncovered(parse_egress("all"), permitted) == []
+
+
+@pytest.mark.django_db
+def test_the_quota_can_forbid_all_and_limit_allowlists_at_create(make_tenant, api_client):
+    from apps.billing.quotas import quota_get
+
+    tenant, secret = make_tenant()
+    quota = quota_get(tenant=tenant)
+    quota.egress_allow_all = False
+    quota.egress_patterns = ["*.example.org"]
+    quota.save()
+    api = api_client(secret)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"network_access": True}, "egress_allow_all"),
+        ({"egress": "all"}, "egress_allow_all"),
+        ({"egress": {"allow": ["pkg.example.org", "evil.test"]}}, "egress_patterns"),
+    ]
+    for body, limit in cases:
+        response = api.post("/api/v1/sandboxes", {"image": "host", **body}, format="json")
+        assert response.status_code == 403, response.content
+        error = response.json()["error"]
+        assert (error["code"], error["limit"]) == ("quota_exceeded", limit)
+    assert error["current"] == ["evil.test"]
+    assert not Sandbox.objects.exists()
+    assert not SandboxEvent.objects.exists()
+
+
+@pytest.mark.django_db
+def test_patch_refuses_other_fields_bad_policies_unready_sandboxes_and_outsiders(
+    make_tenant, api_client
+):
+    from apps.sandboxes.models import State
+    from apps.sandboxes.tests.factories import make_sandbox
+
+    tenant, secret = make_tenant()
+    _, other_secret = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.PROVISIONING)
+    url = f"/api/v1/sandboxes/{sandbox.external_id}"
+    api = api_client(secret)
+    cases = [
+        ({"cpu": 2}, 400, "not_patchable"),
+        ({}, 400, "validation_error"),
+        ({"egress": "lots"}, 400, "validation_error"),
+        ({"egress": "all"}, 409, "sandbox_not_ready"),
+    ]
+    for body, status, code in cases:
+        response = api.patch(url, body, format="json")
+        assert response.status_code == status, response.content
+        assert response.json()["error"]["code"] == code
+    hidden = api_client(other_secret).patch(url, {"egress": "all"}, format="json")
+    assert hidden.status_code == 404
+    assert hidden.json()["error"]["code"] == "sandbox_not_found"
+    sandbox.refresh_from_db()
+    assert sandbox.egress == "none"
+    assert not SandboxEvent.objects.filter(event="egress_changed").exists()

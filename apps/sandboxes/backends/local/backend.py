@@ -85,6 +85,10 @@ _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
+# per instance: the resolv.conf of its sandboxes (``_resolv_conf``)
+RESOLV_DIR = Path("/run/hedgerow/dns")
+
+
 @dataclass
 class _Launch:
     """How the sandbox's root and commands look: the defaults (host, legacy images)
@@ -549,10 +553,16 @@ class LocalBackend:
                     owner = f"{self.config.instance} {self.config.state_dir}"
                     idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
                     self._uid_blocks_claimed = True
-                if spec.egress_policy.mode == "allow":
-                    resolv_conf = self._ensure_resolver()
+                # Host sandboxes always name the instance's resolver (a live policy
+                # change can then give one DNS); image sandboxes keep their own
+                # resolv.conf unless made with an allowlist.
+                if image is None or spec.egress_policy.mode == "allow":
+                    resolv_conf = self._resolv_conf()
+                if spec.egress_policy.routed:
+                    self._ensure_resolver(required=spec.egress_policy.mode == "allow")
             ip = self.network.claim_ip(sid)
             meta.update(
+                resolver_dns=resolv_conf is not None,
                 uid_base=idmap.uid_base(ip),
                 ip=ip,
                 port=self.config.agent_port,
@@ -1003,29 +1013,68 @@ class LocalBackend:
             return self._endpoint_of(meta)
         return None
 
-    def _ensure_resolver(self) -> Path:
-        """The instance's resolver runs on the gateway (caller holds the instance
-        lock); returns the resolv.conf naming it."""
-        gw = self.network.gateway
-        conf = self.config.state_dir / "resolv.conf"
-        text = f"nameserver {gw}\noptions timeout:2 attempts:2\n"
+    def _resolv_conf(self) -> Path:
+        """``/run/hedgerow/dns/<table>.conf`` naming the gateway (the instance's resolver).
+
+        Not under the state dir: a bind's source path shows in the sandbox's mountinfo
+        (as the agent sources, it is kept where it names nothing of the host)."""
+        conf = RESOLV_DIR / f"{self.names.nft_table}.conf"
+        text = f"nameserver {self.network.gateway}\noptions timeout:2 attempts:2\n"
+        try:
+            RESOLV_DIR.mkdir(parents=True, exist_ok=True)
+            if not conf.exists() or conf.read_text() != text:
+                write_atomic(conf, text, 0o644, durable=False)
+        except OSError as exc:
+            raise BackendError(f"cannot write {conf}: {exc}") from exc
+        return conf
+
+    def _ensure_resolver(self, *, required: bool) -> None:
+        """The instance's resolver runs on the gateway (caller holds the instance lock).
+
+        ``required``: an allowlist needs it; egress "all" only uses it for DNS, so without
+        any upstream to forward to it is not started (DNS then fails at once).
+        """
         upstream = self.config.dns_upstream or resolver.system_upstream()
         if not upstream:
-            raise BackendError("egress allowlists need an upstream DNS server (dns_upstream)")
+            if required:
+                raise BackendError("egress allowlists need an upstream DNS server (dns_upstream)")
+            return
         try:
-            if not conf.exists() or conf.read_text() != text:
-                conf.write_text(text)
-                conf.chmod(0o644)
             resolver.start(
                 self.config.state_dir,
-                gw,
+                self.network.gateway,
                 upstream,
                 self.names.nft_table,
                 self.config.dns_grace_s,
             )
         except OSError as exc:
             raise BackendError(f"cannot start the instance's resolver: {exc}") from exc
-        return conf
+
+    def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        """Changes a running sandbox's egress policy: its netns's table and route when it
+        becomes routed or unrouted, its host elements always (the old ones removed first:
+        a narrowed policy also cuts established connections the new one does not allow),
+        then meta.json (which the resolver reads per query)."""
+        check_sandbox_id(sandbox_id)
+        if not self.isolated:
+            raise BackendError("egress policies need the netns isolation")
+        with self._lock(sandbox_id):
+            meta = self._meta(sandbox_id)
+            if not meta or meta.get("state") != "started" or not meta.get("ip"):
+                raise BackendError(f"sandbox {sandbox_id} is not running")
+            if policy.mode == "allow" and not meta.get("resolver_dns"):
+                raise BackendError(
+                    "this sandbox's DNS is its image's own: an allowlist must be given at create"
+                )
+            old = _meta_policy(meta) or NONE
+            if policy.routed:
+                with file_lock(self.locks_dir / "instance.lock"):
+                    self._ensure_resolver(required=policy.mode == "allow")
+            if old.routed != policy.routed:
+                self.network.set_routed(sandbox_id, policy.routed)
+            self.network.apply_policy(str(meta["ip"]), policy, old)
+            meta.update(egress=policy.to_json(), network_access=policy.routed)
+            self._save_meta(sandbox_id, meta)
 
     def stop_resolver(self) -> None:
         resolver.stop(self.config.state_dir)
@@ -1041,6 +1090,8 @@ class LocalBackend:
         # first: nothing below needs it, and a step that raises must not leave it running
         self.zygote.stop()
         resolver.stop(self.config.state_dir)
+        with contextlib.suppress(OSError):
+            (RESOLV_DIR / f"{self.names.nft_table}.conf").unlink()
         for d in sorted(self.sandboxes_dir.iterdir()):
             if d.is_dir():
                 self.destroy(d.name)

@@ -338,6 +338,22 @@ table bridge {t} {{
             _enable_forwarding()
             self.apply_policy(ip, policy, None)
 
+    def set_routed(self, sandbox_id: str, routed: bool) -> None:
+        """A running sandbox's netns gets the routed (stateful) or the closed
+        (stateless) table and its default route, or loses it: one nft transaction
+        replaces the table, so nothing passes in between that neither allows."""
+        ns = self.names.netns(sandbox_id)
+        ruleset = self._sandbox_ruleset(routed)
+        run(
+            ["ip", "netns", "exec", ns, "nft", "-f", "-"],
+            input="table inet hedgerow {}\ndelete table inet hedgerow\n" + ruleset,
+        )
+        if routed:
+            _enable_forwarding()
+            run(["ip", "-n", ns, "route", "replace", "default", "via", self.gateway])
+        else:
+            run(["ip", "-n", ns, "route", "del", "default"], check=False)
+
     def apply_policy(self, ip: str, policy: EgressPolicy, old: EgressPolicy | None) -> None:
         """The host elements for ``ip`` under ``policy`` (replacing ``old``'s).
 

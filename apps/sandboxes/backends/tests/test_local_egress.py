@@ -52,3 +52,26 @@ def test_link_local_addresses_are_refused_under_every_policy(
     got = probe(sb, [f"{net.link_local}:8080", f"{net.a}:8080"])
     assert got[f"{net.a}:8080"] == "open", got  # routed: the refusal is the rule's
     assert got[f"{net.link_local}:8080"] != "open", got
+
+
+def test_a_live_policy_change_takes_effect_for_new_connections(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    sb = sandbox_factory()  # egress "none"
+    targets = [f"{net.a}:8080", f"{net.b}:8080"]
+
+    def opened() -> set[str]:
+        return {t for t, result in probe(sb, targets).items() if result == "open"}
+
+    assert opened() == set()
+    backend.set_egress(sb.id, parse_egress({"allow": [f"{net.a}:8080"]}))
+    assert opened() == {f"{net.a}:8080"}
+    backend.set_egress(sb.id, parse_egress({"allow": [f"{net.b}:8080"]}))
+    assert opened() == {f"{net.b}:8080"}
+    assert backend.network._elements("allow_net") == [f"{sb.endpoint.host} . {net.b} . 8080"]
+    backend.set_egress(sb.id, parse_egress("all"))
+    assert opened() == set(targets)
+    assert backend.network._elements("allow_net") == []
+    backend.set_egress(sb.id, parse_egress("none"))
+    assert opened() == set()
+    assert sb.endpoint.host not in backend.network.list_egress()
