@@ -10,7 +10,7 @@ import pytest
 from apps.sandboxes.backends.egress import parse_egress
 from apps.sandboxes.backends.local import LocalBackend
 
-from .conftest import Sandbox, needs_root, probe
+from .conftest import Sandbox, host_ipv4_addresses, needs_root, probe
 from .egress_internet import Internet, internet
 
 pytestmark = needs_root
@@ -75,3 +75,46 @@ def test_a_live_policy_change_takes_effect_for_new_connections(
     backend.set_egress(sb.id, parse_egress("none"))
     assert opened() == set()
     assert sb.endpoint.host not in backend.network.list_egress()
+
+
+def test_an_allowlist_never_reaches_the_host_or_other_sandboxes_even_when_listed(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    import socket
+    import threading
+
+    other = sandbox_factory()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", 0))
+    srv.listen(16)
+    port = int(srv.getsockname()[1])
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                srv.accept()[0].close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        gateway = backend.network.gateway
+        hosts = sorted({gateway, *host_ipv4_addresses()} - {"127.0.0.1"})
+        allow = [f"{h}:{port}" for h in hosts]
+        allow += [f"{backend.network.subnet}:{backend.config.agent_port}", f"{net.a}:8080"]
+        sb = sandbox_factory(network_access=True, egress=parse_egress({"allow": allow}))
+        for h in hosts:  # the listener is up on every one of them (from the host)
+            socket.create_connection((h, port), timeout=2).close()
+        targets = [f"{h}:{port}" for h in hosts]
+        targets += [f"{other.endpoint.host}:{backend.config.agent_port}", f"{net.a}:8080"]
+        got = probe(sb, targets)
+        assert got[f"{net.a}:8080"] == "open", got  # the policy works; the rest is refused
+        assert {t for t, r in got.items() if r == "open"} == {f"{net.a}:8080"}, got
+    finally:
+        stop.set()
+        thread.join()
+        srv.close()

@@ -185,3 +185,20 @@ def test_floods_are_limited_and_tunnel_like_queries_flagged(
     limited = [e for e in entries if "rate_limited" in e["flags"]]
     assert len(limited) == codes.count("5")
     assert all(e["rcode"] == "REFUSED" and not e["allowed"] for e in limited)
+
+
+def test_all_resolves_every_name_through_the_resolver_and_none_reaches_no_dns(
+    make: Callable[[Any], Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    opened = make("all")
+    before = len(backend.dns_log(opened.id))
+    got = lookup(opened, ["blocked.test:8080"])
+    assert got == {"blocked.test:8080": f"open {net.b}"}
+    assert asked(backend, opened.id, before) == [("blocked.test", "A", True, [net.b])]
+    assert backend.network._elements("allow_dst") == [] or all(
+        not e.startswith(f"{opened.endpoint.host} ") for e in backend.network._elements("allow_dst")
+    )
+    closed = make("none")
+    assert raw(closed, backend.network.gateway, "allowed.test") == ["none"]
+    assert lookup(closed, ["allowed.test:8080"])["allowed.test:8080"].startswith("resolve:")
+    assert backend.dns_log(closed.id) == []
