@@ -1233,6 +1233,11 @@ class LocalBackend:
                 items.append(
                     InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
                 )
+            for ip in self.network.list_allowlisted():  # an allowlist's elements
+                rule_sid = owner.get(ip)
+                items.append(
+                    InventoryItem("nft_rule", f"allow:{ip}", rule_sid, gen_of(rule_sid), self.node)
+                )
         items += self._image_inventory(gen_of)
         return items
 
@@ -1349,6 +1354,11 @@ class LocalBackend:
             # (the same MAC: addresses keep theirs), which its destroy removes.
             if ip not in dict(self.network.claims()):
                 self.network.delete_neighbour(ip)
+        elif kind == "nft_rule" and name.startswith("allow:"):
+            ip = name.removeprefix("allow:")
+            # claimed since: a new sandbox's, which its own destroy removes
+            if ip not in dict(self.network.claims()):
+                self.network.delete_allowlist(ip, None)
         elif kind == "nft_rule":
             self.network.delete_egress(name.removeprefix("egress:"))
         elif kind in ("volume", "qgroup", "loop") and self.storage is None:

@@ -366,6 +366,9 @@ table bridge {t} {{
             if old is not None and old.mode != "none":
                 self.delete_egress(ip)
                 self.delete_allowlist(ip, old)
+            elif old is None and policy.mode == "allow":
+                # a fresh address: nothing a lost sandbox left on it may carry over
+                self.delete_allowlist(ip, None)
             if policy.mode == "all":
                 with _nft.NfNetlink() as nfnl:
                     nfnl.set_element("inet", t, "egress", ip, add=True)
@@ -619,6 +622,22 @@ table inet hedgerow {{
             return []
         out = run(["ip", "-j", "-4", "neigh", "show", "dev", self.names.bridge, "nud", "permanent"])
         return [n["dst"] for n in json.loads(out.stdout or "[]") if n.get("dst")]
+
+    def list_allowlisted(self) -> list[str]:
+        """Addresses holding allowlist elements: members of ``allowlisted`` and the
+        sources of ``allow_net``/``allow_dst`` elements (one left without the other)."""
+        found: set[str] = set()
+        try:
+            out = _nft.host_run(f"list set inet {self.names.nft_table} allowlisted", json=True)
+        except _nft.NftError as exc:
+            if "No such file" in str(exc):
+                return []
+            raise BackendError(f"nft list set: {exc}") from exc
+        for obj in json.loads(out).get("nftables", []):
+            found.update(e for e in obj.get("set", {}).get("elem", []) if isinstance(e, str))
+        for set_name in ("allow_net", "allow_dst"):
+            found.update(elem.split(" . ")[0] for elem in self._elements(set_name))
+        return sorted(found)
 
     def list_egress(self) -> list[str]:
         try:

@@ -118,3 +118,37 @@ def test_an_allowlist_never_reaches_the_host_or_other_sandboxes_even_when_listed
         stop.set()
         thread.join()
         srv.close()
+
+
+def test_leftover_allowlist_elements_are_listed_reclaimed_and_never_inherited(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    from apps.sandboxes.backends.local import _nft
+
+    sandbox_factory()  # the instance's tables exist
+    table = backend.network.names.nft_table
+    # what a sandbox whose meta.json was lost leaves: elements of an unclaimed address
+    lost = str(backend.network.subnet.broadcast_address - 1)
+
+    def leave() -> None:
+        _nft.host_run(
+            f"add element inet {table} allowlisted {{ {lost} }}\n"
+            f"add element inet {table} allow_net {{ {lost} . {net.b} . 8080 }}\n"
+            f"add element inet {table} allow_dst {{ {lost} . {net.c} timeout 300s }}\n"
+        )
+
+    leave()
+    items = [i for i in backend.inventory() if i.name == f"allow:{lost}"]
+    assert [(i.kind, i.sandbox_id) for i in items] == [("nft_rule", None)]
+    backend.reclaim(items[0])
+    assert lost not in backend.network.list_allowlisted()
+    # an allowlist provisioned on such an address (apply_policy with no old policy, as
+    # provision calls it) starts from its own elements only
+    leave()
+    backend.network.apply_policy(lost, parse_egress({"allow": [f"{net.a}:8080"]}), None)
+    assert [e for e in backend.network._elements("allow_net") if e.startswith(lost)] == [
+        f"{lost} . {net.a} . 8080"
+    ]
+    assert not [e for e in backend.network._elements("allow_dst") if e.startswith(lost)]
+    backend.network.delete_allowlist(lost, None)
+    assert lost not in backend.network.list_allowlisted()
