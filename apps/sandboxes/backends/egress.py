@@ -22,6 +22,9 @@ from typing import Any
 
 MAX_ALLOW = 64
 DNS_MODES = ("filtered",)
+# "ip": an address handed out for an allowed name is open on every TCP port; "sni":
+# on 443/80 the TLS SNI / HTTP Host of each connection must be an allowed name too.
+MATCH_MODES = ("ip", "sni")
 
 # Never reachable whatever the policy says: listing one of these is an error rather
 # than a rule that silently does nothing.
@@ -67,6 +70,7 @@ class EgressPolicy:
     names: tuple[str, ...] = ()  # exact names and "*.suffix" wildcards, lowercase
     cidrs: tuple[CidrRule, ...] = ()
     dns: str = "filtered"
+    match: str = "ip"
 
     @property
     def routed(self) -> bool:
@@ -76,7 +80,13 @@ class EgressPolicy:
     def to_json(self) -> str | dict[str, Any]:
         if self.mode != "allow":
             return self.mode
-        return {"allow": [*self.names, *(str(c) for c in self.cidrs)], "dns": self.dns}
+        out: dict[str, Any] = {
+            "allow": [*self.names, *(str(c) for c in self.cidrs)],
+            "dns": self.dns,
+        }
+        if self.match != "ip":
+            out["match"] = self.match
+        return out
 
     def allows_name(self, name: str) -> bool:
         """Whether DNS may resolve ``name`` (a query name; case and a final dot ignored)."""
@@ -108,12 +118,15 @@ def parse_egress(value: Any) -> EgressPolicy:
         raise EgressError(f"egress must be 'none', 'all' or an object with 'allow', not {value!r}")
     if not isinstance(value, dict):
         raise EgressError("egress must be 'none', 'all' or an object with 'allow'")
-    unknown = sorted(set(value) - {"allow", "dns"})
+    unknown = sorted(set(value) - {"allow", "dns", "match"})
     if unknown:
         raise EgressError(f"unknown egress key(s): {', '.join(map(str, unknown))}")
     dns = value.get("dns", "filtered")
     if dns not in DNS_MODES:
         raise EgressError(f"egress.dns must be one of {', '.join(DNS_MODES)}, not {dns!r}")
+    match = value.get("match", "ip")
+    if match not in MATCH_MODES:
+        raise EgressError(f"egress.match must be one of {', '.join(MATCH_MODES)}, not {match!r}")
     allow = value.get("allow")
     if not isinstance(allow, list) or not allow:
         raise EgressError("egress.allow must be a non-empty list of names or CIDR:port")
@@ -133,7 +146,7 @@ def parse_egress(value: Any) -> EgressPolicy:
             name = _parse_name(entry, item)
             if name not in names:
                 names.append(name)
-    return EgressPolicy("allow", tuple(names), tuple(cidrs), dns)
+    return EgressPolicy("allow", tuple(names), tuple(cidrs), dns, match)
 
 
 def _parse_name(entry: str, item: str) -> str:

@@ -19,6 +19,7 @@ from apps.sandboxes.models import Sandbox, SandboxEvent
         ({"allow": []}, "invalid_egress", "non-empty list"),
         ({"allow": ["a.example.org"], "dns": "open"}, "invalid_egress", "egress.dns"),
         ({"allow": ["a.example.org"], "ports": [1]}, "invalid_egress", "unknown egress key"),
+        ({"allow": ["a.example.org"], "match": "host"}, "invalid_egress", "egress.match"),
         ({"allow": [7]}, "invalid_egress", "strings"),
         ({"allow": ["localhost"]}, "invalid_egress", "not a host name"),
         ({"allow": ["*"]}, "invalid_egress", "not a host name"),
@@ -71,6 +72,13 @@ def test_it_canonicalises_and_matches_names():
     assert parse_egress("all").allows_name("anything.example")
     assert not parse_egress("none").allows_name("pkg.example.org")
     assert parse_egress(None).to_json() == "none"
+    sni = parse_egress({"allow": ["pkg.example.org"], "match": "sni"})
+    assert sni.to_json() == {"allow": ["pkg.example.org"], "dns": "filtered", "match": "sni"}
+    assert parse_egress(sni.to_json()) == sni
+    assert parse_egress({"allow": ["a.example.org"], "match": "ip"}).to_json() == {
+        "allow": ["a.example.org"],
+        "dns": "filtered",
+    }
 
 
 @pytest.mark.django_db

@@ -69,7 +69,7 @@ from .images import overlay as image_overlay
 from .images import reference as image_ref
 from .images import user as image_user
 from .images.overlay import unmount_rootfs
-from .network import Network
+from .network import SNI_PORT, Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
 
@@ -1046,6 +1046,7 @@ class LocalBackend:
                 upstream,
                 self.names.nft_table,
                 self.config.dns_grace_s,
+                sni_port=SNI_PORT,
             )
         except OSError as exc:
             raise BackendError(f"cannot start the instance's resolver: {exc}") from exc

@@ -47,6 +47,10 @@ from .config import LocalBackendConfig, Names
 
 log = logging.getLogger(__name__)
 
+# The instance resolver's SNI/Host check (resolver.py) on the gateway: an allowlist
+# with "match": "sni" has its connections to resolved addresses on 80/443 sent here.
+SNI_PORT = 15380
+
 
 class Network:
     def __init__(self, config: LocalBackendConfig, names: Names) -> None:
@@ -165,6 +169,12 @@ table inet {t} {{
   set allowlisted {{ type ipv4_addr; }}
   set allow_dst {{ type ipv4_addr . ipv4_addr; flags timeout; }}
   set allow_net {{ type ipv4_addr . ipv4_addr . inet_service; flags interval; }}
+  set sni_match {{ type ipv4_addr; }}
+  chain prerouting {{
+    type nat hook prerouting priority -100; policy accept;
+    iifname "{br}" ip saddr @sni_match ip saddr . ip daddr @allow_dst tcp dport {{ 80, 443 }} \\
+      dnat ip to {gw}:{SNI_PORT}
+  }}
   chain input {{
     type filter hook input priority -10; policy accept;
     iifname "{br}" ct state established,related accept
@@ -172,6 +182,7 @@ table inet {t} {{
     iifname "{br}" ip daddr {gw} tcp dport 53 ip saddr @egress accept
     iifname "{br}" ip daddr {gw} udp dport 53 ip saddr @allowlisted accept
     iifname "{br}" ip daddr {gw} tcp dport 53 ip saddr @allowlisted accept
+    iifname "{br}" ip daddr {gw} tcp dport {SNI_PORT} ip saddr @sni_match accept
     iifname "{br}" drop
   }}
   chain forward {{
@@ -374,6 +385,8 @@ table bridge {t} {{
                     nfnl.set_element("inet", t, "egress", ip, add=True)
             elif policy.mode == "allow":
                 cmds = [f"add element inet {t} allowlisted {{ {ip} }}"]
+                if policy.match == "sni":
+                    cmds.append(f"add element inet {t} sni_match {{ {ip} }}")
                 cmds += [
                     f"add element inet {t} allow_net {{ {ip} . {c.network} . {c.port} }}"
                     for c in policy.cidrs
@@ -401,8 +414,9 @@ table bridge {t} {{
         for cmd in cmds:
             with contextlib.suppress(_nft.NftError):  # gone already (a timeout)
                 _nft.host_run(cmd + "\n")
-        with contextlib.suppress(_nft.NftError):
-            _nft.host_run(f"delete element inet {t} allowlisted {{ {ip} }}\n")
+        for set_name in ("sni_match", "allowlisted"):
+            with contextlib.suppress(_nft.NftError):
+                _nft.host_run(f"delete element inet {t} {set_name} {{ {ip} }}\n")
 
     def _elements(self, set_name: str) -> list[str]:
         """The elements of a concatenated host set, as ``a . b[ . port]`` text."""

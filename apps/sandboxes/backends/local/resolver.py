@@ -348,12 +348,121 @@ async def _tcp(
         writer.close()
 
 
-async def serve(resolver: Resolver, listen: str, port: int, ready: Callable[[], None]) -> None:
+# ---- SNI / Host check ("match": "sni") ------------------------------------------------
+# The host table DNATs an sni-matching sandbox's connections to resolved addresses on
+# 80/443 to the gateway's SNI_PORT. Here: the original destination (SO_ORIGINAL_DST),
+# the first bytes (a TLS ClientHello's server_name, or an HTTP request's Host), the
+# policy's verdict; allowed, a connection from the host to the original destination
+# gets those bytes and both directions are spliced; refused, the connection is closed.
+
+SO_ORIGINAL_DST = 80
+PEEK_TIMEOUT = 5.0
+
+
+def tls_server_name(data: bytes) -> str | None:
+    """The server_name of a TLS ClientHello record (None: not one, or none in it)."""
+    try:
+        if len(data) < 5 or data[0] != 0x16 or data[5] != 0x01:
+            return None
+        pos = 5 + 4 + 2 + 32  # record header, handshake header, version, random
+        pos += 1 + data[pos]  # session id
+        pos += 2 + int.from_bytes(data[pos : pos + 2], "big")  # cipher suites
+        pos += 1 + data[pos]  # compression methods
+        end = pos + 2 + int.from_bytes(data[pos : pos + 2], "big")
+        pos += 2
+        while pos + 4 <= end:
+            kind = int.from_bytes(data[pos : pos + 2], "big")
+            size = int.from_bytes(data[pos + 2 : pos + 4], "big")
+            if kind == 0:  # server_name: list length, type 0, name length, name
+                name_len = int.from_bytes(data[pos + 7 : pos + 9], "big")
+                return data[pos + 9 : pos + 9 + name_len].decode("ascii").lower()
+            pos += 4 + size
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def http_host(data: bytes) -> str | None:
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1", "replace")
+    for line in head.split("\r\n")[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() == "host":
+            return value.strip().rsplit(":", 1)[0].lower() or None
+    return None
+
+
+def original_dst(writer: asyncio.StreamWriter) -> tuple[str, int]:
+    sock = writer.get_extra_info("socket")
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    port = int.from_bytes(raw[2:4], "big")
+    return socket.inet_ntoa(raw[4:8]), port
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            writer.close()
+
+
+async def _sni(
+    resolver: Resolver, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    source = str(writer.get_extra_info("peername")[0])
+    try:
+        address, port = original_dst(writer)
+        data = await asyncio.wait_for(reader.read(16384), PEEK_TIMEOUT)
+    except (OSError, TimeoutError):
+        writer.close()
+        return
+    client = resolver.directory.lookup(source)
+    name = tls_server_name(data) if port == 443 else http_host(data)
+    allowed = bool(client and name and client.policy.allows_name(name))
+    if client is not None:
+        resolver._log(
+            client,
+            {
+                "ts": round(time.time(), 3),
+                "generation": client.generation,
+                "name": name or "",
+                "type": "SNI" if port == 443 else "HOST",
+                "allowed": allowed,
+                "rcode": "",
+                "answer": [{"address": address, "ttl": 0}],
+                "flags": [] if name else ["no_name"],
+            },
+        )
+    if not allowed:
+        writer.close()
+        return
+    try:
+        up_reader, up_writer = await asyncio.wait_for(
+            asyncio.open_connection(address, port), UPSTREAM_TIMEOUT
+        )
+    except (OSError, TimeoutError):
+        writer.close()
+        return
+    up_writer.write(data)
+    await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+
+async def serve(
+    resolver: Resolver, listen: str, port: int, ready: Callable[[], None], sni_port: int = 0
+) -> None:
     loop = asyncio.get_running_loop()
     await loop.create_datagram_endpoint(lambda: _Udp(resolver), local_addr=(listen, port))
     server = await asyncio.start_server(
         lambda r, w: _tcp(resolver, r, w), host=listen, port=port, reuse_address=True
     )
+    if sni_port:
+        await asyncio.start_server(
+            lambda r, w: _sni(resolver, r, w), host=listen, port=sni_port, reuse_address=True
+        )
     ready()
     async with server:
         await server.serve_forever()
@@ -387,7 +496,14 @@ def pid_alive(pid_file: Path) -> bool:
 
 
 def start(
-    state_dir: Path, listen: str, upstream: str, table: str, grace: int, *, port: int = 53
+    state_dir: Path,
+    listen: str,
+    upstream: str,
+    table: str,
+    grace: int,
+    *,
+    port: int = 53,
+    sni_port: int = 0,
 ) -> None:
     """Starts the instance's resolver unless it runs; returns once it answers.
 
@@ -417,6 +533,8 @@ def start(
                 table,
                 "--grace",
                 str(grace),
+                "--sni-port",
+                str(sni_port),
             ],
             cwd=repo,
             stdin=subprocess.DEVNULL,
@@ -454,6 +572,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--table", required=True)
     parser.add_argument("--grace", type=int, default=30)
+    parser.add_argument("--sni-port", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     resolver = Resolver(
@@ -467,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
         tmp.replace(args.state_dir / "resolver.pid")
         log.info("resolver %s on %s:%s → %s", os.getpid(), args.listen, args.port, args.upstream)
 
-    asyncio.run(serve(resolver, args.listen, args.port, ready))
+    asyncio.run(serve(resolver, args.listen, args.port, ready, args.sni_port))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ GRACE = 2
 
 @pytest.fixture(scope="module")
 def net() -> Iterator[Internet]:
-    with internet() as inet:
+    with internet(ports=(8080, 8081, 80, 443)) as inet:
         yield inet
 
 
@@ -202,3 +202,60 @@ def test_all_resolves_every_name_through_the_resolver_and_none_reaches_no_dns(
     assert raw(closed, backend.network.gateway, "allowed.test") == ["none"]
     assert lookup(closed, ["allowed.test:8080"])["allowed.test:8080"].startswith("resolve:")
     assert backend.dns_log(closed.id) == []
+
+
+# Resolve <name>, connect to its address on <port> and send a TLS ClientHello naming
+# <server name> (443) or an HTTP request with that Host (80): prints "reached" when the
+# listener's greeting comes back, "closed" when the connection is cut.
+HELLO = (
+    "import socket,ssl,sys\n"
+    "name,port,sni=sys.argv[1],int(sys.argv[2]),sys.argv[3]\n"
+    "addr=socket.getaddrinfo(name,port,socket.AF_INET,socket.SOCK_STREAM)[0][4][0]\n"
+    "if port==443:\n"
+    "    inc,out=ssl.MemoryBIO(),ssl.MemoryBIO()\n"
+    "    tls=ssl.create_default_context().wrap_bio(inc,out,server_hostname=sni)\n"
+    "    try:\n"
+    "        tls.do_handshake()\n"
+    "    except ssl.SSLWantReadError:\n"
+    "        pass\n"
+    "    first=out.read()\n"
+    "else:\n"
+    "    first=('GET / HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n' % sni).encode()\n"
+    "s=socket.create_connection((addr,port),timeout=5)\n"
+    "try:\n"
+    "    s.sendall(first); data=s.recv(100)\n"
+    "except OSError:\n"
+    "    data=b''\n"
+    "print('reached' if data.startswith(b'hello') else 'closed')\n"
+)
+
+
+def hello(sb: Sandbox, name: str, port: int, sni: str) -> str:
+    r = sb.exec(["python3", "-c", HELLO, name, str(port), sni], timeout=60)
+    assert r["termination"]["exit_code"] == 0, r
+    return str(r["stdout"]["head"]).strip()
+
+
+def test_match_sni_refuses_another_site_behind_an_allowed_address(
+    make: Callable[[Any], Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    sb = make({"allow": ["allowed.test"], "match": "sni"})
+    before = len(backend.dns_log(sb.id))
+    assert hello(sb, "allowed.test", 443, "allowed.test") == "reached"
+    assert hello(sb, "allowed.test", 443, "other-cdn.test") == "closed"  # same address
+    assert hello(sb, "allowed.test", 80, "allowed.test") == "reached"
+    assert hello(sb, "allowed.test", 80, "other-cdn.test") == "closed"
+    checks = [
+        (e["type"], e["name"], e["allowed"])
+        for e in backend.dns_log(sb.id)[before:]
+        if e["type"] in ("SNI", "HOST")
+    ]
+    assert checks == [
+        ("SNI", "allowed.test", True),
+        ("SNI", "other-cdn.test", False),
+        ("HOST", "allowed.test", True),
+        ("HOST", "other-cdn.test", False),
+    ]
+    # without "match": "sni" the address is open to any site behind it (what it fixes)
+    plain = make({"allow": ["allowed.test"]})
+    assert hello(plain, "allowed.test", 443, "other-cdn.test") == "reached"
