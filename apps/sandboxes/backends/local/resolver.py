@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ import dns.message
 import dns.rcode
 import dns.rdatatype
 
-from ..egress import NONE, EgressError, EgressPolicy, parse_egress
+from ..egress import FORBIDDEN_NETWORKS, NONE, EgressError, EgressPolicy, parse_egress
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,12 @@ class Resolver:
             if rrset.rdtype == dns.rdatatype.A
             for rd in rrset
         ]
+        # an upstream answer naming a never-reachable or a host address opens nothing
+        # (the forward chain would drop it anyway; the SNI check connects from the host)
+        refused = [(a, t) for a, t in addresses if not reachable_address(a)]
+        if refused:
+            flags.append("forbidden_answer")
+            addresses = [(a, t) for a, t in addresses if (a, t) not in refused]
         if client.policy.mode == "allow" and addresses:
             try:
                 await asyncio.get_running_loop().run_in_executor(
@@ -391,6 +398,24 @@ def http_host(data: bytes) -> str | None:
     return None
 
 
+def reachable_address(address: str) -> bool:
+    """Not in an always-denied range and not one of the host's own addresses."""
+    try:
+        ip = ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    if any(ip in net for net in FORBIDDEN_NETWORKS):
+        return False
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.bind((address, 0))  # succeeds only for a local address
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return False
+
+
 def original_dst(writer: asyncio.StreamWriter) -> tuple[str, int]:
     sock = writer.get_extra_info("socket")
     raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
@@ -416,6 +441,10 @@ async def _sni(
     source = str(writer.get_extra_info("peername")[0])
     try:
         address, port = original_dst(writer)
+        # only what the host table redirected: 80/443 of another machine's address
+        if port not in (80, 443) or not reachable_address(address):
+            writer.close()
+            return
         data = await asyncio.wait_for(reader.read(16384), PEEK_TIMEOUT)
     except (OSError, TimeoutError):
         writer.close()

@@ -40,6 +40,9 @@ def zone(net: str) -> dict[str, tuple[str, int]]:
         "blocked.test": (b, 300),
         "wild.test": (c, 300),
         "short.test": (c, 1),
+        # answers no resolver may open: a link-local ("metadata") and the host's address
+        "evil.test": (f"169.254.216.{net.rsplit('.', 1)[1]}", 300),
+        "hostaddr.test": (f"{net}.1", 300),
     }
 
 

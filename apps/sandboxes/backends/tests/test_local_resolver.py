@@ -259,3 +259,16 @@ def test_match_sni_refuses_another_site_behind_an_allowed_address(
     # without "match": "sni" the address is open to any site behind it (what it fixes)
     plain = make({"allow": ["allowed.test"]})
     assert hello(plain, "allowed.test", 443, "other-cdn.test") == "reached"
+
+
+def test_answers_naming_denied_or_host_addresses_open_nothing(
+    make: Callable[[Any], Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    sb = make({"allow": ["evil.test", "hostaddr.test"], "match": "sni"})
+    before = len(backend.dns_log(sb.id))
+    got = lookup(sb, ["evil.test:80", "hostaddr.test:80", "evil.test:8080"])
+    assert not any(v.startswith("open") for v in got.values()), got
+    entries = backend.dns_log(sb.id)[before:]
+    assert {e["name"] for e in entries} == {"evil.test", "hostaddr.test"}
+    assert all("forbidden_answer" in e["flags"] and e["answer"] == [] for e in entries), entries
+    assert not [e for e in backend.network._elements("allow_dst") if e.startswith(sb.endpoint.host)]
