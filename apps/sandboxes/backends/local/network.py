@@ -60,6 +60,7 @@ class Network:
         self.subnet_file = config.state_dir / "subnet"
         self._subnet: ipaddress.IPv4Network | None = None
         self._cursor = 0  # where claim_ip looks first (a hint; the claim files decide)
+        self._tables_current = False  # the inet table has this version's sets and rules
 
     # ---- instance-wide -------------------------------------------------------------
 
@@ -153,8 +154,32 @@ class Network:
                 ]
             if missing:
                 _nft.host_run("".join(missing))
+            if not self._tables_current:
+                self._upgrade_inet_table()
+                self._tables_current = True
         except (OSError, _nft.NftError) as exc:
             raise BackendError(f"cannot set up bridge {br} and host tables: {exc}") from exc
+
+    def _upgrade_inet_table(self) -> None:
+        """A host table made by a version without egress allowlists (no ``sni_match``
+        set) gets the current sets and rules in one transaction: chains flushed and
+        refilled, existing sets (the live sandboxes' ``egress`` elements) kept. Once per
+        process; a current table costs one listing."""
+        t = self.names.nft_table
+        try:
+            _nft.host_run(f"list set inet {t} sni_match")
+            return
+        except _nft.NftError as exc:
+            if "No such file" not in str(exc):
+                raise
+        log.info("upgrading host table inet %s to egress allowlists", t)
+        chains = ("prerouting", "input", "forward", "postrouting")
+        _nft.host_run(
+            f"add chain inet {t} prerouting {{ type nat hook prerouting priority -100; "
+            "policy accept; }\n"
+            + "".join(f"flush chain inet {t} {c}\n" for c in chains)
+            + self._host_rulesets()["inet"]
+        )
 
     def _host_rulesets(self) -> dict[str, str]:
         br, t, sub = self.names.bridge, self.names.nft_table, self.subnet

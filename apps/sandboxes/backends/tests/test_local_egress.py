@@ -161,3 +161,53 @@ def test_leftover_allowlist_elements_are_listed_reclaimed_and_never_inherited(
     assert not [e for e in backend.network._elements("allow_dst") if e.startswith(lost)]
     backend.network.delete_allowlist(lost, None)
     assert lost not in backend.network.list_allowlisted()
+
+
+OLD_INET = """
+table inet {t} {{
+  set egress {{ type ipv4_addr; }}
+  chain input {{
+    type filter hook input priority -10; policy accept;
+    iifname "{br}" ct state established,related accept
+    iifname "{br}" drop
+  }}
+  chain forward {{
+    type filter hook forward priority -10; policy accept;
+    iifname "{br}" oifname "{br}" drop
+    iifname "{br}" ip saddr @egress ip daddr != {sub} accept
+    iifname "{br}" drop
+    oifname "{br}" ct state established,related accept
+    oifname "{br}" drop
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority 100; policy accept;
+    ip saddr @egress oifname != "{br}" masquerade
+  }}
+}}
+"""
+
+
+def test_a_host_table_of_the_previous_version_is_upgraded_in_place(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    from apps.sandboxes.backends.local import _nft
+
+    sandbox_factory()  # the instance's tables exist
+    network = backend.network
+    t, br, sub = network.names.nft_table, network.names.bridge, network.subnet
+    kept = str(sub.broadcast_address - 2)  # an "all" sandbox's element: must survive
+    _nft.host_run(
+        f"delete table inet {t}\n"
+        + OLD_INET.format(t=t, br=br, sub=sub)
+        + f"add element inet {t} egress {{ {kept} }}\n"
+    )
+    network._tables_current = False
+    network.ensure_instance()
+    try:
+        assert kept in network.list_egress()
+        assert network.list_allowlisted() == []  # the set exists now
+        sb = sandbox_factory(network_access=True, egress=parse_egress({"allow": [f"{net.a}:8080"]}))
+        got = probe(sb, [f"{net.a}:8080", f"{net.b}:8080"])
+        assert {k for k, v in got.items() if v == "open"} == {f"{net.a}:8080"}, got
+    finally:
+        network.delete_egress(kept)
