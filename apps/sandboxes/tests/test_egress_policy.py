@@ -236,3 +236,16 @@ def test_patch_refuses_other_fields_bad_policies_unready_sandboxes_and_outsiders
     sandbox.refresh_from_db()
     assert sandbox.egress == "none"
     assert not SandboxEvent.objects.filter(event="egress_changed").exists()
+
+
+def test_a_request_given_only_network_access_keeps_its_meaning():
+    from apps.sandboxes.services.lifecycle import SandboxRequest
+
+    opened = SandboxRequest(image="host", cpu_millis=500, memory_mib=256, network_access=True)
+    assert (opened.egress, opened.network_access) == ("all", True)
+    closed = SandboxRequest(image="host", cpu_millis=500, memory_mib=256)
+    assert (closed.egress, closed.network_access) == ("none", False)
+    listed = SandboxRequest(
+        image="host", cpu_millis=500, memory_mib=256, egress={"allow": ["a.example.org"]}
+    )
+    assert listed.network_access is True
