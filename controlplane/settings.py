@@ -230,6 +230,11 @@ HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
 # interpreter start per sandbox), exec (python3 -m podagent as bwrap's payload), or
 # auto (zygote when gcc can build its pause binary). docs/local-backend.md
 HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
+# Egress allowlists (docs/egress.md): the upstream DNS server of the instance's resolver
+# ("ip" or "ip:port"; "": the host's first IPv4 nameserver) and how long an address it
+# handed out stays allowed past the record's TTL.
+HEDGEROW_DNS_UPSTREAM = env_str("HEDGEROW_DNS_UPSTREAM", "")
+HEDGEROW_DNS_GRACE_S = env_int("HEDGEROW_DNS_GRACE_S", 30)
 # A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
 # agent in imported images without python3. Empty: such images are refused.
 HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")

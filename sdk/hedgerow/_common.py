@@ -98,8 +98,15 @@ def create_body(
     labels: Optional[Dict[str, str]],
     sandbox_id: Optional[str],
     queue: Optional[bool] = None,
+    egress: Optional[Any] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"image": image, "network_access": network_access}
+    if egress is not None:
+        # the policy alone (network_access only when the caller set it: a mismatch is
+        # the server's 400 egress_conflict, not a guess here)
+        body["egress"] = egress
+        if not network_access:
+            del body["network_access"]
     optional = {
         "cpu": cpu,
         "memory": memory,

@@ -144,6 +144,7 @@ class AsyncClient:
         heartbeat: bool = True,
         queue: Optional[bool] = None,
         on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+        egress: Optional[Any] = None,
     ) -> AsyncSandbox:
         """See ``Client.create_sandbox`` (interrupt-safe the same way: the id is
         registered for cleanup before the request is sent; heartbeats run as a task)."""
@@ -159,6 +160,7 @@ class AsyncClient:
             labels=labels,
             sandbox_id=chosen_id,
             queue=queue,
+            egress=egress,
         )
         key = idempotency_key or common.new_idempotency_key()
         registered = self.cleanup and registry.add(

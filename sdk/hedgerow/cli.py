@@ -147,6 +147,7 @@ def cmd_sandbox_create(args: argparse.Namespace) -> int:
                     cpu=args.cpu,
                     memory=args.memory,
                     network_access=args.network,
+                    egress=args.egress,
                     ttl_seconds=args.ttl,
                     labels=dict(args.label or []) or None,
                     wait=not args.no_wait,
@@ -526,6 +527,19 @@ def _states(value: str) -> Optional[str]:
     return ",".join(wanted)
 
 
+def _egress(value: str) -> Any:
+    """none, all, or a JSON policy ({"allow": [...]}; docs/egress.md)."""
+    if value in ("none", "all"):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f'expected none, all or a JSON policy like \'{{"allow": ["pkg.example.org"]}}\', '
+            f"got {value!r}"
+        ) from None
+
+
 def _pair(value: str) -> tuple[str, str]:
     key, sep, val = value.partition("=")
     if not sep or not key:
@@ -595,6 +609,12 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--cpu", help="cores: 1, 0.5 or 500m (default 1)")
     create.add_argument("--memory", help="MiB or 512Mi, 2Gi (default 1024 MiB)")
     create.add_argument("--network", action="store_true", help="allow network access")
+    create.add_argument(
+        "--egress",
+        type=_egress,
+        help="none, all or a JSON allowlist: "
+        '\'{"allow": ["pkg.example.org", "*.git.example.com"]}\' (docs/egress.md)',
+    )
     create.add_argument("--ttl", type=int, help="lifetime in seconds (default 3600)")
     create.add_argument(
         "--label", action="append", type=_pair, metavar="KEY=VALUE", help="a label (repeatable)"

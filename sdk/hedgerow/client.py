@@ -163,6 +163,7 @@ class Client:
         heartbeat: bool = True,
         queue: Optional[bool] = None,
         on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+        egress: Optional[Any] = None,
     ) -> Sandbox:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
         context manager that deletes it.
@@ -185,7 +186,9 @@ class Client:
         (``python:3.12-slim``, ``ghcr.io/org/img@sha256:…``) pulled with the team's
         registry credentials; an image that cannot be had raises ``ImageUnavailable``
         (its ``code`` says why) at once. ``on_progress(dict)`` is called with the pull's
-        ``{"phase", "layers", "bytes", "total"}`` while the sandbox provisions."""
+        ``{"phase", "layers", "bytes", "total"}`` while the sandbox provisions.
+        ``egress``: ``"none"``, ``"all"`` or ``{"allow": ["pkg.example.org",
+        "*.git.example.com", "10.20.0.0/16:443"]}`` (docs/egress.md)."""
         chosen_id = sandbox_id or common.new_sandbox_id()
         hb_timeout = common.heartbeat_timeout(heartbeat_timeout_s, heartbeat)
         body = common.create_body(
@@ -198,6 +201,7 @@ class Client:
             labels=labels,
             sandbox_id=chosen_id,
             queue=queue,
+            egress=egress,
         )
         key = idempotency_key or common.new_idempotency_key()
         registered = self.cleanup and registry.add(

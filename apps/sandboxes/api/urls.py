@@ -12,6 +12,16 @@ urlpatterns = [
         name="sandbox-heartbeat",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/dns-log",
+        views.SandboxDnsLogView.as_view(),
+        name="sandbox-dns-log",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/dns",
+        views.SandboxDnsLogView.as_view(),
+        name="sandbox-dns",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/events",
         views.SandboxEventsView.as_view(),
         name="sandbox-events",

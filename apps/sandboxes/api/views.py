@@ -19,15 +19,17 @@ from apps.sandboxes.api.serializers import (
     OperationSerializer,
     SandboxCreateSerializer,
     SandboxEventSerializer,
+    SandboxPatchSerializer,
     SandboxSerializer,
 )
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from apps.sandboxes.services.egress import MAX_DNS_LOG, sandbox_dns_log, sandbox_set_egress
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
 from apps.sandboxes.services.operations import operation_exec
 from apps.sandboxes.services.patching import sandbox_apply_patch
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
 from apps.sandboxes.services.waiting import sandbox_wait_settled
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, ValidationFailed
 
 # One long-lived renderer for single sandboxes (see SandboxSerializer.render).
 _sandbox_renderer = SandboxSerializer()
@@ -95,6 +97,31 @@ class SandboxDetailView(APIView):
         sandbox = sandbox_delete(sandbox=sandbox, actor=principal.actor)
         return Response(_render_sandbox(sandbox), status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(
+        request=SandboxPatchSerializer,
+        responses={200: SandboxSerializer, **ERROR_RESPONSES},
+        description="Changes a ready sandbox's `egress` policy (docs/egress.md): new "
+        "connections follow it at once; recorded in the ledger as `egress_changed`.",
+    )
+    def patch(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("a JSON object is expected")
+        unknown = sorted(set(request.data) - {"egress"})
+        if unknown:
+            raise ValidationFailed(
+                f"only egress can be changed, not {', '.join(map(str, unknown))}",
+                field=str(unknown[0]),
+                code="not_patchable",
+            )
+        if "egress" not in request.data:
+            raise ValidationFailed("egress is required", field="egress")
+        sandbox = sandbox_set_egress(
+            sandbox=sandbox, egress=request.data["egress"], actor=principal.actor
+        )
+        return Response(_render_sandbox(sandbox))
+
 
 class SandboxWaitView(APIView):
     @extend_schema(
@@ -146,6 +173,23 @@ class SandboxEventsView(APIView):
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         events = selectors.sandbox_events(sandbox=sandbox)
         return Response({"results": SandboxEventSerializer(events, many=True).data})
+
+
+class SandboxDnsLogView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("limit", int, description="the last N queries (≤ 1000)")],
+        description="The sandbox's DNS queries as the instance's resolver answered them "
+        "(docs/egress.md): ts, generation, name, type, allowed, rcode, answer, flags "
+        "(`rate_limited`, `tunnel_suspect`, `upstream_failed`).",
+    )
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        raw = request.query_params.get("limit", str(MAX_DNS_LOG))
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValidationFailed("limit must be a positive integer", field="limit")
+        entries = sandbox_dns_log(sandbox=sandbox, limit=int(raw))
+        return Response({"sandbox": sandbox.external_id, "results": entries})
 
 
 class ExecView(APIView):

@@ -153,6 +153,9 @@ class KubernetesBackend:
             raise BackendError(
                 f"cannot remove older generations: {exc.status} {exc.reason}", transient=True
             ) from exc
+        if spec.egress_policy.mode == "allow":
+            # never the whole network instead: the control plane refuses these at create
+            raise BackendError("egress allowlists are not supported by the kubernetes backend")
         owned: list[tuple[Kind, str]] = []  # rollback removes these and nothing else
         try:
             secret = build_secret(self.config, spec)

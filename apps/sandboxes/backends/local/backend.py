@@ -37,10 +37,11 @@ from apps.sandboxes.backends.base import (
     SandboxSpec,
     UnknownImage,
 )
+from apps.sandboxes.backends.egress import ALL, NONE, EgressError, EgressPolicy, parse_egress
 from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
 
-from . import idmap, process
+from . import idmap, process, resolver
 from ._btrfs import qgroup_name
 from ._netlink import NETNS_DIR
 from ._sys import (
@@ -70,7 +71,7 @@ from .images import overlay as image_overlay
 from .images import reference as image_ref
 from .images import user as image_user
 from .images.overlay import unmount_rootfs
-from .network import Network
+from .network import SNI_PORT, Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
 
@@ -86,6 +87,10 @@ _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
+# per instance: the resolv.conf of its sandboxes (``_resolv_conf``)
+RESOLV_DIR = Path("/run/hedgerow/dns")
+
+
 @dataclass
 class _Launch:
     """How the sandbox's root and commands look: the defaults (host, legacy images)
@@ -99,6 +104,7 @@ class _Launch:
     digest: str = ""
     user: tuple[int, int] | None = None  # commands' uid:gid, None: root
     caps: tuple[str, ...] = ()  # what root's commands keep (process.IMAGE_CAPABILITIES)
+    resolv_conf: Path | None = None  # bound over /etc/resolv.conf (an allowlist's resolver)
 
 
 def image_env(image: list[str]) -> dict[str, str]:
@@ -567,12 +573,14 @@ class LocalBackend:
             "isolation": ISOLATED if self.isolated else UNISOLATED,
             "node": self.node,
             "network_access": spec.network_access,
+            "egress": spec.egress_policy.to_json(),
             "labels": spec.labels,
             "created_at": time.time(),
         }
         if volume is not None:
             meta["disk"] = {"qgroup": volume.qgroup, "limit_bytes": volume.limit_bytes}
         limits = Limits(spec.memory_mib * 1024 * 1024, spec.cpu_millis, spec.pids_limit)
+        resolv_conf: Path | None = None
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
@@ -581,8 +589,16 @@ class LocalBackend:
                     owner = f"{self.config.instance} {self.config.state_dir}"
                     idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
                     self._uid_blocks_claimed = True
+                # Host sandboxes always name the instance's resolver (a live policy
+                # change can then give one DNS); image sandboxes keep their own
+                # resolv.conf unless made with an allowlist.
+                if image is None or spec.egress_policy.mode == "allow":
+                    resolv_conf = self._resolv_conf()
+                if spec.egress_policy.routed:
+                    self._ensure_resolver(required=spec.egress_policy.mode == "allow")
             ip = self.network.claim_ip(sid)
             meta.update(
+                resolver_dns=resolv_conf is not None,
                 uid_base=idmap.uid_base(ip),
                 ip=ip,
                 port=self.config.agent_port,
@@ -600,7 +616,7 @@ class LocalBackend:
         meta["cgroups"] = {c: str(p) for c, p in self.cgroups.paths(sid).items()}
         self._save_meta(sid, meta)
         if self.isolated:
-            self.network.create(sid, ip, spec.network_access, self._hook)
+            self.network.create(sid, ip, spec.egress_policy, self._hook)
         created = self.cgroups.create(sid, limits)
         # the agent's own groups (memory and pids split from its commands': cgroups.py)
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
@@ -619,6 +635,7 @@ class LocalBackend:
             launch = self._mount_image_root(sid, volume, image, int(meta["uid_base"]), pause)
             self._hook("root_mounted")
         assert launch is not None
+        launch.resolv_conf = resolv_conf
         if pause is not None:
             meta.update(
                 self._spawn_from_zygote(spec, d, launch, pause, cgroup_dirs, cgroup_files, meta)
@@ -821,8 +838,11 @@ class LocalBackend:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
         workspace, tmp = self._data_dirs(d.name)
+        base_args = launch.base_args
+        if launch.resolv_conf is not None:  # over the host's or the image's own
+            base_args = [*base_args, "--ro-bind", str(launch.resolv_conf), "/etc/resolv.conf"]
         return process.bwrap_argv(
-            base_args=launch.base_args,
+            base_args=base_args,
             root=launch.root,
             env=launch.env,
             workdir=launch.workdir,
@@ -1027,7 +1047,7 @@ class LocalBackend:
             self.cgroups.remove(path)
         if self.isolated:
             # no meta: whether it had network access is unknown, so look
-            self.network.delete(sid, meta.get("ip"), egress=meta.get("network_access", True))
+            self.network.delete(sid, meta.get("ip"), policy=_meta_policy(meta))
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
         # its processes are dead: the root is unused (an image sandbox's upper dir is
         # in its volume, so before the volume goes)
@@ -1046,11 +1066,86 @@ class LocalBackend:
             return self._endpoint_of(meta)
         return None
 
+    def _resolv_conf(self) -> Path:
+        """``/run/hedgerow/dns/<table>.conf`` naming the gateway (the instance's resolver).
+
+        Not under the state dir: a bind's source path shows in the sandbox's mountinfo
+        (as the agent sources, it is kept where it names nothing of the host)."""
+        conf = RESOLV_DIR / f"{self.names.nft_table}.conf"
+        text = f"nameserver {self.network.gateway}\noptions timeout:2 attempts:2\n"
+        try:
+            RESOLV_DIR.mkdir(parents=True, exist_ok=True)
+            if not conf.exists() or conf.read_text() != text:
+                write_atomic(conf, text, 0o644, durable=False)
+        except OSError as exc:
+            raise BackendError(f"cannot write {conf}: {exc}") from exc
+        return conf
+
+    def _ensure_resolver(self, *, required: bool) -> None:
+        """The instance's resolver runs on the gateway (caller holds the instance lock).
+
+        ``required``: an allowlist needs it; egress "all" only uses it for DNS, so without
+        any upstream to forward to it is not started (DNS then fails at once).
+        """
+        upstream = self.config.dns_upstream or resolver.system_upstream()
+        if not upstream:
+            if required:
+                raise BackendError("egress allowlists need an upstream DNS server (dns_upstream)")
+            return
+        try:
+            resolver.start(
+                self.config.state_dir,
+                self.network.gateway,
+                upstream,
+                self.names.nft_table,
+                self.config.dns_grace_s,
+                sni_port=SNI_PORT,
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot start the instance's resolver: {exc}") from exc
+
+    def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        """Changes a running sandbox's egress policy: its netns's table and route when it
+        becomes routed or unrouted, its host elements always (the old ones removed first:
+        a narrowed policy also cuts established connections the new one does not allow),
+        then meta.json (which the resolver reads per query)."""
+        check_sandbox_id(sandbox_id)
+        if not self.isolated:
+            raise BackendError("egress policies need the netns isolation")
+        with self._lock(sandbox_id):
+            meta = self._meta(sandbox_id)
+            if not meta or meta.get("state") != "started" or not meta.get("ip"):
+                raise BackendError(f"sandbox {sandbox_id} is not running")
+            if policy.mode == "allow" and not meta.get("resolver_dns"):
+                raise BackendError(
+                    "this sandbox's DNS is its image's own: an allowlist must be given at create"
+                )
+            old = _meta_policy(meta) or NONE
+            if policy.routed:
+                with file_lock(self.locks_dir / "instance.lock"):
+                    self._ensure_resolver(required=policy.mode == "allow")
+            if old.routed != policy.routed:
+                self.network.set_routed(sandbox_id, policy.routed)
+            self.network.apply_policy(str(meta["ip"]), policy, old)
+            meta.update(egress=policy.to_json(), network_access=policy.routed)
+            self._save_meta(sandbox_id, meta)
+
+    def stop_resolver(self) -> None:
+        resolver.stop(self.config.state_dir)
+
+    def dns_log(self, sandbox_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The sandbox's DNS queries as the resolver logged them, oldest first."""
+        check_sandbox_id(sandbox_id)
+        return resolver.read_log(self.config.state_dir, sandbox_id, limit)
+
     def teardown_instance(self) -> None:
         """Destroy every sandbox, then the bridge, host tables, cgroup group and
         subnet claim of this instance (tests, uninstall)."""
         # first: nothing below needs it, and a step that raises must not leave it running
         self.zygote.stop()
+        resolver.stop(self.config.state_dir)
+        with contextlib.suppress(OSError):
+            (RESOLV_DIR / f"{self.names.nft_table}.conf").unlink()
         for d in sorted(self.sandboxes_dir.iterdir()):
             if d.is_dir():
                 self.destroy(d.name)
@@ -1192,6 +1287,11 @@ class LocalBackend:
                 items.append(
                     InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
                 )
+            for ip in self.network.list_allowlisted():  # an allowlist's elements
+                rule_sid = owner.get(ip)
+                items.append(
+                    InventoryItem("nft_rule", f"allow:{ip}", rule_sid, gen_of(rule_sid), self.node)
+                )
         items += self._image_inventory(gen_of)
         return items
 
@@ -1308,6 +1408,11 @@ class LocalBackend:
             # (the same MAC: addresses keep theirs), which its destroy removes.
             if ip not in dict(self.network.claims()):
                 self.network.delete_neighbour(ip)
+        elif kind == "nft_rule" and name.startswith("allow:"):
+            ip = name.removeprefix("allow:")
+            # claimed since: a new sandbox's, which its own destroy removes
+            if ip not in dict(self.network.claims()):
+                self.network.delete_allowlist(ip, None)
         elif kind == "nft_rule":
             self.network.delete_egress(name.removeprefix("egress:"))
         elif kind in ("volume", "qgroup", "loop") and self.storage is None:
@@ -1430,3 +1535,16 @@ def wait_healthy(endpoint: Endpoint, token: str = "", timeout: float = 15) -> di
     raise BackendError(
         f"agent at {endpoint.host}:{endpoint.port} not healthy: {last}", transient=True
     )
+
+
+def _meta_policy(meta: dict[str, Any]) -> EgressPolicy | None:
+    """The egress policy meta.json records; None when unknown (no meta, or a bad one):
+    destroy then removes every kind of egress element the address may hold."""
+    if "egress" in meta:
+        try:
+            return parse_egress(meta["egress"])
+        except EgressError:
+            return None
+    if "network_access" in meta:  # written before egress policies existed
+        return ALL if meta["network_access"] else NONE
+    return None
