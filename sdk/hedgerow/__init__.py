@@ -22,7 +22,7 @@ from hedgerow.errors import (
     WaitTimeout,
 )
 from hedgerow.images import Image
-from hedgerow.results import ExecError, ExecResult, StreamInfo
+from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
 
 __all__ = [
     "AgentUnreachable",
@@ -46,6 +46,7 @@ __all__ = [
     "SandboxLost",
     "SandboxNotReady",
     "SandboxTerminating",
+    "ServerVersion",
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",

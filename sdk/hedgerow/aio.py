@@ -21,13 +21,13 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import httpx
 
 from hedgerow import _common as common
-from hedgerow import streaming
+from hedgerow import streaming, trees
 from hedgerow._common import Command
 from hedgerow.cleanup import registry
 from hedgerow.episode import AsyncEpisode, current_async_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.images import AsyncImages
-from hedgerow.results import ExecResult
+from hedgerow.results import ExecResult, ServerVersion
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
 Progress = Optional[Callable[[int], None]]
@@ -98,6 +98,11 @@ class AsyncClient:
                     body = None
                 raise error_from_response(response.status_code, body, response.text)
             return response
+
+    async def server_version(self) -> ServerVersion:
+        """See ``Client.server_version``."""
+        body = (await self.request("GET", "/version")).json()
+        return ServerVersion.from_api(body, common.VERSION)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -466,34 +471,88 @@ class AsyncSandbox:
                 return entries
 
     async def upload(
-        self, local: Union[str, Path], remote: str, *, progress: Progress = None
+        self,
+        local: Union[str, Path],
+        remote: str,
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
     ) -> int:
-        source = Path(local)
-        files = (
-            [(p, f"{remote.rstrip('/')}/{rel}") for p, rel in common.local_files(source)]
-            if source.is_dir()
-            else [(source, remote)]
-        )
-        total = 0
-        for path, target in files:
-            await self.write_file(target, common.file_chunks(path, progress))
-            total += path.stat().st_size
-        return total
+        """See ``Sandbox.upload``: a tree goes as one streamed archive."""
+        source = common.local_source(local)
+        if source.is_dir():
+            members, total = trees.local_members(source)
+            if on_total is not None:
+                on_total(total)
+
+            async def archive() -> AsyncIterator[bytes]:
+                for chunk in trees.tar_chunks(members, progress):
+                    yield chunk
+
+            await self._client.request(
+                "PUT",
+                f"/sandboxes/{self.id}/files/archive",
+                params={"path": remote},
+                content=archive(),
+                headers={"Content-Type": "application/x-tar"},
+                retry=False,
+                timeout=600,
+            )
+            return total
+        size = source.stat().st_size
+        if on_total is not None:
+            on_total(size)
+        await self.write_file(remote, common.file_chunks(source, progress))
+        return size
 
     async def download(
-        self, remote: str, local: Union[str, Path], *, progress: Progress = None
+        self,
+        remote: str,
+        local: Union[str, Path],
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
     ) -> int:
+        """See ``Sandbox.download``: a tree comes as one streamed archive, extracted
+        in a worker thread as it arrives."""
         target = Path(local)
-        if (await self.stat(remote)).get("type") == "directory":
-            total = 0
-            for entry in await self.list_files(remote):
-                if entry.get("type") in ("file", "directory"):
-                    child = f"{remote.rstrip('/')}/{entry['name']}"
-                    total += await self.download(
-                        child, target / str(entry["name"]), progress=progress
-                    )
-            target.mkdir(parents=True, exist_ok=True)
-            return total
+        info = await self.stat(remote)
+        if info.get("type") == "directory":
+            async with self._client._http.stream(
+                "GET",
+                f"/sandboxes/{self.id}/files/archive",
+                params={"path": remote},
+                timeout=600,
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    try:
+                        body = response.json()
+                    except ValueError:
+                        body = None
+                    raise error_from_response(response.status_code, body, response.text)
+                if on_total is not None:
+                    on_total(int(response.headers.get("X-Tree-Bytes") or 0))
+                handoff = trees.QueueChunks()
+                extracting = asyncio.ensure_future(
+                    asyncio.to_thread(handoff.extract, target, progress)
+                )
+                try:
+                    async for chunk in response.aiter_bytes(common.CHUNK):
+                        if extracting.done():
+                            break  # it failed: its error is raised below
+                        await asyncio.to_thread(handoff.put, chunk)
+                    await asyncio.to_thread(handoff.put, None)
+                except BaseException:
+                    handoff.closed = True
+                    with contextlib.suppress(Exception):
+                        handoff.queue.put_nowait(
+                            HedgerowError("download interrupted", code="interrupted")
+                        )
+                    raise
+                return int((await extracting)["bytes"])
+        if on_total is not None:
+            on_total(int(info.get("size") or 0))
         target.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         with open(target, "wb") as handle:

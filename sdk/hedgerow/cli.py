@@ -18,6 +18,7 @@ import argparse
 import getpass
 import json
 import os
+import posixpath
 import statistics
 import sys
 import threading
@@ -32,7 +33,7 @@ from hedgerow import _common as common
 from hedgerow._common import VERSION as __version__
 from hedgerow.cleanup import registry
 from hedgerow.client import Client, Sandbox
-from hedgerow.errors import HedgerowError
+from hedgerow.errors import HedgerowError, NotFound
 from hedgerow.images import Image
 
 
@@ -42,6 +43,10 @@ class Progress:
     def __init__(self, label: str, total: int, *, unit: str = "") -> None:
         self.label, self.total, self.unit, self.done = label, max(total, 1), unit, 0
         self.enabled = sys.stderr.isatty() or os.environ.get("HEDGEROW_PROGRESS") == "1"
+        self._draw()
+
+    def set_total(self, total: int) -> None:
+        self.total = max(total, 1)
         self._draw()
 
     def advance(self, n: int = 1) -> None:
@@ -279,6 +284,9 @@ def _split(spec: str) -> tuple[Optional[str], str]:
 
 
 def cmd_sandbox_cp(args: argparse.Namespace) -> int:
+    """cp(1)'s rules both ways: into an existing directory, SRC keeps its name there;
+    otherwise DST is the new name. Trees go as one archive (modes, symlinks, empty
+    directories kept); the progress bar counts the bytes of the whole transfer."""
     src_box, src = _split(args.src)
     dst_box, dst = _split(args.dst)
     if (src_box is None) == (dst_box is None):
@@ -287,23 +295,28 @@ def cmd_sandbox_cp(args: argparse.Namespace) -> int:
     hr = _client(args)
     if src_box is None:
         assert dst_box is not None
-        local = Path(src)
-        total = (
-            sum(p.stat().st_size for p, _ in common.local_files(local))
-            if local.is_dir()
-            else (local.stat().st_size)
-        )
-        progress = Progress("uploading", total, unit=" B")
-        sent = Sandbox(hr, {"id": dst_box}).upload(local, dst, progress=progress.advance)
+        local = common.local_source(src)
+        sandbox = Sandbox(hr, {"id": dst_box})
+        try:
+            into = sandbox.stat(dst).get("type") == "directory"
+        except NotFound:
+            into = False
+        if into:
+            dst = f"{dst.rstrip('/')}/{local.resolve().name}"
+        progress = Progress("uploading", 0, unit=" B")
+        sent = sandbox.upload(local, dst, progress=progress.advance, on_total=progress.set_total)
         progress.finish()
-        _out(args, {"bytes": sent, "to": args.dst}, lambda: f"{sent} bytes → {args.dst}")
+        where = f"{dst_box}:{dst}"
+        _out(args, {"bytes": sent, "to": where}, lambda: f"{sent} bytes → {where}")
         return 0
     sandbox = Sandbox(hr, {"id": src_box})
-    stat = sandbox.stat(src)
-    progress = Progress("downloading", int(stat.get("size") or 0), unit=" B")
-    received = sandbox.download(src, dst, progress=progress.advance)
+    target = Path(dst)
+    if target.is_dir():
+        target = target / (posixpath.basename(src.rstrip("/")) or "root")
+    progress = Progress("downloading", 0, unit=" B")
+    received = sandbox.download(src, target, progress=progress.advance, on_total=progress.set_total)
     progress.finish()
-    _out(args, {"bytes": received, "to": dst}, lambda: f"{received} bytes → {dst}")
+    _out(args, {"bytes": received, "to": str(target)}, lambda: f"{received} bytes → {target}")
     return 0
 
 

@@ -27,13 +27,13 @@ from typing import IO, Any, Callable, Dict, List, Optional, Union
 import httpx
 
 from hedgerow import _common as common
-from hedgerow import streaming
+from hedgerow import streaming, trees
 from hedgerow._common import Command as Command  # re-exported: episode.py imports it
 from hedgerow.cleanup import registry
 from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.images import Images
-from hedgerow.results import ExecResult
+from hedgerow.results import ExecResult, ServerVersion
 
 DEFAULT_URL = common.DEFAULT_URL
 FileData = Union[bytes, str, Iterator[bytes], IO[bytes]]
@@ -113,6 +113,12 @@ class Client:
                     body = None
                 raise error_from_response(response.status_code, body, response.text)
             return response
+
+    def server_version(self) -> ServerVersion:
+        """The server's version and the SDK releases it supports;
+        ``.compatible`` says whether this SDK (``hedgerow.__version__``) is one."""
+        body = self.request("GET", "/version").json()
+        return ServerVersion.from_api(body, common.VERSION)
 
     def close(self) -> None:
         """Closes connections (does not delete sandboxes; leaving ``with`` does)."""
@@ -270,6 +276,16 @@ class Client:
     def revoke_key(self, key_id: str) -> Dict[str, Any]:
         result: Dict[str, Any] = self.request("DELETE", f"/keys/{key_id}").json()
         return result
+
+
+def _raise_for_stream(response: httpx.Response) -> None:
+    if response.status_code >= 400:
+        response.read()
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        raise error_from_response(response.status_code, body, response.text)
 
 
 class Sandbox:
@@ -545,13 +561,7 @@ class Sandbox:
         with http.stream(
             "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
         ) as response:
-            if response.status_code >= 400:
-                response.read()
-                try:
-                    body = response.json()
-                except ValueError:
-                    body = None
-                raise error_from_response(response.status_code, body, response.text)
+            _raise_for_stream(response)
             yield from response.iter_bytes(common.CHUNK)
 
     def stat(self, path: str) -> Dict[str, Any]:
@@ -584,32 +594,69 @@ class Sandbox:
             if not cursor:
                 return entries
 
-    def upload(self, local: Union[str, Path], remote: str, *, progress: Progress = None) -> int:
-        """Uploads a local file or directory tree to ``remote``; returns bytes sent.
-        ``progress(n)`` is called with each chunk's size."""
-        source = Path(local)
+    def upload(
+        self,
+        local: Union[str, Path],
+        remote: str,
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
+    ) -> int:
+        """Uploads a local file, or a directory tree as one streamed archive (modes,
+        symlinks and empty directories kept; files already under ``remote`` replaced,
+        others kept), to ``remote``. Returns the bytes of file content sent.
+        ``on_total(n)`` is called once with the total before the first
+        ``progress(n)``, which gets each chunk's size. A missing local path raises
+        ``LocalPathError`` before anything is sent."""
+        source = common.local_source(local)
         if source.is_dir():
-            total = 0
-            for path, relative in common.local_files(source):
-                total += self._upload_file(path, f"{remote.rstrip('/')}/{relative}", progress)
+            members, total = trees.local_members(source)
+            if on_total is not None:
+                on_total(total)
+            self._client.request(
+                "PUT",
+                f"/sandboxes/{self.id}/files/archive",
+                params={"path": remote},
+                content=trees.tar_chunks(members, progress),
+                headers={"Content-Type": "application/x-tar"},
+                retry=False,
+                timeout=600,
+            )
             return total
-        return self._upload_file(source, remote, progress)
+        size = source.stat().st_size
+        if on_total is not None:
+            on_total(size)
+        self.write_file(remote, common.file_chunks(source, progress))
+        return size
 
-    def _upload_file(self, path: Path, remote: str, progress: Progress) -> int:
-        self.write_file(remote, common.file_chunks(path, progress))
-        return path.stat().st_size
-
-    def download(self, remote: str, local: Union[str, Path], *, progress: Progress = None) -> int:
-        """Downloads a file or directory tree to ``local``; returns bytes received."""
+    def download(
+        self,
+        remote: str,
+        local: Union[str, Path],
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
+    ) -> int:
+        """Downloads a file, or a directory tree as one streamed archive (modes,
+        symlinks and empty directories kept), to ``local``; returns the bytes of file
+        content received. ``on_total(n)`` is called once with the total (for a tree,
+        the server's count of its files' bytes) before ``progress(n)`` gets chunks."""
         target = Path(local)
-        if self.stat(remote).get("type") == "directory":
-            total = 0
-            for entry in self.list_files(remote):
-                child = f"{remote.rstrip('/')}/{entry['name']}"
-                if entry.get("type") in ("file", "directory"):
-                    total += self.download(child, target / str(entry["name"]), progress=progress)
-            target.mkdir(parents=True, exist_ok=True)
-            return total
+        info = self.stat(remote)
+        if info.get("type") == "directory":
+            with self._client._http.stream(
+                "GET",
+                f"/sandboxes/{self.id}/files/archive",
+                params={"path": remote},
+                timeout=600,
+            ) as response:
+                _raise_for_stream(response)
+                if on_total is not None:
+                    on_total(int(response.headers.get("X-Tree-Bytes") or 0))
+                reader = trees.ChunkReader(response.iter_bytes(common.CHUNK))
+                return trees.extract(target, reader, progress)["bytes"]
+        if on_total is not None:
+            on_total(int(info.get("size") or 0))
         target.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         with open(target, "wb") as handle:

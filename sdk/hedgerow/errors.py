@@ -23,6 +23,10 @@ class HedgerowError(Exception):
         self.body = body or {}
 
 
+class LocalPathError(HedgerowError):
+    """A local path an upload or download needs is missing or unusable."""
+
+
 class AuthError(HedgerowError):
     pass
 

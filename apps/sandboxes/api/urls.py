@@ -39,6 +39,11 @@ urlpatterns = [
         name="sandbox-files-list",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/files/archive",
+        files.TreeView.as_view(),
+        name="sandbox-files-archive",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/files/stat",
         files.FileStatView.as_view(),
         name="sandbox-files-stat",
