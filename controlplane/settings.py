@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "apps.trajectories",
     "apps.images",
     "apps.orchard",
+    "apps.e2b",
     "frontend",
 ]
 if INSTALLED_APPS[0] == "daphne":
@@ -283,6 +284,11 @@ HEDGEROW_PUBLIC_URL = env_str("HEDGEROW_PUBLIC_URL", "http://127.0.0.1:8000")
 HEDGEROW_ORCHARD_EXEC_WAIT_S = env_float("HEDGEROW_ORCHARD_EXEC_WAIT_S", 25.0)
 # Stands in for container images the backend does not have ("" = refuse them).
 HEDGEROW_ORCHARD_DEFAULT_IMAGE = env_str("HEDGEROW_ORCHARD_DEFAULT_IMAGE", "host")
+# The image E2B's default template `base` names (docs/e2b.md).
+HEDGEROW_E2B_BASE_IMAGE = env_str("HEDGEROW_E2B_BASE_IMAGE", "host")
+# How long an E2B create waits for its sandbox to be ready (below the SDK's 60 s
+# default request timeout, so the SDK never gives up first and retries).
+HEDGEROW_E2B_CREATE_WAIT_S = env_float("HEDGEROW_E2B_CREATE_WAIT_S", 55.0)
 
 # --- Realtime: exec streams and PTY (docs/realtime.md) --------------------------
 HEDGEROW_STREAM_REPLAY_FRAMES = env_int("HEDGEROW_STREAM_REPLAY_FRAMES", 512)

@@ -22,6 +22,7 @@ urlpatterns = [
     path("api/v1/", include("apps.trajectories.api.urls")),
     path("api/v1/", include("apps.images.api.urls")),
     path("orchard/", include("apps.orchard.urls")),
+    path("e2b/", include("apps.e2b.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("trajectories/", include("apps.trajectories.urls")),

@@ -450,3 +450,23 @@ def sandbox_heartbeat(*, sandbox: Sandbox) -> Sandbox:
     Sandbox.objects.filter(pk=sandbox.pk).update(last_heartbeat_at=now)
     sandbox.last_heartbeat_at = now
     return sandbox
+
+
+def sandbox_set_expiry(*, sandbox: Sandbox, seconds: int) -> Sandbox:
+    """Moves a live sandbox's ``expires_at`` to ``seconds`` from now (shorter or
+    longer; the TTL reaper ends it then). At most HEDGEROW_MAX_TTL_S; a sandbox that is
+    terminating or final is a 409. Compare-and-set on the state, so a sandbox that
+    started terminating meanwhile is never given a new lifetime."""
+    if seconds < 0 or seconds > settings.HEDGEROW_MAX_TTL_S:
+        raise ValidationFailed(
+            f"timeout must be 0 to {settings.HEDGEROW_MAX_TTL_S} seconds", field="timeout"
+        )
+    expires_at = timezone.now() + timedelta(seconds=seconds)
+    moved = Sandbox.objects.filter(
+        pk=sandbox.pk, state__in=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY)
+    ).update(expires_at=expires_at)
+    if not moved:
+        sandbox.refresh_from_db(fields=["state"])
+        raise Conflict(f"sandbox is {sandbox.state}", code=f"sandbox_{sandbox.state}")
+    sandbox.expires_at = expires_at
+    return sandbox

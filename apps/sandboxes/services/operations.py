@@ -12,6 +12,7 @@ import logging
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db import IntegrityError, connection
@@ -348,3 +349,28 @@ def _raise_if_terminating(sandbox: Sandbox, operation: Operation) -> None:
         code="sandbox_terminating",
         extra={"state": state, "operation_id": operation.operation_id},
     )
+
+
+def operation_cancel(*, operation: Operation) -> bool:
+    """Asks the agent to end a running command (SIGTERM, SIGKILL after its kill grace;
+    the agent ends its whole session). The command's relay then records the
+    ``cancelled`` end as usual. False when the operation had already ended (a finished
+    or unknown one is left as it is); a sandbox that is not ready is a 409."""
+    if operation.status != OperationStatus.RUNNING:
+        return False
+    sandbox = operation.sandbox
+    ensure_ready(sandbox, operation.generation)
+    grace = float((operation.request or {}).get("kill_grace") or 2.0)
+    try:
+        agent_for(sandbox).request(
+            "POST",
+            f"/operations/{quote(operation.operation_id, safe='')}/cancel",
+            timeout=grace + 15.0,
+        )
+    except AgentError as exc:
+        if exc.status == 404:
+            return False
+        raise ApiError(exc.message, code=exc.code, status_code=502) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    return True
