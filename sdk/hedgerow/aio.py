@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Union, overload
 
 import httpx
 
@@ -24,6 +24,7 @@ from hedgerow import _common as common
 from hedgerow import streaming, trees
 from hedgerow._common import Command
 from hedgerow.cleanup import registry
+from hedgerow.commands import AsyncCommandHandle
 from hedgerow.episode import AsyncEpisode, current_async_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.images import AsyncImages
@@ -306,6 +307,7 @@ class AsyncSandbox:
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
 
+    @overload
     async def exec(
         self,
         command: Command,
@@ -318,8 +320,45 @@ class AsyncSandbox:
         operation_id: Optional[str] = None,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
-    ) -> ExecResult:
-        """See ``Sandbox.exec``."""
+        background: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: Literal[True],
+    ) -> AsyncCommandHandle: ...
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: bool = False,
+    ) -> Union[ExecResult, AsyncCommandHandle]:
+        """See ``Sandbox.exec`` (``background=True`` returns an ``AsyncCommandHandle``)."""
+        if background:
+            return await self._start_background(
+                command, cwd=cwd, env=env, timeout=timeout, stdin=stdin,
+                login_shell=login_shell, operation_id=operation_id,
+            )  # fmt: skip
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -332,7 +371,12 @@ class AsyncSandbox:
         episode = current_async_episode()  # trajectories hook: see hedgerow/episode.py
         try:
             if (on_stdout is not None or on_stderr is not None) and streaming.available():
-                live = await streaming.acollect(self._stream_body(body), on_stdout, on_stderr)
+                started = asyncio.ensure_future(
+                    self._client.request(
+                        "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+                    )
+                )
+                live = await streaming.acollect(self._stream_body(started), on_stdout, on_stderr)
                 if episode is not None:
                     episode.record_exec(self, body["operation_id"], command)
                     await episode.flush_if_due()
@@ -358,7 +402,40 @@ class AsyncSandbox:
         return result
 
     async def operation(self, operation_id: str) -> ExecResult:
+        """See ``Sandbox.operation``."""
         return await self._client.operation(self.id, operation_id)
+
+    async def command(self, operation_id: str) -> AsyncCommandHandle:
+        """See ``Sandbox.command``."""
+        path = f"/sandboxes/{self.id}/operations/{operation_id}"
+        return AsyncCommandHandle(self, (await self._client.request("GET", path)).json())
+
+    async def _start_background(
+        self, command: Command, *, cwd: Optional[str], env: Optional[Dict[str, str]],
+        timeout: Optional[float], stdin: Optional[bytes], login_shell: bool,
+        operation_id: Optional[str],
+    ) -> AsyncCommandHandle:  # fmt: skip
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
+        episode = current_async_episode()
+        try:
+            response = await self._client.request(
+                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+            )
+        except HedgerowError as exc:
+            if episode is not None:
+                episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], command)
+        return AsyncCommandHandle(self, response.json())
 
     def episode(self, *, task_id: str, **fields: Any) -> AsyncEpisode:
         """A recorded episode in this sandbox: ``async with sandbox.episode(task_id=...)
@@ -377,7 +454,8 @@ class AsyncSandbox:
         login_shell: bool = False,
         operation_id: Optional[str] = None,
     ) -> AsyncIterator[streaming.Frame]:
-        """``async for frame in sandbox.exec_stream(cmd)``; see ``Sandbox.exec_stream``."""
+        """``async for frame in sandbox.exec_stream(cmd)``; see ``Sandbox.exec_stream``.
+        Call it inside a running loop: the command starts then, before iteration."""
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -387,12 +465,19 @@ class AsyncSandbox:
             login_shell=login_shell,
             operation_id=operation_id,
         )
-        return self._stream_body(body)
-
-    async def _stream_body(self, body: Dict[str, Any]) -> AsyncIterator[streaming.Frame]:
-        response = await self._client.request(
-            "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+        # The command starts now (a task sends the request as soon as the loop runs),
+        # not when iteration begins.
+        started = asyncio.ensure_future(
+            self._client.request(
+                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+            )
         )
+        return self._stream_body(started)
+
+    async def _stream_body(
+        self, started: "asyncio.Future[httpx.Response]"
+    ) -> AsyncIterator[streaming.Frame]:
+        response = await started
         data = response.json()
         if response.status_code == 200:  # a finished replay: the stored result
             yield streaming.Frame(type="exit", seq=None, result=ExecResult.from_api(data))

@@ -4,7 +4,7 @@
     hedgerow sandbox create [--count N] · ls · get ID · rm ID... · exec ID -- CMD...
     hedgerow sandbox shell ID · cp SRC DST (ID:/path on either side)
     hedgerow image pull REF · ls · rm ID... · import PATH --reference REF
-    hedgerow ops get SANDBOX OP · keys ls|create|revoke · trajectories import|export
+    hedgerow ops get|wait|kill SANDBOX OP · keys ls|create|revoke · trajectories import|export
     hedgerow bench exec|create
 
 ``--json`` prints machine-readable output. ``sandbox exec`` exits with the command's
@@ -258,6 +258,13 @@ def cmd_sandbox_exec(args: argparse.Namespace) -> int:
 
         return emit
 
+    if args.background:
+        handle = sandbox.exec(
+            command, cwd=args.cwd, timeout=args.timeout, stdin=stdin,
+            env=dict(args.env or []), background=True,
+        )  # fmt: skip
+        _out(args, handle.data, lambda: handle.id)
+        return 0
     # Text mode streams output as it is produced; --json prints the record at the end.
     result = sandbox.exec(
         command,
@@ -407,6 +414,19 @@ def cmd_ops_get(args: argparse.Namespace) -> int:
         f"exit={result.exit_code}\n{result.stdout}{result.stderr}",
     )
     return 0
+
+
+def cmd_ops_end(args: argparse.Namespace) -> int:
+    """``ops wait`` / ``ops kill``: the command's end, exit code as ``sandbox exec``."""
+    handle = Sandbox(_client(args), {"id": args.sandbox}).command(args.op)
+    result = handle.kill() if args.cmd == "kill" else handle.wait(timeout=args.timeout)
+    _out(
+        args,
+        result.raw,
+        lambda: f"{result.operation_id}: {result.status} {result.termination} "
+        f"exit={result.exit_code}",
+    )
+    return exit_code_of(result)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -635,6 +655,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", action="append", type=_pair, metavar="KEY=VALUE", help="environment variable"
     )
     run.add_argument("--stdin", action="store_true", help="send this process's stdin")
+    run.add_argument(
+        "--background",
+        action="store_true",
+        help="start it and print its operation id at once (then: ops get|wait|kill)",
+    )
     run.add_argument("command", nargs="*", help="the command, after --")
     run.set_defaults(func=cmd_sandbox_exec)
     shell = command(sandbox, "shell", "an interactive shell (or CMD) in a sandbox")
@@ -669,6 +694,15 @@ def build_parser() -> argparse.ArgumentParser:
     op_get.add_argument("sandbox")
     op_get.add_argument("op")
     op_get.set_defaults(func=cmd_ops_get)
+    op_wait = command(ops, "wait", "wait for a (background) exec to end; exits with its code")
+    op_wait.add_argument("sandbox")
+    op_wait.add_argument("op")
+    op_wait.add_argument("--timeout", type=float, help="seconds (default: no limit)")
+    op_wait.set_defaults(func=cmd_ops_end)
+    op_kill = command(ops, "kill", "kill a running exec (SIGTERM, SIGKILL after 2 s)")
+    op_kill.add_argument("sandbox")
+    op_kill.add_argument("op")
+    op_kill.set_defaults(func=cmd_ops_end)
 
     keys = command(sub, "keys", "the team's API keys").add_subparsers(
         dest="keys_cmd", required=True, metavar="SUBCOMMAND"

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Callable, Dict, List, Optional, Union
+from typing import IO, Any, Callable, Dict, List, Literal, Optional, Union, overload
 
 import httpx
 
@@ -30,6 +30,7 @@ from hedgerow import _common as common
 from hedgerow import streaming, trees
 from hedgerow._common import Command as Command  # re-exported: episode.py imports it
 from hedgerow.cleanup import registry
+from hedgerow.commands import CommandHandle
 from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.images import Images
@@ -377,6 +378,7 @@ class Sandbox:
             self._heartbeat_stop = None
 
     # -- exec -------------------------------------------------------------------
+    @overload
     def exec(
         self,
         command: Command,
@@ -389,11 +391,56 @@ class Sandbox:
         operation_id: Optional[str] = None,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
-    ) -> ExecResult:
+        background: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: Literal[True],
+    ) -> CommandHandle: ...
+
+    def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: bool = False,
+    ) -> Union[ExecResult, CommandHandle]:
         """Runs a command and returns its typed result (``exit_code`` / ``signal`` /
-        ``timed_out``, output with truncation info, timings). The operation id (one is
-        generated) makes retries safe: the command never runs twice. ``on_stdout`` /
-        ``on_stderr`` receive the output (live when streaming is available)."""
+        ``timed_out``, output with truncation info, timings).
+
+        ``timeout``: seconds before the command is killed (server default 600 s).
+        ``stdin``: bytes given to it whole. ``cwd`` defaults to the sandbox's workdir
+        (``/workspace``). The operation id (one is generated) makes retries safe: the
+        command never runs twice. ``on_stdout`` / ``on_stderr`` receive the output
+        (live when streaming is available).
+
+        ``background=True`` returns a ``CommandHandle`` as soon as the command has
+        started: ``wait()``, ``kill()``, ``output()`` (iterate its frames live), and
+        ``sandbox.command(handle.id)`` picks it up again later, from any process."""
+        if background:
+            return self._start_background(
+                command, cwd=cwd, env=env, timeout=timeout, stdin=stdin,
+                login_shell=login_shell, operation_id=operation_id,
+            )  # fmt: skip
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -433,7 +480,41 @@ class Sandbox:
         return result
 
     def operation(self, operation_id: str) -> ExecResult:
+        """A recorded exec's result, by its operation id (running ones too)."""
         return self._client.operation(self.id, operation_id)
+
+    def command(self, operation_id: str) -> CommandHandle:
+        """A handle on a command started earlier (``exec(..., background=True)``), by
+        its operation id: reconnect to it from another process, wait, kill, read."""
+        path = f"/sandboxes/{self.id}/operations/{operation_id}"
+        return CommandHandle(self, self._client.request("GET", path).json())
+
+    def _start_background(
+        self, command: Command, *, cwd: Optional[str], env: Optional[Dict[str, str]],
+        timeout: Optional[float], stdin: Optional[bytes], login_shell: bool,
+        operation_id: Optional[str],
+    ) -> CommandHandle:  # fmt: skip
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
+        episode = current_episode()
+        try:
+            data = self._client.request(
+                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+            ).json()
+        except HedgerowError as exc:
+            if episode is not None:
+                episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], command)
+        return CommandHandle(self, data)
 
     # -- trajectories hook ------------------------------------------------------------
     def episode(self, *, task_id: str, **fields: Any) -> Episode:
@@ -456,6 +537,7 @@ class Sandbox:
     ) -> Iterator[streaming.Frame]:
         """``for frame in sandbox.exec_stream(cmd)``: start/stdout/stderr frames as the
         command runs, then one ``exit`` frame whose ``result`` is the typed ExecResult.
+        The command starts when ``exec_stream`` is called, not when iteration begins.
         A dropped socket is resumed where it stopped (no frame lost or repeated).
         Inside an episode the command is recorded as a step, as ``exec`` does."""
         body = common.exec_body(
@@ -470,7 +552,12 @@ class Sandbox:
         episode = current_episode()  # trajectories hook: see hedgerow/episode.py
         if episode is None:
             return self._stream_body(body)
-        return self._recorded_stream(self._stream_body(body), episode, body, command)
+        try:
+            frames = self._stream_body(body)
+        except HedgerowError as exc:  # refused: recorded with its error
+            episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        return self._recorded_stream(frames, episode, body, command)
 
     def _recorded_stream(
         self,
@@ -491,11 +578,14 @@ class Sandbox:
             episode.record_exec(self, body["operation_id"], command, error=error)
 
     def _stream_body(self, body: Dict[str, Any]) -> Iterator[streaming.Frame]:
+        # The command starts here, at the call; iterating only reads its frames.
         response = self._client.request(
             "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
         )
-        data = response.json()
-        if response.status_code == 200:  # a finished replay: the stored result
+        return self._frames_of(response.status_code, response.json())
+
+    def _frames_of(self, status: int, data: Dict[str, Any]) -> Iterator[streaming.Frame]:
+        if status == 200:  # a finished replay: the stored result
             yield streaming.Frame(type="exit", seq=None, result=ExecResult.from_api(data))
             return
         yield from streaming.stream_operation(

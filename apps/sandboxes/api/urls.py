@@ -32,6 +32,11 @@ urlpatterns = [
         views.OperationDetailView.as_view(),
         name="operation-detail",
     ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/cancel",
+        views.OperationCancelView.as_view(),
+        name="operation-cancel",
+    ),
     path("sandboxes/<str:sandbox_id>/files", files.FilesView.as_view(), name="sandbox-files"),
     path(
         "sandboxes/<str:sandbox_id>/files/list",
