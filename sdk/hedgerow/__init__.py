@@ -3,16 +3,19 @@
 from hedgerow._common import VERSION as __version__
 from hedgerow.aio import AsyncClient, AsyncSandbox
 from hedgerow.client import Client, Sandbox
+from hedgerow.commands import AsyncCommandHandle, CommandHandle
 from hedgerow.errors import (
     AgentUnreachable,
     AuthError,
     BudgetExhausted,
     Conflict,
     DiskExhausted,
+    HedgerowConnectionError,
     HedgerowError,
     ImageInUse,
     ImageUnavailable,
     InvalidImageReference,
+    LocalPathError,
     NotFound,
     QuotaExceeded,
     SandboxLost,
@@ -27,19 +30,23 @@ from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
 __all__ = [
     "AgentUnreachable",
     "AsyncClient",
+    "AsyncCommandHandle",
     "AsyncSandbox",
     "AuthError",
     "BudgetExhausted",
     "Client",
+    "CommandHandle",
     "Conflict",
     "DiskExhausted",
     "ExecError",
     "ExecResult",
+    "HedgerowConnectionError",
     "HedgerowError",
     "Image",
     "ImageInUse",
     "ImageUnavailable",
     "InvalidImageReference",
+    "LocalPathError",
     "NotFound",
     "QuotaExceeded",
     "Sandbox",

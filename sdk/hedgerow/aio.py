@@ -78,9 +78,8 @@ class AsyncClient:
                 response = await self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 if not retry or attempt >= self.max_retries:
-                    raise HedgerowError(
-                        f"{method} {path}: {exc!r}", code="connection_error"
-                    ) from exc
+                    # One line with the cause and the fix, not httpx's frames.
+                    raise streaming.connection_failed(self.url, exc) from None
                 await asyncio.sleep(common.backoff(attempt, None))
                 attempt += 1
                 continue

@@ -33,7 +33,7 @@ from hedgerow import _common as common
 from hedgerow._common import VERSION as __version__
 from hedgerow.cleanup import registry
 from hedgerow.client import Client, Sandbox
-from hedgerow.errors import HedgerowError, NotFound
+from hedgerow.errors import AuthError, HedgerowError, NotFound
 from hedgerow.images import Image
 
 
@@ -740,6 +740,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """Every failure the CLI reports is one line: the cause, and what to do about it."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, AuthError):
+        text += " (check the key: --key, HEDGEROW_API_KEY or `hedgerow login`)"
+    elif isinstance(exc, NotFound) and "does not exist" not in text:
+        text += " (check the id: `hedgerow sandbox ls`)"
+    elif isinstance(exc, FileNotFoundError):
+        text = f"{exc.filename}: no such file or directory (check the path)"
+    return text
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     # Everything after the first ``--`` is the command of exec/shell, never options.
@@ -757,10 +769,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except HedgerowError as exc:
         if args.json:
             print(json.dumps({"error": {"code": exc.code, "message": exc.message}}))
-        print(f"hedgerow: {exc}", file=sys.stderr)
+        print(f"hedgerow: {one_line(exc)}", file=sys.stderr)
         return 1
     except (OSError, httpx.HTTPError) as exc:
-        print(f"hedgerow: {exc}", file=sys.stderr)
+        print(f"hedgerow: {one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

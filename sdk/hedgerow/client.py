@@ -93,9 +93,8 @@ class Client:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 if not retry or attempt >= self.max_retries:
-                    raise HedgerowError(
-                        f"{method} {path}: {exc!r}", code="connection_error"
-                    ) from exc
+                    # One line with the cause and the fix, not httpx's frames.
+                    raise streaming.connection_failed(self.url, exc) from None
                 time.sleep(common.backoff(attempt, None))
                 attempt += 1
                 continue
@@ -648,11 +647,14 @@ class Sandbox:
     def iter_file(self, path: str) -> Iterator[bytes]:
         """Streams a file's bytes in chunks (constant memory, any size)."""
         http = self._client._http
-        with http.stream(
-            "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
-        ) as response:
-            _raise_for_stream(response)
-            yield from response.iter_bytes(common.CHUNK)
+        try:
+            with http.stream(
+                "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
+            ) as response:
+                _raise_for_stream(response)
+                yield from response.iter_bytes(common.CHUNK)
+        except httpx.TransportError as exc:
+            raise streaming.connection_failed(self._client.url, exc) from None
 
     def stat(self, path: str) -> Dict[str, Any]:
         result: Dict[str, Any] = self._client.request(
@@ -734,17 +736,10 @@ class Sandbox:
         target = Path(local)
         info = self.stat(remote)
         if info.get("type") == "directory":
-            with self._client._http.stream(
-                "GET",
-                f"/sandboxes/{self.id}/files/archive",
-                params={"path": remote},
-                timeout=600,
-            ) as response:
-                _raise_for_stream(response)
-                if on_total is not None:
-                    on_total(int(response.headers.get("X-Tree-Bytes") or 0))
-                reader = trees.ChunkReader(response.iter_bytes(common.CHUNK))
-                return trees.extract(target, reader, progress)["bytes"]
+            try:
+                return self._download_tree(remote, target, progress, on_total)
+            except httpx.TransportError as exc:
+                raise streaming.connection_failed(self._client.url, exc) from None
         if on_total is not None:
             on_total(int(info.get("size") or 0))
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -756,6 +751,21 @@ class Sandbox:
                 if progress is not None:
                     progress(len(chunk))
         return size
+
+    def _download_tree(
+        self, remote: str, target: Path, progress: Progress, on_total: Progress
+    ) -> int:
+        with self._client._http.stream(
+            "GET",
+            f"/sandboxes/{self.id}/files/archive",
+            params={"path": remote},
+            timeout=600,
+        ) as response:
+            _raise_for_stream(response)
+            if on_total is not None:
+                on_total(int(response.headers.get("X-Tree-Bytes") or 0))
+            reader = trees.ChunkReader(response.iter_bytes(common.CHUNK))
+            return trees.extract(target, reader, progress)["bytes"]
 
     def apply_patch(
         self, patch: str, *, cwd: str = "/workspace", timeout: float = 60.0

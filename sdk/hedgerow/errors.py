@@ -23,6 +23,11 @@ class HedgerowError(Exception):
         self.body = body or {}
 
 
+class HedgerowConnectionError(HedgerowError):
+    """The server could not be reached (``connection_error``): its message says where
+    the SDK looked and what to check."""
+
+
 class LocalPathError(HedgerowError):
     """A local path an upload or download needs is missing or unusable."""
 
