@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import httpx
 from hedgerow import _common as common
 from hedgerow import streaming, trees
 from hedgerow._common import Command
+from hedgerow.aterminal import AsyncTerminal
 from hedgerow.cleanup import registry
 from hedgerow.commands import AsyncCommandHandle
 from hedgerow.episode import AsyncEpisode, current_async_episode
@@ -103,6 +105,26 @@ class AsyncClient:
         """See ``Client.server_version``."""
         body = (await self.request("GET", "/version")).json()
         return ServerVersion.from_api(body, common.VERSION)
+
+    # -- keys -------------------------------------------------------------------
+    async def list_keys(self) -> List[Dict[str, Any]]:
+        """See ``Client.list_keys``."""
+        return builtins.list((await self.request("GET", "/keys")).json()["results"])
+
+    async def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> Dict[str, Any]:
+        """See ``Client.create_key`` (the ``secret`` is shown once)."""
+        body: Dict[str, Any] = {"name": name}
+        if scopes:
+            body["scopes"] = scopes
+        result: Dict[str, Any] = (
+            await self.request("POST", "/keys", json=body, retry=False)
+        ).json()
+        return result
+
+    async def revoke_key(self, key_id: str) -> Dict[str, Any]:
+        """See ``Client.revoke_key``."""
+        result: Dict[str, Any] = (await self.request("DELETE", f"/keys/{key_id}")).json()
+        return result
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -485,6 +507,21 @@ class AsyncSandbox:
             self._client.url, self._client.api_key, self.id, str(data["id"])
         ):
             yield frame
+
+    async def pty(
+        self,
+        cmd: Union[None, str, List[str]] = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> AsyncTerminal:
+        """See ``Sandbox.pty``: ``async with await sandbox.pty() as term``."""
+        return await AsyncTerminal.open(
+            self._client.url, self._client.api_key, self.id, cmd=cmd, rows=rows, cols=cols,
+            env=env, cwd=cwd,
+        )  # fmt: skip
 
     async def write_file(
         self, path: str, data: AsyncFileData, *, mode: Optional[str] = None
