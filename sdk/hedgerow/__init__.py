@@ -25,10 +25,12 @@ from hedgerow.errors import (
     WaitTimeout,
 )
 from hedgerow.images import Image
+from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
 
 __all__ = [
     "AgentUnreachable",
+    "ApiKeyInfo",
     "AsyncClient",
     "AsyncCommandHandle",
     "AsyncSandbox",
@@ -40,6 +42,8 @@ __all__ = [
     "DiskExhausted",
     "ExecError",
     "ExecResult",
+    "FileInfo",
+    "FilePage",
     "HedgerowConnectionError",
     "HedgerowError",
     "Image",
@@ -57,5 +61,6 @@ __all__ = [
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",
+    "WrittenFile",
     "__version__",
 ]

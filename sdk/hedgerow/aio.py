@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import builtins
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from hedgerow.commands import AsyncCommandHandle
 from hedgerow.episode import AsyncEpisode, current_async_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.images import AsyncImages
+from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
@@ -107,29 +107,29 @@ class AsyncClient:
         return ServerVersion.from_api(body, common.VERSION)
 
     # -- keys -------------------------------------------------------------------
-    async def list_keys(self) -> List[Dict[str, Any]]:
+    async def list_keys(self) -> List[ApiKeyInfo]:
         """See ``Client.list_keys``."""
-        return builtins.list((await self.request("GET", "/keys")).json()["results"])
+        results = (await self.request("GET", "/keys")).json()["results"]
+        return [ApiKeyInfo.from_api(item) for item in results]
 
-    async def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> Dict[str, Any]:
+    async def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> ApiKeyInfo:
         """See ``Client.create_key`` (the ``secret`` is shown once)."""
         body: Dict[str, Any] = {"name": name}
         if scopes:
             body["scopes"] = scopes
-        result: Dict[str, Any] = (
-            await self.request("POST", "/keys", json=body, retry=False)
-        ).json()
-        return result
+        response = await self.request("POST", "/keys", json=body, retry=False)
+        return ApiKeyInfo.from_api(response.json())
 
-    async def revoke_key(self, key_id: str) -> Dict[str, Any]:
+    async def revoke_key(self, key_id: str) -> ApiKeyInfo:
         """See ``Client.revoke_key``."""
-        result: Dict[str, Any] = (await self.request("DELETE", f"/keys/{key_id}")).json()
-        return result
+        return ApiKeyInfo.from_api((await self.request("DELETE", f"/keys/{key_id}")).json())
 
     async def aclose(self) -> None:
+        """Closes connections (does not delete sandboxes; leaving ``async with`` does)."""
         await self._http.aclose()
 
     async def cleanup_sandboxes(self) -> None:
+        """Deletes every sandbox this client created and has not deleted yet."""
         # Those a signal's cleanup has not deleted already.
         pending = [s for s in self._created.values() if registry.has(self.url, s.id)]
         results = await asyncio.gather(*(s.delete() for s in pending), return_exceptions=True)
@@ -219,11 +219,14 @@ class AsyncClient:
         return sandbox
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
+        """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return AsyncSandbox(self, (await self.request("GET", f"/sandboxes/{sandbox_id}")).json())
 
     async def list(
         self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
     ) -> List[AsyncSandbox]:
+        """Sandboxes of the team, newest first: at most ``limit`` (default 50), filtered by
+        ``state`` (e.g. ``ready``) and ``image``."""
         params: Dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = state
@@ -233,10 +236,12 @@ class AsyncClient:
         return [AsyncSandbox(self, item) for item in body["results"]]
 
     async def delete(self, sandbox_id: str) -> None:
+        """Deletes a sandbox (idempotent: deleting a deleted sandbox succeeds)."""
         await self.request("DELETE", f"/sandboxes/{sandbox_id}")
         self._forget(sandbox_id)
 
     async def operation(self, sandbox_id: str, operation_id: str) -> ExecResult:
+        """A recorded exec, by its operation id."""
         path = f"/sandboxes/{sandbox_id}/operations/{operation_id}"
         return ExecResult.from_api((await self.request("GET", path)).json())
 
@@ -251,14 +256,18 @@ class AsyncSandbox:
 
     @property
     def id(self) -> str:
+        """The sandbox id (``sb-`` + 16 hex digits unless chosen otherwise)."""
         return str(self.data["id"])
 
     @property
     def state(self) -> str:
+        """As of the last read: queued, requested, provisioning, ready, terminating,
+        deleted or failed."""
         return str(self.data["state"])
 
     @property
     def generation(self) -> int:
+        """Bumped each time the sandbox is re-provisioned (an exec pins one)."""
         return int(self.data.get("generation") or 0)
 
     def __repr__(self) -> str:
@@ -271,6 +280,7 @@ class AsyncSandbox:
         await self.delete()
 
     async def refresh(self) -> AsyncSandbox:
+        """Re-reads the sandbox's record (``state``, ``data``) from the server."""
         self.data = (await self._client.request("GET", f"/sandboxes/{self.id}")).json()
         return self
 
@@ -302,10 +312,12 @@ class AsyncSandbox:
                 seen = common.report_progress((await self.refresh()).data, seen, on_progress)
 
     async def delete(self) -> None:
+        """Deletes the sandbox (and stops its heartbeats); idempotent."""
         self.stop_heartbeats()
         await self._client.delete(self.id)
 
     async def heartbeat(self) -> None:
+        """Tells the server the sandbox is still wanted (resets its heartbeat timeout)."""
         await self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")
 
     def start_heartbeats(self, interval: float) -> None:
@@ -324,6 +336,7 @@ class AsyncSandbox:
         self._heartbeat_task = asyncio.get_running_loop().create_task(beat())
 
     def stop_heartbeats(self) -> None:
+        """Stops the background heartbeats (the heartbeat timeout then runs out)."""
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
@@ -525,7 +538,8 @@ class AsyncSandbox:
 
     async def write_file(
         self, path: str, data: AsyncFileData, *, mode: Optional[str] = None
-    ) -> Dict[str, Any]:
+    ) -> WrittenFile:
+        """See ``Sandbox.write_file`` (``data`` may also be an async iterator)."""
         params: Dict[str, Any] = {"path": path}
         if mode:
             params["mode"] = mode
@@ -540,10 +554,10 @@ class AsyncSandbox:
             retry=isinstance(data, bytes),
             timeout=600,
         )
-        result: Dict[str, Any] = response.json()
-        return result
+        return WrittenFile.from_api(response.json())
 
     async def iter_file(self, path: str) -> AsyncIterator[bytes]:
+        """See ``Sandbox.iter_file``: chunks of 256 KiB, constant memory."""
         async with self._client._http.stream(
             "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
         ) as response:
@@ -558,36 +572,36 @@ class AsyncSandbox:
                 yield chunk
 
     async def read_file(self, path: str) -> bytes:
+        """See ``Sandbox.read_file``: the whole file in memory."""
         return b"".join([chunk async for chunk in self.iter_file(path)])
 
-    async def stat(self, path: str) -> Dict[str, Any]:
+    async def stat(self, path: str) -> FileInfo:
+        """See ``Sandbox.stat``."""
         response = await self._client.request(
             "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
         )
-        result: Dict[str, Any] = response.json()
-        return result
+        return FileInfo.from_api(response.json())
 
     async def list_files_page(
         self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
-    ) -> Dict[str, Any]:
+    ) -> FilePage:
         """One page of a listing (see ``Sandbox.list_files_page``)."""
         params = common.list_params(path, limit, cursor)
         response = await self._client.request(
             "GET", f"/sandboxes/{self.id}/files/list", params=params
         )
-        page: Dict[str, Any] = response.json()
-        return page
+        return FilePage.from_api(response.json())
 
     async def list_files(
         self, path: str = "/workspace", *, page_size: int = 1000
-    ) -> List[Dict[str, Any]]:
-        """Every entry of the directory, sorted by name, fetched page by page."""
-        entries: List[Dict[str, Any]] = []
+    ) -> List[FileInfo]:
+        """See ``Sandbox.list_files``."""
+        entries: List[FileInfo] = []
         cursor: Optional[str] = None
         while True:
             page = await self.list_files_page(path, limit=page_size, cursor=cursor)
-            entries.extend(page.get("entries", []))
-            cursor = page.get("next_cursor")
+            entries.extend(page.entries)
+            cursor = page.next_cursor
             if not cursor:
                 return entries
 
@@ -638,7 +652,7 @@ class AsyncSandbox:
         in a worker thread as it arrives."""
         target = Path(local)
         info = await self.stat(remote)
-        if info.get("type") == "directory":
+        if info.type == "directory":
             async with self._client._http.stream(
                 "GET",
                 f"/sandboxes/{self.id}/files/archive",
@@ -673,7 +687,7 @@ class AsyncSandbox:
                     raise
                 return int((await extracting)["bytes"])
         if on_total is not None:
-            on_total(int(info.get("size") or 0))
+            on_total(info.size)
         target.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         with open(target, "wb") as handle:

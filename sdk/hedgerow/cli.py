@@ -305,7 +305,7 @@ def cmd_sandbox_cp(args: argparse.Namespace) -> int:
         local = common.local_source(src)
         sandbox = Sandbox(hr, {"id": dst_box})
         try:
-            into = sandbox.stat(dst).get("type") == "directory"
+            into = sandbox.stat(dst).type == "directory"
         except NotFound:
             into = False
         if into:
@@ -435,7 +435,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         keys = hr.list_keys()
         _out(
             args,
-            keys,
+            [k.raw for k in keys],
             lambda: "\n".join(
                 f"{k['id']}  {k.get('prefix', '')}…  {k.get('name', '')}  "
                 f"{'revoked' if k.get('revoked_at') else 'active'}"
@@ -444,10 +444,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
         )
     elif args.keys_cmd == "create":
         key = hr.create_key(args.name, scopes=args.scopes)
-        _out(args, key, lambda: f"{key['id']}\n{key['secret']}  (shown once)")
+        _out(args, key.raw, lambda: f"{key.id}\n{key.secret}  (shown once)")
     else:
         key = hr.revoke_key(args.id)
-        _out(args, key, lambda: f"revoked {key['id']}")
+        _out(args, key.raw, lambda: f"revoked {key.id}")
     return 0
 
 

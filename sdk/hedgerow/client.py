@@ -34,6 +34,7 @@ from hedgerow.commands import CommandHandle
 from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, error_from_response
 from hedgerow.images import Images
+from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
 
 DEFAULT_URL = common.DEFAULT_URL
@@ -173,6 +174,21 @@ class Client:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
         context manager that deletes it.
 
+        Parameters, with units and defaults:
+
+        - ``image``: ``"host"`` (default), a named image, or an OCI reference (below).
+        - ``cpu``: cores, as ``1``, ``0.5`` or ``"500m"``; default 1 core.
+        - ``memory``: MiB as an integer (``512``) or ``"512Mi"`` / ``"2Gi"``; default
+          1024 MiB.
+        - ``network_access``: outbound network; default False (no network).
+        - ``ttl_seconds``: lifetime in seconds, after which the server deletes it;
+          default 3600 s (server setting).
+        - ``heartbeat_timeout_s``: seconds, see below; default 300 s.
+        - ``labels``: ``{key: value}`` strings, searchable in lists; default none.
+        - ``wait`` / ``wait_timeout``: wait for ``ready``, up to 120 s by default
+          (``WaitTimeout`` after; the sandbox is then deleted).
+        - ``sandbox_id``, ``idempotency_key``: chosen by the SDK unless given.
+
         Interrupt-safe: the SDK chooses the sandbox id (``sandbox_id`` overrides) and,
         with ``cleanup=True``, registers it for cleanup *before* the request is sent,
         so Ctrl-C at any moment leaves nothing running. One idempotency key covers all
@@ -238,11 +254,14 @@ class Client:
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox:
+        """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return Sandbox(self, self.request("GET", f"/sandboxes/{sandbox_id}").json())
 
     def list(
         self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
     ) -> List[Sandbox]:
+        """Sandboxes of the team, newest first: at most ``limit`` (default 50), filtered by
+        ``state`` (e.g. ``ready``) and ``image``."""
         params: Dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = state
@@ -262,20 +281,22 @@ class Client:
         return ExecResult.from_api(self.request("GET", path).json())
 
     # -- keys -------------------------------------------------------------------
-    def list_keys(self) -> List[Dict[str, Any]]:
-        return builtins.list(self.request("GET", "/keys").json()["results"])
+    def list_keys(self) -> List[ApiKeyInfo]:
+        """The team's API keys (revoked ones too: ``.revoked``); never their secrets."""
+        results = self.request("GET", "/keys").json()["results"]
+        return [ApiKeyInfo.from_api(item) for item in results]
 
-    def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> Dict[str, Any]:
-        """Issues a key; the returned ``secret`` is shown once."""
+    def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> ApiKeyInfo:
+        """Issues a key; its ``secret`` is on the returned record only (shown once).
+        ``scopes``: default all of the caller's."""
         body: Dict[str, Any] = {"name": name}
         if scopes:
             body["scopes"] = scopes
-        result: Dict[str, Any] = self.request("POST", "/keys", json=body, retry=False).json()
-        return result
+        return ApiKeyInfo.from_api(self.request("POST", "/keys", json=body, retry=False).json())
 
-    def revoke_key(self, key_id: str) -> Dict[str, Any]:
-        result: Dict[str, Any] = self.request("DELETE", f"/keys/{key_id}").json()
-        return result
+    def revoke_key(self, key_id: str) -> ApiKeyInfo:
+        """Revokes a key at once (its requests answer 401 from then on)."""
+        return ApiKeyInfo.from_api(self.request("DELETE", f"/keys/{key_id}").json())
 
 
 def _raise_for_stream(response: httpx.Response) -> None:
@@ -298,14 +319,18 @@ class Sandbox:
 
     @property
     def id(self) -> str:
+        """The sandbox id (``sb-`` + 16 hex digits unless chosen otherwise)."""
         return str(self.data["id"])
 
     @property
     def state(self) -> str:
+        """As of the last read: queued, requested, provisioning, ready, terminating,
+        deleted or failed."""
         return str(self.data["state"])
 
     @property
     def generation(self) -> int:
+        """Bumped each time the sandbox is re-provisioned (an exec pins one)."""
         return int(self.data.get("generation") or 0)
 
     def __repr__(self) -> str:
@@ -318,6 +343,7 @@ class Sandbox:
         self.delete()
 
     def refresh(self) -> Sandbox:
+        """Re-reads the sandbox's record (``state``, ``data``) from the server."""
         self.data = self._client.request("GET", f"/sandboxes/{self.id}").json()
         return self
 
@@ -349,10 +375,12 @@ class Sandbox:
                 seen = common.report_progress(self.refresh().data, seen, on_progress)
 
     def delete(self) -> None:
+        """Deletes the sandbox (and stops its heartbeats); idempotent."""
         self.stop_heartbeats()
         self._client.delete(self.id)
 
     def heartbeat(self) -> None:
+        """Tells the server the sandbox is still wanted (resets its heartbeat timeout)."""
         self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")
 
     def start_heartbeats(self, interval: float) -> None:
@@ -372,6 +400,7 @@ class Sandbox:
         threading.Thread(target=beat, name=f"hedgerow-heartbeat-{self.id}", daemon=True).start()
 
     def stop_heartbeats(self) -> None:
+        """Stops the background heartbeats (the heartbeat timeout then runs out)."""
         if self._heartbeat_stop is not None:
             self._heartbeat_stop.set()
             self._heartbeat_stop = None
@@ -607,11 +636,12 @@ class Sandbox:
             env=env, cwd=cwd,
         )  # fmt: skip
 
-    def write_file(
-        self, path: str, data: FileData, *, mode: Optional[str] = None
-    ) -> Dict[str, Any]:
-        """Writes a file atomically (parents created). ``data`` may be bytes, text, an
-        iterator of byte chunks or a binary file object; non-bytes are streamed."""
+    def write_file(self, path: str, data: FileData, *, mode: Optional[str] = None) -> WrittenFile:
+        """Writes a file atomically (temp file + rename; parents created). ``data`` may
+        be bytes, text (UTF-8), an iterator of byte chunks or a binary file object;
+        non-bytes are streamed (up to the server's upload limit, 1 GiB by default).
+        ``mode``: octal text (``"0755"``); default: a replaced file keeps its mode, a
+        new one gets 0666 minus the umask."""
         params: Dict[str, Any] = {"path": path}
         if mode:
             params["mode"] = mode
@@ -629,7 +659,7 @@ class Sandbox:
                     yield chunk
 
             data = chunks()
-        result: Dict[str, Any] = self._client.request(
+        written = self._client.request(
             "PUT",
             f"/sandboxes/{self.id}/files",
             params=params,
@@ -638,7 +668,7 @@ class Sandbox:
             retry=replayable,
             timeout=600,
         ).json()
-        return result
+        return WrittenFile.from_api(written)
 
     def read_file(self, path: str) -> bytes:
         """The whole file in memory; use ``iter_file`` or ``download`` for big files."""
@@ -656,33 +686,35 @@ class Sandbox:
         except httpx.TransportError as exc:
             raise streaming.connection_failed(self._client.url, exc) from None
 
-    def stat(self, path: str) -> Dict[str, Any]:
-        result: Dict[str, Any] = self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
-        ).json()
-        return result
+    def stat(self, path: str) -> FileInfo:
+        """The entry at ``path`` (a symlink described, not followed); ``NotFound``
+        when there is none."""
+        return FileInfo.from_api(
+            self._client.request(
+                "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+            ).json()
+        )
 
     def list_files_page(
         self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
-    ) -> Dict[str, Any]:
-        """One page of a listing: ``{"path", "entries", "next_cursor"}`` (``next_cursor``
-        is None on the last page; the server's default page is 1000, its max 10000)."""
+    ) -> FilePage:
+        """One page of a listing, sorted by name: ``entries`` and ``next_cursor`` (None
+        on the last page). ``limit``: entries per page (server default 1000, max
+        10000)."""
         params = common.list_params(path, limit, cursor)
-        page: Dict[str, Any] = self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/list", params=params
-        ).json()
-        return page
+        return FilePage.from_api(
+            self._client.request("GET", f"/sandboxes/{self.id}/files/list", params=params).json()
+        )
 
-    def list_files(
-        self, path: str = "/workspace", *, page_size: int = 1000
-    ) -> List[Dict[str, Any]]:
-        """Every entry of the directory, sorted by name, fetched page by page."""
-        entries: List[Dict[str, Any]] = []
+    def list_files(self, path: str = "/workspace", *, page_size: int = 1000) -> List[FileInfo]:
+        """Every entry of the directory (default ``/workspace``), sorted by name,
+        fetched ``page_size`` entries at a time."""
+        entries: List[FileInfo] = []
         cursor: Optional[str] = None
         while True:
             page = self.list_files_page(path, limit=page_size, cursor=cursor)
-            entries.extend(page.get("entries", []))
-            cursor = page.get("next_cursor")
+            entries.extend(page.entries)
+            cursor = page.next_cursor
             if not cursor:
                 return entries
 
@@ -735,13 +767,13 @@ class Sandbox:
         the server's count of its files' bytes) before ``progress(n)`` gets chunks."""
         target = Path(local)
         info = self.stat(remote)
-        if info.get("type") == "directory":
+        if info.type == "directory":
             try:
                 return self._download_tree(remote, target, progress, on_total)
             except httpx.TransportError as exc:
                 raise streaming.connection_failed(self._client.url, exc) from None
         if on_total is not None:
-            on_total(int(info.get("size") or 0))
+            on_total(info.size)
         target.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         with open(target, "wb") as handle:

@@ -45,6 +45,7 @@ class CommandHandle:
 
     @property
     def id(self) -> str:
+        """The command's operation id (``op-`` + 32 hex digits unless chosen)."""
         return str(self.data["id"])
 
     @property
@@ -56,6 +57,7 @@ class CommandHandle:
         return f"<CommandHandle {self.id} {self.data.get('status')}>"
 
     def refresh(self) -> CommandHandle:
+        """Re-reads the command's record (``running``, ``data``)."""
         path = f"/sandboxes/{self.sandbox.id}/operations/{self.id}"
         self.data = self.sandbox._client.request("GET", path).json()
         return self
@@ -108,16 +110,19 @@ class AsyncCommandHandle:
 
     @property
     def id(self) -> str:
+        """The command's operation id (``op-`` + 32 hex digits unless chosen)."""
         return str(self.data["id"])
 
     @property
     def running(self) -> bool:
+        """As of the last read (``await refresh()`` reads again)."""
         return str(self.data.get("status")) == "running"
 
     def __repr__(self) -> str:
         return f"<AsyncCommandHandle {self.id} {self.data.get('status')}>"
 
     async def refresh(self) -> AsyncCommandHandle:
+        """Re-reads the command's record (``running``, ``data``)."""
         path = f"/sandboxes/{self.sandbox.id}/operations/{self.id}"
         self.data = (await self.sandbox._client.request("GET", path)).json()
         return self
