@@ -543,6 +543,18 @@ class Handler(BaseHTTPRequestHandler):
         recursive = (self.param("recursive") or "").lower() in ("1", "true", "yes")
         self.send_json(200, files.delete_path(path, recursive))
 
+    def file_mkdir(self) -> None:
+        self.send_json(200, files.make_dir(files.check_path(self.param("path"))))
+
+    def file_rename(self) -> None:
+        source = files.check_path(self.param("path"))
+        destination = self.param("to")
+        try:
+            target = files.check_path(destination)
+        except ApiError as exc:
+            raise ApiError(exc.status, exc.code, exc.message.replace("path", "to"), "to") from None
+        self.send_json(200, files.rename_path(source, target))
+
     def file_list(self) -> None:
         limit = files.parse_limit(self.param("limit"))
         after = self.param("after") or None
@@ -563,6 +575,8 @@ ROUTES: Dict[str, Dict[str, Route]] = {
     "/files": {"GET": Handler.file_get, "PUT": Handler.file_put, "DELETE": Handler.file_delete},
     "/files/list": {"GET": Handler.file_list},
     "/files/archive": {"GET": Handler.archive_get, "PUT": Handler.archive_put},
+    "/files/mkdir": {"POST": Handler.file_mkdir},
+    "/files/rename": {"POST": Handler.file_rename},
     "/files/stat": {"GET": Handler.file_stat},
     "/pty": {"POST": Handler.pty},
 }

@@ -27,7 +27,7 @@ from hedgerow.aterminal import AsyncTerminal
 from hedgerow.cleanup import registry
 from hedgerow.commands import AsyncCommandHandle
 from hedgerow.episode import AsyncEpisode, current_async_episode
-from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import AsyncImages
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
@@ -579,6 +579,36 @@ class AsyncSandbox:
         """See ``Sandbox.stat``."""
         response = await self._client.request(
             "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+        )
+        return FileInfo.from_api(response.json())
+
+    async def exists(self, path: str) -> bool:
+        """See ``Sandbox.exists``."""
+        try:
+            await self.stat(path)
+        except NotFound:
+            return False
+        return True
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """See ``Sandbox.remove``."""
+        await self._client.request(
+            "DELETE",
+            f"/sandboxes/{self.id}/files",
+            params={"path": path, "recursive": "true" if recursive else "false"},
+        )
+
+    async def mkdir(self, path: str) -> FileInfo:
+        """See ``Sandbox.mkdir``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/mkdir", params={"path": path}
+        )
+        return FileInfo.from_api(response.json())
+
+    async def rename(self, path: str, to: str) -> FileInfo:
+        """See ``Sandbox.rename``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/rename", params={"path": path, "to": to}
         )
         return FileInfo.from_api(response.json())
 

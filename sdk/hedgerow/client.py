@@ -32,7 +32,7 @@ from hedgerow._common import Command as Command  # re-exported: episode.py impor
 from hedgerow.cleanup import registry
 from hedgerow.commands import CommandHandle
 from hedgerow.episode import Episode, current_episode
-from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import Images
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
@@ -692,6 +692,41 @@ class Sandbox:
         return FileInfo.from_api(
             self._client.request(
                 "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+            ).json()
+        )
+
+    def exists(self, path: str) -> bool:
+        """Whether anything (file, directory, symlink — even a broken one) is at
+        ``path``."""
+        try:
+            self.stat(path)
+        except NotFound:
+            return False
+        return True
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, symlink or empty directory; ``recursive=True`` removes a
+        whole tree. ``NotFound`` when nothing is there."""
+        self._client.request(
+            "DELETE",
+            f"/sandboxes/{self.id}/files",
+            params={"path": path, "recursive": "true" if recursive else "false"},
+        )
+
+    def mkdir(self, path: str) -> FileInfo:
+        """Creates a directory and its parents; an existing one is success."""
+        return FileInfo.from_api(
+            self._client.request(
+                "POST", f"/sandboxes/{self.id}/files/mkdir", params={"path": path}
+            ).json()
+        )
+
+    def rename(self, path: str, to: str) -> FileInfo:
+        """Renames (moves) ``path`` to ``to`` inside the sandbox (parents created, a
+        file there replaced); returns the entry at ``to``."""
+        return FileInfo.from_api(
+            self._client.request(
+                "POST", f"/sandboxes/{self.id}/files/rename", params={"path": path, "to": to}
             ).json()
         )
 

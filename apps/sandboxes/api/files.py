@@ -70,6 +70,59 @@ class FilesView(APIView):
 
     post = put
 
+    @extend_schema(
+        parameters=[
+            PATH_PARAM,
+            OpenApiParameter("recursive", bool, description="remove a whole tree"),
+        ],
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Removes a file, symlink or empty directory (`recursive=true`: a tree). "
+        "404 when there is nothing at `path`.",
+    )
+    def delete(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        recursive = (request.query_params.get("recursive") or "").lower() in ("1", "true")
+        return Response(
+            files.file_delete(
+                sandbox=sandbox, path=request.query_params.get("path"), recursive=recursive
+            )
+        )
+
+
+class FileMkdirView(APIView):
+    @extend_schema(
+        parameters=[PATH_PARAM],
+        request=None,
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Creates a directory and its parents (idempotent); answers its entry. "
+        "409 `busy` when a non-directory is there.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(files.file_mkdir(sandbox=sandbox, path=request.query_params.get("path")))
+
+
+class FileRenameView(APIView):
+    @extend_schema(
+        parameters=[
+            PATH_PARAM,
+            OpenApiParameter("to", str, required=True, description="absolute new path"),
+        ],
+        request=None,
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Renames (moves) `path` to `to` (parents created, a file there "
+        "replaced); answers the entry at `to`.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        params = request.query_params
+        return Response(
+            files.file_rename(sandbox=sandbox, path=params.get("path"), to=params.get("to"))
+        )
+
 
 class TreeView(APIView):
     @extend_schema(

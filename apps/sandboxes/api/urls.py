@@ -49,6 +49,16 @@ urlpatterns = [
         name="sandbox-files-archive",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/files/mkdir",
+        files.FileMkdirView.as_view(),
+        name="sandbox-files-mkdir",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/rename",
+        files.FileRenameView.as_view(),
+        name="sandbox-files-rename",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/files/stat",
         files.FileStatView.as_view(),
         name="sandbox-files-stat",

@@ -137,6 +137,43 @@ def file_list(
     }
 
 
+def _agent_post(
+    sandbox: Sandbox, method: str, endpoint: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    ensure_ready(sandbox)
+    try:
+        response = agent_for(sandbox).request(method, endpoint, params=params)
+    except AgentError as exc:
+        raise _translate(exc) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def file_delete(*, sandbox: Sandbox, path: str | None, recursive: bool) -> dict[str, Any]:
+    """Removes a file, link or empty directory (``recursive``: a whole tree). A missing
+    path is a 404, a non-empty directory without ``recursive`` a 400."""
+    params = {"path": _check_path(path), "recursive": "1" if recursive else "0"}
+    return _agent_post(sandbox, "DELETE", "/files", params)
+
+
+def file_mkdir(*, sandbox: Sandbox, path: str | None) -> dict[str, Any]:
+    """Creates a directory and its parents (idempotent); answers its entry."""
+    return _agent_post(sandbox, "POST", "/files/mkdir", {"path": _check_path(path)})
+
+
+def file_rename(*, sandbox: Sandbox, path: str | None, to: str | None) -> dict[str, Any]:
+    """Renames ``path`` to ``to`` inside the sandbox (parents created; a file there is
+    replaced); answers the entry at ``to``."""
+    source = _check_path(path)
+    try:
+        target = _check_path(to)
+    except ApiError as exc:
+        raise ApiError(exc.message.replace("path", "to"), code=exc.code, field="to") from exc
+    return _agent_post(sandbox, "POST", "/files/rename", {"path": source, "to": target})
+
+
 def file_stat(*, sandbox: Sandbox, path: str | None) -> dict[str, Any]:
     return _agent_json(sandbox, _check_path(path), "/files/stat")
 
