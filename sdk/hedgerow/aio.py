@@ -316,6 +316,14 @@ class AsyncSandbox:
         self.stop_heartbeats()
         await self._client.delete(self.id)
 
+    async def set_timeout(self, seconds: int) -> AsyncSandbox:
+        """See ``Sandbox.set_timeout``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/timeout", json={"timeout": seconds}
+        )
+        self.data = response.json()
+        return self
+
     async def heartbeat(self) -> None:
         """Tells the server the sandbox is still wanted (resets its heartbeat timeout)."""
         await self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")

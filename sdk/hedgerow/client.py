@@ -379,6 +379,15 @@ class Sandbox:
         self.stop_heartbeats()
         self._client.delete(self.id)
 
+    def set_timeout(self, seconds: int) -> Sandbox:
+        """Sets the remaining lifetime: the server deletes the sandbox ``seconds`` from
+        now (longer or shorter than its TTL so far; at most the server's maximum TTL,
+        24 h by default). ``SandboxNotReady`` (409) once it is terminating."""
+        self.data = self._client.request(
+            "POST", f"/sandboxes/{self.id}/timeout", json={"timeout": seconds}
+        ).json()
+        return self
+
     def heartbeat(self) -> None:
         """Tells the server the sandbox is still wanted (resets its heartbeat timeout)."""
         self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")

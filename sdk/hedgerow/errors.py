@@ -65,7 +65,19 @@ class SandboxTerminating(SandboxNotReady):
 
 
 class SandboxLost(SandboxNotReady):
-    pass
+    """``sandbox_lost``: the sandbox vanished under the server (its host or process
+    died); not something a client did."""
+
+
+class SandboxDeleted(SandboxNotReady):
+    """``sandbox_deleted``: the sandbox was deleted (by a client, its TTL, its
+    heartbeat timeout or an operator); ``reason`` says which when the server gave one."""
+
+    @property
+    def reason(self) -> str | None:
+        err = self.body.get("error") if isinstance(self.body, dict) else None
+        value = err.get("reason") if isinstance(err, dict) else None
+        return str(value) if value else None
 
 
 class AgentUnreachable(HedgerowError):
@@ -121,7 +133,7 @@ _BY_CODE = {
     "sandbox_terminating": SandboxTerminating,
     "sandbox_lost": SandboxLost,
     "sandbox_failed": SandboxNotReady,
-    "sandbox_deleted": SandboxNotReady,
+    "sandbox_deleted": SandboxDeleted,
     "budget_exhausted": BudgetExhausted,
     "quota_exceeded": QuotaExceeded,
     "agent_unreachable": AgentUnreachable,

@@ -12,6 +12,11 @@ urlpatterns = [
         name="sandbox-heartbeat",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/timeout",
+        views.SandboxTimeoutView.as_view(),
+        name="sandbox-timeout",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/events",
         views.SandboxEventsView.as_view(),
         name="sandbox-events",

@@ -3,8 +3,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -23,7 +23,12 @@ from apps.sandboxes.api.serializers import (
     SandboxSerializer,
 )
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
-from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
+from apps.sandboxes.services.lifecycle import (
+    sandbox_create,
+    sandbox_delete,
+    sandbox_heartbeat,
+    sandbox_set_expiry,
+)
 from apps.sandboxes.services.operations import operation_cancel, operation_exec
 from apps.sandboxes.services.patching import sandbox_apply_patch
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
@@ -137,6 +142,28 @@ class SandboxHeartbeatView(APIView):
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         sandbox = sandbox_heartbeat(sandbox=sandbox)
+        return Response(_render_sandbox(sandbox))
+
+
+class SandboxTimeoutView(APIView):
+    @extend_schema(
+        request=inline_serializer("SandboxTimeout", {"timeout": serializers.IntegerField()}),
+        responses={200: SandboxSerializer, **ERROR_RESPONSES},
+        description="Sets the sandbox's remaining lifetime: it ends `timeout` seconds from now "
+        "(longer or shorter than before; at most the server's maximum TTL). A sandbox "
+        "that is terminating or ended is a 409.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        seconds = request.data.get("timeout") if isinstance(request.data, dict) else None
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            raise ApiError(
+                "timeout must be a whole number of seconds",
+                field="timeout",
+                code="validation_error",
+            )
+        sandbox = sandbox_set_expiry(sandbox=sandbox, seconds=seconds)
         return Response(_render_sandbox(sandbox))
 
 
