@@ -45,8 +45,19 @@ class QuantityField(serializers.Field):  # type: ignore[type-arg]
 INT4_MAX = 2**31 - 1
 
 
+class StringField(serializers.CharField):
+    """A CharField that takes only a JSON string: DRF would turn 5 into "5", which is
+    now a Docker Hub reference (docker.io/library/5) — a number is a client's mistake,
+    answered 400, not a registry lookup."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
 class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    image = serializers.CharField(
+    image = StringField(
         max_length=200,
         default="host",
         help_text="`host`, an imported image, or an OCI reference (python:3.12-slim, "

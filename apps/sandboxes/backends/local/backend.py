@@ -16,8 +16,10 @@ import shutil
 import socket
 import stat
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,6 +255,10 @@ class LocalBackend:
         # (reference, credentials key) -> (info, expiry): a create re-proves access to
         # an image at most every RESOLVE_CACHE_S per credentials, not per request
         self._resolved: dict[tuple[str, str], tuple[ImageInfo, float]] = {}
+        # (reference, credentials key) -> the resolve in flight: concurrent creates of
+        # one image with one login wait on one registry round trip (single-flight)
+        self._resolving: dict[tuple[str, str], Future[ImageInfo]] = {}
+        self._resolving_lock = threading.Lock()
         self._roots_shared = False  # roots_dir is a shared mount (checked once)
         self._userns: dict[int, int] = {}  # uid base -> user namespace fd (idmaps)
 
@@ -426,20 +432,50 @@ class LocalBackend:
         if self._is_legacy(reference):
             return next(i for i in self.images() if i.name == reference)
         key = (reference, _credential_key(credentials))
+        hit = self._fresh_proof(key)
+        if hit is not None:
+            return hit
+        with self._resolving_lock:
+            hit = self._fresh_proof(key)  # a resolve that just ended
+            if hit is not None:
+                return hit
+            flight = self._resolving.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._resolving[key] = Future()
+        if not leader:
+            return flight.result()  # the leader's answer, or its typed error
+        try:
+            info = self._resolve_uncached(reference, credentials)
+        except BaseException as exc:
+            flight.set_exception(exc)
+            raise
+        else:
+            self._resolved[key] = (info, time.monotonic() + RESOLVE_CACHE_S)
+            flight.set_result(info)
+            return info
+        finally:
+            with self._resolving_lock:
+                del self._resolving[key]
+
+    def _fresh_proof(self, key: tuple[str, str]) -> ImageInfo | None:
+        """The cached answer for (reference, credentials key), if still within its
+        RESOLVE_CACHE_S window: these credentials proved access to that digest."""
         hit = self._resolved.get(key)
         if hit is not None and hit[1] > time.monotonic():
             return hit[0]
+        return None
+
+    def _resolve_uncached(
+        self, reference: str, credentials: RegistryCredentials | None
+    ) -> ImageInfo:
         store = self._image_store()
         with _typed_image_errors(reference):
             digest = store.resolve(reference, credentials=self._credentials(credentials))
             rec = store.get(digest)
-        info = (
-            self._info(rec)
-            if rec is not None
-            else ImageInfo(str(image_ref.parse(reference)), "OCI image (not pulled)", digest)
-        )
-        self._resolved[key] = (info, time.monotonic() + RESOLVE_CACHE_S)
-        return info
+        if rec is not None:
+            return self._info(rec)
+        return ImageInfo(str(image_ref.parse(reference)), "OCI image (not pulled)", digest)
 
     def pull_image(
         self,
@@ -604,12 +640,29 @@ class LocalBackend:
     # ---- OCI image roots (docs/images.md "Sandbox roots") ------------------------------
 
     def _pull_leased(self, spec: SandboxSpec, progress: ProgressCallback | None) -> ImageRecord:
+        """The sandbox's image, leased to it. A warm create asks no registry: when
+        these credentials proved access to the reference within RESOLVE_CACHE_S in
+        this process (a resolve_image, a pull or an earlier provision) and the store
+        holds that digest complete,
+        the lease is taken from the store alone. Otherwise a pull, which asks the
+        registry with these credentials (and fetches what is missing)."""
+        holder = lease_holder(self.config.instance, spec.sandbox_id)
+        store = self._image_store()
+        proof = self._fresh_proof((spec.image, _credential_key(spec.registry_credentials)))
+        if proof is not None and proof.digest:
+            with _typed_image_errors(spec.image):
+                stored = store.lease_stored(proof.digest, holder)
+            if stored is not None:
+                if progress is not None:
+                    progress({"phase": "resolved", "digest": stored.digest})
+                    progress({"phase": "done", "digest": stored.digest})
+                return stored
         with _typed_image_errors(spec.image):
-            rec = self._image_store().pull(
+            rec = store.pull(
                 spec.image,
                 credentials=self._credentials(spec.registry_credentials),
                 progress=progress,
-                lease=lease_holder(self.config.instance, spec.sandbox_id),
+                lease=holder,
             )
         self._resolved[(spec.image, _credential_key(spec.registry_credentials))] = (
             self._info(rec),
