@@ -18,6 +18,7 @@ from controlplane.env import (
     local_redis_url,
     state_secret,
 )
+from controlplane.version import VERSION
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(env_str("HEDGEROW_STATE_DIR", str(BASE_DIR / ".state")))
@@ -211,7 +212,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Sandboxes for agent training and evaluation. Authenticate with "
     "`Authorization: Bearer <key>` or `X-API-Key: <key>`. Errors are "
     '`{"error": {"code", "message", "field"}}`.',
-    "VERSION": "1.0.0",
+    "VERSION": VERSION,  # controlplane/version.py: one version for server, API, SDK
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     # Swagger UI from drf-spectacular-sidecar's pinned copy in our static files, not a
