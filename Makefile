@@ -1,4 +1,4 @@
-.PHONY: up down test lint typecheck check-migrations compose-config services bench k8s-smoke k8s-manifests agent-bundle
+.PHONY: up down test screenshots lint typecheck check-migrations compose-config services bench k8s-smoke k8s-manifests agent-bundle
 
 up:
 	@scripts/stack.sh up
@@ -11,6 +11,10 @@ services:
 
 test:
 	@scripts/test.sh
+
+# Refreshes docs/screenshots/ on purpose (make test writes them to a scratch dir)
+screenshots:
+	@HEDGEROW_UPDATE_SCREENSHOTS=1 HEDGEROW_SKIP_STATIC=1 scripts/test.sh $$(grep -rl "screenshot(" frontend/tests apps/*/tests --include="test_*.py")
 
 lint:
 	.venv/bin/ruff check .

@@ -29,6 +29,10 @@ LIVE_STATES = (State.REQUESTED, State.PROVISIONING, State.READY, State.TERMINATI
 FINAL_STATES = (State.DELETED, State.FAILED, State.LOST)
 
 
+def egress_default() -> str:
+    return "none"
+
+
 class SandboxQuerySet(models.QuerySet["Sandbox"]):
     def for_tenant(self, tenant: Tenant | None) -> SandboxQuerySet:
         if tenant is None:
@@ -57,7 +61,12 @@ class Sandbox(models.Model):
     progress = models.JSONField(null=True, blank=True)
     cpu_millis = models.PositiveIntegerField()
     memory_mib = models.PositiveIntegerField()
+    # Routed at all: true for egress "all" and for an allowlist (kept for the warm pool's
+    # shapes and old clients; ``egress`` is the policy).
     network_access = models.BooleanField(default=False)
+    # The egress policy in canonical form (apps/sandboxes/backends/egress.py): "none",
+    # "all" or {"allow": [...], "dns": "filtered"}.
+    egress = models.JSONField(default=egress_default)
     labels = models.JSONField(default=dict, blank=True)
     ttl_seconds = models.PositiveIntegerField()
     expires_at = models.DateTimeField()

@@ -12,6 +12,7 @@ from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, St
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
+    egress_policy,
     validate_external_id,
     validate_labels,
 )
@@ -45,8 +46,19 @@ class QuantityField(serializers.Field):  # type: ignore[type-arg]
 INT4_MAX = 2**31 - 1
 
 
+class StringField(serializers.CharField):
+    """A CharField that takes only a JSON string: DRF would turn 5 into "5", which is
+    now a Docker Hub reference (docker.io/library/5) — a number is a client's mistake,
+    answered 400, not a registry lookup."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
 class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    image = serializers.CharField(
+    image = StringField(
         max_length=200,
         default="host",
         help_text="`host`, an imported image, or an OCI reference (python:3.12-slim, "
@@ -54,7 +66,14 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
     )
     cpu = QuantityField(parse_cpu_millis, required=False, help_text="cores: 1, 0.5, '500m'")
     memory = QuantityField(parse_memory_mib, required=False, help_text="MiB or '512Mi', '2Gi'")
-    network_access = serializers.BooleanField(default=False)
+    network_access = serializers.BooleanField(
+        required=False, help_text="legacy: true is egress 'all'; give egress instead"
+    )
+    egress = serializers.JSONField(
+        required=False,
+        help_text="'none' (default), 'all', or {\"allow\": [\"pkg.example.org\", "
+        '"*.git.example.com", "10.20.0.0/16:443"], "dns": "filtered"} (docs/egress.md)',
+    )
     ttl_seconds = serializers.IntegerField(min_value=10, required=False)
     heartbeat_timeout_s = serializers.IntegerField(
         min_value=5, max_value=INT4_MAX, required=False, allow_null=True
@@ -111,15 +130,26 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
         except ValidationFailed as exc:
             raise _field_error(exc) from exc
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            attrs["egress_policy"] = egress_policy(attrs.get("egress"), attrs.get("network_access"))
+        except ValidationFailed as exc:
+            raise serializers.ValidationError(
+                {"egress": [serializers.ErrorDetail(exc.message, code=exc.extra["reason"])]}
+            ) from exc
+        return attrs
+
     def to_request(self) -> SandboxRequest:
         data = self.validated_data
         from_snapshot = data.get("from_snapshot")
+        policy = data["egress_policy"]
         return SandboxRequest(
             # a restore takes the snapshot's image unless one is named (it must match)
             image="" if from_snapshot and "image" not in self.initial_data else data["image"],
             cpu_millis=data.get("cpu", 1000),
             memory_mib=data.get("memory", 1024),
-            network_access=data["network_access"],
+            network_access=policy.routed,
+            egress=policy.to_json(),
             ttl_seconds=data.get("ttl_seconds") or settings.HEDGEROW_DEFAULT_TTL_S,
             heartbeat_timeout_s=data.get("heartbeat_timeout_s"),
             labels=data.get("labels") or {},
@@ -127,6 +157,12 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
             queue=data.get("queue"),
             snapshot_id=from_snapshot,
         )
+
+
+class SandboxPatchSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    """The schema of PATCH /sandboxes/{id}: only the egress policy changes."""
+
+    egress = serializers.JSONField(help_text="'none', 'all' or {\"allow\": [...]}")
 
 
 _BILLING_ATTR = "_hedgerow_render_billing"
@@ -172,6 +208,7 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "memory",
             "memory_mib",
             "network_access",
+            "egress",
             "isolation",
             "backend",
             "node",

@@ -12,6 +12,21 @@ urlpatterns = [
         name="sandbox-heartbeat",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/dns-log",
+        views.SandboxDnsLogView.as_view(),
+        name="sandbox-dns-log",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/dns",
+        views.SandboxDnsLogView.as_view(),
+        name="sandbox-dns",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/timeout",
+        views.SandboxTimeoutView.as_view(),
+        name="sandbox-timeout",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/events",
         views.SandboxEventsView.as_view(),
         name="sandbox-events",
@@ -32,11 +47,31 @@ urlpatterns = [
         views.OperationDetailView.as_view(),
         name="operation-detail",
     ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/cancel",
+        views.OperationCancelView.as_view(),
+        name="operation-cancel",
+    ),
     path("sandboxes/<str:sandbox_id>/files", files.FilesView.as_view(), name="sandbox-files"),
     path(
         "sandboxes/<str:sandbox_id>/files/list",
         files.FileListView.as_view(),
         name="sandbox-files-list",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/archive",
+        files.TreeView.as_view(),
+        name="sandbox-files-archive",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/mkdir",
+        files.FileMkdirView.as_view(),
+        name="sandbox-files-mkdir",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/rename",
+        files.FileRenameView.as_view(),
+        name="sandbox-files-rename",
     ),
     path(
         "sandboxes/<str:sandbox_id>/files/stat",

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from apps.sandboxes.backends.egress import ALL, NONE, EgressPolicy
+
 
 class BackendError(Exception):
     """A backend operation failed. ``transient`` errors may be retried."""
@@ -116,7 +118,7 @@ class SandboxSpec:
     image: str
     cpu_millis: int
     memory_mib: int
-    network_access: bool  # False: no egress at all
+    network_access: bool  # False: no egress at all; True: routed ("all" or an allowlist)
     agent_token: str  # plaintext only in memory; the backend hands it to the agent privately
     pids_limit: int = 512
     disk_mib: int = 2048
@@ -126,6 +128,14 @@ class SandboxSpec:
     # restore: the sandbox starts from this snapshot's state (``image`` must be the
     # snapshot's); its tree is verified against the snapshot's fingerprint first
     snapshot_id: str = ""
+    # The egress policy (backends/egress.py); None: "all" or "none" by network_access.
+    egress: EgressPolicy | None = None
+
+    @property
+    def egress_policy(self) -> EgressPolicy:
+        if self.egress is not None:
+            return self.egress
+        return ALL if self.network_access else NONE
 
 
 @dataclass(frozen=True)

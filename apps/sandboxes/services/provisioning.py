@@ -14,6 +14,7 @@ from django.utils import timezone
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec, StateDivergence
+from apps.sandboxes.backends.egress import parse_egress
 from apps.sandboxes.faults import fault_point
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
@@ -32,6 +33,7 @@ def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
         cpu_millis=sandbox.cpu_millis,
         memory_mib=sandbox.memory_mib,
         network_access=sandbox.network_access,
+        egress=parse_egress(sandbox.egress),
         agent_token=agent_token(sandbox.id.hex, sandbox.generation),
         disk_mib=settings.HEDGEROW_SANDBOX_DISK_MIB,
         labels=dict(sandbox.labels),

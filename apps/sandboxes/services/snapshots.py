@@ -363,6 +363,7 @@ def snapshot_fork(
         cpu_millis=parent.cpu_millis,
         memory_mib=parent.memory_mib,
         network_access=parent.network_access,
+        egress=parent.egress,  # the parent's egress policy, allowlist included
         ttl_seconds=min(parent.ttl_seconds, settings.HEDGEROW_MAX_TTL_S),
         labels=dict(parent.labels),
         snapshot_id=str(snapshot.id),

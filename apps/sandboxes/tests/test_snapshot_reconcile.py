@@ -79,7 +79,7 @@ def test_it_removes_snapshots_without_a_live_record_and_keeps_the_others(
     deleted = _snapshot_row(sandbox, SnapshotState.DELETED)
     orphan = uuid.uuid4()
     for snap_id in (kept.id, deleted.id, orphan):
-        backend.snapshot(sandbox.id.hex, snap_id.hex)  # type: ignore[attr-defined]
+        backend.snapshot(sandbox.id.hex, snap_id.hex)
     lost = _snapshot_row(sandbox, SnapshotState.CAPTURING)
     Snapshot.objects.filter(pk=lost.pk).update(created_at=timezone.now() - timedelta(hours=2))
 
@@ -107,7 +107,7 @@ def test_the_audit_balances_snapshots_and_names_the_leaked_ones(make_tenant: Any
     _snapshot_row(sandbox, SnapshotState.FAILED)
     orphan = uuid.uuid4()
     for snap_id in (live.id, leaked.id, orphan):
-        backend.snapshot(sandbox.id.hex, snap_id.hex)  # type: ignore[attr-defined]
+        backend.snapshot(sandbox.id.hex, snap_id.hex)
 
     report = audit_compute(period_start=start, period_end=timezone.now() + timedelta(minutes=1))
 

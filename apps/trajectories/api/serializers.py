@@ -230,7 +230,7 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     parent = serializers.SerializerMethodField(  # type: ignore[assignment]
         help_text="the episode this one branches from (its id), else null"
     )
-    branch_snapshot = serializers.SerializerMethodField(  # type: ignore[assignment]
+    branch_snapshot = serializers.SerializerMethodField(
         help_text="the snapshot the branch resumed from, else null"
     )
 

@@ -17,8 +17,10 @@ import shutil
 import socket
 import stat
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +42,11 @@ from apps.sandboxes.backends.base import (
     StateDivergence,
     UnknownImage,
 )
+from apps.sandboxes.backends.egress import ALL, NONE, EgressError, EgressPolicy, parse_egress
 from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
 
-from . import idmap, process
+from . import idmap, process, resolver
 from . import snapshots as snaps
 from ._btrfs import qgroup_name
 from ._netlink import NETNS_DIR
@@ -74,7 +77,7 @@ from .images import overlay as image_overlay
 from .images import reference as image_ref
 from .images import user as image_user
 from .images.overlay import unmount_rootfs
-from .network import Network
+from .network import SNI_PORT, Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
 
@@ -90,6 +93,10 @@ _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
+# per instance: the resolv.conf of its sandboxes (``_resolv_conf``)
+RESOLV_DIR = Path("/run/hedgerow/dns")
+
+
 @dataclass
 class _Launch:
     """How the sandbox's root and commands look: the defaults (host, legacy images)
@@ -103,6 +110,7 @@ class _Launch:
     digest: str = ""
     user: tuple[int, int] | None = None  # commands' uid:gid, None: root
     caps: tuple[str, ...] = ()  # what root's commands keep (process.IMAGE_CAPABILITIES)
+    resolv_conf: Path | None = None  # bound over /etc/resolv.conf (an allowlist's resolver)
 
 
 def image_env(image: list[str]) -> dict[str, str]:
@@ -265,6 +273,10 @@ class LocalBackend:
         # (reference, credentials key) -> (info, expiry): a create re-proves access to
         # an image at most every RESOLVE_CACHE_S per credentials, not per request
         self._resolved: dict[tuple[str, str], tuple[ImageInfo, float]] = {}
+        # (reference, credentials key) -> the resolve in flight: concurrent creates of
+        # one image with one login wait on one registry round trip (single-flight)
+        self._resolving: dict[tuple[str, str], Future[ImageInfo]] = {}
+        self._resolving_lock = threading.Lock()
         self._roots_shared = False  # roots_dir is a shared mount (checked once)
         self._userns: dict[int, int] = {}  # uid base -> user namespace fd (idmaps)
 
@@ -438,20 +450,50 @@ class LocalBackend:
         if self._is_legacy(reference):
             return next(i for i in self.images() if i.name == reference)
         key = (reference, _credential_key(credentials))
+        hit = self._fresh_proof(key)
+        if hit is not None:
+            return hit
+        with self._resolving_lock:
+            hit = self._fresh_proof(key)  # a resolve that just ended
+            if hit is not None:
+                return hit
+            flight = self._resolving.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._resolving[key] = Future()
+        if not leader:
+            return flight.result()  # the leader's answer, or its typed error
+        try:
+            info = self._resolve_uncached(reference, credentials)
+        except BaseException as exc:
+            flight.set_exception(exc)
+            raise
+        else:
+            self._resolved[key] = (info, time.monotonic() + RESOLVE_CACHE_S)
+            flight.set_result(info)
+            return info
+        finally:
+            with self._resolving_lock:
+                del self._resolving[key]
+
+    def _fresh_proof(self, key: tuple[str, str]) -> ImageInfo | None:
+        """The cached answer for (reference, credentials key), if still within its
+        RESOLVE_CACHE_S window: these credentials proved access to that digest."""
         hit = self._resolved.get(key)
         if hit is not None and hit[1] > time.monotonic():
             return hit[0]
+        return None
+
+    def _resolve_uncached(
+        self, reference: str, credentials: RegistryCredentials | None
+    ) -> ImageInfo:
         store = self._image_store()
         with _typed_image_errors(reference):
             digest = store.resolve(reference, credentials=self._credentials(credentials))
             rec = store.get(digest)
-        info = (
-            self._info(rec)
-            if rec is not None
-            else ImageInfo(str(image_ref.parse(reference)), "OCI image (not pulled)", digest)
-        )
-        self._resolved[key] = (info, time.monotonic() + RESOLVE_CACHE_S)
-        return info
+        if rec is not None:
+            return self._info(rec)
+        return ImageInfo(str(image_ref.parse(reference)), "OCI image (not pulled)", digest)
 
     def pull_image(
         self,
@@ -553,12 +595,14 @@ class LocalBackend:
             "isolation": ISOLATED if self.isolated else UNISOLATED,
             "node": self.node,
             "network_access": spec.network_access,
+            "egress": spec.egress_policy.to_json(),
             "labels": spec.labels,
             "created_at": time.time(),
         }
         if volume is not None:
             meta["disk"] = {"qgroup": volume.qgroup, "limit_bytes": volume.limit_bytes}
         limits = Limits(spec.memory_mib * 1024 * 1024, spec.cpu_millis, spec.pids_limit)
+        resolv_conf: Path | None = None
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
@@ -567,8 +611,16 @@ class LocalBackend:
                     owner = f"{self.config.instance} {self.config.state_dir}"
                     idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
                     self._uid_blocks_claimed = True
+                # Host sandboxes always name the instance's resolver (a live policy
+                # change can then give one DNS); image sandboxes keep their own
+                # resolv.conf unless made with an allowlist.
+                if image is None or spec.egress_policy.mode == "allow":
+                    resolv_conf = self._resolv_conf()
+                if spec.egress_policy.routed:
+                    self._ensure_resolver(required=spec.egress_policy.mode == "allow")
             ip = self.network.claim_ip(sid)
             meta.update(
+                resolver_dns=resolv_conf is not None,
                 uid_base=idmap.uid_base(ip),
                 ip=ip,
                 port=self.config.agent_port,
@@ -586,7 +638,7 @@ class LocalBackend:
         meta["cgroups"] = {c: str(p) for c, p in self.cgroups.paths(sid).items()}
         self._save_meta(sid, meta)
         if self.isolated:
-            self.network.create(sid, ip, spec.network_access, self._hook)
+            self.network.create(sid, ip, spec.egress_policy, self._hook)
         created = self.cgroups.create(sid, limits)
         # the agent's own groups (memory and pids split from its commands': cgroups.py)
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
@@ -609,6 +661,7 @@ class LocalBackend:
             launch = self._mount_image_root(sid, volume, image, int(meta["uid_base"]), pause)
             self._hook("root_mounted")
         assert launch is not None
+        launch.resolv_conf = resolv_conf
         if pause is not None:
             meta.update(
                 self._spawn_from_zygote(spec, d, launch, pause, cgroup_dirs, cgroup_files, meta)
@@ -630,12 +683,29 @@ class LocalBackend:
     # ---- OCI image roots (docs/images.md "Sandbox roots") ------------------------------
 
     def _pull_leased(self, spec: SandboxSpec, progress: ProgressCallback | None) -> ImageRecord:
+        """The sandbox's image, leased to it. A warm create asks no registry: when
+        these credentials proved access to the reference within RESOLVE_CACHE_S in
+        this process (a resolve_image, a pull or an earlier provision) and the store
+        holds that digest complete,
+        the lease is taken from the store alone. Otherwise a pull, which asks the
+        registry with these credentials (and fetches what is missing)."""
+        holder = lease_holder(self.config.instance, spec.sandbox_id)
+        store = self._image_store()
+        proof = self._fresh_proof((spec.image, _credential_key(spec.registry_credentials)))
+        if proof is not None and proof.digest:
+            with _typed_image_errors(spec.image):
+                stored = store.lease_stored(proof.digest, holder)
+            if stored is not None:
+                if progress is not None:
+                    progress({"phase": "resolved", "digest": stored.digest})
+                    progress({"phase": "done", "digest": stored.digest})
+                return stored
         with _typed_image_errors(spec.image):
-            rec = self._image_store().pull(
+            rec = store.pull(
                 spec.image,
                 credentials=self._credentials(spec.registry_credentials),
                 progress=progress,
-                lease=lease_holder(self.config.instance, spec.sandbox_id),
+                lease=holder,
             )
         self._resolved[(spec.image, _credential_key(spec.registry_credentials))] = (
             self._info(rec),
@@ -798,8 +868,11 @@ class LocalBackend:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
         workspace, tmp = self._data_dirs(d.name)
+        base_args = launch.base_args
+        if launch.resolv_conf is not None:  # over the host's or the image's own
+            base_args = [*base_args, "--ro-bind", str(launch.resolv_conf), "/etc/resolv.conf"]
         return process.bwrap_argv(
-            base_args=launch.base_args,
+            base_args=base_args,
             root=launch.root,
             env=launch.env,
             workdir=launch.workdir,
@@ -1138,7 +1211,7 @@ class LocalBackend:
             self.cgroups.remove(path)
         if self.isolated:
             # no meta: whether it had network access is unknown, so look
-            self.network.delete(sid, meta.get("ip"), egress=meta.get("network_access", True))
+            self.network.delete(sid, meta.get("ip"), policy=_meta_policy(meta))
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
         # its processes are dead: the root is unused (an image sandbox's upper dir is
         # in its volume, so before the volume goes)
@@ -1157,11 +1230,86 @@ class LocalBackend:
             return self._endpoint_of(meta)
         return None
 
+    def _resolv_conf(self) -> Path:
+        """``/run/hedgerow/dns/<table>.conf`` naming the gateway (the instance's resolver).
+
+        Not under the state dir: a bind's source path shows in the sandbox's mountinfo
+        (as the agent sources, it is kept where it names nothing of the host)."""
+        conf = RESOLV_DIR / f"{self.names.nft_table}.conf"
+        text = f"nameserver {self.network.gateway}\noptions timeout:2 attempts:2\n"
+        try:
+            RESOLV_DIR.mkdir(parents=True, exist_ok=True)
+            if not conf.exists() or conf.read_text() != text:
+                write_atomic(conf, text, 0o644, durable=False)
+        except OSError as exc:
+            raise BackendError(f"cannot write {conf}: {exc}") from exc
+        return conf
+
+    def _ensure_resolver(self, *, required: bool) -> None:
+        """The instance's resolver runs on the gateway (caller holds the instance lock).
+
+        ``required``: an allowlist needs it; egress "all" only uses it for DNS, so without
+        any upstream to forward to it is not started (DNS then fails at once).
+        """
+        upstream = self.config.dns_upstream or resolver.system_upstream()
+        if not upstream:
+            if required:
+                raise BackendError("egress allowlists need an upstream DNS server (dns_upstream)")
+            return
+        try:
+            resolver.start(
+                self.config.state_dir,
+                self.network.gateway,
+                upstream,
+                self.names.nft_table,
+                self.config.dns_grace_s,
+                sni_port=SNI_PORT,
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot start the instance's resolver: {exc}") from exc
+
+    def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        """Changes a running sandbox's egress policy: its netns's table and route when it
+        becomes routed or unrouted, its host elements always (the old ones removed first:
+        a narrowed policy also cuts established connections the new one does not allow),
+        then meta.json (which the resolver reads per query)."""
+        check_sandbox_id(sandbox_id)
+        if not self.isolated:
+            raise BackendError("egress policies need the netns isolation")
+        with self._lock(sandbox_id):
+            meta = self._meta(sandbox_id)
+            if not meta or meta.get("state") != "started" or not meta.get("ip"):
+                raise BackendError(f"sandbox {sandbox_id} is not running")
+            if policy.mode == "allow" and not meta.get("resolver_dns"):
+                raise BackendError(
+                    "this sandbox's DNS is its image's own: an allowlist must be given at create"
+                )
+            old = _meta_policy(meta) or NONE
+            if policy.routed:
+                with file_lock(self.locks_dir / "instance.lock"):
+                    self._ensure_resolver(required=policy.mode == "allow")
+            if old.routed != policy.routed:
+                self.network.set_routed(sandbox_id, policy.routed)
+            self.network.apply_policy(str(meta["ip"]), policy, old)
+            meta.update(egress=policy.to_json(), network_access=policy.routed)
+            self._save_meta(sandbox_id, meta)
+
+    def stop_resolver(self) -> None:
+        resolver.stop(self.config.state_dir)
+
+    def dns_log(self, sandbox_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The sandbox's DNS queries as the resolver logged them, oldest first."""
+        check_sandbox_id(sandbox_id)
+        return resolver.read_log(self.config.state_dir, sandbox_id, limit)
+
     def teardown_instance(self) -> None:
         """Destroy every sandbox, then the bridge, host tables, cgroup group and
         subnet claim of this instance (tests, uninstall)."""
         # first: nothing below needs it, and a step that raises must not leave it running
         self.zygote.stop()
+        resolver.stop(self.config.state_dir)
+        with contextlib.suppress(OSError):
+            (RESOLV_DIR / f"{self.names.nft_table}.conf").unlink()
         for d in sorted(self.sandboxes_dir.iterdir()):
             if d.is_dir():
                 self.destroy(d.name)
@@ -1303,6 +1451,11 @@ class LocalBackend:
                 items.append(
                     InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
                 )
+            for ip in self.network.list_allowlisted():  # an allowlist's elements
+                rule_sid = owner.get(ip)
+                items.append(
+                    InventoryItem("nft_rule", f"allow:{ip}", rule_sid, gen_of(rule_sid), self.node)
+                )
         items += self._image_inventory(gen_of)
         return items
 
@@ -1419,6 +1572,11 @@ class LocalBackend:
             # (the same MAC: addresses keep theirs), which its destroy removes.
             if ip not in dict(self.network.claims()):
                 self.network.delete_neighbour(ip)
+        elif kind == "nft_rule" and name.startswith("allow:"):
+            ip = name.removeprefix("allow:")
+            # claimed since: a new sandbox's, which its own destroy removes
+            if ip not in dict(self.network.claims()):
+                self.network.delete_allowlist(ip, None)
         elif kind == "nft_rule":
             self.network.delete_egress(name.removeprefix("egress:"))
         elif kind in ("volume", "qgroup", "loop") and self.storage is None:
@@ -1541,3 +1699,16 @@ def wait_healthy(endpoint: Endpoint, token: str = "", timeout: float = 15) -> di
     raise BackendError(
         f"agent at {endpoint.host}:{endpoint.port} not healthy: {last}", transient=True
     )
+
+
+def _meta_policy(meta: dict[str, Any]) -> EgressPolicy | None:
+    """The egress policy meta.json records; None when unknown (no meta, or a bad one):
+    destroy then removes every kind of egress element the address may hold."""
+    if "egress" in meta:
+        try:
+            return parse_egress(meta["egress"])
+        except EgressError:
+            return None
+    if "network_access" in meta:  # written before egress policies existed
+        return ALL if meta["network_access"] else NONE
+    return None

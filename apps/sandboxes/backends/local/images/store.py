@@ -276,6 +276,24 @@ class ImageStore:
         emit({"phase": "done", "digest": digest})
         return rec
 
+    def lease_stored(self, digest: str, holder: str) -> ImageRecord | None:
+        """Lease an image the store already holds completely, without asking the
+        registry: the caller has proved access itself (the backend's resolve cache,
+        within its window). Under the manifest lock (and the collect lock, shared), so
+        it never leases a record a pull is still writing or a collection is removing.
+        None when the record or any of its layers is missing: pull it instead."""
+        with (
+            _flock(self.locks / "collect.lock", fcntl.LOCK_SH),
+            _flock(self.locks / f"{_hex(digest)}.lock"),
+        ):
+            rec = self.get(digest)
+            if rec is None or not all(self.layer_path(x.digest).is_dir() for x in rec.layers):
+                return None
+            rec.last_used = time.time()
+            _write_json(self.images_dir / f"{_hex(digest)}.json", asdict(rec))
+            self._lease(holder, digest)
+            return rec
+
     def resolve(self, reference: str, *, credentials: Credentials | None = None) -> str:
         """The manifest digest ``reference`` names for this platform, asked of the
         registry with these credentials (the layers are not fetched): proves access."""
