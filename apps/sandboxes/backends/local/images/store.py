@@ -626,7 +626,11 @@ class ImageStore:
         out = {}
         for p in self.leases.iterdir():
             if not p.name.startswith("."):
-                out[p.name] = str(json.loads(p.read_text())["digest"])
+                try:
+                    text = p.read_text()
+                except FileNotFoundError:
+                    continue  # released between the listing and the read (another process)
+                out[p.name] = str(json.loads(text)["digest"])
         return out
 
     # ---- stale staging (the reconciler's ``image_staging`` inventory) ---------------
