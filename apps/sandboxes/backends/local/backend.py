@@ -614,7 +614,14 @@ class LocalBackend:
                 # Host sandboxes always name the instance's resolver (a live policy
                 # change can then give one DNS); image sandboxes keep their own
                 # resolv.conf unless made with an allowlist.
-                if image is None or spec.egress_policy.mode == "allow":
+                # (a legacy imported root is read-only: bwrap can bind over its
+                # /etc/resolv.conf only where the file exists)
+                bindable = (
+                    image is not None
+                    or spec.image == HOST_IMAGE
+                    or os.path.lexists(self.images_dir / spec.image / "rootfs/etc/resolv.conf")
+                )
+                if bindable and (image is None or spec.egress_policy.mode == "allow"):
                     resolv_conf = self._resolv_conf()
                 if spec.egress_policy.routed:
                     self._ensure_resolver(required=spec.egress_policy.mode == "allow")
@@ -980,6 +987,9 @@ class LocalBackend:
                 ),
                 # kept by the agent for root's commands (none for host sandboxes)
                 "caps": [process.IMAGE_CAPABILITIES[c] for c in launch.caps],
+                # the handler hides every other image sandbox's root from bwrap
+                "roots_dir": str(self.roots_dir),
+                "root": str(launch.root) if launch.root is not None else "",
                 "umask": _own_umask(),
                 "timeout": timeout,
             },
