@@ -34,6 +34,7 @@ _STATUS = {
     State.REQUESTED: "pending",
     State.PROVISIONING: "pending",
     State.READY: "ready",
+    State.PAUSED: "paused",
     State.FAILED: "failed",
     State.LOST: "failed",
     State.TERMINATING: "terminating",

@@ -22,12 +22,14 @@ from hedgerow.errors import (
     SandboxLost,
     SandboxNotReady,
     SandboxTerminating,
+    SnapshotFailed,
     ValidationError,
     WaitTimeout,
 )
 from hedgerow.images import Image
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
+from hedgerow.snapshots import AsyncSnapshot, Snapshot
 
 __all__ = [
     "AgentUnreachable",
@@ -35,6 +37,7 @@ __all__ = [
     "AsyncClient",
     "AsyncCommandHandle",
     "AsyncSandbox",
+    "AsyncSnapshot",
     "AuthError",
     "BudgetExhausted",
     "Client",
@@ -60,6 +63,8 @@ __all__ = [
     "SandboxNotReady",
     "SandboxTerminating",
     "ServerVersion",
+    "Snapshot",
+    "SnapshotFailed",
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",

@@ -31,6 +31,13 @@ from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import AsyncImages
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
+from hedgerow.snapshots import (
+    AsyncSnapshot,
+    SnapshotRef,
+    raise_if_failed,
+    snapshot_body,
+    snapshot_id,
+)
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
 Progress = Optional[Callable[[int], None]]
@@ -171,6 +178,7 @@ class AsyncClient:
         heartbeat: bool = True,
         queue: Optional[bool] = None,
         on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+        from_snapshot: Optional[SnapshotRef] = None,
         egress: Optional[Any] = None,
     ) -> AsyncSandbox:
         """See ``Client.create_sandbox`` (interrupt-safe the same way: the id is
@@ -189,6 +197,10 @@ class AsyncClient:
             queue=queue,
             egress=egress,
         )
+        if from_snapshot is not None:
+            body["from_snapshot"] = snapshot_id(from_snapshot)
+            if image == "host":  # the default: the snapshot's image
+                del body["image"]
         key = idempotency_key or common.new_idempotency_key()
         registered = self.cleanup and registry.add(
             self.url, self.api_key, chosen_id,
@@ -223,6 +235,52 @@ class AsyncClient:
     async def get(self, sandbox_id: str) -> AsyncSandbox:
         """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return AsyncSandbox(self, (await self.request("GET", f"/sandboxes/{sandbox_id}")).json())
+
+    # -- snapshots (docs/snapshots.md) ---------------------------------------------
+    async def get_snapshot(self, snapshot: SnapshotRef) -> AsyncSnapshot:
+        path = f"/snapshots/{snapshot_id(snapshot)}"
+        return AsyncSnapshot(self, (await self.request("GET", path)).json())
+
+    async def snapshots(self, *, limit: int = 50) -> List[AsyncSnapshot]:
+        body = (await self.request("GET", "/snapshots", params={"limit": limit})).json()
+        return [AsyncSnapshot(self, item) for item in body["results"]]
+
+    async def fork(
+        self,
+        snapshot: SnapshotRef,
+        n: int = 8,
+        *,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+        idempotency_key: Optional[str] = None,
+    ) -> List[AsyncSandbox]:
+        """See ``Client.fork`` (the children are waited for concurrently)."""
+        key = idempotency_key or common.new_idempotency_key()
+        response = await self.request(
+            "POST",
+            f"/snapshots/{snapshot_id(snapshot)}/fork",
+            json={"count": n},
+            headers={"Idempotency-Key": key},
+        )
+        children = [AsyncSandbox(self, item) for item in response.json()["sandboxes"]]
+        if self.cleanup:
+            for child in children:
+                registry.add(
+                    self.url, self.api_key, child.id,
+                    handle_signals=self.handle_signals, confirmed=True,
+                )  # fmt: skip
+                self._created[child.id] = child
+        if wait:
+            try:
+                await asyncio.gather(
+                    *(c.wait(timeout=wait_timeout) for c in children if c.state != "ready")
+                )
+            except BaseException:
+                for child in children:
+                    with contextlib.suppress(HedgerowError):
+                        await child.delete()
+                raise
+        return children
 
     async def list(
         self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
@@ -317,6 +375,48 @@ class AsyncSandbox:
         """Deletes the sandbox (and stops its heartbeats); idempotent."""
         self.stop_heartbeats()
         await self._client.delete(self.id)
+
+    async def pause(self) -> AsyncSandbox:
+        """See ``Sandbox.pause``."""
+        self.stop_heartbeats()
+        self.data = (await self._client.request("POST", f"/sandboxes/{self.id}/pause")).json()
+        return self
+
+    async def resume(self, *, wait: bool = True, timeout: float = 120.0) -> AsyncSandbox:
+        """See ``Sandbox.resume``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                response = await self._client.request("POST", f"/sandboxes/{self.id}/resume")
+                self.data = response.json()
+                break
+            except HedgerowError as exc:
+                if exc.code != "sandbox_pausing" or loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        if wait:
+            await self.wait(timeout=max(1.0, deadline - loop.time()))
+        return self
+
+    async def snapshot(
+        self,
+        *,
+        name: Optional[str] = None,
+        manifest: Optional[Dict[str, Any]] = None,
+        probes: Optional[List[Dict[str, Any]]] = None,
+        ttl_seconds: Optional[int] = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+    ) -> AsyncSnapshot:
+        """See ``Sandbox.snapshot``."""
+        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        response = await self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
+        snap = AsyncSnapshot(self._client, response.json())
+        if wait:
+            return await snap.wait(timeout)
+        raise_if_failed(snap.data)
+        return snap
 
     async def set_timeout(self, seconds: int) -> AsyncSandbox:
         """See ``Sandbox.set_timeout``."""

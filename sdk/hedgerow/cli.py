@@ -405,6 +405,56 @@ def cmd_image(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# -- snapshots (docs/snapshots.md) ---------------------------------------------------
+_SNAPSHOT_HEADER = f"{'ID':<36} {'STATE':<10} {'SANDBOX':<24} {'BYTES':>12}  NAME"
+
+
+def _snapshot_row(data: Dict[str, Any]) -> str:
+    return (
+        f"{data['id']:<36} {data['state']:<10} {data.get('sandbox', '')!s:<24} "
+        f"{data.get('size_bytes', 0):>12}  {data.get('name', '')}"
+    )
+
+
+def cmd_sandbox_pause(args: argparse.Namespace) -> int:
+    sandbox = _client(args).get(args.id)
+    sandbox = sandbox.pause() if args.cmd == "pause" else sandbox.resume()
+    _out(args, sandbox.data, lambda: f"{sandbox.id} {sandbox.state} gen={sandbox.generation}")
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    hr = _client(args)
+    if args.snapshot_cmd == "create":
+        manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
+        probes = [{"name": f"probe{i}", "command": c} for i, c in enumerate(args.probe or [])]
+        snap = hr.get(args.sandbox).snapshot(
+            name=args.name, manifest=manifest, probes=probes or None, wait=not args.no_wait
+        )
+        _out(args, snap.data, lambda: f"{snap.id} {snap.state} {snap.fingerprint.get('tree', '')}")
+        return 0
+    if args.snapshot_cmd == "ls":
+        snaps = hr.snapshots()
+        _out(
+            args,
+            [x.data for x in snaps],
+            lambda: "\n".join([_SNAPSHOT_HEADER, *(_snapshot_row(x.data) for x in snaps)]),
+        )
+        return 0
+    if args.snapshot_cmd == "fork":
+        children = hr.fork(args.id, args.count, wait=not args.no_wait)
+        _out(args, [c.data for c in children], lambda: "\n".join(c.id for c in children))
+        return 0
+    failed = 0
+    for snapshot_id in args.ids:
+        try:
+            hr.get_snapshot(snapshot_id).delete()
+        except HedgerowError as exc:
+            failed += 1
+            print(f"hedgerow: {snapshot_id}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 # -- operations, keys, trajectories --------------------------------------------------
 def cmd_ops_get(args: argparse.Namespace) -> int:
     result = _client(args).operation(args.sandbox, args.op)
@@ -691,6 +741,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("dst")
     cp.set_defaults(func=cmd_sandbox_cp)
 
+    pause = command(sandbox, "pause", "capture the state and release the compute")
+    pause.add_argument("id", metavar="ID")
+    pause.set_defaults(func=cmd_sandbox_pause)
+    resume = command(sandbox, "resume", "restore a paused sandbox (generation + 1)")
+    resume.add_argument("id", metavar="ID")
+    resume.set_defaults(func=cmd_sandbox_pause)
+
     image = command(sub, "image", "the team's OCI images").add_subparsers(
         dest="image_cmd", required=True, metavar="SUBCOMMAND"
     )
@@ -706,6 +763,28 @@ def build_parser() -> argparse.ArgumentParser:
     image_import.add_argument("path", help="a tarball, or an OCI layout directory")
     image_import.add_argument("--reference", required=True, help="the name to give it")
     image_import.set_defaults(func=cmd_image)
+
+    snapshot = command(sub, "snapshot", "capture, list, fork and delete snapshots").add_subparsers(
+        dest="snapshot_cmd", required=True, metavar="SUBCOMMAND"
+    )
+    snap_create = command(snapshot, "create", "capture a sandbox's filesystem state")
+    snap_create.add_argument("sandbox", metavar="SANDBOX")
+    snap_create.add_argument("--name")
+    snap_create.add_argument("--manifest", help="a JSON file: your cognitive state")
+    snap_create.add_argument(
+        "--probe", action="append", help="a read-only command each child must answer alike"
+    )
+    snap_create.add_argument("--no-wait", action="store_true", help="return while capturing")
+    snap_create.set_defaults(func=cmd_snapshot)
+    command(snapshot, "ls", "list the team's snapshots").set_defaults(func=cmd_snapshot)
+    snap_fork = command(snapshot, "fork", "start COUNT sandboxes from a snapshot (prints ids)")
+    snap_fork.add_argument("id", metavar="ID")
+    snap_fork.add_argument("count", type=int, metavar="COUNT")
+    snap_fork.add_argument("--no-wait", action="store_true", help="do not wait until ready")
+    snap_fork.set_defaults(func=cmd_snapshot)
+    snap_rm = command(snapshot, "rm", "delete snapshots (their children keep their state)")
+    snap_rm.add_argument("ids", nargs="+", metavar="ID")
+    snap_rm.set_defaults(func=cmd_snapshot)
 
     ops = command(sub, "ops", "recorded execs").add_subparsers(
         dest="cmd", required=True, metavar="SUBCOMMAND"

@@ -36,6 +36,7 @@ from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import Images
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
+from hedgerow.snapshots import Snapshot, SnapshotRef, raise_if_failed, snapshot_body, snapshot_id
 
 DEFAULT_URL = common.DEFAULT_URL
 FileData = Union[bytes, str, Iterator[bytes], IO[bytes]]
@@ -170,10 +171,12 @@ class Client:
         heartbeat: bool = True,
         queue: Optional[bool] = None,
         on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+        from_snapshot: Optional[SnapshotRef] = None,
         egress: Optional[Any] = None,
     ) -> Sandbox:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
-        context manager that deletes it.
+        context manager that deletes it. ``from_snapshot``: start from that snapshot's
+        state, on its image (``ready`` only once the state matched: docs/snapshots.md).
 
         Parameters, with units and defaults:
 
@@ -225,6 +228,10 @@ class Client:
             queue=queue,
             egress=egress,
         )
+        if from_snapshot is not None:
+            body["from_snapshot"] = snapshot_id(from_snapshot)
+            if image == "host":  # the default: the snapshot's image
+                del body["image"]
         key = idempotency_key or common.new_idempotency_key()
         registered = self.cleanup and registry.add(
             self.url, self.api_key, chosen_id,
@@ -260,6 +267,56 @@ class Client:
     def get(self, sandbox_id: str) -> Sandbox:
         """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return Sandbox(self, self.request("GET", f"/sandboxes/{sandbox_id}").json())
+
+    # -- snapshots (docs/snapshots.md) ---------------------------------------------
+    def get_snapshot(self, snapshot: SnapshotRef) -> Snapshot:
+        return Snapshot(self, self.request("GET", f"/snapshots/{snapshot_id(snapshot)}").json())
+
+    def snapshots(self, *, limit: int = 50) -> List[Snapshot]:
+        body = self.request("GET", "/snapshots", params={"limit": limit}).json()
+        return [Snapshot(self, item) for item in body["results"]]
+
+    def fork(
+        self,
+        snapshot: SnapshotRef,
+        n: int = 8,
+        *,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+        idempotency_key: Optional[str] = None,
+    ) -> List[Sandbox]:
+        """``n`` sandboxes restored from the snapshot (all or none: a quota that admits
+        fewer raises ``QuotaExceeded`` and none is created). One idempotency key covers
+        every retry, so a lost response never forks twice. ``wait=True``: returns once
+        all are ready; a child whose state did not match the snapshot (its
+        ``divergence`` says how) raises ``SandboxNotReady``, after the others were
+        deleted. With ``cleanup=True`` they are deleted with the client."""
+        key = idempotency_key or common.new_idempotency_key()
+        data = self.request(
+            "POST",
+            f"/snapshots/{snapshot_id(snapshot)}/fork",
+            json={"count": n},
+            headers={"Idempotency-Key": key},
+        ).json()
+        children = [Sandbox(self, item) for item in data["sandboxes"]]
+        if self.cleanup:
+            for child in children:
+                registry.add(
+                    self.url, self.api_key, child.id,
+                    handle_signals=self.handle_signals, confirmed=True,
+                )  # fmt: skip
+                self._created[child.id] = child
+        if wait:
+            try:
+                for child in children:
+                    if child.state != "ready":
+                        child.wait(timeout=wait_timeout)
+            except BaseException:
+                for child in children:
+                    with contextlib.suppress(HedgerowError):
+                        child.delete()
+                raise
+        return children
 
     def list(
         self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
@@ -382,6 +439,52 @@ class Sandbox:
         """Deletes the sandbox (and stops its heartbeats); idempotent."""
         self.stop_heartbeats()
         self._client.delete(self.id)
+
+    def pause(self) -> Sandbox:
+        """Captures the filesystem state and releases the compute (state ``paused``;
+        docs/snapshots.md). Heartbeats stop: a paused sandbox needs none."""
+        self.stop_heartbeats()
+        self.data = self._client.request("POST", f"/sandboxes/{self.id}/pause").json()
+        return self
+
+    def resume(self, *, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        """Restores a paused sandbox under the same id with ``generation`` + 1 and
+        (``wait=True``) returns once it is ready. Retried while the pause is still
+        being captured (``sandbox_pausing``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.data = self._client.request("POST", f"/sandboxes/{self.id}/resume").json()
+                break
+            except HedgerowError as exc:
+                if exc.code != "sandbox_pausing" or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+        if wait:
+            self.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return self
+
+    def snapshot(
+        self,
+        *,
+        name: Optional[str] = None,
+        manifest: Optional[Dict[str, Any]] = None,
+        probes: Optional[List[Dict[str, Any]]] = None,
+        ttl_seconds: Optional[int] = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+    ) -> Snapshot:
+        """Captures this sandbox's filesystem state (docs/snapshots.md). ``manifest``:
+        your cognitive state (messages, model, sampling, seeds); ``probes``: read-only
+        commands ``[{"name", "command", "volatile"}]`` every restored child must answer
+        alike. ``wait=True`` returns it ``ready`` or raises ``SnapshotFailed``."""
+        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        data = self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body).json()
+        snap = Snapshot(self._client, data)
+        if wait:
+            return snap.wait(timeout)
+        raise_if_failed(snap.data)
+        return snap
 
     def set_timeout(self, seconds: int) -> Sandbox:
         """Sets the remaining lifetime: the server deletes the sandbox ``seconds`` from

@@ -111,6 +111,11 @@ class DiskExhausted(HedgerowError):
     """``disk_exhausted`` (507): the image store has no room for the image."""
 
 
+class SnapshotFailed(HedgerowError):
+    """A capture that did not complete (``code``: ``sandbox_not_running``,
+    ``sandbox_busy``, ``probe_failed``, ``snapshot_failed``): nothing was kept."""
+
+
 IMAGE_ERROR_CODES = (
     "unknown_image",
     "image_not_found",

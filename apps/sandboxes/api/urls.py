@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.sandboxes.api import audits, files, views
+from apps.sandboxes.api import audits, files, snapshots, views
 
 urlpatterns = [
     path("sandboxes", views.SandboxListCreateView.as_view(), name="sandbox-list"),
@@ -77,6 +77,32 @@ urlpatterns = [
         "sandboxes/<str:sandbox_id>/files/stat",
         files.FileStatView.as_view(),
         name="sandbox-files-stat",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/snapshots",
+        snapshots.SandboxSnapshotsView.as_view(),
+        name="sandbox-snapshots",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/pause",
+        snapshots.SandboxPauseView.as_view(),
+        name="sandbox-pause",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/resume",
+        snapshots.SandboxResumeView.as_view(),
+        name="sandbox-resume",
+    ),
+    path("snapshots", snapshots.SnapshotListView.as_view(), name="snapshot-list"),
+    path(
+        "snapshots/<str:snapshot_id>",
+        snapshots.SnapshotDetailView.as_view(),
+        name="snapshot-detail",
+    ),
+    path(
+        "snapshots/<str:snapshot_id>/fork",
+        snapshots.SnapshotForkView.as_view(),
+        name="snapshot-fork",
     ),
     path("audits", audits.AuditListView.as_view(), name="audit-list"),
 ]

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any, cast
 
@@ -45,6 +45,8 @@ class SandboxRequest:
     external_id: str | None = None
     # Over a limit: wait in the admission queue (True) or get a 429; None: team default.
     queue: bool | None = None
+    # restore this snapshot (the tenant's, ``ready``): ``image`` must be its image
+    snapshot_id: str | None = None
     # The egress policy in canonical form (``egress_policy``): "none", "all" or
     # {"allow": [...], "dns": "filtered"}; None: from ``network_access`` (callers that
     # only know that flag, e.g. the Orchard and E2B layers, keep their meaning).
@@ -378,11 +380,28 @@ def sandbox_create(
 
     egress_quota_check(tenant=tenant, policy=parse_egress(request.egress))
     disk_guard()  # 507 disk_exhausted before anything is recorded
-    # The image can be had by this tenant (its registry credentials, the registry's
-    # answer now), or a typed 4xx before anything is recorded: never a sandbox that
-    # fails later for an image it could never get, never another image instead.
-    resolved = image_resolve_for_sandbox(tenant=tenant, image=request.image)
-    fingerprint = request.fingerprint()
+    sent = request  # a replay compares the request as sent
+    fingerprint = sent.fingerprint()
+    snapshot = None
+    if request.snapshot_id is not None:
+        from apps.sandboxes.services.snapshots import snapshot_for_restore
+
+        # the tenant's own ready snapshot, or a 404/409; its image is exact (by digest)
+        # and held by the snapshot, so no registry is asked
+        snapshot = snapshot_for_restore(tenant=tenant, snapshot_id=request.snapshot_id)
+        if request.image and request.image != snapshot.image:
+            raise ValidationFailed(
+                f"the snapshot is of image {snapshot.image!r}",
+                field="image",
+                code="snapshot_image_mismatch",
+            )
+        request = replace(request, image=snapshot.image)  # "": the snapshot's
+        digest = snapshot.image_digest
+    else:
+        # The image can be had by this tenant (its registry credentials, the registry's
+        # answer now), or a typed 4xx before anything is recorded: never a sandbox that
+        # fails later for an image it could never get, never another image instead.
+        digest = image_resolve_for_sandbox(tenant=tenant, image=request.image).digest
     external_id = request.external_id or _new_external_id()
     now = timezone.now()
     try:
@@ -392,7 +411,9 @@ def sandbox_create(
             # Warm members are "none" or "all" (their netns is made): an allowlist
             # sandbox is always provisioned for itself.
             warm = (
-                warm_pool_claim(
+                None
+                if snapshot is not None  # a restore starts from its own state
+                else warm_pool_claim(
                     image=request.image,
                     cpu_millis=request.cpu_millis,
                     memory_mib=request.memory_mib,
@@ -409,7 +430,8 @@ def sandbox_create(
                 tenant=tenant,
                 external_id=external_id,
                 image=request.image,
-                image_digest=resolved.digest,
+                image_digest=digest,
+                snapshot=snapshot,
                 cpu_millis=request.cpu_millis,
                 memory_mib=request.memory_mib,
                 network_access=request.network_access,
@@ -425,7 +447,7 @@ def sandbox_create(
                 created_by=actor,
                 created_at=now,
             )
-            image_mark_used(tenant=tenant, digests=[resolved.digest])
+            image_mark_used(tenant=tenant, digests=[digest])
             if warm is not None:
                 # The row, its two ledger rows and its usage record: one statement.
                 warm_pool_record_claim(sandbox=sandbox, claimed=warm, actor=actor)
@@ -443,7 +465,7 @@ def sandbox_create(
                 tenant=tenant, idempotency_key=idempotency_key
             ).first()
             if existing is not None:
-                return _replayed(existing, request), False
+                return _replayed(existing, sent), False
         raise Conflict(
             f"a sandbox with id {external_id!r} already exists",
             field="sandbox_id",
@@ -474,7 +496,13 @@ def sandbox_delete(*, sandbox: Sandbox, actor: str, reason: str = "deleted") -> 
     sandbox_id = str(sandbox.id)
     moved = sandbox_transition(
         sandbox=sandbox,
-        from_states=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY),
+        from_states=(
+            State.QUEUED,
+            State.REQUESTED,
+            State.PROVISIONING,
+            State.READY,
+            State.PAUSED,
+        ),
         to_state=State.TERMINATING,
         reason=reason,
         actor=actor,

@@ -26,6 +26,9 @@ from apps.sandboxes.backends.base import (
     ProgressCallback,
     RegistryCredentials,
     SandboxSpec,
+    SnapshotFailed,
+    SnapshotInfo,
+    SnapshotNotFound,
     UnknownImage,
 )
 
@@ -138,10 +141,22 @@ class KubernetesBackend:
     def remove_image(self, digest: str) -> bool:
         raise BackendError("the kubernetes backend keeps no image cache (nodes do)")
 
+    # ---- snapshots (docs/snapshots.md "Kubernetes": not built yet) ----------------
+
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        raise SnapshotFailed(
+            "the kubernetes backend cannot snapshot sandboxes yet", code="snapshots_unsupported"
+        )
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        raise SnapshotNotFound(f"no snapshot {snapshot_id}: the kubernetes backend keeps none")
+
     # ---- provision ---------------------------------------------------------------
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
+        if spec.snapshot_id:
+            raise SnapshotNotFound(f"no snapshot {spec.snapshot_id} on the kubernetes backend")
         spec = dataclasses.replace(spec, image=self._image_ref(spec.image))
         self.informer.unsilence(spec.sandbox_id)
         self.ensure_namespace_policy()

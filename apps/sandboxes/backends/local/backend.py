@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import hashlib
 import http.client
@@ -35,6 +36,10 @@ from apps.sandboxes.backends.base import (
     ProgressCallback,
     RegistryCredentials,
     SandboxSpec,
+    SnapshotFailed,
+    SnapshotInfo,
+    SnapshotNotFound,
+    StateDivergence,
     UnknownImage,
 )
 from apps.sandboxes.backends.egress import ALL, NONE, EgressError, EgressPolicy, parse_egress
@@ -42,6 +47,7 @@ from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
 
 from . import idmap, process, resolver
+from . import snapshots as snaps
 from ._btrfs import qgroup_name
 from ._netlink import NETNS_DIR
 from ._sys import (
@@ -137,6 +143,12 @@ def lease_holder(instance: str, sandbox_id: str) -> str:
     The store is machine-wide, so its leases are every instance's; instance ids have
     no dots, so the prefix tells this instance's leases (``inventory``) from others'."""
     return f"{instance}.{sandbox_id}"
+
+
+def snapshot_holder(instance: str, snapshot_id: str) -> str:
+    """The store lease name of one snapshot: never ``<instance>.<sid>``, so the
+    reconciler's ``image_lease`` inventory (sandbox leases) does not see it."""
+    return f"snapshot:{instance}:{snapshot_id}"
 
 
 def _mount_points() -> set[str]:
@@ -516,6 +528,13 @@ class LocalBackend:
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
+        if spec.snapshot_id:
+            manifest = self._snapshot_manifest(spec.snapshot_id)
+            if manifest["image"] != spec.image:
+                raise BackendError(
+                    f"snapshot {spec.snapshot_id} is of image {manifest['image']!r}, "
+                    f"not {spec.image!r}"
+                )
         if self._is_legacy(spec.image):
             base_args, python = self._base_args(spec.image)
             launch: _Launch | None = _Launch(base_args, python)
@@ -560,9 +579,12 @@ class LocalBackend:
         if launch is None:
             # leased to this sandbox before the pull returns: collection cannot take
             # it before the mount; destroy releases the lease by the sandbox id
-            image = self._pull_leased(spec, progress)
+            if spec.snapshot_id:
+                image = self._lease_snapshot_image(spec)
+            else:
+                image = self._pull_leased(spec, progress)
             self._hook("image_pulled")
-        volume = self._make_dirs(sid, spec.disk_mib << 20)
+        volume = self._make_dirs(sid, spec.disk_mib << 20, spec.snapshot_id)
         meta: dict[str, Any] = {
             "sandbox_id": sid,
             "tenant_id": spec.tenant_id,
@@ -631,6 +653,10 @@ class LocalBackend:
         if self.storage is not None:  # the agent names a full disk from its quota group
             cgroup_files.update(self.storage.quota_files(sid))
         self._hook("cgroups_created")
+        if spec.snapshot_id:
+            assert volume is not None  # snapshots need the storage (_make_dirs checks)
+            self._verify_restore(spec.snapshot_id, volume, int(meta["uid_base"]))
+            self._hook("restored")
         if self.isolated:
             # sandbox root (host id uid_base) owns what it may write
             idmap.chown_tree_top(list(self._data_dirs(sid)), int(meta["uid_base"]))
@@ -755,7 +781,7 @@ class LocalBackend:
             os.chown(volume.workspace, uid_base + uid, uid_base + gid)
         upper, work = volume.root / "root" / "upper", volume.root / "root" / "work"
         for path in (upper.parent, upper, work):
-            path.mkdir(mode=0o755)
+            path.mkdir(mode=0o755, exist_ok=True)  # a restore brings them
             os.chown(path, uid_base, uid_base)  # the sandbox's root owns its /
         target = self._root_target(sid)
         target.mkdir(mode=0o755, exist_ok=True)
@@ -804,13 +830,15 @@ class LocalBackend:
         if self.config.image_store.is_dir():
             self._image_store().release(lease_holder(self.config.instance, sid))
 
-    def _make_dirs(self, sid: str, disk_bytes: int) -> Volume | None:
+    def _make_dirs(self, sid: str, disk_bytes: int, snapshot_id: str = "") -> Volume | None:
         """Every directory a sandbox gets, made in one place: its state dir (meta,
         token, agent.log) on the host, its writable data (/workspace, /tmp) on the
         storage in a volume limited to ``disk_bytes`` (isolated), or host dirs."""
         d = self._dir(sid)
         d.mkdir(parents=True, exist_ok=True)
         if self.storage is None:
+            if snapshot_id:
+                raise BackendError("snapshots need the netns+bwrap isolation's storage (root)")
             for sub in ("workspace", "tmp"):
                 (d / sub).mkdir(exist_ok=True)
             os.chmod(d / "tmp", 0o1777)  # noqa: S103 - a /tmp must be world-writable + sticky
@@ -821,6 +849,8 @@ class LocalBackend:
             self.zygote.stop()
         # before any zygote starts: image roots mounted later must reach its bwraps
         self._ensure_roots_shared()
+        if snapshot_id:
+            return self.storage.restore(sid, disk_bytes, self.storage.snapshots_dir / snapshot_id)
         return self.storage.create(sid, disk_bytes)
 
     def _data_dirs(self, sid: str) -> tuple[Path, Path]:
@@ -1028,6 +1058,140 @@ class LocalBackend:
                 env=env,
                 cwd=d / "workspace",
                 pass_fds=[fd for group in fds.values() for fd in group],
+            )
+
+    # ---- snapshots (snapshots.py, docs/snapshots.md) -----------------------------------
+
+    def _snapshot_manifest_path(self, snapshot_id: str) -> Path:
+        check_sandbox_id(snapshot_id)  # same form as a sandbox id: 32 hex digits
+        if self.storage is None:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}: this backend keeps none")
+        return self.storage.snapshots_dir / f"{snapshot_id}.json"
+
+    def _snapshot_manifest(self, snapshot_id: str) -> dict[str, Any]:
+        """The snapshot's manifest (written last by ``snapshot``: one exists only
+        complete). Raises SnapshotNotFound."""
+        path = self._snapshot_manifest_path(snapshot_id)
+        if self.storage is not None:
+            self.storage.ensure()
+        manifest = read_json(path)
+        if manifest is None:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}")
+        return manifest
+
+    def _snapshot_lock(self, snapshot_id: str) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.locks_dir / f"snapshot-{snapshot_id}.lock")
+
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        check_sandbox_id(sandbox_id)
+        manifest_path = self._snapshot_manifest_path(snapshot_id)
+        assert self.storage is not None  # _snapshot_manifest_path checks
+        storage = self.storage
+        holder = snapshot_holder(self.config.instance, snapshot_id)
+        with self._lock(sandbox_id), self._snapshot_lock(snapshot_id):
+            meta = self._meta(sandbox_id)
+            if not meta or meta.get("state") != "started" or not self._alive(meta):
+                raise SnapshotFailed(
+                    f"sandbox {sandbox_id} is not running", code="sandbox_not_running"
+                )
+            if manifest_path.exists():
+                raise SnapshotFailed(f"snapshot {snapshot_id} exists already")
+            freezer = (meta.get("cgroups") or {}).get("freezer")
+            if not freezer:
+                # no silent capture of a sandbox that keeps writing
+                raise SnapshotFailed("this machine has no freezer cgroup: cannot quiesce")
+            digest = str(meta.get("image_digest") or "")
+            try:
+                if digest:
+                    with _typed_image_errors(digest):
+                        self._image_store().lease(holder, digest)
+                storage.flush()  # outside the freeze: see Storage.flush
+                started = time.monotonic()
+                with self.cgroups.frozen(Path(freezer)):
+                    self._hook("snapshot_frozen")
+                    path = storage.capture(sandbox_id, snapshot_id)
+                capture_s = time.monotonic() - started
+                self._hook("snapshot_captured")
+                entries = snaps.tree(path, int(meta["uid_base"]))
+                info = SnapshotInfo(
+                    snapshot_id=snapshot_id,
+                    sandbox_id=sandbox_id,
+                    image=str(meta.get("image", "")),
+                    image_digest=digest,
+                    fingerprint=snaps.fingerprint(entries),
+                    files=len(entries),
+                    size_bytes=snaps.file_bytes(entries),
+                    capture_s=capture_s,
+                    captured_at=time.time(),
+                )
+                manifest = {
+                    **dataclasses.asdict(info),
+                    "uid_base": int(meta["uid_base"]),
+                    # read-only and unchanged since it was hashed: a restore need not
+                    # read the data again (_verify_restore)
+                    "ctransid": storage.snapshot_ctransid(snapshot_id),
+                    "entries": entries,
+                }
+                write_atomic(manifest_path, json.dumps(manifest), mode=0o600)
+            except Exception as exc:
+                self._drop_snapshot(snapshot_id, holder)
+                if isinstance(exc, SnapshotFailed):
+                    raise
+                raise SnapshotFailed(f"capture of {sandbox_id} failed: {exc}") from exc
+        return info
+
+    def _drop_snapshot(self, snapshot_id: str, holder: str) -> None:
+        assert self.storage is not None
+        with contextlib.suppress(FileNotFoundError):
+            (self.storage.snapshots_dir / f"{snapshot_id}.json").unlink()
+        self.storage.drop_snapshot(snapshot_id)
+        if self.config.image_store.is_dir():
+            self._image_store().release(holder)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._snapshot_manifest_path(snapshot_id)
+        assert self.storage is not None
+        self.storage.ensure()
+        with self._snapshot_lock(snapshot_id):
+            self._drop_snapshot(snapshot_id, snapshot_holder(self.config.instance, snapshot_id))
+
+    def snapshots(self) -> list[str]:
+        """Ids of the complete snapshots this instance keeps."""
+        if self.storage is None or not self.storage.mounted():
+            return []
+        d = self.storage.snapshots_dir
+        if not d.is_dir():
+            return []
+        return sorted(p.stem for p in d.glob("*.json"))
+
+    def _lease_snapshot_image(self, spec: SandboxSpec) -> ImageRecord:
+        """The snapshot's exact image (by digest, from the store: its lease keeps it
+        there), leased to the restored sandbox."""
+        digest = str(self._snapshot_manifest(spec.snapshot_id)["image_digest"])
+        with _typed_image_errors(spec.image):
+            return self._image_store().lease(
+                lease_holder(self.config.instance, spec.sandbox_id), digest
+            )
+
+    def _verify_restore(self, snapshot_id: str, volume: Volume, uid_base: int) -> None:
+        """The restored volume's owners moved to this sandbox's id range, then its
+        tree compared with the snapshot's, before anything runs in it."""
+        manifest = self._snapshot_manifest(snapshot_id)
+        assert self.storage is not None
+        # The new volume is a copy-on-write snapshot of the snapshot, made just now
+        # and written by nothing but the owner shift: if the snapshot is unchanged
+        # since its capture hashed it (same ctransid), so is every file's data here,
+        # and only the metadata of each entry is read (O(files), not O(bytes)). If
+        # anything changed the snapshot, every file is hashed again.
+        unchanged = self.storage.snapshot_ctransid(snapshot_id) == manifest.get("ctransid")
+        snaps.shift_owners(volume.root, int(manifest["uid_base"]), uid_base)
+        entries = snaps.tree(volume.root, uid_base, manifest["entries"] if unchanged else None)
+        if snaps.fingerprint(entries) != manifest["fingerprint"]:
+            diff = snaps.diff(manifest["entries"], entries)
+            raise StateDivergence(
+                f"restore of snapshot {snapshot_id} differs in {len(diff)} path(s): "
+                + ", ".join(d["path"] for d in diff[:5]),
+                diff=diff,
             )
 
     def destroy(self, sandbox_id: str) -> None:
