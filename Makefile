@@ -12,13 +12,9 @@ services:
 test:
 	@scripts/test.sh
 
-# Refreshes docs/screenshots/*.png (the README's) from the browser tests that take them;
-# `make test` writes its screenshots to a scratch directory and leaves the tree clean.
-SCREENSHOT_TESTS = frontend/tests/test_screens_live.py frontend/tests/test_images_live.py \
-	apps/billing/tests/test_pages_browser.py apps/sandboxes/tests/test_audit_pages_live.py \
-	apps/trajectories/tests/test_pages_live.py
+# Refreshes docs/screenshots/ on purpose (make test writes them to a scratch dir)
 screenshots:
-	@HEDGEROW_UPDATE_SCREENSHOTS=1 HEDGEROW_SKIP_STATIC=1 scripts/test.sh $(SCREENSHOT_TESTS) -q
+	@HEDGEROW_UPDATE_SCREENSHOTS=1 HEDGEROW_SKIP_STATIC=1 scripts/test.sh $$(grep -rl "screenshot(" frontend/tests apps/*/tests --include="test_*.py")
 
 lint:
 	.venv/bin/ruff check .

@@ -183,9 +183,15 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """``handler500``: JSON for API clients, never a traceback (DEBUG is off)."""
+    """``handler500``: JSON for API clients (REST, Orchard, E2B), never a traceback
+    (DEBUG is off)."""
     if request.path.startswith("/api/"):
         return JsonResponse(_internal_error_body(), status=500)
     if request.path.startswith("/orchard/"):
         return JsonResponse({"detail": "internal error", "code": "internal_error"}, status=500)
+    if request.path.startswith("/e2b/"):
+        # E2B's {"code": <status>, "message"}: what its SDK reads, on the control plane
+        # and (as a plain HTTP error) on envd; the typed envelope beside it.
+        body = _internal_error_body()
+        return JsonResponse({"code": 500, "message": body["error"]["message"], **body}, status=500)
     return defaults.server_error(request)

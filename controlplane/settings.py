@@ -18,6 +18,7 @@ from controlplane.env import (
     local_redis_url,
     state_secret,
 )
+from controlplane.version import VERSION
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(env_str("HEDGEROW_STATE_DIR", str(BASE_DIR / ".state")))
@@ -68,6 +69,7 @@ INSTALLED_APPS = [
     "apps.trajectories",
     "apps.images",
     "apps.orchard",
+    "apps.e2b",
     "frontend",
 ]
 if INSTALLED_APPS[0] == "daphne":
@@ -210,7 +212,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Sandboxes for agent training and evaluation. Authenticate with "
     "`Authorization: Bearer <key>` or `X-API-Key: <key>`. Errors are "
     '`{"error": {"code", "message", "field"}}`.',
-    "VERSION": "1.0.0",
+    "VERSION": VERSION,  # controlplane/version.py: one version for server, API, SDK
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     # Swagger UI from drf-spectacular-sidecar's pinned copy in our static files, not a
@@ -229,6 +231,11 @@ HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
 # interpreter start per sandbox), exec (python3 -m podagent as bwrap's payload), or
 # auto (zygote when gcc can build its pause binary). docs/local-backend.md
 HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
+# Egress allowlists (docs/egress.md): the upstream DNS server of the instance's resolver
+# ("ip" or "ip:port"; "": the host's first IPv4 nameserver) and how long an address it
+# handed out stays allowed past the record's TTL.
+HEDGEROW_DNS_UPSTREAM = env_str("HEDGEROW_DNS_UPSTREAM", "")
+HEDGEROW_DNS_GRACE_S = env_int("HEDGEROW_DNS_GRACE_S", 30)
 # A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
 # agent in imported images without python3. Empty: such images are refused.
 HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")
@@ -282,6 +289,11 @@ HEDGEROW_PUBLIC_URL = env_str("HEDGEROW_PUBLIC_URL", "http://127.0.0.1:8000")
 HEDGEROW_ORCHARD_EXEC_WAIT_S = env_float("HEDGEROW_ORCHARD_EXEC_WAIT_S", 25.0)
 # Stands in for container images the backend does not have ("" = refuse them).
 HEDGEROW_ORCHARD_DEFAULT_IMAGE = env_str("HEDGEROW_ORCHARD_DEFAULT_IMAGE", "host")
+# The image E2B's default template `base` names (docs/e2b.md).
+HEDGEROW_E2B_BASE_IMAGE = env_str("HEDGEROW_E2B_BASE_IMAGE", "host")
+# How long an E2B create waits for its sandbox to be ready (below the SDK's 60 s
+# default request timeout, so the SDK never gives up first and retries).
+HEDGEROW_E2B_CREATE_WAIT_S = env_float("HEDGEROW_E2B_CREATE_WAIT_S", 55.0)
 
 # --- Realtime: exec streams and PTY (docs/realtime.md) --------------------------
 HEDGEROW_STREAM_REPLAY_FRAMES = env_int("HEDGEROW_STREAM_REPLAY_FRAMES", 512)

@@ -108,7 +108,7 @@ def render_page(
 ) -> HttpResponse:
     """Renders a dashboard page with what base.html needs (team, role, nav, realtime)."""
     user = request.user
-    teams = list(teams_of_user(user=user)) if user.is_authenticated else []  # type: ignore[arg-type]
+    teams = list(teams_of_user(user=user)) if user.is_authenticated else []
     base = {
         "principal": principal,
         "tenant": principal.tenant,

@@ -48,7 +48,8 @@ def _filters(request: HttpRequest) -> dict[str, str]:
 
 def _states(value: str) -> list[str] | None:
     if value == "live":
-        return [str(s) for s in LIVE_STATES]
+        # queued ones too: waiting for capacity, a team wants them in view (and deletable)
+        return [str(State.QUEUED), *(str(s) for s in LIVE_STATES)]
     if value == "all":
         return None
     known = {s.value for s in State}
@@ -157,7 +158,10 @@ def sandbox_create_view(request: HttpRequest, principal: Principal) -> HttpRespo
                 actor=principal.actor,
             )
         except ApiError as exc:
-            errors[exc.field or "form"] = exc.message
+            # an image the backend cannot have: its stable code first (image_not_found,
+            # registry_unauthorized, …), as the API answers it, then the registry's words
+            typed = exc.field == "image" and exc.code != "bad_request"
+            errors[exc.field or "form"] = f"{exc.code}: {exc.message}" if typed else exc.message
     if created is not None and not is_htmx(request):
         return redirect("frontend:sandbox", sandbox_id=created.external_id)
     context = {

@@ -255,3 +255,30 @@ def delete_path(path: str, recursive: bool) -> Dict[str, Any]:
     except OSError as exc:
         raise os_error(exc, path) from None
     return {"path": path, "deleted": True}
+
+
+def make_dir(path: str) -> Dict[str, Any]:
+    """Creates the directory and its parents; an existing directory is success (the
+    answer is its entry either way), an existing non-directory 409 ``busy``."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise ApiError(409, "busy", f"{path} exists and is not a directory", "path") from None
+    except OSError as exc:
+        raise os_error(exc, path) from None
+    return stat_path(path)
+
+
+def rename_path(source: str, destination: str) -> Dict[str, Any]:
+    """Renames (moves) ``source`` to ``destination`` (parents created), replacing a
+    file there; a directory onto a non-empty directory is 400 ``directory_not_empty``."""
+    try:
+        os.lstat(source)
+    except OSError as exc:
+        raise os_error(exc, source) from None
+    try:
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        os.rename(source, destination)
+    except OSError as exc:
+        raise os_error(exc, destination) from None
+    return stat_path(destination)

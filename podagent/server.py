@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import VERSION, files
+from . import VERSION, archive, files
 from .body import BodyReader
 from .errors import ApiError, bad_request
 from .exec_api import ExecService, parse_exec
@@ -514,10 +514,46 @@ class Handler(BaseHTTPRequestHandler):
             if sent != size:
                 self.close_connection = True  # file shrank: the framing is broken
 
+    def archive_get(self) -> None:
+        """The directory ``path`` as one streamed tar (chunked). ``X-Tree-Bytes`` is the
+        total of its regular files, from the walk made before the first byte."""
+        members, total = archive.tree_members(files.check_path(self.param("path")))
+        self.send_head(200, "application/x-tar", None, {"X-Tree-Bytes": str(total)})
+        # A failure from here on breaks the connection (dispatch: headers are out), so
+        # the client sees a truncated body, never a short archive ending as if complete.
+        archive.write_tree(members, self.write_chunk)
+        self.end_chunks()
+
+    def archive_put(self) -> None:
+        path = files.check_path(self.param("path"))
+        limit = files.DEFAULT_MAX_BYTES
+        raw_max = self.param("max_bytes")
+        if raw_max is not None:
+            try:
+                limit = min(int(raw_max), limit)
+            except ValueError:
+                raise bad_request("max_bytes must be an integer", "max_bytes") from None
+        assert self.body is not None
+        if self.body.length is not None and self.body.length > limit:
+            raise files.TooLarge(limit)
+        self.send_json(200, archive.extract_tree(path, self.body.read, limit))
+
     def file_delete(self) -> None:
         path = files.check_path(self.param("path"))
         recursive = (self.param("recursive") or "").lower() in ("1", "true", "yes")
         self.send_json(200, files.delete_path(path, recursive))
+
+    def file_mkdir(self) -> None:
+        self.send_json(200, files.make_dir(files.check_path(self.param("path"))))
+
+    def file_rename(self) -> None:
+        source = files.check_path(self.param("path"))
+        destination = self.param("to")
+        try:
+            target = files.check_path(destination)
+        except ApiError as exc:
+            raise ApiError(exc.status, exc.code, exc.message.replace("path", "to"), "to") from None
+        self.send_json(200, files.rename_path(source, target))
 
     def file_list(self) -> None:
         limit = files.parse_limit(self.param("limit"))
@@ -538,6 +574,9 @@ ROUTES: Dict[str, Dict[str, Route]] = {
     "/exec": {"POST": Handler.exec_},
     "/files": {"GET": Handler.file_get, "PUT": Handler.file_put, "DELETE": Handler.file_delete},
     "/files/list": {"GET": Handler.file_list},
+    "/files/archive": {"GET": Handler.archive_get, "PUT": Handler.archive_put},
+    "/files/mkdir": {"POST": Handler.file_mkdir},
+    "/files/rename": {"POST": Handler.file_rename},
     "/files/stat": {"GET": Handler.file_stat},
     "/pty": {"POST": Handler.pty},
 }

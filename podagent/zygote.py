@@ -246,6 +246,21 @@ def _hide_mounts(prefixes: "tuple[str, ...]") -> None:
         raise OSError(errno.EBUSY, f"still mounted after detaching: {left[:5]}")
 
 
+def hide_other_roots(roots_dir: str, keep: str) -> None:
+    """Detaches every mount below ``roots_dir`` but ``keep`` (and what is below it) in
+    this mount namespace, a slave copy: the host's and the launcher's tables are
+    untouched. One read of the table and one umount per other live image sandbox."""
+    prefix = roots_dir.rstrip("/") + "/"
+    others = {
+        p
+        for p in _mount_points()
+        if p.startswith(prefix) and not (keep and (p == keep or p.startswith(keep + "/")))
+    }
+    for point in sorted(others, key=len, reverse=True):
+        while _libc.umount2(point.encode(), MNT_DETACH) == 0:
+            pass
+
+
 def make_launcher_ns(hidden: "tuple[str, ...]" = LAUNCHER_HIDDEN) -> int:
     """An fd of a mount namespace to start bwrap in: a slave copy of this process's,
     without the mounts at or below ``hidden``.
@@ -541,6 +556,13 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         # last: every host path of the request (log, cgroups, netns) is open or done
         with _Stage("enter launcher mount namespace"):
             _setns(_launcher_mnt, CLONE_NEWNS, "launcher mnt")
+    if req.get("roots_dir"):
+        # Image sandboxes' roots reach the launcher namespace by propagation, one mount
+        # per live image sandbox: bwrap's cost grows with every line of the table it
+        # copies (make_launcher_ns), so this handler's own copy keeps only its root.
+        with _Stage("hide other sandboxes' roots"):
+            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            hide_other_roots(req["roots_dir"], req.get("root") or "")
     # Root of the sandbox's user namespace from here on: bwrap, pause, the agent and
     # every command run as host ids uid_base.., and the namespaces bwrap makes are
     # that namespace's (the netns, joined above, stays the host's).

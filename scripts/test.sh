@@ -40,6 +40,12 @@ if [ $# -eq 0 ]; then
   # late-import guard on): proves the zygote preloads every module the agent uses
   echo "== podagent tests, agent forked by the zygote"
   PODAGENT_TEST_LAUNCH=zygote .venv/bin/python -m pytest -q -p no:django podagent/tests
+  # the Debian userland of the image tests (mmdebstrap, ~2.5 min): built here once per
+  # machine (cached in /var/cache/hedgerow/userland), not inside a test's timeout
+  if [ "$(id -u)" = 0 ]; then
+    echo "== image test userland (cached per machine)"
+    .venv/bin/python -m apps.sandboxes.backends.local.images.tests.swe
+  fi
 fi
 echo "== pytest"
 exec .venv/bin/python -m pytest "$@"

@@ -43,6 +43,8 @@ def extract_key(headers: Any) -> str | None:
 KEY_CACHE_TTL_S = 5.0
 KEY_CACHE_MAX = 4096
 _key_cache: dict[str, tuple[Principal, float]] = {}
+# key id → its secret's hash, which never changes for a key (principal_for_key_id).
+_key_digests: dict[str, str] = {}
 
 
 def forget_cached_keys() -> None:
@@ -52,7 +54,10 @@ def forget_cached_keys() -> None:
 
 def principal_for_key(secret: str) -> Principal:
     """Resolves a secret to a principal or raises AuthFailed with a reason."""
-    digest = hash_secret(secret)
+    return _principal_cached_by_digest(hash_secret(secret))
+
+
+def _principal_cached_by_digest(digest: str) -> Principal:
     cached = _key_cache.get(digest)
     if cached is not None:
         principal, at = cached
@@ -101,6 +106,24 @@ def principal_refresh(secret: str) -> Principal | None:
         return principal_for_key(secret)
     except AuthFailed:
         return None
+
+
+def principal_for_key_id(key_id: str) -> Principal:
+    """The principal of the key with this id, with every check a secret gets (revoked,
+    expired, team disabled). For a signed token that names a key rather than carrying
+    its secret (the E2B envd access token, apps/e2b/tokens.py)."""
+    if not _is_uuid(key_id):
+        raise AuthFailed("invalid API key")
+    digest = _key_digests.get(key_id)
+    if digest is None:
+        digest = ApiKey.objects.filter(pk=key_id).values_list("secret_hash", flat=True).first()
+        if digest is None:
+            raise AuthFailed("invalid API key")
+        if len(_key_digests) >= KEY_CACHE_MAX:
+            _key_digests.clear()
+        _key_digests[key_id] = digest
+    # the same cache (and the same revocation delay) as a secret's
+    return _principal_cached_by_digest(digest)
 
 
 def _principal_for_digest(digest: str) -> Principal:

@@ -100,6 +100,16 @@ class TenantQuota(models.Model):
         default=False, help_text="creates over a limit wait in the admission queue"
     )
     max_queued = models.PositiveIntegerField(default=1000)
+    # Egress (docs/egress.md): whether sandboxes may have egress "all", and the patterns
+    # an allowlist's entries must fall under (null: any).
+    egress_allow_all = models.BooleanField(
+        default=True, help_text="sandboxes may have egress 'all' (network_access)"
+    )
+    egress_patterns = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="names, *.wildcards and CIDR:port an allowlist may use; null: any",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

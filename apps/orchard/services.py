@@ -17,7 +17,12 @@ from apps.billing.models import Tenant, TenantQuota
 from apps.billing.principal import Principal
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
-from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create, validate_external_id
+from apps.sandboxes.services.lifecycle import (
+    SandboxRequest,
+    egress_policy,
+    sandbox_create,
+    validate_external_id,
+)
 from controlplane.errors import ApiError, ValidationFailed
 
 DEFAULT_CPU_MILLIS = 1000
@@ -29,6 +34,7 @@ _STATUS = {
     State.REQUESTED: "pending",
     State.PROVISIONING: "pending",
     State.READY: "ready",
+    State.PAUSED: "paused",
     State.FAILED: "failed",
     State.LOST: "failed",
     State.TERMINATING: "terminating",
@@ -87,13 +93,18 @@ def orchard_create_request(data: dict[str, Any]) -> tuple[SandboxRequest, float 
     )
     if memory < 32:
         raise ValidationFailed("at least 32Mi memory", field="memory", code="too_small")
+    block = data.get("block_network")
+    policy = egress_policy(
+        data.get("egress"), None if block is None else not _bool(data, "block_network", True)
+    )
     request = SandboxRequest(
         image=_image(data.get("image")),
         cpu_millis=_quantity(
             data, "cpu", parse_cpu_millis, DEFAULT_CPU_MILLIS, settings.HEDGEROW_MAX_CPU_MILLIS
         ),
         memory_mib=memory,
-        network_access=not _bool(data, "block_network", True),
+        network_access=policy.routed,
+        egress=policy.to_json(),
         ttl_seconds=settings.HEDGEROW_DEFAULT_TTL_S,
         external_id=sandbox_id,
     )
@@ -134,6 +145,7 @@ def orchard_sandbox_view(sandbox: Sandbox, *, timeout: float | None = None) -> d
         "image": sandbox.image,
         "namespace": sandbox.tenant.slug,
         "block_network": not sandbox.network_access,
+        "egress": sandbox.egress,
         "cpu": f"{sandbox.cpu_millis}m",
         "memory": f"{sandbox.memory_mib}Mi",
         "timeout": timeout if timeout is not None else settings.HEDGEROW_READY_TIMEOUT_S,

@@ -256,12 +256,13 @@ class AgentClient:
         except httpx.TransportError as exc:
             raise AgentUnreachable(f"agent at {self.base} unreachable: {exc}") from exc
 
-    def stream_download(self, path: str) -> tuple[httpx.Response, Any]:
-        """Opens a streamed download; the caller must close the returned context."""
+    def stream_download(self, path: str, endpoint: str = "/files") -> tuple[httpx.Response, Any]:
+        """Opens a streamed download (a file, or ``/files/archive``: a tree as a tar);
+        the caller must close the returned context."""
         try:
             ctx = _client().stream(
                 "GET",
-                self.base + "/files",
+                self.base + endpoint,
                 params={"path": path},
                 headers=self._headers(),
                 timeout=httpx.Timeout(30.0),

@@ -16,6 +16,9 @@ class State(models.TextChoices):
     REQUESTED = "requested"
     PROVISIONING = "provisioning"
     READY = "ready"
+    # its state captured as a snapshot and its compute released; ``resume`` restores it
+    # under the same id with generation + 1 (docs/snapshots.md)
+    PAUSED = "paused"
     TERMINATING = "terminating"
     DELETED = "deleted"
     FAILED = "failed"  # never became ready
@@ -24,6 +27,10 @@ class State(models.TextChoices):
 
 LIVE_STATES = (State.REQUESTED, State.PROVISIONING, State.READY, State.TERMINATING)
 FINAL_STATES = (State.DELETED, State.FAILED, State.LOST)
+
+
+def egress_default() -> str:
+    return "none"
 
 
 class SandboxQuerySet(models.QuerySet["Sandbox"]):
@@ -54,7 +61,12 @@ class Sandbox(models.Model):
     progress = models.JSONField(null=True, blank=True)
     cpu_millis = models.PositiveIntegerField()
     memory_mib = models.PositiveIntegerField()
+    # Routed at all: true for egress "all" and for an allowlist (kept for the warm pool's
+    # shapes and old clients; ``egress`` is the policy).
     network_access = models.BooleanField(default=False)
+    # The egress policy in canonical form (apps/sandboxes/backends/egress.py): "none",
+    # "all" or {"allow": [...], "dns": "filtered"}.
+    egress = models.JSONField(default=egress_default)
     labels = models.JSONField(default=dict, blank=True)
     ttl_seconds = models.PositiveIntegerField()
     expires_at = models.DateTimeField()
@@ -77,6 +89,13 @@ class Sandbox(models.Model):
     ready_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Restored from this snapshot (a fork child or a create ``from_snapshot``): ready
+    # only once its state matched the snapshot's fingerprint; else ``failed`` with
+    # reason ``state_divergence`` and the diff in ``divergence``.
+    snapshot = models.ForeignKey(
+        "Snapshot", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    divergence = models.JSONField(null=True, blank=True)
 
     objects = SandboxQuerySet.as_manager()
 
@@ -279,3 +298,70 @@ class WarmMember(models.Model):
 
     def __str__(self) -> str:
         return f"warm {self.image}/{self.cpu_millis}m/{self.memory_mib}Mi ({self.state})"
+
+
+class SnapshotState(models.TextChoices):
+    CAPTURING = "capturing"
+    READY = "ready"
+    FAILED = "failed"  # the capture did not complete: nothing of it exists
+    DELETED = "deleted"
+
+
+class SnapshotQuerySet(models.QuerySet["Snapshot"]):
+    def for_tenant(self, tenant: Tenant | None) -> SnapshotQuerySet:
+        if tenant is None:
+            return self.none()
+        return self.filter(tenant=tenant)
+
+
+class Snapshot(models.Model):
+    """A sandbox's filesystem state (writable root, /workspace, /tmp) captured on its
+    backend, with the client's manifest and the fingerprint a restore must match
+    (docs/snapshots.md)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.PROTECT, related_name="snapshots")
+    # the snapshot the captured sandbox was itself restored from (a branch of a branch)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    name = models.CharField(max_length=128, blank=True)
+    # "snapshot": the client's; "pause": what ``pause`` captured for ``resume``
+    kind = models.CharField(max_length=16, default="snapshot")
+    state = models.CharField(
+        max_length=16, choices=SnapshotState.choices, default=SnapshotState.CAPTURING
+    )
+    backend = models.CharField(max_length=32)
+    image = models.CharField(max_length=200)
+    image_digest = models.CharField(max_length=80, blank=True)
+    generation = models.PositiveIntegerField(default=0)  # the sandbox's, at capture
+    # the client's: cognitive state (messages, tool schema, model, sampling, seeds),
+    # services to restart; stored as given
+    manifest = models.JSONField(default=dict, blank=True)
+    # [{"name", "command", "volatile", "timeout"}]: read-only commands run at capture
+    # and on every restored child
+    probes = models.JSONField(default=list, blank=True)
+    # {"tree": "sha256:…", "files": n, "probes": {name: {"exit_code", "stdout"}}}
+    fingerprint = models.JSONField(default=dict, blank=True)
+    size_bytes = models.BigIntegerField(default=0)
+    capture_s = models.FloatField(null=True, blank=True)  # how long it was frozen
+    # the capture's whole cost (quiesce, probes, snapshot, tree hash): C_s of branch advice
+    capture_wall_s = models.FloatField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)  # {"code", "message"} when failed
+    ttl_seconds = models.PositiveIntegerField()
+    expires_at = models.DateTimeField()
+    created_by = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    captured_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_reason = models.CharField(max_length=32, blank=True)  # deleted | ttl_expired
+
+    objects = SnapshotQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "expires_at"], name="snapshot_state_expiry")]
+
+    def __str__(self) -> str:
+        return f"snapshot {self.id} of {self.sandbox_id} ({self.state})"

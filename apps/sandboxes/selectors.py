@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from apps.billing.models import Tenant
-from apps.sandboxes.models import Operation, Sandbox, SandboxEvent
+from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, SnapshotState
 from controlplane.dbrows import instance_from_row, select_list
 from controlplane.errors import NotFound
 
@@ -170,3 +170,31 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID] | None:
         return datetime.fromisoformat(value), uuid.UUID(pk)
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def snapshot_list(*, tenant: Tenant | None, sandbox: Sandbox | None = None) -> QuerySet[Snapshot]:
+    """The tenant's snapshots that exist or are being captured, newest first."""
+    qs = Snapshot.objects.for_tenant(tenant).exclude(state=SnapshotState.DELETED)
+    if sandbox is not None:
+        qs = qs.filter(sandbox=sandbox)
+    return qs.select_related("sandbox", "parent").order_by("-created_at", "-id")
+
+
+def snapshot_get(*, tenant: Tenant | None, snapshot_id: str) -> Snapshot:
+    """The tenant's snapshot (deleted ones too: their record stays); another
+    tenant's, or a malformed id, is a 404."""
+    try:
+        pk = uuid.UUID(snapshot_id)
+    except ValueError:
+        pk = None
+    snapshot = (
+        Snapshot.objects.for_tenant(tenant)
+        .select_related("sandbox", "parent")
+        .filter(pk=pk)
+        .first()
+        if pk is not None
+        else None
+    )
+    if snapshot is None:
+        raise NotFound(f"no snapshot {snapshot_id!r}", code="snapshot_not_found")
+    return snapshot

@@ -98,3 +98,29 @@ def warm_member_destroy(self: Any, member_hex: str) -> None:
         destroy(member_hex=member_hex)
     except BackendError as exc:
         raise self.retry(exc=exc, countdown=min(2**self.request.retries, 60)) from exc
+
+
+# Snapshots (services/snapshots.py): the capture holds the sandbox frozen for the
+# snapshot ioctl only; hashing the tree takes longer for large states.
+@shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=600, time_limit=660)
+def capture_snapshot(snapshot_id: str) -> None:
+    from apps.sandboxes.services.snapshots import snapshot_capture
+
+    snapshot_capture(snapshot_id=snapshot_id)
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=8,
+    soft_time_limit=120,
+    time_limit=180,
+)
+def destroy_snapshot(self: Any, snapshot_id: str) -> None:
+    from apps.sandboxes.services.snapshots import snapshot_destroy
+
+    try:
+        snapshot_destroy(snapshot_id=snapshot_id)
+    except BackendError as exc:
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 60)) from exc

@@ -149,6 +149,15 @@ class Episode(models.Model):
     imported = models.BooleanField(default=False)
     created_by = models.CharField(max_length=128, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # A branch (docs/snapshots.md): the episode it continues, after which of its steps,
+    # and the snapshot its sandbox resumed from.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="branches"
+    )
+    branch_step = models.PositiveIntegerField(null=True, blank=True)
+    branch_snapshot = models.ForeignKey(
+        "sandboxes.Snapshot", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     objects = EpisodeQuerySet.as_manager()
 

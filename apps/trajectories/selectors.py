@@ -50,7 +50,11 @@ def _when(value: str, name: str) -> datetime:
 def episode_list(*, tenant: Tenant, filters: dict[str, str] | None = None) -> QuerySet[Episode]:
     """Episodes of the tenant, newest first. ``label`` is ``key=value`` (or a bare key)
     on the episode's labels; ``relabeled=true`` keeps episodes a person relabeled."""
-    qs = Episode.objects.for_tenant(tenant).order_by("-started_at", "-created_at")
+    qs = (
+        Episode.objects.for_tenant(tenant)
+        .select_related("parent")  # a branch names its parent's id
+        .order_by("-started_at", "-created_at")
+    )
     for param, value in (filters or {}).items():
         if not value:
             continue

@@ -162,3 +162,24 @@ def test_issuing_a_key_redirects_and_shows_the_secret_once(make_tenant, make_use
     assert 'id="new-key-secret"' in first and key.prefix in first
     assert 'id="new-key-secret"' not in client.get("/keys/").content.decode()
     assert ApiKey.objects.filter(tenant=tenant, name="ci").count() == 1
+
+
+def test_the_sandbox_header_names_its_egress_policy(make_tenant, make_user):
+    from apps.sandboxes.tests.factories import make_sandbox
+
+    mine, _ = make_tenant()
+    client = _signed_in(make_user, "reader", (mine, "viewer"))
+    cases = [
+        ("none", b"no egress"),
+        ("all", b"outbound allowed"),
+        (
+            {"allow": ["pkg.example.org", "10.0.0.0/8:443"], "dns": "filtered"},
+            b"allowlist: pkg.example.org, 10.0.0.0/8:443",
+        ),
+    ]
+    for n, (egress, shown) in enumerate(cases):
+        sandbox = make_sandbox(mine, external_id=f"sb-net-{n}")
+        Sandbox.objects.filter(pk=sandbox.pk).update(egress=egress)
+        header = client.get(f"/sandboxes/{sandbox.external_id}/header")
+        assert header.status_code == 200
+        assert shown in header.content, header.content

@@ -74,14 +74,25 @@ def test_it_streams_frames_as_output_is_produced(client: Client) -> None:
     assert out(client.exec("echo next")) == "next\n"
 
 
+def _wait_running(client: Client, op_id: str, timeout: float = 10) -> None:
+    """Until the agent knows the operation as running (404 before it is registered)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = client.get(f"/operations/{op_id}?wait=0")
+        if status == 200 and body.get("status") == "running":
+            return
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.01)
+
+
 def test_it_attaches_a_stream_to_a_running_operation(agent: Agent, client: Client) -> None:
     op_id = new_op_id()
     body = {"operation_id": op_id, "command": "echo a; sleep 1; echo b", "stream": True}
     first: List[Dict[str, Any]] = []
     t = threading.Thread(target=lambda: first.extend(client.stream(body)))
     t.start()
-    time.sleep(0.4)
     other = agent.client()
+    _wait_running(other, op_id)  # attach while it runs, not after a guessed delay
     attached = list(other.stream(body))
     t.join(30)
     assert [f["seq"] for f in attached] == list(range(len(attached)))
@@ -99,8 +110,8 @@ def test_it_waits_for_an_operation(agent: Agent, client: Client) -> None:
     op_id = new_op_id()
     t = threading.Thread(target=lambda: client.exec("sleep 1; echo done", operation_id=op_id))
     t.start()
-    time.sleep(0.2)
     other = agent.client()
+    _wait_running(other, op_id)
     status, body = other.get(f"/operations/{op_id}?wait=0")
     assert status == 200 and body == {"operation_id": op_id, "status": "running"}
     status, body = other.get(f"/operations/{op_id}?wait=30")

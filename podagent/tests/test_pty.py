@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import time
@@ -110,18 +111,38 @@ def test_it_resizes_the_terminal(agent: Agent) -> None:
     c.close()
 
 
+def _wait_process(*argv: str, timeout: float = 10) -> None:
+    """Until a process with exactly this argv runs (the agent's children are this
+    machine's processes in these tests)."""
+    want = ("\0".join(argv) + "\0").encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                        if fh.read() == want:
+                            return
+                except OSError:
+                    continue
+        assert time.monotonic() < deadline, f"no process {argv}"
+        time.sleep(0.01)
+
+
 def test_it_interrupts_with_ctrl_c_and_signal_frames(agent: Agent) -> None:
     c = PtyClient(agent)
     c.start(cmd=["bash", "--norc", "--noprofile"])
     # A child killed by SIGINT aborts an interactive shell's command list, so
     # the status is read by a separate command line.
-    c.send(b"D", b"sleep 100\n")
-    time.sleep(0.3)
+    # each sleep has a duration no other process uses, so the test can wait until it
+    # is the terminal's foreground process instead of guessing a delay
+    c.send(b"D", b"sleep 100.4711\n")
+    _wait_process("sleep", "100.4711")
     c.send(b"D", b"\x03")
     c.send(b"D", b"echo after-$?\n")
     c.until_output(b"after-130")
-    c.send(b"D", b"sleep 100\n")
-    time.sleep(0.3)
+    c.send(b"D", b"sleep 100.4712\n")
+    _wait_process("sleep", "100.4712")
     c.send_json(b"S", {"sig": "INT"})
     c.send(b"D", b"echo again-$?\n")
     c.until_output(b"again-130")

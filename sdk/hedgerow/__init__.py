@@ -3,51 +3,71 @@
 from hedgerow._common import VERSION as __version__
 from hedgerow.aio import AsyncClient, AsyncSandbox
 from hedgerow.client import Client, Sandbox
+from hedgerow.commands import AsyncCommandHandle, CommandHandle
 from hedgerow.errors import (
     AgentUnreachable,
     AuthError,
     BudgetExhausted,
     Conflict,
     DiskExhausted,
+    HedgerowConnectionError,
     HedgerowError,
     ImageInUse,
     ImageUnavailable,
     InvalidImageReference,
+    LocalPathError,
     NotFound,
     QuotaExceeded,
+    SandboxDeleted,
     SandboxLost,
     SandboxNotReady,
     SandboxTerminating,
+    SnapshotFailed,
     ValidationError,
     WaitTimeout,
 )
 from hedgerow.images import Image
-from hedgerow.results import ExecError, ExecResult, StreamInfo
+from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
+from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
+from hedgerow.snapshots import AsyncSnapshot, Snapshot
 
 __all__ = [
     "AgentUnreachable",
+    "ApiKeyInfo",
     "AsyncClient",
+    "AsyncCommandHandle",
     "AsyncSandbox",
+    "AsyncSnapshot",
     "AuthError",
     "BudgetExhausted",
     "Client",
+    "CommandHandle",
     "Conflict",
     "DiskExhausted",
     "ExecError",
     "ExecResult",
+    "FileInfo",
+    "FilePage",
+    "HedgerowConnectionError",
     "HedgerowError",
     "Image",
     "ImageInUse",
     "ImageUnavailable",
     "InvalidImageReference",
+    "LocalPathError",
     "NotFound",
     "QuotaExceeded",
     "Sandbox",
+    "SandboxDeleted",
     "SandboxLost",
     "SandboxNotReady",
     "SandboxTerminating",
+    "ServerVersion",
+    "Snapshot",
+    "SnapshotFailed",
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",
+    "WrittenFile",
     "__version__",
 ]

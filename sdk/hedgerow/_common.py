@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-VERSION = "0.2.0"  # keep in step with pyproject.toml
+VERSION = "0.3.0"  # keep in step with sdk/pyproject.toml and controlplane/version.py
 USER_AGENT = f"hedgerow-python/{VERSION}"
 Command = Union[str, List[str]]
 
@@ -98,8 +98,15 @@ def create_body(
     labels: Optional[Dict[str, str]],
     sandbox_id: Optional[str],
     queue: Optional[bool] = None,
+    egress: Optional[Any] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"image": image, "network_access": network_access}
+    if egress is not None:
+        # the policy alone (network_access only when the caller set it: a mismatch is
+        # the server's 400 egress_conflict, not a guess here)
+        body["egress"] = egress
+        if not network_access:
+            del body["network_access"]
     optional = {
         "cpu": cpu,
         "memory": memory,
@@ -163,6 +170,20 @@ def local_files(root: Path) -> List[Tuple[Path, str]]:
         if path.is_file():
             found.append((path, path.relative_to(root).as_posix()))
     return found
+
+
+def local_source(local: Union[str, Path]) -> Path:
+    """The local path an upload reads, checked before anything is sent."""
+    from hedgerow.errors import LocalPathError
+
+    source = Path(local)
+    if not source.exists():
+        raise LocalPathError(
+            f"{source} does not exist (upload reads it from this machine): check the path, "
+            f"relative to {Path.cwd()}",
+            code="local_path_missing",
+        )
+    return source
 
 
 def file_chunks(path: Path, progress: Any = None) -> Any:

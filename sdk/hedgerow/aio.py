@@ -16,18 +16,28 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Union, overload
 
 import httpx
 
 from hedgerow import _common as common
-from hedgerow import streaming
+from hedgerow import streaming, trees
 from hedgerow._common import Command
+from hedgerow.aterminal import AsyncTerminal
 from hedgerow.cleanup import registry
+from hedgerow.commands import AsyncCommandHandle
 from hedgerow.episode import AsyncEpisode, current_async_episode
-from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import AsyncImages
-from hedgerow.results import ExecResult
+from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
+from hedgerow.results import ExecResult, ServerVersion
+from hedgerow.snapshots import (
+    AsyncSnapshot,
+    SnapshotRef,
+    raise_if_failed,
+    snapshot_body,
+    snapshot_id,
+)
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
 Progress = Optional[Callable[[int], None]]
@@ -77,9 +87,8 @@ class AsyncClient:
                 response = await self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 if not retry or attempt >= self.max_retries:
-                    raise HedgerowError(
-                        f"{method} {path}: {exc!r}", code="connection_error"
-                    ) from exc
+                    # One line with the cause and the fix, not httpx's frames.
+                    raise streaming.connection_failed(self.url, exc) from None
                 await asyncio.sleep(common.backoff(attempt, None))
                 attempt += 1
                 continue
@@ -99,10 +108,35 @@ class AsyncClient:
                 raise error_from_response(response.status_code, body, response.text)
             return response
 
+    async def server_version(self) -> ServerVersion:
+        """See ``Client.server_version``."""
+        body = (await self.request("GET", "/version")).json()
+        return ServerVersion.from_api(body, common.VERSION)
+
+    # -- keys -------------------------------------------------------------------
+    async def list_keys(self) -> List[ApiKeyInfo]:
+        """See ``Client.list_keys``."""
+        results = (await self.request("GET", "/keys")).json()["results"]
+        return [ApiKeyInfo.from_api(item) for item in results]
+
+    async def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> ApiKeyInfo:
+        """See ``Client.create_key`` (the ``secret`` is shown once)."""
+        body: Dict[str, Any] = {"name": name}
+        if scopes:
+            body["scopes"] = scopes
+        response = await self.request("POST", "/keys", json=body, retry=False)
+        return ApiKeyInfo.from_api(response.json())
+
+    async def revoke_key(self, key_id: str) -> ApiKeyInfo:
+        """See ``Client.revoke_key``."""
+        return ApiKeyInfo.from_api((await self.request("DELETE", f"/keys/{key_id}")).json())
+
     async def aclose(self) -> None:
+        """Closes connections (does not delete sandboxes; leaving ``async with`` does)."""
         await self._http.aclose()
 
     async def cleanup_sandboxes(self) -> None:
+        """Deletes every sandbox this client created and has not deleted yet."""
         # Those a signal's cleanup has not deleted already.
         pending = [s for s in self._created.values() if registry.has(self.url, s.id)]
         results = await asyncio.gather(*(s.delete() for s in pending), return_exceptions=True)
@@ -144,6 +178,8 @@ class AsyncClient:
         heartbeat: bool = True,
         queue: Optional[bool] = None,
         on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+        from_snapshot: Optional[SnapshotRef] = None,
+        egress: Optional[Any] = None,
     ) -> AsyncSandbox:
         """See ``Client.create_sandbox`` (interrupt-safe the same way: the id is
         registered for cleanup before the request is sent; heartbeats run as a task)."""
@@ -159,7 +195,12 @@ class AsyncClient:
             labels=labels,
             sandbox_id=chosen_id,
             queue=queue,
+            egress=egress,
         )
+        if from_snapshot is not None:
+            body["from_snapshot"] = snapshot_id(from_snapshot)
+            if image == "host":  # the default: the snapshot's image
+                del body["image"]
         key = idempotency_key or common.new_idempotency_key()
         registered = self.cleanup and registry.add(
             self.url, self.api_key, chosen_id,
@@ -192,11 +233,60 @@ class AsyncClient:
         return sandbox
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
+        """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return AsyncSandbox(self, (await self.request("GET", f"/sandboxes/{sandbox_id}")).json())
+
+    # -- snapshots (docs/snapshots.md) ---------------------------------------------
+    async def get_snapshot(self, snapshot: SnapshotRef) -> AsyncSnapshot:
+        path = f"/snapshots/{snapshot_id(snapshot)}"
+        return AsyncSnapshot(self, (await self.request("GET", path)).json())
+
+    async def snapshots(self, *, limit: int = 50) -> List[AsyncSnapshot]:
+        body = (await self.request("GET", "/snapshots", params={"limit": limit})).json()
+        return [AsyncSnapshot(self, item) for item in body["results"]]
+
+    async def fork(
+        self,
+        snapshot: SnapshotRef,
+        n: int = 8,
+        *,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+        idempotency_key: Optional[str] = None,
+    ) -> List[AsyncSandbox]:
+        """See ``Client.fork`` (the children are waited for concurrently)."""
+        key = idempotency_key or common.new_idempotency_key()
+        response = await self.request(
+            "POST",
+            f"/snapshots/{snapshot_id(snapshot)}/fork",
+            json={"count": n},
+            headers={"Idempotency-Key": key},
+        )
+        children = [AsyncSandbox(self, item) for item in response.json()["sandboxes"]]
+        if self.cleanup:
+            for child in children:
+                registry.add(
+                    self.url, self.api_key, child.id,
+                    handle_signals=self.handle_signals, confirmed=True,
+                )  # fmt: skip
+                self._created[child.id] = child
+        if wait:
+            try:
+                await asyncio.gather(
+                    *(c.wait(timeout=wait_timeout) for c in children if c.state != "ready")
+                )
+            except BaseException:
+                for child in children:
+                    with contextlib.suppress(HedgerowError):
+                        await child.delete()
+                raise
+        return children
 
     async def list(
         self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
     ) -> List[AsyncSandbox]:
+        """Sandboxes of the team, newest first: at most ``limit`` (default 50), filtered by
+        ``state`` (e.g. ``ready``) and ``image``."""
         params: Dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = state
@@ -206,10 +296,12 @@ class AsyncClient:
         return [AsyncSandbox(self, item) for item in body["results"]]
 
     async def delete(self, sandbox_id: str) -> None:
+        """Deletes a sandbox (idempotent: deleting a deleted sandbox succeeds)."""
         await self.request("DELETE", f"/sandboxes/{sandbox_id}")
         self._forget(sandbox_id)
 
     async def operation(self, sandbox_id: str, operation_id: str) -> ExecResult:
+        """A recorded exec, by its operation id."""
         path = f"/sandboxes/{sandbox_id}/operations/{operation_id}"
         return ExecResult.from_api((await self.request("GET", path)).json())
 
@@ -224,14 +316,18 @@ class AsyncSandbox:
 
     @property
     def id(self) -> str:
+        """The sandbox id (``sb-`` + 16 hex digits unless chosen otherwise)."""
         return str(self.data["id"])
 
     @property
     def state(self) -> str:
+        """As of the last read: queued, requested, provisioning, ready, terminating,
+        deleted or failed."""
         return str(self.data["state"])
 
     @property
     def generation(self) -> int:
+        """Bumped each time the sandbox is re-provisioned (an exec pins one)."""
         return int(self.data.get("generation") or 0)
 
     def __repr__(self) -> str:
@@ -244,6 +340,7 @@ class AsyncSandbox:
         await self.delete()
 
     async def refresh(self) -> AsyncSandbox:
+        """Re-reads the sandbox's record (``state``, ``data``) from the server."""
         self.data = (await self._client.request("GET", f"/sandboxes/{self.id}")).json()
         return self
 
@@ -275,10 +372,62 @@ class AsyncSandbox:
                 seen = common.report_progress((await self.refresh()).data, seen, on_progress)
 
     async def delete(self) -> None:
+        """Deletes the sandbox (and stops its heartbeats); idempotent."""
         self.stop_heartbeats()
         await self._client.delete(self.id)
 
+    async def pause(self) -> AsyncSandbox:
+        """See ``Sandbox.pause``."""
+        self.stop_heartbeats()
+        self.data = (await self._client.request("POST", f"/sandboxes/{self.id}/pause")).json()
+        return self
+
+    async def resume(self, *, wait: bool = True, timeout: float = 120.0) -> AsyncSandbox:
+        """See ``Sandbox.resume``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                response = await self._client.request("POST", f"/sandboxes/{self.id}/resume")
+                self.data = response.json()
+                break
+            except HedgerowError as exc:
+                if exc.code != "sandbox_pausing" or loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        if wait:
+            await self.wait(timeout=max(1.0, deadline - loop.time()))
+        return self
+
+    async def snapshot(
+        self,
+        *,
+        name: Optional[str] = None,
+        manifest: Optional[Dict[str, Any]] = None,
+        probes: Optional[List[Dict[str, Any]]] = None,
+        ttl_seconds: Optional[int] = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+    ) -> AsyncSnapshot:
+        """See ``Sandbox.snapshot``."""
+        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        response = await self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
+        snap = AsyncSnapshot(self._client, response.json())
+        if wait:
+            return await snap.wait(timeout)
+        raise_if_failed(snap.data)
+        return snap
+
+    async def set_timeout(self, seconds: int) -> AsyncSandbox:
+        """See ``Sandbox.set_timeout``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/timeout", json={"timeout": seconds}
+        )
+        self.data = response.json()
+        return self
+
     async def heartbeat(self) -> None:
+        """Tells the server the sandbox is still wanted (resets its heartbeat timeout)."""
         await self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")
 
     def start_heartbeats(self, interval: float) -> None:
@@ -297,9 +446,42 @@ class AsyncSandbox:
         self._heartbeat_task = asyncio.get_running_loop().create_task(beat())
 
     def stop_heartbeats(self) -> None:
+        """Stops the background heartbeats (the heartbeat timeout then runs out)."""
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             self._heartbeat_task = None
+
+    @overload
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: Literal[True],
+    ) -> AsyncCommandHandle: ...
 
     async def exec(
         self,
@@ -313,8 +495,14 @@ class AsyncSandbox:
         operation_id: Optional[str] = None,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
-    ) -> ExecResult:
-        """See ``Sandbox.exec``."""
+        background: bool = False,
+    ) -> Union[ExecResult, AsyncCommandHandle]:
+        """See ``Sandbox.exec`` (``background=True`` returns an ``AsyncCommandHandle``)."""
+        if background:
+            return await self._start_background(
+                command, cwd=cwd, env=env, timeout=timeout, stdin=stdin,
+                login_shell=login_shell, operation_id=operation_id,
+            )  # fmt: skip
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -327,7 +515,12 @@ class AsyncSandbox:
         episode = current_async_episode()  # trajectories hook: see hedgerow/episode.py
         try:
             if (on_stdout is not None or on_stderr is not None) and streaming.available():
-                live = await streaming.acollect(self._stream_body(body), on_stdout, on_stderr)
+                started = asyncio.ensure_future(
+                    self._client.request(
+                        "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+                    )
+                )
+                live = await streaming.acollect(self._stream_body(started), on_stdout, on_stderr)
                 if episode is not None:
                     episode.record_exec(self, body["operation_id"], command)
                     await episode.flush_if_due()
@@ -353,7 +546,40 @@ class AsyncSandbox:
         return result
 
     async def operation(self, operation_id: str) -> ExecResult:
+        """See ``Sandbox.operation``."""
         return await self._client.operation(self.id, operation_id)
+
+    async def command(self, operation_id: str) -> AsyncCommandHandle:
+        """See ``Sandbox.command``."""
+        path = f"/sandboxes/{self.id}/operations/{operation_id}"
+        return AsyncCommandHandle(self, (await self._client.request("GET", path)).json())
+
+    async def _start_background(
+        self, command: Command, *, cwd: Optional[str], env: Optional[Dict[str, str]],
+        timeout: Optional[float], stdin: Optional[bytes], login_shell: bool,
+        operation_id: Optional[str],
+    ) -> AsyncCommandHandle:  # fmt: skip
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
+        episode = current_async_episode()
+        try:
+            response = await self._client.request(
+                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+            )
+        except HedgerowError as exc:
+            if episode is not None:
+                episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], command)
+        return AsyncCommandHandle(self, response.json())
 
     def episode(self, *, task_id: str, **fields: Any) -> AsyncEpisode:
         """A recorded episode in this sandbox: ``async with sandbox.episode(task_id=...)
@@ -372,7 +598,8 @@ class AsyncSandbox:
         login_shell: bool = False,
         operation_id: Optional[str] = None,
     ) -> AsyncIterator[streaming.Frame]:
-        """``async for frame in sandbox.exec_stream(cmd)``; see ``Sandbox.exec_stream``."""
+        """``async for frame in sandbox.exec_stream(cmd)``; see ``Sandbox.exec_stream``.
+        Call it inside a running loop: the command starts then, before iteration."""
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -382,12 +609,19 @@ class AsyncSandbox:
             login_shell=login_shell,
             operation_id=operation_id,
         )
-        return self._stream_body(body)
-
-    async def _stream_body(self, body: Dict[str, Any]) -> AsyncIterator[streaming.Frame]:
-        response = await self._client.request(
-            "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+        # The command starts now (a task sends the request as soon as the loop runs),
+        # not when iteration begins.
+        started = asyncio.ensure_future(
+            self._client.request(
+                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+            )
         )
+        return self._stream_body(started)
+
+    async def _stream_body(
+        self, started: "asyncio.Future[httpx.Response]"
+    ) -> AsyncIterator[streaming.Frame]:
+        response = await started
         data = response.json()
         if response.status_code == 200:  # a finished replay: the stored result
             yield streaming.Frame(type="exit", seq=None, result=ExecResult.from_api(data))
@@ -397,9 +631,25 @@ class AsyncSandbox:
         ):
             yield frame
 
+    async def pty(
+        self,
+        cmd: Union[None, str, List[str]] = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> AsyncTerminal:
+        """See ``Sandbox.pty``: ``async with await sandbox.pty() as term``."""
+        return await AsyncTerminal.open(
+            self._client.url, self._client.api_key, self.id, cmd=cmd, rows=rows, cols=cols,
+            env=env, cwd=cwd,
+        )  # fmt: skip
+
     async def write_file(
         self, path: str, data: AsyncFileData, *, mode: Optional[str] = None
-    ) -> Dict[str, Any]:
+    ) -> WrittenFile:
+        """See ``Sandbox.write_file`` (``data`` may also be an async iterator)."""
         params: Dict[str, Any] = {"path": path}
         if mode:
             params["mode"] = mode
@@ -414,10 +664,10 @@ class AsyncSandbox:
             retry=isinstance(data, bytes),
             timeout=600,
         )
-        result: Dict[str, Any] = response.json()
-        return result
+        return WrittenFile.from_api(response.json())
 
     async def iter_file(self, path: str) -> AsyncIterator[bytes]:
+        """See ``Sandbox.iter_file``: chunks of 256 KiB, constant memory."""
         async with self._client._http.stream(
             "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
         ) as response:
@@ -432,68 +682,152 @@ class AsyncSandbox:
                 yield chunk
 
     async def read_file(self, path: str) -> bytes:
+        """See ``Sandbox.read_file``: the whole file in memory."""
         return b"".join([chunk async for chunk in self.iter_file(path)])
 
-    async def stat(self, path: str) -> Dict[str, Any]:
+    async def stat(self, path: str) -> FileInfo:
+        """See ``Sandbox.stat``."""
         response = await self._client.request(
             "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
         )
-        result: Dict[str, Any] = response.json()
-        return result
+        return FileInfo.from_api(response.json())
+
+    async def exists(self, path: str) -> bool:
+        """See ``Sandbox.exists``."""
+        try:
+            await self.stat(path)
+        except NotFound:
+            return False
+        return True
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """See ``Sandbox.remove``."""
+        await self._client.request(
+            "DELETE",
+            f"/sandboxes/{self.id}/files",
+            params={"path": path, "recursive": "true" if recursive else "false"},
+        )
+
+    async def mkdir(self, path: str) -> FileInfo:
+        """See ``Sandbox.mkdir``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/mkdir", params={"path": path}
+        )
+        return FileInfo.from_api(response.json())
+
+    async def rename(self, path: str, to: str) -> FileInfo:
+        """See ``Sandbox.rename``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/rename", params={"path": path, "to": to}
+        )
+        return FileInfo.from_api(response.json())
 
     async def list_files_page(
         self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
-    ) -> Dict[str, Any]:
+    ) -> FilePage:
         """One page of a listing (see ``Sandbox.list_files_page``)."""
         params = common.list_params(path, limit, cursor)
         response = await self._client.request(
             "GET", f"/sandboxes/{self.id}/files/list", params=params
         )
-        page: Dict[str, Any] = response.json()
-        return page
+        return FilePage.from_api(response.json())
 
     async def list_files(
         self, path: str = "/workspace", *, page_size: int = 1000
-    ) -> List[Dict[str, Any]]:
-        """Every entry of the directory, sorted by name, fetched page by page."""
-        entries: List[Dict[str, Any]] = []
+    ) -> List[FileInfo]:
+        """See ``Sandbox.list_files``."""
+        entries: List[FileInfo] = []
         cursor: Optional[str] = None
         while True:
             page = await self.list_files_page(path, limit=page_size, cursor=cursor)
-            entries.extend(page.get("entries", []))
-            cursor = page.get("next_cursor")
+            entries.extend(page.entries)
+            cursor = page.next_cursor
             if not cursor:
                 return entries
 
     async def upload(
-        self, local: Union[str, Path], remote: str, *, progress: Progress = None
+        self,
+        local: Union[str, Path],
+        remote: str,
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
     ) -> int:
-        source = Path(local)
-        files = (
-            [(p, f"{remote.rstrip('/')}/{rel}") for p, rel in common.local_files(source)]
-            if source.is_dir()
-            else [(source, remote)]
-        )
-        total = 0
-        for path, target in files:
-            await self.write_file(target, common.file_chunks(path, progress))
-            total += path.stat().st_size
-        return total
+        """See ``Sandbox.upload``: a tree goes as one streamed archive."""
+        source = common.local_source(local)
+        if source.is_dir():
+            members, total = trees.local_members(source)
+            if on_total is not None:
+                on_total(total)
+
+            async def archive() -> AsyncIterator[bytes]:
+                for chunk in trees.tar_chunks(members, progress):
+                    yield chunk
+
+            await self._client.request(
+                "PUT",
+                f"/sandboxes/{self.id}/files/archive",
+                params={"path": remote},
+                content=archive(),
+                headers={"Content-Type": "application/x-tar"},
+                retry=False,
+                timeout=600,
+            )
+            return total
+        size = source.stat().st_size
+        if on_total is not None:
+            on_total(size)
+        await self.write_file(remote, common.file_chunks(source, progress))
+        return size
 
     async def download(
-        self, remote: str, local: Union[str, Path], *, progress: Progress = None
+        self,
+        remote: str,
+        local: Union[str, Path],
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
     ) -> int:
+        """See ``Sandbox.download``: a tree comes as one streamed archive, extracted
+        in a worker thread as it arrives."""
         target = Path(local)
-        if (await self.stat(remote)).get("type") == "directory":
-            total = 0
-            for entry in await self.list_files(remote):
-                if entry.get("type") in ("file", "directory"):
-                    child = f"{remote.rstrip('/')}/{entry['name']}"
-                    total += await self.download(
-                        child, target / str(entry["name"]), progress=progress
-                    )
-            target.mkdir(parents=True, exist_ok=True)
-            return total
+        info = await self.stat(remote)
+        if info.type == "directory":
+            async with self._client._http.stream(
+                "GET",
+                f"/sandboxes/{self.id}/files/archive",
+                params={"path": remote},
+                timeout=600,
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    try:
+                        body = response.json()
+                    except ValueError:
+                        body = None
+                    raise error_from_response(response.status_code, body, response.text)
+                if on_total is not None:
+                    on_total(int(response.headers.get("X-Tree-Bytes") or 0))
+                handoff = trees.QueueChunks()
+                extracting = asyncio.ensure_future(
+                    asyncio.to_thread(handoff.extract, target, progress)
+                )
+                try:
+                    async for chunk in response.aiter_bytes(common.CHUNK):
+                        if extracting.done():
+                            break  # it failed: its error is raised below
+                        await asyncio.to_thread(handoff.put, chunk)
+                    await asyncio.to_thread(handoff.put, None)
+                except BaseException:
+                    handoff.closed = True
+                    with contextlib.suppress(Exception):
+                        handoff.queue.put_nowait(
+                            HedgerowError("download interrupted", code="interrupted")
+                        )
+                    raise
+                return int((await extracting)["bytes"])
+        if on_total is not None:
+            on_total(info.size)
         target.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         with open(target, "wb") as handle:

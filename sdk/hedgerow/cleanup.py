@@ -19,7 +19,6 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
@@ -134,9 +133,28 @@ class CleanupRegistry:
                     return entry.confirmed
                 time.sleep(0.2)
 
+        # Plain threads, not an executor: at interpreter exit (the atexit path)
+        # concurrent.futures refuses new work ("cannot schedule new futures after
+        # interpreter shutdown"), which left every sandbox running. Where even a thread
+        # cannot start any more, the delete runs here, one after another.
+        results: List[bool] = [False] * len(items)
+
+        def run(index: int) -> None:
+            results[index] = delete(items[index])
+
         try:
-            with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
-                results: List[bool] = list(pool.map(delete, items))
+            for start in range(0, len(items), 32):
+                threads = []
+                for index in range(start, min(start + 32, len(items))):
+                    thread = threading.Thread(target=run, args=(index,), daemon=True)
+                    try:
+                        thread.start()
+                    except RuntimeError:
+                        run(index)
+                        continue
+                    threads.append(thread)
+                for thread in threads:
+                    thread.join()
         finally:
             for client in clients.values():
                 client.close()

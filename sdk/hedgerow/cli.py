@@ -4,7 +4,7 @@
     hedgerow sandbox create [--count N] · ls · get ID · rm ID... · exec ID -- CMD...
     hedgerow sandbox shell ID · cp SRC DST (ID:/path on either side)
     hedgerow image pull REF · ls · rm ID... · import PATH --reference REF
-    hedgerow ops get SANDBOX OP · keys ls|create|revoke · trajectories import|export
+    hedgerow ops get|wait|kill SANDBOX OP · keys ls|create|revoke · trajectories import|export
     hedgerow bench exec|create
 
 ``--json`` prints machine-readable output. ``sandbox exec`` exits with the command's
@@ -18,6 +18,7 @@ import argparse
 import getpass
 import json
 import os
+import posixpath
 import statistics
 import sys
 import threading
@@ -32,7 +33,7 @@ from hedgerow import _common as common
 from hedgerow._common import VERSION as __version__
 from hedgerow.cleanup import registry
 from hedgerow.client import Client, Sandbox
-from hedgerow.errors import HedgerowError
+from hedgerow.errors import AuthError, HedgerowError, NotFound
 from hedgerow.images import Image
 
 
@@ -42,6 +43,10 @@ class Progress:
     def __init__(self, label: str, total: int, *, unit: str = "") -> None:
         self.label, self.total, self.unit, self.done = label, max(total, 1), unit, 0
         self.enabled = sys.stderr.isatty() or os.environ.get("HEDGEROW_PROGRESS") == "1"
+        self._draw()
+
+    def set_total(self, total: int) -> None:
+        self.total = max(total, 1)
         self._draw()
 
     def advance(self, n: int = 1) -> None:
@@ -147,6 +152,7 @@ def cmd_sandbox_create(args: argparse.Namespace) -> int:
                     cpu=args.cpu,
                     memory=args.memory,
                     network_access=args.network,
+                    egress=args.egress,
                     ttl_seconds=args.ttl,
                     labels=dict(args.label or []) or None,
                     wait=not args.no_wait,
@@ -253,6 +259,13 @@ def cmd_sandbox_exec(args: argparse.Namespace) -> int:
 
         return emit
 
+    if args.background:
+        handle = sandbox.exec(
+            command, cwd=args.cwd, timeout=args.timeout, stdin=stdin,
+            env=dict(args.env or []), background=True,
+        )  # fmt: skip
+        _out(args, handle.data, lambda: handle.id)
+        return 0
     # Text mode streams output as it is produced; --json prints the record at the end.
     result = sandbox.exec(
         command,
@@ -279,6 +292,9 @@ def _split(spec: str) -> tuple[Optional[str], str]:
 
 
 def cmd_sandbox_cp(args: argparse.Namespace) -> int:
+    """cp(1)'s rules both ways: into an existing directory, SRC keeps its name there;
+    otherwise DST is the new name. Trees go as one archive (modes, symlinks, empty
+    directories kept); the progress bar counts the bytes of the whole transfer."""
     src_box, src = _split(args.src)
     dst_box, dst = _split(args.dst)
     if (src_box is None) == (dst_box is None):
@@ -287,23 +303,28 @@ def cmd_sandbox_cp(args: argparse.Namespace) -> int:
     hr = _client(args)
     if src_box is None:
         assert dst_box is not None
-        local = Path(src)
-        total = (
-            sum(p.stat().st_size for p, _ in common.local_files(local))
-            if local.is_dir()
-            else (local.stat().st_size)
-        )
-        progress = Progress("uploading", total, unit=" B")
-        sent = Sandbox(hr, {"id": dst_box}).upload(local, dst, progress=progress.advance)
+        local = common.local_source(src)
+        sandbox = Sandbox(hr, {"id": dst_box})
+        try:
+            into = sandbox.stat(dst).type == "directory"
+        except NotFound:
+            into = False
+        if into:
+            dst = f"{dst.rstrip('/')}/{local.resolve().name}"
+        progress = Progress("uploading", 0, unit=" B")
+        sent = sandbox.upload(local, dst, progress=progress.advance, on_total=progress.set_total)
         progress.finish()
-        _out(args, {"bytes": sent, "to": args.dst}, lambda: f"{sent} bytes → {args.dst}")
+        where = f"{dst_box}:{dst}"
+        _out(args, {"bytes": sent, "to": where}, lambda: f"{sent} bytes → {where}")
         return 0
     sandbox = Sandbox(hr, {"id": src_box})
-    stat = sandbox.stat(src)
-    progress = Progress("downloading", int(stat.get("size") or 0), unit=" B")
-    received = sandbox.download(src, dst, progress=progress.advance)
+    target = Path(dst)
+    if target.is_dir():
+        target = target / (posixpath.basename(src.rstrip("/")) or "root")
+    progress = Progress("downloading", 0, unit=" B")
+    received = sandbox.download(src, target, progress=progress.advance, on_total=progress.set_total)
     progress.finish()
-    _out(args, {"bytes": received, "to": dst}, lambda: f"{received} bytes → {dst}")
+    _out(args, {"bytes": received, "to": str(target)}, lambda: f"{received} bytes → {target}")
     return 0
 
 
@@ -384,6 +405,56 @@ def cmd_image(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# -- snapshots (docs/snapshots.md) ---------------------------------------------------
+_SNAPSHOT_HEADER = f"{'ID':<36} {'STATE':<10} {'SANDBOX':<24} {'BYTES':>12}  NAME"
+
+
+def _snapshot_row(data: Dict[str, Any]) -> str:
+    return (
+        f"{data['id']:<36} {data['state']:<10} {data.get('sandbox', '')!s:<24} "
+        f"{data.get('size_bytes', 0):>12}  {data.get('name', '')}"
+    )
+
+
+def cmd_sandbox_pause(args: argparse.Namespace) -> int:
+    sandbox = _client(args).get(args.id)
+    sandbox = sandbox.pause() if args.cmd == "pause" else sandbox.resume()
+    _out(args, sandbox.data, lambda: f"{sandbox.id} {sandbox.state} gen={sandbox.generation}")
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    hr = _client(args)
+    if args.snapshot_cmd == "create":
+        manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
+        probes = [{"name": f"probe{i}", "command": c} for i, c in enumerate(args.probe or [])]
+        snap = hr.get(args.sandbox).snapshot(
+            name=args.name, manifest=manifest, probes=probes or None, wait=not args.no_wait
+        )
+        _out(args, snap.data, lambda: f"{snap.id} {snap.state} {snap.fingerprint.get('tree', '')}")
+        return 0
+    if args.snapshot_cmd == "ls":
+        snaps = hr.snapshots()
+        _out(
+            args,
+            [x.data for x in snaps],
+            lambda: "\n".join([_SNAPSHOT_HEADER, *(_snapshot_row(x.data) for x in snaps)]),
+        )
+        return 0
+    if args.snapshot_cmd == "fork":
+        children = hr.fork(args.id, args.count, wait=not args.no_wait)
+        _out(args, [c.data for c in children], lambda: "\n".join(c.id for c in children))
+        return 0
+    failed = 0
+    for snapshot_id in args.ids:
+        try:
+            hr.get_snapshot(snapshot_id).delete()
+        except HedgerowError as exc:
+            failed += 1
+            print(f"hedgerow: {snapshot_id}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 # -- operations, keys, trajectories --------------------------------------------------
 def cmd_ops_get(args: argparse.Namespace) -> int:
     result = _client(args).operation(args.sandbox, args.op)
@@ -396,13 +467,26 @@ def cmd_ops_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ops_end(args: argparse.Namespace) -> int:
+    """``ops wait`` / ``ops kill``: the command's end, exit code as ``sandbox exec``."""
+    handle = Sandbox(_client(args), {"id": args.sandbox}).command(args.op)
+    result = handle.kill() if args.cmd == "kill" else handle.wait(timeout=args.timeout)
+    _out(
+        args,
+        result.raw,
+        lambda: f"{result.operation_id}: {result.status} {result.termination} "
+        f"exit={result.exit_code}",
+    )
+    return exit_code_of(result)
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     hr = _client(args)
     if args.keys_cmd == "ls":
         keys = hr.list_keys()
         _out(
             args,
-            keys,
+            [k.raw for k in keys],
             lambda: "\n".join(
                 f"{k['id']}  {k.get('prefix', '')}…  {k.get('name', '')}  "
                 f"{'revoked' if k.get('revoked_at') else 'active'}"
@@ -411,10 +495,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
         )
     elif args.keys_cmd == "create":
         key = hr.create_key(args.name, scopes=args.scopes)
-        _out(args, key, lambda: f"{key['id']}\n{key['secret']}  (shown once)")
+        _out(args, key.raw, lambda: f"{key.id}\n{key.secret}  (shown once)")
     else:
         key = hr.revoke_key(args.id)
-        _out(args, key, lambda: f"revoked {key['id']}")
+        _out(args, key.raw, lambda: f"revoked {key.id}")
     return 0
 
 
@@ -526,6 +610,19 @@ def _states(value: str) -> Optional[str]:
     return ",".join(wanted)
 
 
+def _egress(value: str) -> Any:
+    """none, all, or a JSON policy ({"allow": [...]}; docs/egress.md)."""
+    if value in ("none", "all"):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f'expected none, all or a JSON policy like \'{{"allow": ["pkg.example.org"]}}\', '
+            f"got {value!r}"
+        ) from None
+
+
 def _pair(value: str) -> tuple[str, str]:
     key, sep, val = value.partition("=")
     if not sep or not key:
@@ -595,6 +692,12 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--cpu", help="cores: 1, 0.5 or 500m (default 1)")
     create.add_argument("--memory", help="MiB or 512Mi, 2Gi (default 1024 MiB)")
     create.add_argument("--network", action="store_true", help="allow network access")
+    create.add_argument(
+        "--egress",
+        type=_egress,
+        help="none, all or a JSON allowlist: "
+        '\'{"allow": ["pkg.example.org", "*.git.example.com"]}\' (docs/egress.md)',
+    )
     create.add_argument("--ttl", type=int, help="lifetime in seconds (default 3600)")
     create.add_argument(
         "--label", action="append", type=_pair, metavar="KEY=VALUE", help="a label (repeatable)"
@@ -622,6 +725,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", action="append", type=_pair, metavar="KEY=VALUE", help="environment variable"
     )
     run.add_argument("--stdin", action="store_true", help="send this process's stdin")
+    run.add_argument(
+        "--background",
+        action="store_true",
+        help="start it and print its operation id at once (then: ops get|wait|kill)",
+    )
     run.add_argument("command", nargs="*", help="the command, after --")
     run.set_defaults(func=cmd_sandbox_exec)
     shell = command(sandbox, "shell", "an interactive shell (or CMD) in a sandbox")
@@ -632,6 +740,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("src")
     cp.add_argument("dst")
     cp.set_defaults(func=cmd_sandbox_cp)
+
+    pause = command(sandbox, "pause", "capture the state and release the compute")
+    pause.add_argument("id", metavar="ID")
+    pause.set_defaults(func=cmd_sandbox_pause)
+    resume = command(sandbox, "resume", "restore a paused sandbox (generation + 1)")
+    resume.add_argument("id", metavar="ID")
+    resume.set_defaults(func=cmd_sandbox_pause)
 
     image = command(sub, "image", "the team's OCI images").add_subparsers(
         dest="image_cmd", required=True, metavar="SUBCOMMAND"
@@ -649,6 +764,28 @@ def build_parser() -> argparse.ArgumentParser:
     image_import.add_argument("--reference", required=True, help="the name to give it")
     image_import.set_defaults(func=cmd_image)
 
+    snapshot = command(sub, "snapshot", "capture, list, fork and delete snapshots").add_subparsers(
+        dest="snapshot_cmd", required=True, metavar="SUBCOMMAND"
+    )
+    snap_create = command(snapshot, "create", "capture a sandbox's filesystem state")
+    snap_create.add_argument("sandbox", metavar="SANDBOX")
+    snap_create.add_argument("--name")
+    snap_create.add_argument("--manifest", help="a JSON file: your cognitive state")
+    snap_create.add_argument(
+        "--probe", action="append", help="a read-only command each child must answer alike"
+    )
+    snap_create.add_argument("--no-wait", action="store_true", help="return while capturing")
+    snap_create.set_defaults(func=cmd_snapshot)
+    command(snapshot, "ls", "list the team's snapshots").set_defaults(func=cmd_snapshot)
+    snap_fork = command(snapshot, "fork", "start COUNT sandboxes from a snapshot (prints ids)")
+    snap_fork.add_argument("id", metavar="ID")
+    snap_fork.add_argument("count", type=int, metavar="COUNT")
+    snap_fork.add_argument("--no-wait", action="store_true", help="do not wait until ready")
+    snap_fork.set_defaults(func=cmd_snapshot)
+    snap_rm = command(snapshot, "rm", "delete snapshots (their children keep their state)")
+    snap_rm.add_argument("ids", nargs="+", metavar="ID")
+    snap_rm.set_defaults(func=cmd_snapshot)
+
     ops = command(sub, "ops", "recorded execs").add_subparsers(
         dest="cmd", required=True, metavar="SUBCOMMAND"
     )
@@ -656,6 +793,15 @@ def build_parser() -> argparse.ArgumentParser:
     op_get.add_argument("sandbox")
     op_get.add_argument("op")
     op_get.set_defaults(func=cmd_ops_get)
+    op_wait = command(ops, "wait", "wait for a (background) exec to end; exits with its code")
+    op_wait.add_argument("sandbox")
+    op_wait.add_argument("op")
+    op_wait.add_argument("--timeout", type=float, help="seconds (default: no limit)")
+    op_wait.set_defaults(func=cmd_ops_end)
+    op_kill = command(ops, "kill", "kill a running exec (SIGTERM, SIGKILL after 2 s)")
+    op_kill.add_argument("sandbox")
+    op_kill.add_argument("op")
+    op_kill.set_defaults(func=cmd_ops_end)
 
     keys = command(sub, "keys", "the team's API keys").add_subparsers(
         dest="keys_cmd", required=True, metavar="SUBCOMMAND"
@@ -693,6 +839,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """Every failure the CLI reports is one line: the cause, and what to do about it."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, AuthError):
+        text += " (check the key: --key, HEDGEROW_API_KEY or `hedgerow login`)"
+    elif isinstance(exc, NotFound) and "does not exist" not in text:
+        text += " (check the id: `hedgerow sandbox ls`)"
+    elif isinstance(exc, FileNotFoundError):
+        text = f"{exc.filename}: no such file or directory (check the path)"
+    return text
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     # Everything after the first ``--`` is the command of exec/shell, never options.
@@ -710,10 +868,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except HedgerowError as exc:
         if args.json:
             print(json.dumps({"error": {"code": exc.code, "message": exc.message}}))
-        print(f"hedgerow: {exc}", file=sys.stderr)
+        print(f"hedgerow: {one_line(exc)}", file=sys.stderr)
         return 1
     except (OSError, httpx.HTTPError) as exc:
-        print(f"hedgerow: {exc}", file=sys.stderr)
+        print(f"hedgerow: {one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -22,18 +22,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Callable, Dict, List, Optional, Union
+from typing import IO, Any, Callable, Dict, List, Literal, Optional, Union, overload
 
 import httpx
 
 from hedgerow import _common as common
-from hedgerow import streaming
+from hedgerow import streaming, trees
 from hedgerow._common import Command as Command  # re-exported: episode.py imports it
 from hedgerow.cleanup import registry
+from hedgerow.commands import CommandHandle
 from hedgerow.episode import Episode, current_episode
-from hedgerow.errors import HedgerowError, error_from_response
+from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import Images
-from hedgerow.results import ExecResult
+from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
+from hedgerow.results import ExecResult, ServerVersion
+from hedgerow.snapshots import Snapshot, SnapshotRef, raise_if_failed, snapshot_body, snapshot_id
 
 DEFAULT_URL = common.DEFAULT_URL
 FileData = Union[bytes, str, Iterator[bytes], IO[bytes]]
@@ -92,9 +95,8 @@ class Client:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 if not retry or attempt >= self.max_retries:
-                    raise HedgerowError(
-                        f"{method} {path}: {exc!r}", code="connection_error"
-                    ) from exc
+                    # One line with the cause and the fix, not httpx's frames.
+                    raise streaming.connection_failed(self.url, exc) from None
                 time.sleep(common.backoff(attempt, None))
                 attempt += 1
                 continue
@@ -113,6 +115,12 @@ class Client:
                     body = None
                 raise error_from_response(response.status_code, body, response.text)
             return response
+
+    def server_version(self) -> ServerVersion:
+        """The server's version and the SDK releases it supports;
+        ``.compatible`` says whether this SDK (``hedgerow.__version__``) is one."""
+        body = self.request("GET", "/version").json()
+        return ServerVersion.from_api(body, common.VERSION)
 
     def close(self) -> None:
         """Closes connections (does not delete sandboxes; leaving ``with`` does)."""
@@ -163,9 +171,27 @@ class Client:
         heartbeat: bool = True,
         queue: Optional[bool] = None,
         on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+        from_snapshot: Optional[SnapshotRef] = None,
+        egress: Optional[Any] = None,
     ) -> Sandbox:
         """Creates a sandbox and (``wait=True``) returns once it is ready; usable as a
-        context manager that deletes it.
+        context manager that deletes it. ``from_snapshot``: start from that snapshot's
+        state, on its image (``ready`` only once the state matched: docs/snapshots.md).
+
+        Parameters, with units and defaults:
+
+        - ``image``: ``"host"`` (default), a named image, or an OCI reference (below).
+        - ``cpu``: cores, as ``1``, ``0.5`` or ``"500m"``; default 1 core.
+        - ``memory``: MiB as an integer (``512``) or ``"512Mi"`` / ``"2Gi"``; default
+          1024 MiB.
+        - ``network_access``: outbound network; default False (no network).
+        - ``ttl_seconds``: lifetime in seconds, after which the server deletes it;
+          default 3600 s (server setting).
+        - ``heartbeat_timeout_s``: seconds, see below; default 300 s.
+        - ``labels``: ``{key: value}`` strings, searchable in lists; default none.
+        - ``wait`` / ``wait_timeout``: wait for ``ready``, up to 120 s by default
+          (``WaitTimeout`` after; the sandbox is then deleted).
+        - ``sandbox_id``, ``idempotency_key``: chosen by the SDK unless given.
 
         Interrupt-safe: the SDK chooses the sandbox id (``sandbox_id`` overrides) and,
         with ``cleanup=True``, registers it for cleanup *before* the request is sent,
@@ -185,7 +211,9 @@ class Client:
         (``python:3.12-slim``, ``ghcr.io/org/img@sha256:…``) pulled with the team's
         registry credentials; an image that cannot be had raises ``ImageUnavailable``
         (its ``code`` says why) at once. ``on_progress(dict)`` is called with the pull's
-        ``{"phase", "layers", "bytes", "total"}`` while the sandbox provisions."""
+        ``{"phase", "layers", "bytes", "total"}`` while the sandbox provisions.
+        ``egress``: ``"none"``, ``"all"`` or ``{"allow": ["pkg.example.org",
+        "*.git.example.com", "10.20.0.0/16:443"]}`` (docs/egress.md)."""
         chosen_id = sandbox_id or common.new_sandbox_id()
         hb_timeout = common.heartbeat_timeout(heartbeat_timeout_s, heartbeat)
         body = common.create_body(
@@ -198,7 +226,12 @@ class Client:
             labels=labels,
             sandbox_id=chosen_id,
             queue=queue,
+            egress=egress,
         )
+        if from_snapshot is not None:
+            body["from_snapshot"] = snapshot_id(from_snapshot)
+            if image == "host":  # the default: the snapshot's image
+                del body["image"]
         key = idempotency_key or common.new_idempotency_key()
         registered = self.cleanup and registry.add(
             self.url, self.api_key, chosen_id,
@@ -232,11 +265,64 @@ class Client:
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox:
+        """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return Sandbox(self, self.request("GET", f"/sandboxes/{sandbox_id}").json())
+
+    # -- snapshots (docs/snapshots.md) ---------------------------------------------
+    def get_snapshot(self, snapshot: SnapshotRef) -> Snapshot:
+        return Snapshot(self, self.request("GET", f"/snapshots/{snapshot_id(snapshot)}").json())
+
+    def snapshots(self, *, limit: int = 50) -> List[Snapshot]:
+        body = self.request("GET", "/snapshots", params={"limit": limit}).json()
+        return [Snapshot(self, item) for item in body["results"]]
+
+    def fork(
+        self,
+        snapshot: SnapshotRef,
+        n: int = 8,
+        *,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+        idempotency_key: Optional[str] = None,
+    ) -> List[Sandbox]:
+        """``n`` sandboxes restored from the snapshot (all or none: a quota that admits
+        fewer raises ``QuotaExceeded`` and none is created). One idempotency key covers
+        every retry, so a lost response never forks twice. ``wait=True``: returns once
+        all are ready; a child whose state did not match the snapshot (its
+        ``divergence`` says how) raises ``SandboxNotReady``, after the others were
+        deleted. With ``cleanup=True`` they are deleted with the client."""
+        key = idempotency_key or common.new_idempotency_key()
+        data = self.request(
+            "POST",
+            f"/snapshots/{snapshot_id(snapshot)}/fork",
+            json={"count": n},
+            headers={"Idempotency-Key": key},
+        ).json()
+        children = [Sandbox(self, item) for item in data["sandboxes"]]
+        if self.cleanup:
+            for child in children:
+                registry.add(
+                    self.url, self.api_key, child.id,
+                    handle_signals=self.handle_signals, confirmed=True,
+                )  # fmt: skip
+                self._created[child.id] = child
+        if wait:
+            try:
+                for child in children:
+                    if child.state != "ready":
+                        child.wait(timeout=wait_timeout)
+            except BaseException:
+                for child in children:
+                    with contextlib.suppress(HedgerowError):
+                        child.delete()
+                raise
+        return children
 
     def list(
         self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
     ) -> List[Sandbox]:
+        """Sandboxes of the team, newest first: at most ``limit`` (default 50), filtered by
+        ``state`` (e.g. ``ready``) and ``image``."""
         params: Dict[str, Any] = {"limit": limit}
         if state:
             params["state"] = state
@@ -256,20 +342,32 @@ class Client:
         return ExecResult.from_api(self.request("GET", path).json())
 
     # -- keys -------------------------------------------------------------------
-    def list_keys(self) -> List[Dict[str, Any]]:
-        return builtins.list(self.request("GET", "/keys").json()["results"])
+    def list_keys(self) -> List[ApiKeyInfo]:
+        """The team's API keys (revoked ones too: ``.revoked``); never their secrets."""
+        results = self.request("GET", "/keys").json()["results"]
+        return [ApiKeyInfo.from_api(item) for item in results]
 
-    def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> Dict[str, Any]:
-        """Issues a key; the returned ``secret`` is shown once."""
+    def create_key(self, name: str, *, scopes: Optional[List[str]] = None) -> ApiKeyInfo:
+        """Issues a key; its ``secret`` is on the returned record only (shown once).
+        ``scopes``: default all of the caller's."""
         body: Dict[str, Any] = {"name": name}
         if scopes:
             body["scopes"] = scopes
-        result: Dict[str, Any] = self.request("POST", "/keys", json=body, retry=False).json()
-        return result
+        return ApiKeyInfo.from_api(self.request("POST", "/keys", json=body, retry=False).json())
 
-    def revoke_key(self, key_id: str) -> Dict[str, Any]:
-        result: Dict[str, Any] = self.request("DELETE", f"/keys/{key_id}").json()
-        return result
+    def revoke_key(self, key_id: str) -> ApiKeyInfo:
+        """Revokes a key at once (its requests answer 401 from then on)."""
+        return ApiKeyInfo.from_api(self.request("DELETE", f"/keys/{key_id}").json())
+
+
+def _raise_for_stream(response: httpx.Response) -> None:
+    if response.status_code >= 400:
+        response.read()
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        raise error_from_response(response.status_code, body, response.text)
 
 
 class Sandbox:
@@ -282,14 +380,18 @@ class Sandbox:
 
     @property
     def id(self) -> str:
+        """The sandbox id (``sb-`` + 16 hex digits unless chosen otherwise)."""
         return str(self.data["id"])
 
     @property
     def state(self) -> str:
+        """As of the last read: queued, requested, provisioning, ready, terminating,
+        deleted or failed."""
         return str(self.data["state"])
 
     @property
     def generation(self) -> int:
+        """Bumped each time the sandbox is re-provisioned (an exec pins one)."""
         return int(self.data.get("generation") or 0)
 
     def __repr__(self) -> str:
@@ -302,6 +404,7 @@ class Sandbox:
         self.delete()
 
     def refresh(self) -> Sandbox:
+        """Re-reads the sandbox's record (``state``, ``data``) from the server."""
         self.data = self._client.request("GET", f"/sandboxes/{self.id}").json()
         return self
 
@@ -333,10 +436,67 @@ class Sandbox:
                 seen = common.report_progress(self.refresh().data, seen, on_progress)
 
     def delete(self) -> None:
+        """Deletes the sandbox (and stops its heartbeats); idempotent."""
         self.stop_heartbeats()
         self._client.delete(self.id)
 
+    def pause(self) -> Sandbox:
+        """Captures the filesystem state and releases the compute (state ``paused``;
+        docs/snapshots.md). Heartbeats stop: a paused sandbox needs none."""
+        self.stop_heartbeats()
+        self.data = self._client.request("POST", f"/sandboxes/{self.id}/pause").json()
+        return self
+
+    def resume(self, *, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        """Restores a paused sandbox under the same id with ``generation`` + 1 and
+        (``wait=True``) returns once it is ready. Retried while the pause is still
+        being captured (``sandbox_pausing``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.data = self._client.request("POST", f"/sandboxes/{self.id}/resume").json()
+                break
+            except HedgerowError as exc:
+                if exc.code != "sandbox_pausing" or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+        if wait:
+            self.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return self
+
+    def snapshot(
+        self,
+        *,
+        name: Optional[str] = None,
+        manifest: Optional[Dict[str, Any]] = None,
+        probes: Optional[List[Dict[str, Any]]] = None,
+        ttl_seconds: Optional[int] = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+    ) -> Snapshot:
+        """Captures this sandbox's filesystem state (docs/snapshots.md). ``manifest``:
+        your cognitive state (messages, model, sampling, seeds); ``probes``: read-only
+        commands ``[{"name", "command", "volatile"}]`` every restored child must answer
+        alike. ``wait=True`` returns it ``ready`` or raises ``SnapshotFailed``."""
+        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        data = self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body).json()
+        snap = Snapshot(self._client, data)
+        if wait:
+            return snap.wait(timeout)
+        raise_if_failed(snap.data)
+        return snap
+
+    def set_timeout(self, seconds: int) -> Sandbox:
+        """Sets the remaining lifetime: the server deletes the sandbox ``seconds`` from
+        now (longer or shorter than its TTL so far; at most the server's maximum TTL,
+        24 h by default). ``SandboxNotReady`` (409) once it is terminating."""
+        self.data = self._client.request(
+            "POST", f"/sandboxes/{self.id}/timeout", json={"timeout": seconds}
+        ).json()
+        return self
+
     def heartbeat(self) -> None:
+        """Tells the server the sandbox is still wanted (resets its heartbeat timeout)."""
         self._client.request("POST", f"/sandboxes/{self.id}/heartbeat")
 
     def start_heartbeats(self, interval: float) -> None:
@@ -356,11 +516,13 @@ class Sandbox:
         threading.Thread(target=beat, name=f"hedgerow-heartbeat-{self.id}", daemon=True).start()
 
     def stop_heartbeats(self) -> None:
+        """Stops the background heartbeats (the heartbeat timeout then runs out)."""
         if self._heartbeat_stop is not None:
             self._heartbeat_stop.set()
             self._heartbeat_stop = None
 
     # -- exec -------------------------------------------------------------------
+    @overload
     def exec(
         self,
         command: Command,
@@ -373,11 +535,56 @@ class Sandbox:
         operation_id: Optional[str] = None,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
-    ) -> ExecResult:
+        background: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: Literal[True],
+    ) -> CommandHandle: ...
+
+    def exec(
+        self,
+        command: Command,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        login_shell: bool = False,
+        operation_id: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        background: bool = False,
+    ) -> Union[ExecResult, CommandHandle]:
         """Runs a command and returns its typed result (``exit_code`` / ``signal`` /
-        ``timed_out``, output with truncation info, timings). The operation id (one is
-        generated) makes retries safe: the command never runs twice. ``on_stdout`` /
-        ``on_stderr`` receive the output (live when streaming is available)."""
+        ``timed_out``, output with truncation info, timings).
+
+        ``timeout``: seconds before the command is killed (server default 600 s).
+        ``stdin``: bytes given to it whole. ``cwd`` defaults to the sandbox's workdir
+        (``/workspace``). The operation id (one is generated) makes retries safe: the
+        command never runs twice. ``on_stdout`` / ``on_stderr`` receive the output
+        (live when streaming is available).
+
+        ``background=True`` returns a ``CommandHandle`` as soon as the command has
+        started: ``wait()``, ``kill()``, ``output()`` (iterate its frames live), and
+        ``sandbox.command(handle.id)`` picks it up again later, from any process."""
+        if background:
+            return self._start_background(
+                command, cwd=cwd, env=env, timeout=timeout, stdin=stdin,
+                login_shell=login_shell, operation_id=operation_id,
+            )  # fmt: skip
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -417,7 +624,41 @@ class Sandbox:
         return result
 
     def operation(self, operation_id: str) -> ExecResult:
+        """A recorded exec's result, by its operation id (running ones too)."""
         return self._client.operation(self.id, operation_id)
+
+    def command(self, operation_id: str) -> CommandHandle:
+        """A handle on a command started earlier (``exec(..., background=True)``), by
+        its operation id: reconnect to it from another process, wait, kill, read."""
+        path = f"/sandboxes/{self.id}/operations/{operation_id}"
+        return CommandHandle(self, self._client.request("GET", path).json())
+
+    def _start_background(
+        self, command: Command, *, cwd: Optional[str], env: Optional[Dict[str, str]],
+        timeout: Optional[float], stdin: Optional[bytes], login_shell: bool,
+        operation_id: Optional[str],
+    ) -> CommandHandle:  # fmt: skip
+        body = common.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin_b64=base64.b64encode(stdin).decode() if stdin is not None else None,
+            login_shell=login_shell,
+            operation_id=operation_id,
+        )
+        episode = current_episode()
+        try:
+            data = self._client.request(
+                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+            ).json()
+        except HedgerowError as exc:
+            if episode is not None:
+                episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], command)
+        return CommandHandle(self, data)
 
     # -- trajectories hook ------------------------------------------------------------
     def episode(self, *, task_id: str, **fields: Any) -> Episode:
@@ -440,6 +681,7 @@ class Sandbox:
     ) -> Iterator[streaming.Frame]:
         """``for frame in sandbox.exec_stream(cmd)``: start/stdout/stderr frames as the
         command runs, then one ``exit`` frame whose ``result`` is the typed ExecResult.
+        The command starts when ``exec_stream`` is called, not when iteration begins.
         A dropped socket is resumed where it stopped (no frame lost or repeated).
         Inside an episode the command is recorded as a step, as ``exec`` does."""
         body = common.exec_body(
@@ -454,7 +696,12 @@ class Sandbox:
         episode = current_episode()  # trajectories hook: see hedgerow/episode.py
         if episode is None:
             return self._stream_body(body)
-        return self._recorded_stream(self._stream_body(body), episode, body, command)
+        try:
+            frames = self._stream_body(body)
+        except HedgerowError as exc:  # refused: recorded with its error
+            episode.record_exec(self, body["operation_id"], command, error=exc)
+            raise
+        return self._recorded_stream(frames, episode, body, command)
 
     def _recorded_stream(
         self,
@@ -475,11 +722,14 @@ class Sandbox:
             episode.record_exec(self, body["operation_id"], command, error=error)
 
     def _stream_body(self, body: Dict[str, Any]) -> Iterator[streaming.Frame]:
+        # The command starts here, at the call; iterating only reads its frames.
         response = self._client.request(
             "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
         )
-        data = response.json()
-        if response.status_code == 200:  # a finished replay: the stored result
+        return self._frames_of(response.status_code, response.json())
+
+    def _frames_of(self, status: int, data: Dict[str, Any]) -> Iterator[streaming.Frame]:
+        if status == 200:  # a finished replay: the stored result
             yield streaming.Frame(type="exit", seq=None, result=ExecResult.from_api(data))
             return
         yield from streaming.stream_operation(
@@ -502,11 +752,12 @@ class Sandbox:
             env=env, cwd=cwd,
         )  # fmt: skip
 
-    def write_file(
-        self, path: str, data: FileData, *, mode: Optional[str] = None
-    ) -> Dict[str, Any]:
-        """Writes a file atomically (parents created). ``data`` may be bytes, text, an
-        iterator of byte chunks or a binary file object; non-bytes are streamed."""
+    def write_file(self, path: str, data: FileData, *, mode: Optional[str] = None) -> WrittenFile:
+        """Writes a file atomically (temp file + rename; parents created). ``data`` may
+        be bytes, text (UTF-8), an iterator of byte chunks or a binary file object;
+        non-bytes are streamed (up to the server's upload limit, 1 GiB by default).
+        ``mode``: octal text (``"0755"``); default: a replaced file keeps its mode, a
+        new one gets 0666 minus the umask."""
         params: Dict[str, Any] = {"path": path}
         if mode:
             params["mode"] = mode
@@ -524,7 +775,7 @@ class Sandbox:
                     yield chunk
 
             data = chunks()
-        result: Dict[str, Any] = self._client.request(
+        written = self._client.request(
             "PUT",
             f"/sandboxes/{self.id}/files",
             params=params,
@@ -533,7 +784,7 @@ class Sandbox:
             retry=replayable,
             timeout=600,
         ).json()
-        return result
+        return WrittenFile.from_api(written)
 
     def read_file(self, path: str) -> bytes:
         """The whole file in memory; use ``iter_file`` or ``download`` for big files."""
@@ -542,74 +793,138 @@ class Sandbox:
     def iter_file(self, path: str) -> Iterator[bytes]:
         """Streams a file's bytes in chunks (constant memory, any size)."""
         http = self._client._http
-        with http.stream(
-            "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
-        ) as response:
-            if response.status_code >= 400:
-                response.read()
-                try:
-                    body = response.json()
-                except ValueError:
-                    body = None
-                raise error_from_response(response.status_code, body, response.text)
-            yield from response.iter_bytes(common.CHUNK)
+        try:
+            with http.stream(
+                "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
+            ) as response:
+                _raise_for_stream(response)
+                yield from response.iter_bytes(common.CHUNK)
+        except httpx.TransportError as exc:
+            raise streaming.connection_failed(self._client.url, exc) from None
 
-    def stat(self, path: str) -> Dict[str, Any]:
-        result: Dict[str, Any] = self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
-        ).json()
-        return result
+    def stat(self, path: str) -> FileInfo:
+        """The entry at ``path`` (a symlink described, not followed); ``NotFound``
+        when there is none."""
+        return FileInfo.from_api(
+            self._client.request(
+                "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+            ).json()
+        )
+
+    def exists(self, path: str) -> bool:
+        """Whether anything (file, directory, symlink — even a broken one) is at
+        ``path``."""
+        try:
+            self.stat(path)
+        except NotFound:
+            return False
+        return True
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, symlink or empty directory; ``recursive=True`` removes a
+        whole tree. ``NotFound`` when nothing is there."""
+        self._client.request(
+            "DELETE",
+            f"/sandboxes/{self.id}/files",
+            params={"path": path, "recursive": "true" if recursive else "false"},
+        )
+
+    def mkdir(self, path: str) -> FileInfo:
+        """Creates a directory and its parents; an existing one is success."""
+        return FileInfo.from_api(
+            self._client.request(
+                "POST", f"/sandboxes/{self.id}/files/mkdir", params={"path": path}
+            ).json()
+        )
+
+    def rename(self, path: str, to: str) -> FileInfo:
+        """Renames (moves) ``path`` to ``to`` inside the sandbox (parents created, a
+        file there replaced); returns the entry at ``to``."""
+        return FileInfo.from_api(
+            self._client.request(
+                "POST", f"/sandboxes/{self.id}/files/rename", params={"path": path, "to": to}
+            ).json()
+        )
 
     def list_files_page(
         self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
-    ) -> Dict[str, Any]:
-        """One page of a listing: ``{"path", "entries", "next_cursor"}`` (``next_cursor``
-        is None on the last page; the server's default page is 1000, its max 10000)."""
+    ) -> FilePage:
+        """One page of a listing, sorted by name: ``entries`` and ``next_cursor`` (None
+        on the last page). ``limit``: entries per page (server default 1000, max
+        10000)."""
         params = common.list_params(path, limit, cursor)
-        page: Dict[str, Any] = self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/list", params=params
-        ).json()
-        return page
+        return FilePage.from_api(
+            self._client.request("GET", f"/sandboxes/{self.id}/files/list", params=params).json()
+        )
 
-    def list_files(
-        self, path: str = "/workspace", *, page_size: int = 1000
-    ) -> List[Dict[str, Any]]:
-        """Every entry of the directory, sorted by name, fetched page by page."""
-        entries: List[Dict[str, Any]] = []
+    def list_files(self, path: str = "/workspace", *, page_size: int = 1000) -> List[FileInfo]:
+        """Every entry of the directory (default ``/workspace``), sorted by name,
+        fetched ``page_size`` entries at a time."""
+        entries: List[FileInfo] = []
         cursor: Optional[str] = None
         while True:
             page = self.list_files_page(path, limit=page_size, cursor=cursor)
-            entries.extend(page.get("entries", []))
-            cursor = page.get("next_cursor")
+            entries.extend(page.entries)
+            cursor = page.next_cursor
             if not cursor:
                 return entries
 
-    def upload(self, local: Union[str, Path], remote: str, *, progress: Progress = None) -> int:
-        """Uploads a local file or directory tree to ``remote``; returns bytes sent.
-        ``progress(n)`` is called with each chunk's size."""
-        source = Path(local)
+    def upload(
+        self,
+        local: Union[str, Path],
+        remote: str,
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
+    ) -> int:
+        """Uploads a local file, or a directory tree as one streamed archive (modes,
+        symlinks and empty directories kept; files already under ``remote`` replaced,
+        others kept), to ``remote``. Returns the bytes of file content sent.
+        ``on_total(n)`` is called once with the total before the first
+        ``progress(n)``, which gets each chunk's size. A missing local path raises
+        ``LocalPathError`` before anything is sent."""
+        source = common.local_source(local)
         if source.is_dir():
-            total = 0
-            for path, relative in common.local_files(source):
-                total += self._upload_file(path, f"{remote.rstrip('/')}/{relative}", progress)
+            members, total = trees.local_members(source)
+            if on_total is not None:
+                on_total(total)
+            self._client.request(
+                "PUT",
+                f"/sandboxes/{self.id}/files/archive",
+                params={"path": remote},
+                content=trees.tar_chunks(members, progress),
+                headers={"Content-Type": "application/x-tar"},
+                retry=False,
+                timeout=600,
+            )
             return total
-        return self._upload_file(source, remote, progress)
+        size = source.stat().st_size
+        if on_total is not None:
+            on_total(size)
+        self.write_file(remote, common.file_chunks(source, progress))
+        return size
 
-    def _upload_file(self, path: Path, remote: str, progress: Progress) -> int:
-        self.write_file(remote, common.file_chunks(path, progress))
-        return path.stat().st_size
-
-    def download(self, remote: str, local: Union[str, Path], *, progress: Progress = None) -> int:
-        """Downloads a file or directory tree to ``local``; returns bytes received."""
+    def download(
+        self,
+        remote: str,
+        local: Union[str, Path],
+        *,
+        progress: Progress = None,
+        on_total: Progress = None,
+    ) -> int:
+        """Downloads a file, or a directory tree as one streamed archive (modes,
+        symlinks and empty directories kept), to ``local``; returns the bytes of file
+        content received. ``on_total(n)`` is called once with the total (for a tree,
+        the server's count of its files' bytes) before ``progress(n)`` gets chunks."""
         target = Path(local)
-        if self.stat(remote).get("type") == "directory":
-            total = 0
-            for entry in self.list_files(remote):
-                child = f"{remote.rstrip('/')}/{entry['name']}"
-                if entry.get("type") in ("file", "directory"):
-                    total += self.download(child, target / str(entry["name"]), progress=progress)
-            target.mkdir(parents=True, exist_ok=True)
-            return total
+        info = self.stat(remote)
+        if info.type == "directory":
+            try:
+                return self._download_tree(remote, target, progress, on_total)
+            except httpx.TransportError as exc:
+                raise streaming.connection_failed(self._client.url, exc) from None
+        if on_total is not None:
+            on_total(info.size)
         target.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         with open(target, "wb") as handle:
@@ -619,6 +934,21 @@ class Sandbox:
                 if progress is not None:
                     progress(len(chunk))
         return size
+
+    def _download_tree(
+        self, remote: str, target: Path, progress: Progress, on_total: Progress
+    ) -> int:
+        with self._client._http.stream(
+            "GET",
+            f"/sandboxes/{self.id}/files/archive",
+            params={"path": remote},
+            timeout=600,
+        ) as response:
+            _raise_for_stream(response)
+            if on_total is not None:
+                on_total(int(response.headers.get("X-Tree-Bytes") or 0))
+            reader = trees.ChunkReader(response.iter_bytes(common.CHUNK))
+            return trees.extract(target, reader, progress)["bytes"]
 
     def apply_patch(
         self, patch: str, *, cwd: str = "/workspace", timeout: float = 60.0

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hedgerow._common import new_operation_id
+from hedgerow._common import USER_AGENT, new_operation_id
 from hedgerow.errors import HedgerowError, SandboxLost, SandboxTerminating
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class EpisodeRecord:
         if episode_id:
             self._open_body["episode_id"] = episode_id
         self._open_body.setdefault("versions", {})
-        self._open_body["versions"].setdefault("client", "hedgerow-python/0.1")
+        self._open_body["versions"].setdefault("client", USER_AGENT)
         self.data: dict[str, Any] = {}
         self._pending: list[dict[str, Any]] = []
         self._next_index = 0

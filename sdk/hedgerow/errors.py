@@ -23,6 +23,15 @@ class HedgerowError(Exception):
         self.body = body or {}
 
 
+class HedgerowConnectionError(HedgerowError):
+    """The server could not be reached (``connection_error``): its message says where
+    the SDK looked and what to check."""
+
+
+class LocalPathError(HedgerowError):
+    """A local path an upload or download needs is missing or unusable."""
+
+
 class AuthError(HedgerowError):
     pass
 
@@ -56,7 +65,19 @@ class SandboxTerminating(SandboxNotReady):
 
 
 class SandboxLost(SandboxNotReady):
-    pass
+    """``sandbox_lost``: the sandbox vanished under the server (its host or process
+    died); not something a client did."""
+
+
+class SandboxDeleted(SandboxNotReady):
+    """``sandbox_deleted``: the sandbox was deleted (by a client, its TTL, its
+    heartbeat timeout or an operator); ``reason`` says which when the server gave one."""
+
+    @property
+    def reason(self) -> str | None:
+        err = self.body.get("error") if isinstance(self.body, dict) else None
+        value = err.get("reason") if isinstance(err, dict) else None
+        return str(value) if value else None
 
 
 class AgentUnreachable(HedgerowError):
@@ -90,6 +111,11 @@ class DiskExhausted(HedgerowError):
     """``disk_exhausted`` (507): the image store has no room for the image."""
 
 
+class SnapshotFailed(HedgerowError):
+    """A capture that did not complete (``code``: ``sandbox_not_running``,
+    ``sandbox_busy``, ``probe_failed``, ``snapshot_failed``): nothing was kept."""
+
+
 IMAGE_ERROR_CODES = (
     "unknown_image",
     "image_not_found",
@@ -112,7 +138,7 @@ _BY_CODE = {
     "sandbox_terminating": SandboxTerminating,
     "sandbox_lost": SandboxLost,
     "sandbox_failed": SandboxNotReady,
-    "sandbox_deleted": SandboxNotReady,
+    "sandbox_deleted": SandboxDeleted,
     "budget_exhausted": BudgetExhausted,
     "quota_exceeded": QuotaExceeded,
     "agent_unreachable": AgentUnreachable,

@@ -154,6 +154,7 @@ class Images:
             offset += page_size
 
     def get(self, image_id: str) -> Image:
+        """One image by id (``NotFound`` for another team's)."""
         return Image.from_api(self._client.request("GET", f"/images/{image_id}").json())
 
     def remove(self, image_id: str) -> None:
@@ -215,6 +216,7 @@ class AsyncImages:
             image = await self.get(image.id)
 
     async def list(self, *, page_size: int = 100) -> List[Image]:
+        """See ``Images.list``."""
         images: List[Image] = []
         offset = 0
         while True:
@@ -228,12 +230,15 @@ class AsyncImages:
             offset += page_size
 
     async def get(self, image_id: str) -> Image:
+        """See ``Images.get``."""
         return Image.from_api((await self._client.request("GET", f"/images/{image_id}")).json())
 
     async def remove(self, image_id: str) -> None:
+        """See ``Images.remove``."""
         await self._client.request("DELETE", f"/images/{image_id}")
 
     async def import_(self, path: Union[str, Path], reference: str) -> Image:
+        """See ``Images.import_``."""
         name, handle = _upload(path)
         with contextlib.closing(handle):
             response = await self._client.request(

@@ -112,3 +112,40 @@ class ExecResult:
             generation=int(body.get("generation") or 0),
             raw=body,
         )
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class ServerVersion:
+    """``GET /api/v1/version``: the server's version, its API version (``v1``) and the
+    SDK releases it supports (``sdk_minimum`` … ``sdk_current``)."""
+
+    version: str
+    api: str
+    sdk_minimum: str
+    sdk_current: str
+    client: str
+
+    @property
+    def compatible(self) -> bool:
+        """Whether this SDK is one the server supports (docs/sdk.md: within an API
+        version only additions are made, so any release from ``sdk_minimum`` on works)."""
+        return _version_tuple(self.client) >= _version_tuple(self.sdk_minimum)
+
+    @classmethod
+    def from_api(cls, body: dict[str, Any], client: str) -> ServerVersion:
+        sdk = body.get("sdk") or {}
+        return cls(
+            version=str(body.get("version", "")),
+            api=str(body.get("api", "")),
+            sdk_minimum=str(sdk.get("minimum", "")),
+            sdk_current=str(sdk.get("current", "")),
+            client=client,
+        )

@@ -15,31 +15,22 @@ from typing import Any, List, Optional
 
 def run_shell(url: str, api_key: str, sandbox_id: str, *, cmd: Optional[List[str]] = None) -> int:
     """Runs an interactive session; returns the remote process's exit status."""
-    from websockets.sync.client import connect
+    from hedgerow.streaming import _raise_error as raise_error
+    from hedgerow.streaming import first_message, open_socket
 
-    ws_url = url.replace("http://", "ws://").replace("https://", "wss://")
     size = shutil.get_terminal_size((80, 24))
     interactive = sys.stdin.isatty()
-    with connect(
-        f"{ws_url}/ws/v1/sandboxes/{sandbox_id}/pty",
-        additional_headers={"Authorization": f"Bearer {api_key}"},
-        max_size=None,
-    ) as ws:
-        ws.send(
-            json.dumps(
-                {
-                    "type": "pty.init",
-                    "rows": size.lines,
-                    "cols": size.columns,
-                    "cmd": cmd or None,
-                    "env": {"TERM": os.environ.get("TERM", "xterm-256color")},
-                }
-            )
-        )
-        ready = json.loads(ws.recv(timeout=30))
+    with open_socket(url, api_key, f"/ws/v1/sandboxes/{sandbox_id}/pty") as ws:
+        init = {
+            "type": "pty.init",
+            "rows": size.lines,
+            "cols": size.columns,
+            "cmd": cmd or None,
+            "env": {"TERM": os.environ.get("TERM", "xterm-256color")},
+        }
+        ready = first_message(ws, init)
         if ready.get("type") != "pty.ready":
-            sys.stderr.write(f"hedgerow: {ready.get('message') or ready}\n")
-            return 1
+            raise_error(ready)  # typed (AuthError, NotFound, …): the CLI prints one line
         saved = _raw_mode() if interactive else None
         previous_winch = _on_resize(ws) if interactive else None
         threading.Thread(target=_pump_stdin, args=(ws,), daemon=True).start()

@@ -64,6 +64,62 @@ def ws_url(base_url: str, path: str) -> str:
     return "ws://" + base_url[len("http://") :] + path if base_url.startswith("http://") else path
 
 
+def connection_failed(base_url: str, exc: BaseException) -> HedgerowError:
+    """A server that cannot be reached, as one line with the cause and the fix."""
+    from hedgerow.errors import HedgerowConnectionError
+
+    cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return HedgerowConnectionError(
+        f"cannot reach Hedgerow at {base_url} ({cause}): check that the server is running "
+        "and that HEDGEROW_URL (or --url) points at it",
+        code="connection_error",
+    )
+
+
+def open_socket(base_url: str, api_key: str, path: str) -> Any:
+    """Opens an authenticated websocket; a refused handshake (bad key, unknown
+    sandbox) is the typed error the REST API would give, an unreachable server a
+    ``HedgerowConnectionError``, never a websockets traceback."""
+    websockets = _ws_module()
+    from websockets.sync.client import connect
+
+    try:
+        return connect(
+            ws_url(base_url, path),
+            additional_headers={"Authorization": f"Bearer {api_key}"},
+            max_size=None,
+            open_timeout=30,
+        )
+    except websockets.exceptions.InvalidStatus as exc:
+        response = exc.response
+        try:
+            body = json.loads(bytes(response.body or b"").decode() or "null")
+        except ValueError:
+            body = None
+        raise error_from_response(
+            response.status_code, body, bytes(response.body or b"").decode(errors="replace")
+        ) from None
+    except (OSError, websockets.exceptions.InvalidHandshake, TimeoutError) as exc:
+        raise connection_failed(base_url, exc) from None
+
+
+def first_message(ws: Any, init: Dict[str, Any]) -> Dict[str, Any]:
+    """Sends ``init`` and returns the first JSON message; a socket the server closed
+    instead (its close code says why: 4401 unauthenticated, 4404 not found, …) is the
+    typed error."""
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        ws.send(json.dumps(init))
+        message: Dict[str, Any] = json.loads(ws.recv(timeout=30))
+    except ConnectionClosed as exc:
+        code = exc.rcvd.code if exc.rcvd is not None else None
+        reason = exc.rcvd.reason if exc.rcvd is not None else ""
+        _raise_error({"code": "socket_closed", "message": reason or f"closed ({code})"}, code)
+        raise  # unreachable: _raise_error raises
+    return message
+
+
 def _raise_error(obj: Dict[str, Any], close_code: Optional[int] = None) -> None:
     status = _STATUS.get(close_code or 0, 400)
     if obj.get("code") in ("not_found", "sandbox_not_found", "operation_not_found"):
@@ -249,20 +305,11 @@ class Terminal:
         env: Optional[Dict[str, str]] = None,
         cwd: Optional[str] = None,
     ) -> None:
-        _ws_module()
-        from websockets.sync.client import connect
-
-        self._ws = connect(
-            ws_url(base_url, f"/ws/v1/sandboxes/{sandbox_id}/pty"),
-            additional_headers={"Authorization": f"Bearer {api_key}"},
-            max_size=None,
-            open_timeout=30,
-        )
+        self._ws = open_socket(base_url, api_key, f"/ws/v1/sandboxes/{sandbox_id}/pty")
         self.exit_code: Optional[int] = None
         init = {"type": "pty.init", "cmd": cmd, "rows": rows, "cols": cols, "env": env or {}}
         init["cwd"] = cwd
-        self._ws.send(json.dumps(init))
-        ready = json.loads(self._ws.recv(timeout=30))
+        ready = first_message(self._ws, init)
         if ready.get("type") != "pty.ready":
             self._ws.close()
             _raise_error(ready)

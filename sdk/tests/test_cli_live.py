@@ -154,3 +154,19 @@ def test_the_readme_quick_start_example_runs_against_the_stack(live, make_tenant
     assert lines[0].startswith("exited 3 hello from")
     assert lines[1] == "written by the SDK"
     wait_all_deleted(tenant)
+
+
+def test_it_creates_a_sandbox_with_an_egress_policy(live, make_tenant, tmp_path):
+    tenant, secret = make_tenant()
+    cli = Cli(tmp_path / "config.json")
+    assert cli("--url", live.url, "--key", secret, "login").returncode == 0
+    created = cli.json(
+        "sandbox", "create", "--no-wait", "--egress", '{"allow": ["pkg.example.org"]}'
+    )
+    assert created["egress"] == {"allow": ["pkg.example.org"], "dns": "filtered"}
+    assert Sandbox.objects.get(tenant=tenant).egress == created["egress"]
+    bad = cli("sandbox", "create", "--egress", "{not json")
+    assert bad.returncode == 2 and "--egress" in bad.stderr
+    removed = cli("sandbox", "rm", "--all", "--yes")
+    assert removed.returncode == 0, removed.stderr
+    wait_all_deleted(tenant)

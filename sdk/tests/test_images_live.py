@@ -17,6 +17,7 @@ from hedgerow import AsyncClient, Client
 from apps.images.models import Image
 from apps.images.tests.conftest import layout_tarball, push_image
 from apps.orchard.tests.live import wait_all_deleted
+from apps.sandboxes.models import Sandbox
 
 pytestmark = pytest.mark.timeout(240)
 SDK_DIR = Path(__file__).resolve().parents[1]
@@ -145,3 +146,23 @@ def test_the_cli_pulls_lists_removes_and_imports_images(live, make_tenant, open_
     assert gone.returncode == 1 and image_id in gone.stderr
     assert _cli(live, secret, "image", "rm").returncode == 2
     wait_all_deleted(tenant)
+
+
+def test_create_sandbox_of_an_image_it_cannot_have_raises_the_typed_error(
+    live, make_tenant, open_registry
+):
+    tenant, secret = make_tenant()
+    missing = f"{open_registry.host}/{_repo('nothing')}:v1"
+    with Client(live.url, secret) as hr:
+        with pytest.raises(hedgerow.ImageUnavailable) as err:
+            hr.create_sandbox(image=missing)
+        assert (err.value.code, err.value.status, err.value.reference) == (
+            "image_not_found",
+            422,
+            missing,
+        )
+        with pytest.raises(hedgerow.InvalidImageReference) as bad:
+            hr.create_sandbox(image="Not A Reference!")
+        assert (bad.value.code, bad.value.status) == ("image_reference_invalid", 400)
+    # nothing was created, and nothing ran on `host` instead
+    assert not Sandbox.objects.filter(tenant=tenant).exists()

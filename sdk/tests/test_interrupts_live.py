@@ -273,3 +273,29 @@ def test_sdk_sandboxes_get_the_default_heartbeat_timeout_unless_told_otherwise(l
         }
     assert _live(tenant) == []
     wait_all_deleted(tenant)
+
+
+def test_a_script_that_exits_without_deleting_leaves_nothing_running(live, make_tenant):
+    """Interpreter exit (atexit) deletes what the process created. The cleanup used a
+    thread pool, which concurrent.futures refuses at interpreter shutdown ("cannot
+    schedule new futures"): every sandbox stayed up until its heartbeat timeout."""
+    tenant, secret = make_tenant()
+    proc = _python(
+        """
+        from hedgerow import Client
+        hr = Client()
+        for _ in range(3):
+            print(hr.create_sandbox().id, flush=True)
+        """,
+        _env(live.url, secret),
+    )
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "cannot schedule new futures" not in err and "Traceback" not in err, err
+    created = out.split()
+    assert len(created) == 3
+    assert _live(tenant) == []
+    assert set(Sandbox.objects.filter(tenant=tenant).values_list("external_id", flat=True)) == set(
+        created
+    )
+    wait_all_deleted(tenant)

@@ -236,3 +236,15 @@ def test_it_deletes_its_sandboxes_on_sigterm_unless_told_not_to(live, make_tenan
     assert Sandbox.objects.get(tenant=tenant, external_id=kept_id).state == State.READY
     Client(live.url, secret, cleanup=False).delete(kept_id)
     wait_all_deleted(tenant)
+
+
+def test_create_sandbox_takes_an_egress_policy(live, make_tenant):
+    tenant, secret = make_tenant()
+    with Client(live.url, secret) as hr:
+        with hr.create_sandbox(egress={"allow": ["pkg.example.org"]}) as sandbox:
+            assert sandbox.data["egress"] == {"allow": ["pkg.example.org"], "dns": "filtered"}
+            assert sandbox.data["network_access"] is True
+        with pytest.raises(hedgerow.ValidationError) as caught:
+            hr.create_sandbox(egress="everything", wait=False)
+    assert caught.value.code == "validation_error"
+    assert Sandbox.objects.filter(tenant=tenant).count() == 1

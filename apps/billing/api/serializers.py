@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from apps.billing.models import ApiKey, PriceBook, PriceRate, TenantQuota
@@ -48,9 +50,21 @@ class TenantQuotaSerializer(serializers.ModelSerializer):  # type: ignore[type-a
             "monthly_budget",
             "queue_by_default",
             "max_queued",
+            "egress_allow_all",
+            "egress_patterns",
             "updated_at",
         ]
         read_only_fields = ["tenant", "updated_at"]
+
+    def validate_egress_patterns(self, value: Any) -> Any:
+        from apps.sandboxes.backends.egress import EgressError, parse_egress
+
+        if value is None or value == []:
+            return value  # [] : no allowlist at all
+        try:
+            return parse_egress({"allow": value}).to_json()["allow"]  # type: ignore[index]
+        except EgressError as exc:
+            raise serializers.ValidationError(exc.message, code=exc.code) from exc
 
 
 class PriceRateSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]

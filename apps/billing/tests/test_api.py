@@ -140,3 +140,25 @@ def test_it_lists_costs_and_queue_positions_without_a_query_per_sandbox(
         listed = http.get("/api/v1/sandboxes").json()["results"]
     assert sorted(s["queue_position"] for s in listed if s["state"] == "queued") == [1, 2, 3]
     assert {s["cost"] for s in listed if s["state"] == "deleted"} == {"0.290000"}
+
+
+def test_staff_set_a_tenants_egress_limits_validated_and_canonical(make_tenant):
+    tenant, _ = make_tenant()
+    url = f"/api/v1/admin/tenants/{tenant.slug}/quota"
+    http = APIClient()
+    http.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
+    bad = http.patch(url, {"egress_patterns": ["169.254.0.0/16:80"]}, format="json")
+    assert bad.status_code == 400, bad.content
+    assert bad.json()["error"]["field"] == "egress_patterns"
+    changed = http.patch(
+        url,
+        {"egress_allow_all": False, "egress_patterns": ["*.Example.org", "10.0.0.0/8:443"]},
+        format="json",
+    )
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["egress_patterns"] == ["*.example.org", "10.0.0.0/8:443"]
+    quota = quota_get(tenant=tenant)
+    assert (quota.egress_allow_all, quota.egress_patterns) == (
+        False,
+        ["*.example.org", "10.0.0.0/8:443"],
+    )

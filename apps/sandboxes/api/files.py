@@ -73,22 +73,94 @@ class FilesView(APIView):
     @extend_schema(
         parameters=[
             PATH_PARAM,
-            OpenApiParameter("recursive", bool, description="delete a non-empty directory"),
+            OpenApiParameter("recursive", bool, description="remove a whole tree"),
         ],
         responses={200: dict, **ERROR_RESPONSES},
-        description="Deletes a file, symlink or directory (a non-empty one needs "
-        "`recursive=true`, else 400 `directory_not_empty`); `/` and `/workspace` "
-        "themselves are refused (400 `path_protected`).",
+        description="Removes a file, symlink or empty directory (`recursive=true`: a tree). "
+        "404 when there is nothing at `path`.",
     )
     def delete(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
-        recursive = request.query_params.get("recursive", "").lower() in ("1", "true", "yes")
+        recursive = (request.query_params.get("recursive") or "").lower() in ("1", "true")
         return Response(
             files.file_delete(
                 sandbox=sandbox, path=request.query_params.get("path"), recursive=recursive
             )
         )
+
+
+class FileMkdirView(APIView):
+    @extend_schema(
+        parameters=[PATH_PARAM],
+        request=None,
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Creates a directory and its parents (idempotent); answers its entry. "
+        "409 `busy` when a non-directory is there.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(files.file_mkdir(sandbox=sandbox, path=request.query_params.get("path")))
+
+
+class FileRenameView(APIView):
+    @extend_schema(
+        parameters=[
+            PATH_PARAM,
+            OpenApiParameter("to", str, required=True, description="absolute new path"),
+        ],
+        request=None,
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Renames (moves) `path` to `to` (parents created, a file there "
+        "replaced); answers the entry at `to`.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        params = request.query_params
+        return Response(
+            files.file_rename(sandbox=sandbox, path=params.get("path"), to=params.get("to"))
+        )
+
+
+class TreeView(APIView):
+    @extend_schema(
+        parameters=[PATH_PARAM],
+        responses={(200, "application/x-tar"): bytes, **ERROR_RESPONSES},
+        description="Downloads a directory tree as one streamed tar (pax format): modes, "
+        "symlinks and empty directories kept. `X-Tree-Bytes`: the total size of its "
+        "regular files, for progress.",
+    )
+    def get(self, request: Request, sandbox_id: str) -> StreamingHttpResponse:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        download = files.tree_open(sandbox=sandbox, path=request.query_params.get("path"))
+        response = StreamingHttpResponse(download.chunks(), content_type="application/x-tar")
+        response["X-Tree-Bytes"] = str(download.tree_bytes)
+        response._resource_closers.append(download.close)  # type: ignore[attr-defined]  # never streamed
+        return response
+
+    @extend_schema(
+        parameters=[PATH_PARAM],
+        request={"application/x-tar": bytes},
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Uploads a tar (streamed) and extracts it into the directory `path` "
+        "(created; files there are replaced, others kept). Members may not lead out of "
+        "`path` (400 `archive_invalid`); modes are kept, setuid/setgid dropped.",
+    )
+    def put(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        length = request.headers.get("Content-Length")
+        result = files.tree_write(
+            sandbox=sandbox,
+            path=request.query_params.get("path"),
+            chunks=_body_chunks(request._request),
+            size=int(length) if length and length.isdigit() else None,
+            max_bytes=int(settings.HEDGEROW_MAX_UPLOAD_BYTES),
+        )
+        return Response(result)
 
 
 class FileListView(APIView):

@@ -8,10 +8,11 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, State
+from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
+    egress_policy,
     validate_external_id,
     validate_labels,
 )
@@ -45,8 +46,19 @@ class QuantityField(serializers.Field):  # type: ignore[type-arg]
 INT4_MAX = 2**31 - 1
 
 
+class StringField(serializers.CharField):
+    """A CharField that takes only a JSON string: DRF would turn 5 into "5", which is
+    now a Docker Hub reference (docker.io/library/5) — a number is a client's mistake,
+    answered 400, not a registry lookup."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
 class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    image = serializers.CharField(
+    image = StringField(
         max_length=200,
         default="host",
         help_text="`host`, an imported image, or an OCI reference (python:3.12-slim, "
@@ -54,7 +66,14 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
     )
     cpu = QuantityField(parse_cpu_millis, required=False, help_text="cores: 1, 0.5, '500m'")
     memory = QuantityField(parse_memory_mib, required=False, help_text="MiB or '512Mi', '2Gi'")
-    network_access = serializers.BooleanField(default=False)
+    network_access = serializers.BooleanField(
+        required=False, help_text="legacy: true is egress 'all'; give egress instead"
+    )
+    egress = serializers.JSONField(
+        required=False,
+        help_text="'none' (default), 'all', or {\"allow\": [\"pkg.example.org\", "
+        '"*.git.example.com", "10.20.0.0/16:443"], "dns": "filtered"} (docs/egress.md)',
+    )
     ttl_seconds = serializers.IntegerField(min_value=10, required=False)
     heartbeat_timeout_s = serializers.IntegerField(
         min_value=5, max_value=INT4_MAX, required=False, allow_null=True
@@ -62,6 +81,12 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
     labels = serializers.DictField(child=serializers.CharField(), required=False)
     sandbox_id = serializers.CharField(max_length=63, required=False)
     idempotency_key = serializers.CharField(max_length=128, required=False)
+    from_snapshot = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="start from this snapshot's state (one of the team's, `ready`); the image "
+        "is the snapshot's",
+    )
     queue = serializers.BooleanField(
         required=False,
         allow_null=True,
@@ -105,19 +130,39 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
         except ValidationFailed as exc:
             raise _field_error(exc) from exc
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            attrs["egress_policy"] = egress_policy(attrs.get("egress"), attrs.get("network_access"))
+        except ValidationFailed as exc:
+            raise serializers.ValidationError(
+                {"egress": [serializers.ErrorDetail(exc.message, code=exc.extra["reason"])]}
+            ) from exc
+        return attrs
+
     def to_request(self) -> SandboxRequest:
         data = self.validated_data
+        from_snapshot = data.get("from_snapshot")
+        policy = data["egress_policy"]
         return SandboxRequest(
-            image=data["image"],
+            # a restore takes the snapshot's image unless one is named (it must match)
+            image="" if from_snapshot and "image" not in self.initial_data else data["image"],
             cpu_millis=data.get("cpu", 1000),
             memory_mib=data.get("memory", 1024),
-            network_access=data["network_access"],
+            network_access=policy.routed,
+            egress=policy.to_json(),
             ttl_seconds=data.get("ttl_seconds") or settings.HEDGEROW_DEFAULT_TTL_S,
             heartbeat_timeout_s=data.get("heartbeat_timeout_s"),
             labels=data.get("labels") or {},
             external_id=data.get("sandbox_id"),
             queue=data.get("queue"),
+            snapshot_id=from_snapshot,
         )
+
+
+class SandboxPatchSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    """The schema of PATCH /sandboxes/{id}: only the egress policy changes."""
+
+    egress = serializers.JSONField(help_text="'none', 'all' or {\"allow\": [...]}")
 
 
 _BILLING_ATTR = "_hedgerow_render_billing"
@@ -140,6 +185,14 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     progress = serializers.SerializerMethodField(
         help_text="image pull progress {phase, layers, bytes, total} while provisioning, else null"
     )
+    from_snapshot = serializers.SerializerMethodField(
+        help_text="the snapshot it was restored from, else null"
+    )
+    divergence = serializers.JSONField(
+        read_only=True,
+        help_text="a restore that was not the snapshot's state (`failed`, reason "
+        "`state_divergence`): [{path, expected, actual}] or [{probe, expected, actual}]",
+    )
 
     class Meta:
         model = Sandbox
@@ -155,6 +208,7 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "memory",
             "memory_mib",
             "network_access",
+            "egress",
             "isolation",
             "backend",
             "node",
@@ -169,6 +223,8 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "terminated_at",
             "queue_position",
             "cost",
+            "from_snapshot",
+            "divergence",
         ]
 
     def render(self, obj: Sandbox) -> dict[str, Any]:
@@ -206,6 +262,9 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     def get_cost(self, obj: Sandbox) -> str | None:
         cost = self._billing(obj).cost
         return None if cost is None else str(cost.quantize(Decimal("0.000001")))
+
+    def get_from_snapshot(self, obj: Sandbox) -> str | None:
+        return str(obj.snapshot_id) if obj.snapshot_id else None
 
     def get_progress(self, obj: Sandbox) -> dict[str, Any] | None:
         return obj.progress if obj.state == State.PROVISIONING and obj.progress else None
@@ -366,3 +425,56 @@ class ApplyPatchSerializer(serializers.Serializer):  # type: ignore[type-arg]
                 "cwd must be an absolute path", code="path_not_absolute"
             )
         return value
+
+
+class SnapshotCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
+    manifest = serializers.JSONField(
+        required=False,
+        help_text="yours, stored as given: message history, tool schema, model and policy "
+        "version, sampling parameters, RNG seeds, services to restart",
+    )
+    probes = serializers.JSONField(
+        required=False,
+        help_text='read-only commands run at capture and in every restored child: [{"name", '
+        '"command", "volatile": false, "timeout": 30}]',
+    )
+    ttl_seconds = serializers.IntegerField(required=False)
+
+
+class SnapshotForkSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    count = serializers.IntegerField(help_text="K children, 1..64: all or none")
+    idempotency_key = serializers.CharField(max_length=100, required=False)
+
+
+class SnapshotSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    sandbox = serializers.CharField(source="sandbox.external_id", read_only=True)
+    parent = serializers.SerializerMethodField()  # type: ignore[assignment]
+
+    class Meta:
+        model = Snapshot
+        fields = [
+            "id",
+            "name",
+            "state",
+            "sandbox",
+            "parent",
+            "image",
+            "image_digest",
+            "generation",
+            "manifest",
+            "probes",
+            "fingerprint",
+            "size_bytes",
+            "capture_s",
+            "capture_wall_s",
+            "error",
+            "ttl_seconds",
+            "expires_at",
+            "created_at",
+            "captured_at",
+            "deleted_at",
+        ]
+
+    def get_parent(self, obj: Snapshot) -> str | None:
+        return str(obj.parent_id) if obj.parent_id else None

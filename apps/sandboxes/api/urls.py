@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.sandboxes.api import audits, files, views
+from apps.sandboxes.api import audits, files, snapshots, views
 
 urlpatterns = [
     path("sandboxes", views.SandboxListCreateView.as_view(), name="sandbox-list"),
@@ -10,6 +10,21 @@ urlpatterns = [
         "sandboxes/<str:sandbox_id>/heartbeat",
         views.SandboxHeartbeatView.as_view(),
         name="sandbox-heartbeat",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/dns-log",
+        views.SandboxDnsLogView.as_view(),
+        name="sandbox-dns-log",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/dns",
+        views.SandboxDnsLogView.as_view(),
+        name="sandbox-dns",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/timeout",
+        views.SandboxTimeoutView.as_view(),
+        name="sandbox-timeout",
     ),
     path(
         "sandboxes/<str:sandbox_id>/events",
@@ -32,6 +47,11 @@ urlpatterns = [
         views.OperationDetailView.as_view(),
         name="operation-detail",
     ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/cancel",
+        views.OperationCancelView.as_view(),
+        name="operation-cancel",
+    ),
     path("sandboxes/<str:sandbox_id>/files", files.FilesView.as_view(), name="sandbox-files"),
     path(
         "sandboxes/<str:sandbox_id>/files/list",
@@ -39,9 +59,50 @@ urlpatterns = [
         name="sandbox-files-list",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/files/archive",
+        files.TreeView.as_view(),
+        name="sandbox-files-archive",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/mkdir",
+        files.FileMkdirView.as_view(),
+        name="sandbox-files-mkdir",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/rename",
+        files.FileRenameView.as_view(),
+        name="sandbox-files-rename",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/files/stat",
         files.FileStatView.as_view(),
         name="sandbox-files-stat",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/snapshots",
+        snapshots.SandboxSnapshotsView.as_view(),
+        name="sandbox-snapshots",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/pause",
+        snapshots.SandboxPauseView.as_view(),
+        name="sandbox-pause",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/resume",
+        snapshots.SandboxResumeView.as_view(),
+        name="sandbox-resume",
+    ),
+    path("snapshots", snapshots.SnapshotListView.as_view(), name="snapshot-list"),
+    path(
+        "snapshots/<str:snapshot_id>",
+        snapshots.SnapshotDetailView.as_view(),
+        name="snapshot-detail",
+    ),
+    path(
+        "snapshots/<str:snapshot_id>/fork",
+        snapshots.SnapshotForkView.as_view(),
+        name="snapshot-fork",
     ),
     path("audits", audits.AuditListView.as_view(), name="audit-list"),
 ]

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -19,15 +20,22 @@ from apps.sandboxes.api.serializers import (
     OperationSerializer,
     SandboxCreateSerializer,
     SandboxEventSerializer,
+    SandboxPatchSerializer,
     SandboxSerializer,
 )
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
-from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_heartbeat
-from apps.sandboxes.services.operations import operation_exec
+from apps.sandboxes.services.egress import MAX_DNS_LOG, sandbox_dns_log, sandbox_set_egress
+from apps.sandboxes.services.lifecycle import (
+    sandbox_create,
+    sandbox_delete,
+    sandbox_heartbeat,
+    sandbox_set_expiry,
+)
+from apps.sandboxes.services.operations import operation_cancel, operation_exec
 from apps.sandboxes.services.patching import sandbox_apply_patch
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
 from apps.sandboxes.services.waiting import sandbox_wait_settled
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, ValidationFailed
 
 # One long-lived renderer for single sandboxes (see SandboxSerializer.render).
 _sandbox_renderer = SandboxSerializer()
@@ -95,6 +103,31 @@ class SandboxDetailView(APIView):
         sandbox = sandbox_delete(sandbox=sandbox, actor=principal.actor)
         return Response(_render_sandbox(sandbox), status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(
+        request=SandboxPatchSerializer,
+        responses={200: SandboxSerializer, **ERROR_RESPONSES},
+        description="Changes a ready sandbox's `egress` policy (docs/egress.md): new "
+        "connections follow it at once; recorded in the ledger as `egress_changed`.",
+    )
+    def patch(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("a JSON object is expected")
+        unknown = sorted(set(request.data) - {"egress"})
+        if unknown:
+            raise ValidationFailed(
+                f"only egress can be changed, not {', '.join(map(str, unknown))}",
+                field=str(unknown[0]),
+                code="not_patchable",
+            )
+        if "egress" not in request.data:
+            raise ValidationFailed("egress is required", field="egress")
+        sandbox = sandbox_set_egress(
+            sandbox=sandbox, egress=request.data["egress"], actor=principal.actor
+        )
+        return Response(_render_sandbox(sandbox))
+
 
 class SandboxWaitView(APIView):
     @extend_schema(
@@ -139,6 +172,28 @@ class SandboxHeartbeatView(APIView):
         return Response(_render_sandbox(sandbox))
 
 
+class SandboxTimeoutView(APIView):
+    @extend_schema(
+        request=inline_serializer("SandboxTimeout", {"timeout": serializers.IntegerField()}),
+        responses={200: SandboxSerializer, **ERROR_RESPONSES},
+        description="Sets the sandbox's remaining lifetime: it ends `timeout` seconds from now "
+        "(longer or shorter than before; at most the server's maximum TTL). A sandbox "
+        "that is terminating or ended is a 409.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        seconds = request.data.get("timeout") if isinstance(request.data, dict) else None
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            raise ApiError(
+                "timeout must be a whole number of seconds",
+                field="timeout",
+                code="validation_error",
+            )
+        sandbox = sandbox_set_expiry(sandbox=sandbox, seconds=seconds)
+        return Response(_render_sandbox(sandbox))
+
+
 class SandboxEventsView(APIView):
     @extend_schema(responses={200: SandboxEventSerializer(many=True)})
     def get(self, request: Request, sandbox_id: str) -> Response:
@@ -146,6 +201,23 @@ class SandboxEventsView(APIView):
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         events = selectors.sandbox_events(sandbox=sandbox)
         return Response({"results": SandboxEventSerializer(events, many=True).data})
+
+
+class SandboxDnsLogView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("limit", int, description="the last N queries (≤ 1000)")],
+        description="The sandbox's DNS queries as the instance's resolver answered them "
+        "(docs/egress.md): ts, generation, name, type, allowed, rcode, answer, flags "
+        "(`rate_limited`, `tunnel_suspect`, `upstream_failed`).",
+    )
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        raw = request.query_params.get("limit", str(MAX_DNS_LOG))
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValidationFailed("limit must be a positive integer", field="limit")
+        entries = sandbox_dns_log(sandbox=sandbox, limit=int(raw))
+        return Response({"sandbox": sandbox.external_id, "results": entries})
 
 
 class ExecView(APIView):
@@ -232,6 +304,37 @@ class OperationDetailView(APIView):
             # A relay that died must not leave the record running forever.
             operation = operation_recover(operation=operation)
         return Response(OperationSerializer(operation).data)
+
+
+class OperationCancelView(APIView):
+    @extend_schema(
+        request=None,
+        responses={200: OperationSerializer, 202: OperationSerializer, **ERROR_RESPONSES},
+        description="Kills a running command (SIGTERM to its session, SIGKILL after its "
+        "kill grace) and answers its record: 200 once it is recorded as ended, 202 if "
+        "the record still says running when the wait (kill grace + 5 s) ends. An "
+        "operation that had already ended is answered unchanged (200): cancelling is "
+        "idempotent.",
+    )
+    def post(self, request: Request, sandbox_id: str, operation_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        operation = selectors.operation_get(
+            tenant=principal.tenant, sandbox=sandbox, operation_id=operation_id
+        )
+        if operation_cancel(operation=operation):
+            # The agent has killed it; its relay records the end a moment later.
+            grace = float((operation.request or {}).get("kill_grace") or 2.0)
+            deadline = time.monotonic() + grace + 5.0
+            operation.refresh_from_db()
+            while operation.status == OperationStatus.RUNNING and time.monotonic() < deadline:
+                time.sleep(0.05)
+                operation.refresh_from_db()
+        running = operation.status == OperationStatus.RUNNING
+        return Response(
+            OperationSerializer(operation).data,
+            status=status.HTTP_202_ACCEPTED if running else status.HTTP_200_OK,
+        )
 
 
 class ApplyPatchView(APIView):

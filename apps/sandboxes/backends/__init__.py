@@ -30,6 +30,8 @@ def get_backend() -> Backend:
                 insecure_registries=tuple(settings.HEDGEROW_INSECURE_REGISTRIES),
                 image_min_free_bytes=settings.HEDGEROW_IMAGE_MIN_FREE_MIB << 20,
                 image_cache_bytes=settings.HEDGEROW_IMAGE_CACHE_MIB << 20,
+                dns_upstream=settings.HEDGEROW_DNS_UPSTREAM,
+                dns_grace_s=settings.HEDGEROW_DNS_GRACE_S,
                 agent_bundle=Path(settings.HEDGEROW_AGENT_BUNDLE)
                 if settings.HEDGEROW_AGENT_BUNDLE
                 else None,

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from apps.sandboxes.backends.egress import ALL, NONE, EgressPolicy
+
 
 class BackendError(Exception):
     """A backend operation failed. ``transient`` errors may be retried."""
@@ -49,6 +51,49 @@ class DiskExhausted(BackendError):
     code = "disk_exhausted"
 
 
+class SnapshotFailed(BackendError):
+    """A capture that did not complete (the sandbox is gone or not running, the
+    storage refused the snapshot, …): nothing of it is left and nothing is reported
+    as captured. ``code`` is the API's (``snapshot_failed``, ``sandbox_not_running``)."""
+
+    def __init__(self, message: str, *, code: str = "snapshot_failed") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SnapshotNotFound(BackendError):
+    """No such snapshot on this backend (deleted, or never captured here)."""
+
+    code = "snapshot_not_found"
+
+
+class StateDivergence(BackendError):
+    """A restored sandbox's state is not the snapshot's: ``diff`` lists what differs
+    (``{"path", "expected", "actual"}``; a missing side is null)."""
+
+    code = "state_divergence"
+
+    def __init__(self, message: str, *, diff: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.diff = diff
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A captured snapshot: the sandbox's writable root (upper dir), /workspace and
+    /tmp, read-only, with the tree fingerprint of exactly what was captured."""
+
+    snapshot_id: str
+    sandbox_id: str
+    image: str  # as the sandbox was created with it ("host", a reference)
+    image_digest: str
+    fingerprint: str  # "sha256:…" tree hash (docs/snapshots.md)
+    files: int  # entries in the tree
+    size_bytes: int  # bytes of regular files captured
+    capture_s: float  # wall seconds the sandbox was frozen
+    captured_at: float  # unix time
+
+
 @dataclass(frozen=True)
 class RegistryCredentials:
     """A tenant's credentials for one registry, decrypted only in memory for a pull."""
@@ -73,13 +118,24 @@ class SandboxSpec:
     image: str
     cpu_millis: int
     memory_mib: int
-    network_access: bool  # False: no egress at all
+    network_access: bool  # False: no egress at all; True: routed ("all" or an allowlist)
     agent_token: str  # plaintext only in memory; the backend hands it to the agent privately
     pids_limit: int = 512
     disk_mib: int = 2048
     labels: dict[str, str] = field(default_factory=dict)
     # for a private image: the tenant's credentials for the image's registry
     registry_credentials: RegistryCredentials | None = field(default=None, repr=False)
+    # restore: the sandbox starts from this snapshot's state (``image`` must be the
+    # snapshot's); its tree is verified against the snapshot's fingerprint first
+    snapshot_id: str = ""
+    # The egress policy (backends/egress.py); None: "all" or "none" by network_access.
+    egress: EgressPolicy | None = None
+
+    @property
+    def egress_policy(self) -> EgressPolicy:
+        if self.egress is not None:
+            return self.egress
+        return ALL if self.network_access else NONE
 
 
 @dataclass(frozen=True)
@@ -161,6 +217,16 @@ class Backend(Protocol):
         caller against ``/health``). An OCI image is pulled first (``progress`` gets the
         pull's events); the returned endpoint carries its digest.
         """
+
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Capture the running sandbox's filesystem state as snapshot ``snapshot_id``:
+        freeze it, sync, take a read-only copy, thaw. All or nothing: on failure
+        nothing is kept and SnapshotFailed is raised. The snapshot keeps its image in
+        the cache until ``delete_snapshot``."""
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove the snapshot and its image lease. Idempotent; sandboxes restored
+        from it keep their own copy."""
 
     def destroy(self, sandbox_id: str) -> None:
         """Remove every trace of the sandbox (all generations). Idempotent."""

@@ -16,6 +16,16 @@ For a period (by creation time) and a slice (tenant, image, node, backend)::
 * ``leaked``: ended (any final state) but the backend still holds resources for it.
   A leaked sandbox is counted here *instead of* its final-state term.
 
+Snapshots created in the period have their own equation (``snapshots`` in the
+report; docs/snapshots.md)::
+
+    created = deleted + expired + failed + live + leaked
+
+where ``leaked`` is a snapshot whose record ended (deleted, expired, failed) but whose
+copy the backend still keeps; unsliced audits also list the backend's snapshots with no
+record at all (``orphaned``). Snapshots have no ledger of their own: ``created`` counts
+their rows.
+
 Resources outside the period's cohort that no live record owns (``orphaned``: no
 record at all, or a sandbox created earlier that has ended) cannot be attributed to
 this period's equation; unsliced audits list them and they make the audit fail. A ready record
@@ -47,6 +57,8 @@ from apps.sandboxes.models import (
     AuditRun,
     Sandbox,
     SandboxEvent,
+    Snapshot,
+    SnapshotState,
     State,
 )
 from apps.sandboxes.services.reconcile import (
@@ -60,7 +72,7 @@ from apps.sandboxes.services.warm_pool import warm_pool_member_ids
 log = logging.getLogger(__name__)
 
 # ``queued`` (waiting for admission, no resources yet) counts as live: not ended.
-PENDING_OR_LIVE = (State.QUEUED, *LIVE_STATES)
+PENDING_OR_LIVE = (State.QUEUED, *LIVE_STATES, State.PAUSED)  # paused: not ended
 TERMS = ("deleted", "reaped_ttl", "reaped_heartbeat", "failed", "lost", "live", "leaked")
 REAP_TERMS = {"ttl_expired": "reaped_ttl", "heartbeat_expired": "reaped_heartbeat"}
 MAX_IDS = 200  # ids listed per flag; the counts stay exact
@@ -86,6 +98,26 @@ class AuditSlice:
         }
 
 
+SNAPSHOT_TERMS = ("deleted", "expired", "failed", "live", "leaked")
+
+
+@dataclass
+class SnapshotAudit:
+    created: int = 0
+    terms: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SNAPSHOT_TERMS, 0))
+    leaked_ids: list[str] = field(default_factory=list)
+    orphaned: list[str] = field(default_factory=list)
+
+    @property
+    def balanced(self) -> bool:
+        return self.created == sum(self.terms.values())
+
+    def equation(self) -> str:
+        rhs = " + ".join(f"{t} {self.terms[t]}" for t in SNAPSHOT_TERMS)
+        sign = "=" if self.balanced else "≠"
+        return f"snapshots created {self.created} {sign} {rhs}"
+
+
 @dataclass
 class AuditReport:
     period_start: datetime
@@ -106,6 +138,7 @@ class AuditReport:
     pool_resources_by_kind: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     inventory_error: str = ""
+    snapshots: SnapshotAudit = field(default_factory=SnapshotAudit)
 
     @property
     def accounted(self) -> int:
@@ -117,6 +150,7 @@ class AuditReport:
             not self.inventory_error
             and self.created == self.accounted
             and not any(self.imbalance.values())
+            and self.snapshots.balanced
         )
 
     @property
@@ -130,6 +164,7 @@ class AuditReport:
         data["period_end"] = self.period_end.isoformat()
         data.update(accounted=self.accounted, balanced=self.balanced, ttl_share=self.ttl_share)
         data["equation"] = self.equation()
+        data["snapshots"]["equation"] = self.snapshots.equation()
         return data
 
     def equation(self) -> str:
@@ -174,6 +209,7 @@ def audit_compute(
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         rows, created_ids, facts, known = _read_records(period_start, period_end, sl)
+        snapshot_rows = _read_snapshots(period_start, period_end, sl)
         pool_ids = warm_pool_member_ids() if sl.is_global else set()
     if view is None:
         try:
@@ -240,8 +276,54 @@ def audit_compute(
     if report.created != report.accounted:
         report.imbalance.setdefault("unexplained", _unexplained(created_ids, rows))
     report.leaked_ids = report.leaked_ids[:MAX_IDS]
+    report.snapshots = _snapshot_terms(snapshot_rows, sl)
     report.warnings = _warnings(report, sl)
+    if report.snapshots.leaked_ids or report.snapshots.orphaned:
+        report.warnings.append(
+            f"{report.snapshots.terms['leaked']} snapshot(s) leaked, "
+            f"{len(report.snapshots.orphaned)} without a record: the reconciler removes them"
+        )
     return report
+
+
+def _read_snapshots(
+    period_start: datetime, period_end: datetime, sl: AuditSlice
+) -> list[tuple[uuid.UUID, str, str]]:
+    """(id, state, deleted_reason) of the snapshots created in the period and slice."""
+    q = Q(created_at__gte=period_start, created_at__lt=period_end)
+    if sl.tenant is not None:
+        q &= Q(tenant=sl.tenant)
+    if sl.image:
+        q &= Q(image=sl.image)
+    if sl.backend:
+        q &= Q(backend=sl.backend)
+    if sl.node:
+        q &= Q(sandbox__node=sl.node)
+    return list(Snapshot.objects.filter(q).values_list("id", "state", "deleted_reason"))
+
+
+def _snapshot_terms(rows: list[tuple[uuid.UUID, str, str]], sl: AuditSlice) -> SnapshotAudit:
+    """Listed after the records were read: a snapshot deleted before that read whose
+    copy is still listed is a real leak."""
+    audit = SnapshotAudit(created=len(rows))
+    listing = getattr(get_backend(), "snapshots", None)
+    kept = {uuid.UUID(h) for h in listing()} if listing is not None else set()
+    for sid, state, reason in rows:
+        if state in (SnapshotState.CAPTURING, SnapshotState.READY):
+            term = "live"
+        elif sid in kept:
+            term = "leaked"
+            audit.leaked_ids.append(str(sid))
+        elif state == SnapshotState.FAILED:
+            term = "failed"
+        else:
+            term = "expired" if reason == "ttl_expired" else "deleted"
+        audit.terms[term] += 1
+    if sl.is_global:
+        known = set(Snapshot.objects.filter(pk__in=list(kept)).values_list("pk", flat=True))
+        audit.orphaned = sorted(str(k) for k in kept - known)[:MAX_IDS]
+    audit.leaked_ids = audit.leaked_ids[:MAX_IDS]
+    return audit
 
 
 def _read_records(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -138,23 +137,41 @@ def file_list(
     }
 
 
-def file_delete(*, sandbox: Sandbox, path: str | None, recursive: bool = False) -> dict[str, Any]:
-    """Deletes a file, a symlink (not its target) or a directory in the sandbox. A
-    non-empty directory needs ``recursive`` (else 400 ``directory_not_empty``); a
-    missing path is a 404. Refuses ``/`` and ``/workspace`` themselves."""
+def _agent_post(
+    sandbox: Sandbox, method: str, endpoint: str, params: dict[str, Any]
+) -> dict[str, Any]:
     ensure_ready(sandbox)
-    target = _check_path(path)
-    if posixpath.normpath(target) in ("/", "/workspace"):
-        raise ApiError(f"{target} itself cannot be deleted", code="path_protected", field="path")
-    params = {"path": target, "recursive": "1" if recursive else "0"}
     try:
-        response = agent_for(sandbox).request("DELETE", "/files", params=params)
+        response = agent_for(sandbox).request(method, endpoint, params=params)
     except AgentError as exc:
         raise _translate(exc) from exc
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
     return result
+
+
+def file_delete(*, sandbox: Sandbox, path: str | None, recursive: bool) -> dict[str, Any]:
+    """Removes a file, link or empty directory (``recursive``: a whole tree). A missing
+    path is a 404, a non-empty directory without ``recursive`` a 400."""
+    params = {"path": _check_path(path), "recursive": "1" if recursive else "0"}
+    return _agent_post(sandbox, "DELETE", "/files", params)
+
+
+def file_mkdir(*, sandbox: Sandbox, path: str | None) -> dict[str, Any]:
+    """Creates a directory and its parents (idempotent); answers its entry."""
+    return _agent_post(sandbox, "POST", "/files/mkdir", {"path": _check_path(path)})
+
+
+def file_rename(*, sandbox: Sandbox, path: str | None, to: str | None) -> dict[str, Any]:
+    """Renames ``path`` to ``to`` inside the sandbox (parents created; a file there is
+    replaced); answers the entry at ``to``."""
+    source = _check_path(path)
+    try:
+        target = _check_path(to)
+    except ApiError as exc:
+        raise ApiError(exc.message.replace("path", "to"), code=exc.code, field="to") from exc
+    return _agent_post(sandbox, "POST", "/files/rename", {"path": source, "to": target})
 
 
 def file_stat(*, sandbox: Sandbox, path: str | None) -> dict[str, Any]:
@@ -214,3 +231,71 @@ def file_open(*, sandbox: Sandbox, path: str | None) -> Download:
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     return Download(response, context)
+
+
+class TreeDownload(Download):
+    """A directory as one streamed tar (the agent's ``/files/archive``): its length is
+    not known ahead, ``tree_bytes`` is the total of the tree's regular files."""
+
+    def __init__(self, response: httpx.Response, context: Any) -> None:
+        self._response, self._context = response, context
+        self.size = -1
+        self.tree_bytes = int(response.headers.get("X-Tree-Bytes") or 0)
+        self._closed = False
+
+
+def tree_open(*, sandbox: Sandbox, path: str | None) -> TreeDownload:
+    """Opens the directory ``path`` for download as a tar that keeps modes, symlinks
+    and empty directories. A missing path or one that is not a directory is a typed
+    ApiError (404/400) before any header goes out."""
+    ensure_ready(sandbox)
+    target = _check_path(path)
+    try:
+        response, context = agent_for(sandbox).stream_download(target, "/files/archive")
+    except AgentError as exc:
+        raise _translate(exc) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    return TreeDownload(response, context)
+
+
+def tree_write(
+    *,
+    sandbox: Sandbox,
+    path: str | None,
+    chunks: Iterator[bytes],
+    size: int | None,
+    max_bytes: int,
+) -> dict[str, Any]:
+    """Streams a tar into the directory ``path`` (created; files there are replaced,
+    others kept). Counted against the upload quotas as one upload of the archive's
+    size; a bad archive is a 400 ``archive_invalid``, a member leading out of ``path``
+    too (what was extracted before it stays)."""
+    ensure_ready(sandbox)
+    target = _check_path(path)
+    max_bytes = upload_admit(tenant_id=str(sandbox.tenant_id), size=size, max_bytes=max_bytes)
+    if size is not None and size > max_bytes:
+        raise ApiError(
+            f"upload of {size} bytes exceeds the limit of {max_bytes}",
+            code="too_large",
+            status_code=413,
+            extra={"limit": "max_upload_bytes", "value": max_bytes, "current": size},
+        )
+    headers = {"Content-Length": str(size)} if size is not None else None
+    try:
+        response = agent_for(sandbox).request(
+            "PUT",
+            "/files/archive",
+            params={"path": target, "max_bytes": max_bytes},
+            content=chunks,
+            headers=headers,
+            timeout=600,
+        )
+    except AgentError as exc:
+        raise _translate(exc) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    result: dict[str, Any] = response.json()
+    if size is None:
+        upload_record(tenant_id=str(sandbox.tenant_id), nbytes=int(result.get("bytes") or 0))
+    return result

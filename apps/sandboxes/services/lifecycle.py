@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any, cast
 
@@ -18,6 +18,7 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from apps.billing.models import Tenant
+from apps.sandboxes.backends.egress import EgressError, EgressPolicy, parse_egress
 from apps.sandboxes.events import publish_sandbox_state
 from apps.sandboxes.models import LIVE_STATES, Sandbox, SandboxEvent, State
 from apps.sandboxes.selectors import sandbox_by_idempotency_key
@@ -37,13 +38,25 @@ class SandboxRequest:
     image: str
     cpu_millis: int
     memory_mib: int
-    network_access: bool = False
+    network_access: bool = False  # routed at all: egress "all" or an allowlist
     ttl_seconds: int = 3600
     heartbeat_timeout_s: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     external_id: str | None = None
     # Over a limit: wait in the admission queue (True) or get a 429; None: team default.
     queue: bool | None = None
+    # restore this snapshot (the tenant's, ``ready``): ``image`` must be its image
+    snapshot_id: str | None = None
+    # The egress policy in canonical form (``egress_policy``): "none", "all" or
+    # {"allow": [...], "dns": "filtered"}; None: from ``network_access`` (callers that
+    # only know that flag, e.g. the Orchard and E2B layers, keep their meaning).
+    egress: Any = None
+
+    def __post_init__(self) -> None:
+        if self.egress is None:
+            object.__setattr__(self, "egress", "all" if self.network_access else "none")
+        # network_access is derived: routed at all
+        object.__setattr__(self, "network_access", self.egress != "none")
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
@@ -62,6 +75,25 @@ def validate_external_id(value: str) -> str:
             f"{value!r} is a reserved word", field="sandbox_id", code="invalid_sandbox_id"
         )
     return value
+
+
+def egress_policy(value: Any, network_access: bool | None = None) -> EgressPolicy:
+    """The policy a request asks for: ``egress`` if given, else ``network_access``
+    (true is "all"), else "none". Both given and disagreeing is a 400, never a guess."""
+    if value is None:
+        return parse_egress("all" if network_access else "none")
+    try:
+        policy = parse_egress(value)
+    except EgressError as exc:
+        raise ValidationFailed(exc.message, field="egress", extra={"reason": exc.code}) from None
+    if network_access is not None and network_access != (policy.mode == "all"):
+        raise ValidationFailed(
+            f"network_access={str(network_access).lower()} contradicts egress "
+            f"{policy.to_json()!r}: give egress alone",
+            field="egress",
+            extra={"reason": "egress_conflict"},
+        )
+    return policy
 
 
 def validate_labels(labels: dict[str, Any]) -> dict[str, str]:
@@ -338,27 +370,57 @@ def sandbox_create(
         existing = sandbox_by_idempotency_key(tenant=tenant, idempotency_key=idempotency_key)
         if existing is not None:
             return _replayed(existing, request), False
+    if isinstance(request.egress, dict) and (backend_name or settings.HEDGEROW_BACKEND) != "local":
+        raise ValidationFailed(
+            "egress allowlists need the local backend (docs/egress.md)",
+            field="egress",
+            extra={"reason": "egress_unsupported"},
+        )
+    from apps.sandboxes.services.egress import egress_quota_check
+
+    egress_quota_check(tenant=tenant, policy=parse_egress(request.egress))
     disk_guard()  # 507 disk_exhausted before anything is recorded
-    # The image can be had by this tenant (its registry credentials, the registry's
-    # answer now), or a typed 4xx before anything is recorded: never a sandbox that
-    # fails later for an image it could never get, never another image instead.
-    resolved = image_resolve_for_sandbox(tenant=tenant, image=request.image)
-    fingerprint = request.fingerprint()
+    sent = request  # a replay compares the request as sent
+    fingerprint = sent.fingerprint()
+    snapshot = None
+    if request.snapshot_id is not None:
+        from apps.sandboxes.services.snapshots import snapshot_for_restore
+
+        # the tenant's own ready snapshot, or a 404/409; its image is exact (by digest)
+        # and held by the snapshot, so no registry is asked
+        snapshot = snapshot_for_restore(tenant=tenant, snapshot_id=request.snapshot_id)
+        if request.image and request.image != snapshot.image:
+            raise ValidationFailed(
+                f"the snapshot is of image {snapshot.image!r}",
+                field="image",
+                code="snapshot_image_mismatch",
+            )
+        request = replace(request, image=snapshot.image)  # "": the snapshot's
+        digest = snapshot.image_digest
+    else:
+        # The image can be had by this tenant (its registry credentials, the registry's
+        # answer now), or a typed 4xx before anything is recorded: never a sandbox that
+        # fails later for an image it could never get, never another image instead.
+        digest = image_resolve_for_sandbox(tenant=tenant, image=request.image).digest
     external_id = request.external_id or _new_external_id()
     now = timezone.now()
     try:
         with transaction.atomic():
             admitted = admission_check(tenant=tenant, request=request, actor=actor)
             # A queued create claims nothing: it holds no resources until admitted.
+            # Warm members are "none" or "all" (their netns is made): an allowlist
+            # sandbox is always provisioned for itself.
             warm = (
-                warm_pool_claim(
+                None
+                if snapshot is not None  # a restore starts from its own state
+                else warm_pool_claim(
                     image=request.image,
                     cpu_millis=request.cpu_millis,
                     memory_mib=request.memory_mib,
                     network_access=request.network_access,
                     backend_name=backend_name,
                 )
-                if admitted
+                if admitted and request.egress in ("none", "all")
                 else None
             )
             sandbox = Sandbox(
@@ -368,10 +430,12 @@ def sandbox_create(
                 tenant=tenant,
                 external_id=external_id,
                 image=request.image,
-                image_digest=resolved.digest,
+                image_digest=digest,
+                snapshot=snapshot,
                 cpu_millis=request.cpu_millis,
                 memory_mib=request.memory_mib,
                 network_access=request.network_access,
+                egress=request.egress,
                 labels=request.labels,
                 ttl_seconds=request.ttl_seconds,
                 expires_at=now + timedelta(seconds=request.ttl_seconds),
@@ -383,7 +447,7 @@ def sandbox_create(
                 created_by=actor,
                 created_at=now,
             )
-            image_mark_used(tenant=tenant, digests=[resolved.digest])
+            image_mark_used(tenant=tenant, digests=[digest])
             if warm is not None:
                 # The row, its two ledger rows and its usage record: one statement.
                 warm_pool_record_claim(sandbox=sandbox, claimed=warm, actor=actor)
@@ -401,7 +465,7 @@ def sandbox_create(
                 tenant=tenant, idempotency_key=idempotency_key
             ).first()
             if existing is not None:
-                return _replayed(existing, request), False
+                return _replayed(existing, sent), False
         raise Conflict(
             f"a sandbox with id {external_id!r} already exists",
             field="sandbox_id",
@@ -432,7 +496,13 @@ def sandbox_delete(*, sandbox: Sandbox, actor: str, reason: str = "deleted") -> 
     sandbox_id = str(sandbox.id)
     moved = sandbox_transition(
         sandbox=sandbox,
-        from_states=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY),
+        from_states=(
+            State.QUEUED,
+            State.REQUESTED,
+            State.PROVISIONING,
+            State.READY,
+            State.PAUSED,
+        ),
         to_state=State.TERMINATING,
         reason=reason,
         actor=actor,
@@ -449,4 +519,24 @@ def sandbox_heartbeat(*, sandbox: Sandbox) -> Sandbox:
     now = timezone.now()
     Sandbox.objects.filter(pk=sandbox.pk).update(last_heartbeat_at=now)
     sandbox.last_heartbeat_at = now
+    return sandbox
+
+
+def sandbox_set_expiry(*, sandbox: Sandbox, seconds: int) -> Sandbox:
+    """Moves a live sandbox's ``expires_at`` to ``seconds`` from now (shorter or
+    longer; the TTL reaper ends it then). At most HEDGEROW_MAX_TTL_S; a sandbox that is
+    terminating or final is a 409. Compare-and-set on the state, so a sandbox that
+    started terminating meanwhile is never given a new lifetime."""
+    if seconds < 0 or seconds > settings.HEDGEROW_MAX_TTL_S:
+        raise ValidationFailed(
+            f"timeout must be 0 to {settings.HEDGEROW_MAX_TTL_S} seconds", field="timeout"
+        )
+    expires_at = timezone.now() + timedelta(seconds=seconds)
+    moved = Sandbox.objects.filter(
+        pk=sandbox.pk, state__in=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY)
+    ).update(expires_at=expires_at)
+    if not moved:
+        sandbox.refresh_from_db(fields=["state"])
+        raise Conflict(f"sandbox is {sandbox.state}", code=f"sandbox_{sandbox.state}")
+    sandbox.expires_at = expires_at
     return sandbox

@@ -12,6 +12,7 @@ import logging
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db import IntegrityError, connection
@@ -20,7 +21,7 @@ from django.utils import timezone
 from apps.billing.limits import exec_admit_operation
 from apps.billing.principal import Principal
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
-from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from apps.sandboxes.models import Operation, OperationStatus, Sandbox, SandboxEvent, State
 from controlplane import jsonsafe
 from controlplane.errors import ApiError, Conflict
 
@@ -79,16 +80,36 @@ class ExecRequest:
         jsonsafe.require_no_nul(self.cwd, "cwd")
 
 
+def end_reason(sandbox: Sandbox) -> str | None:
+    """The reason recorded when the sandbox left the live states, or None."""
+    reason = (
+        SandboxEvent.objects.filter(
+            sandbox=sandbox,
+            to_state__in=(State.TERMINATING, State.FAILED, State.LOST, State.DELETED),
+        )
+        .exclude(reason="")
+        .order_by("at", "id")
+        .values_list("reason", flat=True)
+        .first()
+    )
+    return reason or None
+
+
 def ensure_ready(sandbox: Sandbox, expected_generation: int | None = None) -> None:
     """Only ``ready`` accepts work; a stale generation is a 409, never a silent retarget."""
     if sandbox.state != State.READY:
         code = "sandbox_terminating" if sandbox.state == State.TERMINATING else None
-        if sandbox.state in (State.DELETED, State.FAILED, State.LOST):
-            code = f"sandbox_{sandbox.state}"
+        extra: dict[str, Any] = {"state": sandbox.state}
+        if sandbox.state in (State.DELETED, State.FAILED, State.LOST, State.TERMINATING):
+            if sandbox.state != State.TERMINATING:
+                code = f"sandbox_{sandbox.state}"
+            # Why it ended (client_delete, ttl_expired, heartbeat_timeout, …): the
+            # ledger's transition out of the live states (error path only).
+            extra["reason"] = end_reason(sandbox)
         raise SandboxNotReady(
             f"sandbox {sandbox.external_id} is {sandbox.state}, not ready",
             code=code,
-            extra={"state": sandbox.state},
+            extra=extra,
         )
     if expected_generation is not None and expected_generation != sandbox.generation:
         raise Conflict(
@@ -348,3 +369,28 @@ def _raise_if_terminating(sandbox: Sandbox, operation: Operation) -> None:
         code="sandbox_terminating",
         extra={"state": state, "operation_id": operation.operation_id},
     )
+
+
+def operation_cancel(*, operation: Operation) -> bool:
+    """Asks the agent to end a running command (SIGTERM, SIGKILL after its kill grace;
+    the agent ends its whole session). The command's relay then records the
+    ``cancelled`` end as usual. False when the operation had already ended (a finished
+    or unknown one is left as it is); a sandbox that is not ready is a 409."""
+    if operation.status != OperationStatus.RUNNING:
+        return False
+    sandbox = operation.sandbox
+    ensure_ready(sandbox, operation.generation)
+    grace = float((operation.request or {}).get("kill_grace") or 2.0)
+    try:
+        agent_for(sandbox).request(
+            "POST",
+            f"/operations/{quote(operation.operation_id, safe='')}/cancel",
+            timeout=grace + 15.0,
+        )
+    except AgentError as exc:
+        if exc.status == 404:
+            return False
+        raise ApiError(exc.message, code=exc.code, status_code=502) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    return True

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
-from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec
+from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec, StateDivergence
+from apps.sandboxes.backends.egress import parse_egress
 from apps.sandboxes.faults import fault_point
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
@@ -32,11 +33,13 @@ def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
         cpu_millis=sandbox.cpu_millis,
         memory_mib=sandbox.memory_mib,
         network_access=sandbox.network_access,
+        egress=parse_egress(sandbox.egress),
         agent_token=agent_token(sandbox.id.hex, sandbox.generation),
         disk_mib=settings.HEDGEROW_SANDBOX_DISK_MIB,
         labels=dict(sandbox.labels),
         # the tenant's login for the image's registry, decrypted in memory only
         registry_credentials=credentials_for(sandbox.tenant, sandbox.image),
+        snapshot_id=sandbox.snapshot_id.hex if sandbox.snapshot_id else "",
     )
 
 
@@ -111,17 +114,28 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
         endpoint = backend.provision(spec, _ProvisionProgress(sandbox))
         fault_point("provision.after_backend")
         wait_agent_healthy(endpoint, spec.agent_token, settings.HEDGEROW_READY_TIMEOUT_S)
+        if sandbox.snapshot_id is not None:
+            # a restore is ready only in the snapshot's state (docs/snapshots.md)
+            from apps.sandboxes.services.snapshots import snapshot_verify_child
+
+            diff = snapshot_verify_child(sandbox=sandbox, endpoint=endpoint)
+            if diff:
+                names = ", ".join(str(d.get("probe") or d.get("service")) for d in diff)
+                raise StateDivergence(f"not the snapshot's state: {names}", diff=diff)
     except Exception as exc:  # noqa: BLE001 - any failure must end in `failed`, not stuck
         log.warning("provision of %s failed: %s", sandbox.external_id, exc)
         _destroy_quietly(sandbox)
+        diverged = isinstance(exc, StateDivergence)
+        extra: dict[str, Any] = {"divergence": exc.diff} if isinstance(exc, StateDivergence) else {}
         sandbox_transition(
             sandbox=sandbox,
             from_states=(State.PROVISIONING,),
             to_state=State.FAILED,
-            reason="provision_error",
+            reason="state_divergence" if diverged else "provision_error",
             message=str(exc)[:1000],
             terminated_at=timezone.now(),
             progress=None,
+            **extra,
         )
         return sandbox
     became_ready = sandbox_transition(
@@ -142,6 +156,10 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
         # Deleted while we were provisioning: the delete path's destroy may have run
         # before our resources existed, so remove them here too.
         _destroy_quietly(sandbox)
+    if became_ready and sandbox.snapshot_id is not None:
+        from apps.sandboxes.services.snapshots import snapshot_drop_pause
+
+        snapshot_drop_pause(sandbox=sandbox)  # a resume: its pause is spent
     return sandbox
 
 
@@ -171,6 +189,9 @@ def sandbox_destroy(*, sandbox_id: str) -> Sandbox | None:
             reason="destroyed",
             terminated_at=timezone.now(),
         )
+    from apps.sandboxes.services.snapshots import snapshot_drop_pause
+
+    snapshot_drop_pause(sandbox=sandbox)  # a paused sandbox's state goes with it
     return sandbox
 
 
@@ -181,7 +202,8 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
     * ``heartbeat_expired``: no heartbeat within ``heartbeat_timeout_s``;
     * ``pending_timeout``: requested/provisioning past the pending deadline (e.g. the
       worker died mid-provision and the task was lost) → ``failed`` and destroyed;
-    * stuck ``terminating`` rows get their destroy re-enqueued.
+    * stuck ``terminating`` rows get their destroy re-enqueued;
+    * ``snapshot_ttl_expired``: snapshots past their ``expires_at`` are deleted.
     """
     from apps.sandboxes.tasks import destroy_sandbox
 
@@ -205,13 +227,12 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
         ):
             destroy_sandbox.delay(str(sandbox.id))
             counts["pending_timeout"] += 1
-    expired = Sandbox.objects.filter(
-        state__in=(State.READY, State.PROVISIONING, State.REQUESTED), expires_at__lt=now
-    )
+    expiring = (State.READY, State.PROVISIONING, State.REQUESTED, State.PAUSED)
+    expired = Sandbox.objects.filter(state__in=expiring, expires_at__lt=now)
     for sandbox in expired:
         if sandbox_transition(
             sandbox=sandbox,
-            from_states=(State.READY, State.PROVISIONING, State.REQUESTED),
+            from_states=expiring,
             to_state=State.TERMINATING,
             reason="ttl_expired",
             actor="reaper",
@@ -238,4 +259,7 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
     for sandbox in stuck:
         destroy_sandbox.delay(str(sandbox.id))
         counts["redestroy"] += 1
+    from apps.sandboxes.services.snapshots import snapshot_reap_expired
+
+    counts["snapshot_ttl_expired"] = snapshot_reap_expired(now=now)
     return counts

@@ -10,7 +10,10 @@
   are left alone; a member the backend no longer runs is dropped
   (``pool_member_vanished``), one stuck starting too (``pool_member_stuck``);
 * a ``requested`` record no worker picked up (task lost with the broker) is enqueued
-  again (``provision_requeued``).
+  again (``provision_requeued``);
+* a snapshot the backend keeps whose record is not ``capturing`` or ``ready`` (none,
+  ``deleted``, ``failed``) is removed (``snapshot_leak_reclaimed``); a ``capturing``
+  record whose worker vanished is failed (``snapshot_capture_lost``).
 
 A round whose inventory listing fails is skipped: a transient error must never look
 like "everything vanished". Rounds are serialized by a Postgres advisory lock, so any
@@ -20,6 +23,7 @@ change is a compare-and-set on top of that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 import zlib
@@ -190,6 +194,7 @@ def sandbox_reconcile(*, now: datetime | None = None, reclaim: bool = True) -> R
         _mark_lost(view, listed_at, actions, details)
         _fail_overdue(listed_at, actions, details)
         _requeue_stalled(listed_at, actions, details)
+        _reconcile_snapshots(backend, listed_at, reclaim, actions, details)
     run.details = details
     return _finish(run, actions=dict(actions))
 
@@ -294,6 +299,69 @@ def _requeue_stalled(
         )
         actions["provision_requeued"] += 1
         details.append({"sandbox_id": str(sandbox.id), "action": "provision_requeued"})
+
+
+def _reconcile_snapshots(
+    backend: Backend,
+    listed_at: datetime,
+    reclaim: bool,
+    actions: dict[str, int],
+    details: list[dict[str, Any]],
+) -> None:
+    """Snapshots (docs/snapshots.md) are backend state outside any sandbox: the ids
+    the backend keeps against the records. Listed before the records are read: a
+    capture writes its record (``capturing``) before the backend copy exists."""
+    from apps.sandboxes.models import Snapshot, SnapshotState
+
+    listing = getattr(backend, "snapshots", None)
+    if listing is None:
+        return  # a backend that keeps none
+    try:
+        kept = {uuid.UUID(hex_id) for hex_id in listing()}
+    except (BackendError, ValueError) as exc:
+        actions["snapshot_listing_error"] += 1
+        details.append({"action": "snapshot_listing_error", "error": str(exc)[:200]})
+        return
+    live = set(
+        Snapshot.objects.filter(
+            pk__in=list(kept), state__in=(SnapshotState.CAPTURING, SnapshotState.READY)
+        ).values_list("pk", flat=True)
+    )
+    for snapshot_id in sorted(kept - live) if reclaim else []:
+        try:
+            backend.delete_snapshot(snapshot_id.hex)
+        except BackendError as exc:
+            actions["reclaim_error"] += 1
+            details.append(
+                {"snapshot_id": str(snapshot_id), "action": "reclaim_error", "error": str(exc)}
+            )
+            continue
+        actions["snapshot_leak_reclaimed"] += 1
+        details.append({"snapshot_id": str(snapshot_id), "action": "snapshot_leak_reclaimed"})
+    stuck = Snapshot.objects.filter(
+        state=SnapshotState.CAPTURING, created_at__lt=_provision_deadline(listed_at)
+    ).select_related("sandbox")
+    for snapshot in stuck:
+        moved = Snapshot.objects.filter(pk=snapshot.pk, state=SnapshotState.CAPTURING).update(
+            state=SnapshotState.FAILED,
+            error={"code": "capture_lost", "message": "still capturing after the deadline"},
+        )
+        if moved:
+            with contextlib.suppress(BackendError):
+                backend.delete_snapshot(snapshot.id.hex)
+            if snapshot.kind == "pause":
+                # its compute was never released: the sandbox runs on, as after any
+                # pause whose capture failed
+                sandbox_transition(
+                    sandbox=snapshot.sandbox,
+                    from_states=(State.PAUSED,),
+                    to_state=State.READY,
+                    reason="pause_failed",
+                    actor=ACTOR,
+                    message="the pause's capture was lost",
+                )
+            actions["snapshot_capture_lost"] += 1
+            details.append({"snapshot_id": str(snapshot.id), "action": "snapshot_capture_lost"})
 
 
 def _destroy_residue(sandbox: Sandbox) -> None:

@@ -17,7 +17,15 @@ from apps.sandboxes import selectors
 from apps.sandboxes.events import redis_client, sandbox_channel
 from apps.sandboxes.models import Sandbox, State
 
-SETTLED_STATES = (State.READY, State.FAILED, State.LOST, State.DELETED, State.TERMINATING)
+# paused: it will not become ready on its own (a /wait answers 409 sandbox_paused)
+SETTLED_STATES = (
+    State.READY,
+    State.FAILED,
+    State.LOST,
+    State.DELETED,
+    State.TERMINATING,
+    State.PAUSED,
+)
 
 
 def sandbox_wait_settled(*, sandbox: Sandbox, timeout_s: float) -> Sandbox:

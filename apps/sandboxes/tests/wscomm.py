@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlparse
 from asgiref.testing import ApplicationCommunicator
 
 
-class WebsocketCommunicator(ApplicationCommunicator):  # type: ignore[misc]
+class WebsocketCommunicator(ApplicationCommunicator):
     def __init__(self, application: Any, path: str, headers: list[tuple[bytes, bytes]]) -> None:
         parsed = urlparse(path)
         scope = {

@@ -40,10 +40,37 @@ class EpisodeOpenSerializer(serializers.Serializer):  # type: ignore[type-arg]
         child=serializers.CharField(max_length=63), required=False, max_length=64
     )
     started_at = serializers.DateTimeField(required=False)
+    parent_episode_id = serializers.CharField(
+        max_length=64, required=False, help_text="a branch: the episode it continues"
+    )
+    branch_step = serializers.IntegerField(
+        min_value=0, required=False, help_text="the parent's step it continues after"
+    )
+    from_snapshot = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="the snapshot it resumed from (default: the first sandbox's)",
+    )
+
+    BRANCH = ("parent_episode_id", "branch_step", "from_snapshot")
 
     def episode_fields(self) -> dict[str, Any]:
-        skip = {"episode_id", "sandbox_ids", "started_at"}
+        skip = {"episode_id", "sandbox_ids", "started_at", *self.BRANCH}
         return {k: v for k, v in self.validated_data.items() if k not in skip}
+
+    def branch(self) -> dict[str, Any] | None:
+        data = self.validated_data
+        if "parent_episode_id" not in data:
+            if "branch_step" in data or "from_snapshot" in data:
+                raise serializers.ValidationError(
+                    {"parent_episode_id": "a branch names the episode it continues"}
+                )
+            return None
+        return {
+            "parent_episode_id": data["parent_episode_id"],
+            "step": data.get("branch_step"),
+            "snapshot_id": data.get("from_snapshot"),
+        }
 
 
 class VerifierDeclarationSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -195,7 +222,23 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "relabeled",
             "imported",
             "sandboxes",
+            "parent",
+            "branch_step",
+            "branch_snapshot",
         ]
+
+    parent = serializers.SerializerMethodField(  # type: ignore[assignment]
+        help_text="the episode this one branches from (its id), else null"
+    )
+    branch_snapshot = serializers.SerializerMethodField(
+        help_text="the snapshot the branch resumed from, else null"
+    )
+
+    def get_parent(self, obj: Episode) -> str | None:
+        return obj.parent.episode_id if obj.parent_id else None  # type: ignore[union-attr]
+
+    def get_branch_snapshot(self, obj: Episode) -> str | None:
+        return str(obj.branch_snapshot_id) if obj.branch_snapshot_id else None
 
     def get_relabeled(self, obj: Episode) -> bool:
         return obj.relabels.exists()

@@ -31,6 +31,21 @@ urlpatterns = [
         name="episode-relabel",
     ),
     path(
+        "episodes/<str:episode_id>/branches",
+        views.EpisodeBranchesView.as_view(),
+        name="episode-branches",
+    ),
+    path(
+        "episodes/<str:episode_id>/counterfactual",
+        views.EpisodeCounterfactualView.as_view(),
+        name="episode-counterfactual",
+    ),
+    path(
+        "episodes/<str:episode_id>/branch-advice",
+        views.EpisodeBranchAdviceView.as_view(),
+        name="episode-branch-advice",
+    ),
+    path(
         "episodes/<str:episode_id>/timeline",
         views.EpisodeTimelineView.as_view(),
         name="episode-timeline",

@@ -82,6 +82,7 @@ class EpisodeListCreateView(APIView):
             sandbox_ids=data.get("sandbox_ids") or [],
             episode_id=data.get("episode_id"),
             started_at=data.get("started_at"),
+            branch=serializer.branch(),
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(EpisodeSerializer(episode).data, status=code)
@@ -274,3 +275,68 @@ class EpisodeTimelineView(APIView):
         episode = _episode(request, episode_id)
         items = selectors.episode_timeline(episode=episode)
         return Response({"results": [TimelineItemSerializer(item).data for item in items]})
+
+
+class EpisodeBranchAdviceView(APIView):
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        parameters=[
+            OpenApiParameter("k", int, description="continuations wanted (default 8)"),
+            OpenApiParameter("step", int, description="branch after this step (default: last)"),
+        ],
+        description="Snapshot-and-fork (C_s + K·C_r) against replaying the prefix (K·C_p), "
+        "from this episode's recorded step durations and the measured captures and "
+        "restores of its sandboxes (docs/snapshots.md).",
+    )
+    def get(self, request: Request, episode_id: str) -> Response:
+        from apps.trajectories.services.branching import episode_branch_advice
+
+        episode = _episode(request, episode_id)
+        try:
+            k = int(request.query_params.get("k", 8))
+            raw_step = request.query_params.get("step")
+            step = int(raw_step) if raw_step else None
+        except ValueError:
+            raise ApiError("k and step must be integers", field="k") from None
+        return Response(episode_branch_advice(episode=episode, k=k, step=step))
+
+
+class EpisodeBranchesView(APIView):
+    @extend_schema(responses={200: EpisodeSerializer(many=True), **ERROR_RESPONSES})
+    def get(self, request: Request, episode_id: str) -> Response:
+        """The episodes that branch from this one (oldest first): the tree's next level."""
+        episode = _episode(request, episode_id)
+        branches = episode.branches.order_by("started_at", "id").select_related("parent")
+        return Response({"results": EpisodeSerializer(branches, many=True).data})
+
+
+class EpisodeCounterfactualView(APIView):
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        parameters=[
+            OpenApiParameter("step", int, required=True, description="the branch step t"),
+            OpenApiParameter("label", str, description="the label naming the arm (arm)"),
+            OpenApiParameter("plus", str, description="its value on τ⁺ branches (with)"),
+            OpenApiParameter("minus", str, description="its value on τ⁻ branches (without)"),
+        ],
+        description="Δ_t = mean R(τ⁺) − mean R(τ⁻) over this episode's closed branches at "
+        "step t, with Welch's 95 % interval; infrastructure failures are left out by class.",
+    )
+    def get(self, request: Request, episode_id: str) -> Response:
+        from apps.trajectories.services.branching import episode_counterfactual
+
+        episode = _episode(request, episode_id)
+        params = request.query_params
+        try:
+            step = int(params["step"])
+        except (KeyError, ValueError):
+            raise ApiError("step (an integer) is required", field="step") from None
+        return Response(
+            episode_counterfactual(
+                episode=episode,
+                step=step,
+                label=params.get("label", "arm"),
+                plus=params.get("plus", "with"),
+                minus=params.get("minus", "without"),
+            )
+        )

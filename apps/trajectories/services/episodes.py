@@ -112,11 +112,16 @@ def episode_open(
     sandbox_ids: list[str],
     episode_id: str | None = None,
     started_at: datetime | None = None,
+    branch: dict[str, Any] | None = None,
 ) -> tuple[Episode, bool]:
     """Records an ``open`` episode and attaches its sandboxes (current generations).
 
     Idempotent by ``episode_id``: opening an existing id returns it (created=False)
     when task and attempt match, else 409. Every sandbox must be the tenant's (404).
+    ``branch`` (``{"parent_episode_id", "step", "snapshot_id"}``): the episode continues
+    another after its step ``step``, from a snapshot; all the tenant's (404), the step
+    one the parent recorded (400). Without ``snapshot_id`` it is the snapshot the first
+    attached sandbox was restored from, if any.
     """
     if not fields.get("task_id"):
         raise ValidationFailed("task_id is required", field="task_id")
@@ -127,6 +132,8 @@ def episode_open(
     _not_in_future(started_at, "started_at", timezone.now())
     sandboxes = [_sandbox_of(tenant, sid) for sid in sandbox_ids]
     clean = {k: v for k, v in fields.items() if v is not None}
+    if branch:
+        clean.update(_branch_fields(tenant, branch, sandboxes))
     clean.setdefault("versions", {})
     clean["versions"] = {**clean["versions"], "control_plane": CONTROL_PLANE_VERSION}
     if episode_id:
@@ -150,6 +157,30 @@ def episode_open(
             raise
         return _replayed(existing, clean), False
     return episode, True
+
+
+def _branch_fields(
+    tenant: Tenant, branch: dict[str, Any], sandboxes: list[Sandbox]
+) -> dict[str, Any]:
+    from apps.sandboxes.selectors import snapshot_get
+
+    parent_id = branch.get("parent_episode_id")
+    parent = Episode.objects.for_tenant(tenant).filter(episode_id=parent_id).first()
+    if parent is None:
+        raise NotFound(
+            f"no episode {parent_id!r}", code="episode_not_found", field="parent_episode_id"
+        )
+    step = branch.get("step")
+    if step is not None and not parent.steps.filter(index=step).exists():
+        raise ValidationFailed(
+            f"episode {parent.episode_id} has no step {step}", field="branch_step"
+        )
+    snapshot = None
+    if branch.get("snapshot_id"):
+        snapshot = snapshot_get(tenant=tenant, snapshot_id=str(branch["snapshot_id"]))
+    elif sandboxes and sandboxes[0].snapshot_id is not None:
+        snapshot = sandboxes[0].snapshot
+    return {"parent": parent, "branch_step": step, "branch_snapshot": snapshot}
 
 
 def _replayed(existing: Episode, fields: dict[str, Any]) -> Episode:

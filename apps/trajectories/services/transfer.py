@@ -16,12 +16,13 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
 from apps.billing.models import Tenant
-from apps.sandboxes.models import Operation, Sandbox
+from apps.sandboxes.models import Operation, Sandbox, Snapshot
 from apps.trajectories.models import (
     Episode,
     EpisodeRelabel,
@@ -111,6 +112,13 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
         ],
         steps=[_step_record(step) for step in episode.steps.all()],
     )
+    if episode.parent_id is not None:  # a branch (docs/trajectories.md, "Branches")
+        assert episode.parent is not None
+        record["branch"] = {
+            "parent_episode_id": episode.parent.episode_id,
+            "step": episode.branch_step,
+            "snapshot_id": str(episode.branch_snapshot_id) if episode.branch_snapshot_id else None,
+        }
     return record
 
 
@@ -267,6 +275,24 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
     )
     if episode.ended_at is not None and episode.ended_at < episode.started_at:
         raise RecordError("ended_at", "is before started_at (an impossible window)")
+    branch = _obj(data, "branch")
+    if branch:
+        # linked when this tenant has the parent already (import parents first); the
+        # snapshot only when it is this tenant's (it is never another installation's)
+        parent_id = _text(branch, "parent_episode_id", required=True, limit=64)
+        episode.parent = Episode.objects.for_tenant(tenant).filter(episode_id=parent_id).first()
+        step = branch.get("step")
+        if step is not None and (not isinstance(step, int) or step < 0):
+            raise RecordError("branch.step", "must be a step index")
+        episode.branch_step = step
+        snapshot_id = branch.get("snapshot_id")
+        if snapshot_id:
+            try:
+                episode.branch_snapshot = (
+                    Snapshot.objects.for_tenant(tenant).filter(pk=str(snapshot_id)).first()
+                )
+            except ValidationError:
+                raise RecordError("branch.snapshot_id", "is not a snapshot id") from None
     steps = [_build_step(episode, i, s) for i, s in enumerate(data.get("steps") or [])]
     if len({s.index for s in steps}) != len(steps):
         raise RecordError("steps", "step indexes repeat")

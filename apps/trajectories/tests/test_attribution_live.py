@@ -170,7 +170,7 @@ def test_it_classes_a_sandbox_that_never_became_ready_as_startup(live, make_tena
     tarball = tmp_path / "nopython.tar"
     subprocess.run(["tar", "-cf", str(tarball), "-C", str(rootfs), "."], check=True)
     name = f"nopython-{os.getpid()}"
-    backend.import_image(name, tarball)  # type: ignore[attr-defined]
+    backend.import_image(name, tarball)
     try:
         hr = _sdk(live, secret)
         http = _http(live, secret)

@@ -147,3 +147,30 @@ def test_it_reports_every_bad_line_with_its_number_and_imports_the_good_ones(
         "ep-good",
         "ep-ok-2",
     }
+
+
+def test_a_branch_keeps_its_parent_and_step_through_jsonl(make_tenant, api_client):
+    from apps.trajectories.models import Step
+
+    tenant, secret = make_tenant()
+    _, other_secret = make_tenant()
+    root = Episode.objects.create(tenant=tenant, task_id="t", episode_id="root-1")
+    Step.objects.create(episode=root, index=0)
+    Episode.objects.create(
+        tenant=tenant, task_id="t", episode_id="branch-1", parent=root, branch_step=0
+    )
+    exported = _export(api_client(secret))
+    records = {r["episode_id"]: r for r in map(json.loads, exported.splitlines())}
+    assert "branch" not in records["root-1"]  # unchanged for episodes that are no branch
+    assert records["branch-1"]["branch"] == {
+        "parent_episode_id": "root-1",
+        "step": 0,
+        "snapshot_id": None,
+    }
+    # parents first, as the export orders them oldest first: the branch links to it
+    lines = b"\n".join(json.dumps(records[i]).encode() for i in ("root-1", "branch-1"))
+    imported = _import(api_client(other_secret), lines)
+    assert imported.status_code == 200, imported.content
+    branch = Episode.objects.get(episode_id="branch-1", imported=True)
+    assert branch.parent is not None and branch.parent.episode_id == "root-1"
+    assert branch.parent.imported and branch.branch_step == 0

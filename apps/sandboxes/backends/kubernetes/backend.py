@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import queue
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -20,10 +21,14 @@ from apps.sandboxes.backends.base import (
     BackendEvent,
     Endpoint,
     ImageInfo,
+    ImageUnavailable,
     InventoryItem,
     ProgressCallback,
     RegistryCredentials,
     SandboxSpec,
+    SnapshotFailed,
+    SnapshotInfo,
+    SnapshotNotFound,
     UnknownImage,
 )
 
@@ -39,7 +44,13 @@ from .config import (
     object_name,
 )
 from .informer import PodInformer
-from .specs import build_egress_policy, build_namespace_policy, build_pod, build_secret
+from .specs import (
+    build_egress_policy,
+    build_namespace_policy,
+    build_pod,
+    build_pull_secret,
+    build_secret,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +119,9 @@ class KubernetesBackend:
         check_image_ref(image)
         return image
 
-    # Nodes pull images themselves (kubelet); these answer from the configured list
-    # until issue 15's Kubernetes part (imagePullSecrets, imageID) lands.
+    # Nodes pull images themselves (kubelet), with the tenant's login as the pod's own
+    # imagePullSecret; these answer from the configured list. The digest a sandbox ran
+    # comes from its pod's imageID (Endpoint.image_digest).
     def resolve_image(
         self, reference: str, credentials: RegistryCredentials | None = None
     ) -> ImageInfo:
@@ -129,10 +141,22 @@ class KubernetesBackend:
     def remove_image(self, digest: str) -> bool:
         raise BackendError("the kubernetes backend keeps no image cache (nodes do)")
 
+    # ---- snapshots (docs/snapshots.md "Kubernetes": not built yet) ----------------
+
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        raise SnapshotFailed(
+            "the kubernetes backend cannot snapshot sandboxes yet", code="snapshots_unsupported"
+        )
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        raise SnapshotNotFound(f"no snapshot {snapshot_id}: the kubernetes backend keeps none")
+
     # ---- provision ---------------------------------------------------------------
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
+        if spec.snapshot_id:
+            raise SnapshotNotFound(f"no snapshot {spec.snapshot_id} on the kubernetes backend")
         spec = dataclasses.replace(spec, image=self._image_ref(spec.image))
         self.informer.unsilence(spec.sandbox_id)
         self.ensure_namespace_policy()
@@ -144,11 +168,18 @@ class KubernetesBackend:
             raise BackendError(
                 f"cannot remove older generations: {exc.status} {exc.reason}", transient=True
             ) from exc
+        if spec.egress_policy.mode == "allow":
+            # never the whole network instead: the control plane refuses these at create
+            raise BackendError("egress allowlists are not supported by the kubernetes backend")
         owned: list[tuple[Kind, str]] = []  # rollback removes these and nothing else
         try:
             secret = build_secret(self.config, spec)
             self._create_or_adopt(self.secrets, secret)
             owned.append((self.secrets, secret.metadata.name))
+            pull_secret = build_pull_secret(self.config, spec)
+            if pull_secret is not None:
+                self._create_or_adopt(self.secrets, pull_secret)
+                owned.append((self.secrets, pull_secret.metadata.name))
             if spec.network_access:
                 policy = build_egress_policy(self.config, spec)
                 self._create_or_adopt(self.policies, policy)
@@ -157,7 +188,7 @@ class KubernetesBackend:
             created = self._create_or_adopt(self.pods, pod)
             owned.insert(0, (self.pods, pod.metadata.name))
             self._check_user_namespace(created)
-            return self._wait_started(pod.metadata.name)
+            return self._wait_started(pod.metadata.name, spec.image)
         except Exception as exc:
             try:
                 for kind, name in owned:
@@ -230,12 +261,22 @@ class KubernetesBackend:
         log.info("adopted existing %s %s", kind.name, name)
         return existing
 
-    def _wait_started(self, pod_name: str) -> Endpoint:
+    def _wait_started(self, pod_name: str, image: str) -> Endpoint:
         view = self.informer.wait(pod_name, self.config.ready_timeout_s)
         if view is None:
             raise BackendError(f"pod {pod_name} never appeared in the watch", transient=True)
         if view.running and view.ip and not view.deleting:
-            return Endpoint(view.ip, self.config.agent_port, self.isolation, view.node)
+            return Endpoint(
+                view.ip, self.config.agent_port, self.isolation, view.node, view.image_digest
+            )
+        if view.pull_reason:
+            # the kubelet could not get the sandbox's image: a typed startup failure
+            # with the registry's own words, like the local backend's pull errors
+            raise ImageUnavailable(
+                f"{image}: {view.pull_reason}: {view.pull_message}".rstrip(": "),
+                code=pull_error_code(view.pull_reason, view.pull_message),
+                reference=image,
+            )
         if view.problem or view.terminal:
             raise BackendError(f"pod {pod_name} failed: {view.problem or view.phase}")
         if view.deleting:
@@ -299,7 +340,9 @@ class KubernetesBackend:
         if not live:
             return None
         best = max(live, key=lambda p: p.generation or 0)
-        return Endpoint(best.ip, self.config.agent_port, self.isolation, best.node)
+        return Endpoint(
+            best.ip, self.config.agent_port, self.isolation, best.node, best.image_digest
+        )
 
     def inventory(self) -> list[InventoryItem]:
         """Pods, network policies and secrets of this installation, listed afresh
@@ -367,6 +410,32 @@ class KubernetesBackend:
 
     def close(self) -> None:
         self.informer.stop()
+
+
+# The kubelet's pull error messages (containerd, CRI-O) → the image error codes of the
+# backend contract (docs/images.md); the first match wins, in this order.
+_PULL_CODES = (
+    ("registry_unauthorized", re.compile(
+        r"unauthori[sz]ed|authentication required|access denied|"
+        r"authorization failed|insufficient_scope|forbidden|denied", re.I)),
+    ("image_not_found", re.compile(r"not found|manifest unknown|name unknown", re.I)),
+    ("image_platform_unsupported", re.compile(r"no match for platform", re.I)),
+    ("registry_unreachable", re.compile(
+        r"no such host|connection refused|timeout|dial tcp|x509|tls: |"
+        r"network is unreachable|connection reset", re.I)),
+)  # fmt: skip
+
+
+def pull_error_code(reason: str, message: str) -> str:
+    """The stable code of a pull the kubelet reported failed: ``InvalidImageName`` is
+    ``image_reference_invalid``; otherwise read from the registry's message, and
+    ``unknown_image`` when it says nothing more (``Back-off pulling image "…"``)."""
+    if reason == "InvalidImageName":
+        return "image_reference_invalid"
+    for code, pattern in _PULL_CODES:
+        if pattern.search(message):
+            return code
+    return "unknown_image"
 
 
 def _grace(kind: Kind) -> dict[str, Any]:

@@ -43,6 +43,18 @@ FATAL_WAITING = frozenset(
 )
 
 
+# Waiting reasons of the sandbox container that mean its image could not be had.
+PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+
+
+def image_digest_of(image_id: str) -> str:
+    """The manifest digest in a container status's ``imageID``
+    (``docker.io/library/python@sha256:…``, ``docker-pullable://…@sha256:…``); "" when
+    it names none (a bare ``sha256:…`` is the image's config id, not what was pulled)."""
+    _, at, digest = image_id.rpartition("@")
+    return digest if at and digest.startswith("sha256:") else ""
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str
@@ -56,6 +68,9 @@ class PodView:
     deleting: bool
     problem: str  # a fatal reason ("ErrImagePull: …"), "" when none
     pending_reason: str  # e.g. "Unschedulable: 0/3 nodes are available…"
+    image_digest: str = ""  # the sandbox container's imageID digest, once known
+    pull_reason: str = ""  # the sandbox image could not be pulled: ErrImagePull, …
+    pull_message: str = ""  # … and the kubelet's message (the registry's words)
 
     @property
     def terminal(self) -> bool:
@@ -66,7 +81,7 @@ def pod_view(pod: Any) -> PodView:
     meta, status = pod.metadata, pod.status
     labels = meta.labels or {}
     running = ready = False
-    problem = ""
+    problem = image_digest = pull_reason = pull_message = ""
     for cs in list(status.init_container_statuses or []) + list(status.container_statuses or []):
         state = cs.state
         if state and state.waiting and state.waiting.reason in FATAL_WAITING:
@@ -79,6 +94,10 @@ def pod_view(pod: Any) -> PodView:
         if cs.name == "sandbox":
             running = bool(state and state.running)
             ready = bool(cs.ready)
+            image_digest = image_digest_of(cs.image_id or "")
+            if state and state.waiting and state.waiting.reason in PULL_FAILURES:
+                pull_reason = state.waiting.reason
+                pull_message = state.waiting.message or ""
     pending_reason = ""
     for cond in status.conditions or []:
         if cond.type == "PodScheduled" and cond.status == "False":
@@ -95,6 +114,9 @@ def pod_view(pod: Any) -> PodView:
         deleting=meta.deletion_timestamp is not None,
         problem=problem,
         pending_reason=pending_reason,
+        image_digest=image_digest,
+        pull_reason=pull_reason,
+        pull_message=pull_message,
     )
 
 
@@ -228,7 +250,9 @@ class PodInformer:
             reason = view.problem or f"pod {view.phase.lower()}"
             self._emit(BackendEvent(view.sandbox_id, view.generation, "failed", reason))
         elif view.ready and view.ip and not (before and before.ready):
-            endpoint = Endpoint(view.ip, self.config.agent_port, self.isolation, view.node)
+            endpoint = Endpoint(
+                view.ip, self.config.agent_port, self.isolation, view.node, view.image_digest
+            )
             self._emit(BackendEvent(view.sandbox_id, view.generation, "ready", "", endpoint))
 
     def _emit_gone(self, view: PodView, reason: str) -> None:

@@ -98,6 +98,44 @@ def build_secret(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Secret
     )
 
 
+def pull_secret_name(spec: SandboxSpec) -> str:
+    return object_name(spec.sandbox_id, spec.generation, "-pull")
+
+
+def image_registry(image: str) -> str:
+    """The registry host of an image reference, by Docker's rule: the first path
+    component when it has a dot or a port or is ``localhost``; else Docker Hub."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def build_pull_secret(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Secret | None:
+    """The tenant's login for the image's registry as the pod's own imagePullSecret
+    (``kubernetes.io/dockerconfigjson``), labelled like the pod so it is created,
+    listed and deleted with it; None for a public image. Never logged: the backend
+    names it, never prints its data."""
+    creds = spec.registry_credentials
+    if creds is None:
+        return None
+    registry = image_registry(spec.image)
+    auth = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
+    entry = {"username": creds.username, "password": creds.password, "auth": auth}
+    auths = {registry: entry}
+    if registry == "docker.io":  # the key Docker Hub logins traditionally have
+        auths["https://index.docker.io/v1/"] = entry
+    config_json = json.dumps({"auths": auths}, sort_keys=True).encode()
+    return client.V1Secret(
+        api_version="v1",
+        kind="Secret",
+        metadata=_meta(config, spec, "-pull"),
+        type="kubernetes.io/dockerconfigjson",
+        immutable=True,
+        data={".dockerconfigjson": base64.b64encode(config_json).decode()},
+    )
+
+
 def _resources(spec: SandboxSpec) -> client.V1ResourceRequirements:
     # requests = limits: Guaranteed QoS, so a sandbox is never squeezed by a neighbour
     # and its cost is exactly what it asked for.
@@ -234,7 +272,11 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         node_selector=dict(config.node_selector) or None,
         tolerations=[client.V1Toleration(**t) for t in config.tolerations] or None,
         image_pull_secrets=[
-            client.V1LocalObjectReference(name=n) for n in config.image_pull_secrets
+            client.V1LocalObjectReference(name=n)
+            for n in (
+                *config.image_pull_secrets,
+                *([pull_secret_name(spec)] if spec.registry_credentials is not None else []),
+            )
         ]
         or None,
         volumes=[

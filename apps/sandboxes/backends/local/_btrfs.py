@@ -31,13 +31,16 @@ def _ioc(direction: int, nr: int, size: int) -> int:
 _W, _R, _WR = 1, 2, 3
 _SNAP_DESTROY = _ioc(_W, 15, 4096)  # struct btrfs_ioctl_vol_args
 _INO_LOOKUP = _ioc(_WR, 18, 4096)  # struct btrfs_ioctl_ino_lookup_args
+_SNAP_CREATE_V2 = _ioc(_W, 23, 4096)  # struct btrfs_ioctl_vol_args_v2
 _SUBVOL_CREATE_V2 = _ioc(_W, 24, 4096)  # struct btrfs_ioctl_vol_args_v2
+_GET_SUBVOL_INFO = _ioc(_R, 60, 504)  # struct btrfs_ioctl_get_subvol_info_args
 _QUOTA_CTL = _ioc(_WR, 40, 16)
 _QGROUP_ASSIGN = _ioc(_W, 41, 24)
 _QGROUP_CREATE = _ioc(_W, 42, 16)
 _QGROUP_LIMIT = _ioc(_R, 43, 48)
 
 _QUOTA_CTL_ENABLE_SIMPLE_QUOTA = 4
+_SUBVOL_RDONLY = 1 << 1
 _SUBVOL_QGROUP_INHERIT = 1 << 2
 _LIMIT_MAX_RFER = 1
 _LIMIT_MAX_EXCL = 2
@@ -116,6 +119,49 @@ def create_subvolume(parent: Path, name: str, qid: int) -> None:
     fd = _dirfd(parent)
     try:
         fcntl.ioctl(fd, _SUBVOL_CREATE_V2, bytearray(args))
+    finally:
+        os.close(fd)
+
+
+def snapshot_subvolume(
+    source: Path, parent: Path, name: str, *, readonly: bool, qid: int | None = None
+) -> None:
+    """``parent/name`` becomes a copy-on-write snapshot of subvolume ``source`` (one
+    ioctl; the data is shared until either side writes). ``qid``: a quota group the
+    snapshot joins (with simple quotas only what it writes later is charged to it: the
+    shared extents stay charged to the subvolume that wrote them)."""
+    flags = _SUBVOL_RDONLY if readonly else 0
+    inherit = None
+    size, addr = 0, 0
+    if qid is not None:
+        raw = struct.pack("4Q5QQ", 0, 1, 0, 0, 0, 0, 0, 0, 0, qid)
+        inherit = ctypes.create_string_buffer(raw, len(raw))
+        flags |= _SUBVOL_QGROUP_INHERIT
+        size, addr = len(raw), ctypes.addressof(inherit)
+    src = _dirfd(source)
+    try:
+        args = struct.pack("qQQQQ", src, 0, flags, size, addr)
+        args += b"\0" * 16 + name.encode().ljust(4040, b"\0")
+        fd = _dirfd(parent)
+        try:
+            fcntl.ioctl(fd, _SNAP_CREATE_V2, bytearray(args))
+        finally:
+            os.close(fd)
+    finally:
+        os.close(src)
+    del inherit  # kept alive until the ioctl returned
+
+
+def subvolume_ctransid(path: Path) -> int:
+    """The transaction that last changed anything in the subvolume ``path`` (any
+    inode: data, owner, mode, a new or removed name). Unlike its generation, it does
+    not move when the subvolume is snapshotted or its read-only flag toggled."""
+    fd = _dirfd(path)
+    try:
+        args = bytearray(504)
+        fcntl.ioctl(fd, _GET_SUBVOL_INFO, args)
+        # treeid, name[256], parent_id, dirid, generation, flags, 3 uuids, then ctransid
+        return int(struct.unpack_from("Q", args, 8 + 256 + 8 + 8 + 8 + 8 + 48)[0])
     finally:
         os.close(fd)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import hashlib
 import http.client
@@ -16,8 +17,10 @@ import shutil
 import socket
 import stat
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +36,18 @@ from apps.sandboxes.backends.base import (
     ProgressCallback,
     RegistryCredentials,
     SandboxSpec,
+    SnapshotFailed,
+    SnapshotInfo,
+    SnapshotNotFound,
+    StateDivergence,
     UnknownImage,
 )
+from apps.sandboxes.backends.egress import ALL, NONE, EgressError, EgressPolicy, parse_egress
 from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
 
-from . import idmap, process
+from . import idmap, process, resolver
+from . import snapshots as snaps
 from ._btrfs import qgroup_name
 from ._netlink import NETNS_DIR
 from ._sys import (
@@ -68,7 +77,7 @@ from .images import overlay as image_overlay
 from .images import reference as image_ref
 from .images import user as image_user
 from .images.overlay import unmount_rootfs
-from .network import Network
+from .network import SNI_PORT, Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
 
@@ -84,6 +93,10 @@ _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
+# per instance: the resolv.conf of its sandboxes (``_resolv_conf``)
+RESOLV_DIR = Path("/run/hedgerow/dns")
+
+
 @dataclass
 class _Launch:
     """How the sandbox's root and commands look: the defaults (host, legacy images)
@@ -97,6 +110,7 @@ class _Launch:
     digest: str = ""
     user: tuple[int, int] | None = None  # commands' uid:gid, None: root
     caps: tuple[str, ...] = ()  # what root's commands keep (process.IMAGE_CAPABILITIES)
+    resolv_conf: Path | None = None  # bound over /etc/resolv.conf (an allowlist's resolver)
 
 
 def image_env(image: list[str]) -> dict[str, str]:
@@ -129,6 +143,12 @@ def lease_holder(instance: str, sandbox_id: str) -> str:
     The store is machine-wide, so its leases are every instance's; instance ids have
     no dots, so the prefix tells this instance's leases (``inventory``) from others'."""
     return f"{instance}.{sandbox_id}"
+
+
+def snapshot_holder(instance: str, snapshot_id: str) -> str:
+    """The store lease name of one snapshot: never ``<instance>.<sid>``, so the
+    reconciler's ``image_lease`` inventory (sandbox leases) does not see it."""
+    return f"snapshot:{instance}:{snapshot_id}"
 
 
 def _mount_points() -> set[str]:
@@ -253,6 +273,10 @@ class LocalBackend:
         # (reference, credentials key) -> (info, expiry): a create re-proves access to
         # an image at most every RESOLVE_CACHE_S per credentials, not per request
         self._resolved: dict[tuple[str, str], tuple[ImageInfo, float]] = {}
+        # (reference, credentials key) -> the resolve in flight: concurrent creates of
+        # one image with one login wait on one registry round trip (single-flight)
+        self._resolving: dict[tuple[str, str], Future[ImageInfo]] = {}
+        self._resolving_lock = threading.Lock()
         self._roots_shared = False  # roots_dir is a shared mount (checked once)
         self._userns: dict[int, int] = {}  # uid base -> user namespace fd (idmaps)
 
@@ -426,20 +450,50 @@ class LocalBackend:
         if self._is_legacy(reference):
             return next(i for i in self.images() if i.name == reference)
         key = (reference, _credential_key(credentials))
+        hit = self._fresh_proof(key)
+        if hit is not None:
+            return hit
+        with self._resolving_lock:
+            hit = self._fresh_proof(key)  # a resolve that just ended
+            if hit is not None:
+                return hit
+            flight = self._resolving.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._resolving[key] = Future()
+        if not leader:
+            return flight.result()  # the leader's answer, or its typed error
+        try:
+            info = self._resolve_uncached(reference, credentials)
+        except BaseException as exc:
+            flight.set_exception(exc)
+            raise
+        else:
+            self._resolved[key] = (info, time.monotonic() + RESOLVE_CACHE_S)
+            flight.set_result(info)
+            return info
+        finally:
+            with self._resolving_lock:
+                del self._resolving[key]
+
+    def _fresh_proof(self, key: tuple[str, str]) -> ImageInfo | None:
+        """The cached answer for (reference, credentials key), if still within its
+        RESOLVE_CACHE_S window: these credentials proved access to that digest."""
         hit = self._resolved.get(key)
         if hit is not None and hit[1] > time.monotonic():
             return hit[0]
+        return None
+
+    def _resolve_uncached(
+        self, reference: str, credentials: RegistryCredentials | None
+    ) -> ImageInfo:
         store = self._image_store()
         with _typed_image_errors(reference):
             digest = store.resolve(reference, credentials=self._credentials(credentials))
             rec = store.get(digest)
-        info = (
-            self._info(rec)
-            if rec is not None
-            else ImageInfo(str(image_ref.parse(reference)), "OCI image (not pulled)", digest)
-        )
-        self._resolved[key] = (info, time.monotonic() + RESOLVE_CACHE_S)
-        return info
+        if rec is not None:
+            return self._info(rec)
+        return ImageInfo(str(image_ref.parse(reference)), "OCI image (not pulled)", digest)
 
     def pull_image(
         self,
@@ -474,6 +528,13 @@ class LocalBackend:
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
+        if spec.snapshot_id:
+            manifest = self._snapshot_manifest(spec.snapshot_id)
+            if manifest["image"] != spec.image:
+                raise BackendError(
+                    f"snapshot {spec.snapshot_id} is of image {manifest['image']!r}, "
+                    f"not {spec.image!r}"
+                )
         if self._is_legacy(spec.image):
             base_args, python = self._base_args(spec.image)
             launch: _Launch | None = _Launch(base_args, python)
@@ -518,9 +579,12 @@ class LocalBackend:
         if launch is None:
             # leased to this sandbox before the pull returns: collection cannot take
             # it before the mount; destroy releases the lease by the sandbox id
-            image = self._pull_leased(spec, progress)
+            if spec.snapshot_id:
+                image = self._lease_snapshot_image(spec)
+            else:
+                image = self._pull_leased(spec, progress)
             self._hook("image_pulled")
-        volume = self._make_dirs(sid, spec.disk_mib << 20)
+        volume = self._make_dirs(sid, spec.disk_mib << 20, spec.snapshot_id)
         meta: dict[str, Any] = {
             "sandbox_id": sid,
             "tenant_id": spec.tenant_id,
@@ -531,12 +595,14 @@ class LocalBackend:
             "isolation": ISOLATED if self.isolated else UNISOLATED,
             "node": self.node,
             "network_access": spec.network_access,
+            "egress": spec.egress_policy.to_json(),
             "labels": spec.labels,
             "created_at": time.time(),
         }
         if volume is not None:
             meta["disk"] = {"qgroup": volume.qgroup, "limit_bytes": volume.limit_bytes}
         limits = Limits(spec.memory_mib * 1024 * 1024, spec.cpu_millis, spec.pids_limit)
+        resolv_conf: Path | None = None
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
                 self.network.ensure_instance()
@@ -545,8 +611,23 @@ class LocalBackend:
                     owner = f"{self.config.instance} {self.config.state_dir}"
                     idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
                     self._uid_blocks_claimed = True
+                # Host sandboxes always name the instance's resolver (a live policy
+                # change can then give one DNS); image sandboxes keep their own
+                # resolv.conf unless made with an allowlist.
+                # (a legacy imported root is read-only: bwrap can bind over its
+                # /etc/resolv.conf only where the file exists)
+                bindable = (
+                    image is not None
+                    or spec.image == HOST_IMAGE
+                    or os.path.lexists(self.images_dir / spec.image / "rootfs/etc/resolv.conf")
+                )
+                if bindable and (image is None or spec.egress_policy.mode == "allow"):
+                    resolv_conf = self._resolv_conf()
+                if spec.egress_policy.routed:
+                    self._ensure_resolver(required=spec.egress_policy.mode == "allow")
             ip = self.network.claim_ip(sid)
             meta.update(
+                resolver_dns=resolv_conf is not None,
                 uid_base=idmap.uid_base(ip),
                 ip=ip,
                 port=self.config.agent_port,
@@ -564,7 +645,7 @@ class LocalBackend:
         meta["cgroups"] = {c: str(p) for c, p in self.cgroups.paths(sid).items()}
         self._save_meta(sid, meta)
         if self.isolated:
-            self.network.create(sid, ip, spec.network_access, self._hook)
+            self.network.create(sid, ip, spec.egress_policy, self._hook)
         created = self.cgroups.create(sid, limits)
         # the agent's own groups (memory and pids split from its commands': cgroups.py)
         cgroup_dirs = {str(p): p for p in self.cgroups.agent_dirs(created)}
@@ -572,6 +653,10 @@ class LocalBackend:
         if self.storage is not None:  # the agent names a full disk from its quota group
             cgroup_files.update(self.storage.quota_files(sid))
         self._hook("cgroups_created")
+        if spec.snapshot_id:
+            assert volume is not None  # snapshots need the storage (_make_dirs checks)
+            self._verify_restore(spec.snapshot_id, volume, int(meta["uid_base"]))
+            self._hook("restored")
         if self.isolated:
             # sandbox root (host id uid_base) owns what it may write
             idmap.chown_tree_top(list(self._data_dirs(sid)), int(meta["uid_base"]))
@@ -583,6 +668,7 @@ class LocalBackend:
             launch = self._mount_image_root(sid, volume, image, int(meta["uid_base"]), pause)
             self._hook("root_mounted")
         assert launch is not None
+        launch.resolv_conf = resolv_conf
         if pause is not None:
             meta.update(
                 self._spawn_from_zygote(spec, d, launch, pause, cgroup_dirs, cgroup_files, meta)
@@ -604,12 +690,29 @@ class LocalBackend:
     # ---- OCI image roots (docs/images.md "Sandbox roots") ------------------------------
 
     def _pull_leased(self, spec: SandboxSpec, progress: ProgressCallback | None) -> ImageRecord:
+        """The sandbox's image, leased to it. A warm create asks no registry: when
+        these credentials proved access to the reference within RESOLVE_CACHE_S in
+        this process (a resolve_image, a pull or an earlier provision) and the store
+        holds that digest complete,
+        the lease is taken from the store alone. Otherwise a pull, which asks the
+        registry with these credentials (and fetches what is missing)."""
+        holder = lease_holder(self.config.instance, spec.sandbox_id)
+        store = self._image_store()
+        proof = self._fresh_proof((spec.image, _credential_key(spec.registry_credentials)))
+        if proof is not None and proof.digest:
+            with _typed_image_errors(spec.image):
+                stored = store.lease_stored(proof.digest, holder)
+            if stored is not None:
+                if progress is not None:
+                    progress({"phase": "resolved", "digest": stored.digest})
+                    progress({"phase": "done", "digest": stored.digest})
+                return stored
         with _typed_image_errors(spec.image):
-            rec = self._image_store().pull(
+            rec = store.pull(
                 spec.image,
                 credentials=self._credentials(spec.registry_credentials),
                 progress=progress,
-                lease=lease_holder(self.config.instance, spec.sandbox_id),
+                lease=holder,
             )
         self._resolved[(spec.image, _credential_key(spec.registry_credentials))] = (
             self._info(rec),
@@ -678,7 +781,7 @@ class LocalBackend:
             os.chown(volume.workspace, uid_base + uid, uid_base + gid)
         upper, work = volume.root / "root" / "upper", volume.root / "root" / "work"
         for path in (upper.parent, upper, work):
-            path.mkdir(mode=0o755)
+            path.mkdir(mode=0o755, exist_ok=True)  # a restore brings them
             os.chown(path, uid_base, uid_base)  # the sandbox's root owns its /
         target = self._root_target(sid)
         target.mkdir(mode=0o755, exist_ok=True)
@@ -727,13 +830,15 @@ class LocalBackend:
         if self.config.image_store.is_dir():
             self._image_store().release(lease_holder(self.config.instance, sid))
 
-    def _make_dirs(self, sid: str, disk_bytes: int) -> Volume | None:
+    def _make_dirs(self, sid: str, disk_bytes: int, snapshot_id: str = "") -> Volume | None:
         """Every directory a sandbox gets, made in one place: its state dir (meta,
         token, agent.log) on the host, its writable data (/workspace, /tmp) on the
         storage in a volume limited to ``disk_bytes`` (isolated), or host dirs."""
         d = self._dir(sid)
         d.mkdir(parents=True, exist_ok=True)
         if self.storage is None:
+            if snapshot_id:
+                raise BackendError("snapshots need the netns+bwrap isolation's storage (root)")
             for sub in ("workspace", "tmp"):
                 (d / sub).mkdir(exist_ok=True)
             os.chmod(d / "tmp", 0o1777)  # noqa: S103 - a /tmp must be world-writable + sticky
@@ -744,6 +849,8 @@ class LocalBackend:
             self.zygote.stop()
         # before any zygote starts: image roots mounted later must reach its bwraps
         self._ensure_roots_shared()
+        if snapshot_id:
+            return self.storage.restore(sid, disk_bytes, self.storage.snapshots_dir / snapshot_id)
         return self.storage.create(sid, disk_bytes)
 
     def _data_dirs(self, sid: str) -> tuple[Path, Path]:
@@ -768,8 +875,11 @@ class LocalBackend:
         """bwrap's command line for the sandbox whose directory is ``d``; the two launch
         modes differ only in ``python``/``bundle`` (exec) or ``pause`` (zygote)."""
         workspace, tmp = self._data_dirs(d.name)
+        base_args = launch.base_args
+        if launch.resolv_conf is not None:  # over the host's or the image's own
+            base_args = [*base_args, "--ro-bind", str(launch.resolv_conf), "/etc/resolv.conf"]
         return process.bwrap_argv(
-            base_args=launch.base_args,
+            base_args=base_args,
             root=launch.root,
             env=launch.env,
             workdir=launch.workdir,
@@ -877,6 +987,9 @@ class LocalBackend:
                 ),
                 # kept by the agent for root's commands (none for host sandboxes)
                 "caps": [process.IMAGE_CAPABILITIES[c] for c in launch.caps],
+                # the handler hides every other image sandbox's root from bwrap
+                "roots_dir": str(self.roots_dir),
+                "root": str(launch.root) if launch.root is not None else "",
                 "umask": _own_umask(),
                 "timeout": timeout,
             },
@@ -947,6 +1060,140 @@ class LocalBackend:
                 pass_fds=[fd for group in fds.values() for fd in group],
             )
 
+    # ---- snapshots (snapshots.py, docs/snapshots.md) -----------------------------------
+
+    def _snapshot_manifest_path(self, snapshot_id: str) -> Path:
+        check_sandbox_id(snapshot_id)  # same form as a sandbox id: 32 hex digits
+        if self.storage is None:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}: this backend keeps none")
+        return self.storage.snapshots_dir / f"{snapshot_id}.json"
+
+    def _snapshot_manifest(self, snapshot_id: str) -> dict[str, Any]:
+        """The snapshot's manifest (written last by ``snapshot``: one exists only
+        complete). Raises SnapshotNotFound."""
+        path = self._snapshot_manifest_path(snapshot_id)
+        if self.storage is not None:
+            self.storage.ensure()
+        manifest = read_json(path)
+        if manifest is None:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}")
+        return manifest
+
+    def _snapshot_lock(self, snapshot_id: str) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.locks_dir / f"snapshot-{snapshot_id}.lock")
+
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        check_sandbox_id(sandbox_id)
+        manifest_path = self._snapshot_manifest_path(snapshot_id)
+        assert self.storage is not None  # _snapshot_manifest_path checks
+        storage = self.storage
+        holder = snapshot_holder(self.config.instance, snapshot_id)
+        with self._lock(sandbox_id), self._snapshot_lock(snapshot_id):
+            meta = self._meta(sandbox_id)
+            if not meta or meta.get("state") != "started" or not self._alive(meta):
+                raise SnapshotFailed(
+                    f"sandbox {sandbox_id} is not running", code="sandbox_not_running"
+                )
+            if manifest_path.exists():
+                raise SnapshotFailed(f"snapshot {snapshot_id} exists already")
+            freezer = (meta.get("cgroups") or {}).get("freezer")
+            if not freezer:
+                # no silent capture of a sandbox that keeps writing
+                raise SnapshotFailed("this machine has no freezer cgroup: cannot quiesce")
+            digest = str(meta.get("image_digest") or "")
+            try:
+                if digest:
+                    with _typed_image_errors(digest):
+                        self._image_store().lease(holder, digest)
+                storage.flush()  # outside the freeze: see Storage.flush
+                started = time.monotonic()
+                with self.cgroups.frozen(Path(freezer)):
+                    self._hook("snapshot_frozen")
+                    path = storage.capture(sandbox_id, snapshot_id)
+                capture_s = time.monotonic() - started
+                self._hook("snapshot_captured")
+                entries = snaps.tree(path, int(meta["uid_base"]))
+                info = SnapshotInfo(
+                    snapshot_id=snapshot_id,
+                    sandbox_id=sandbox_id,
+                    image=str(meta.get("image", "")),
+                    image_digest=digest,
+                    fingerprint=snaps.fingerprint(entries),
+                    files=len(entries),
+                    size_bytes=snaps.file_bytes(entries),
+                    capture_s=capture_s,
+                    captured_at=time.time(),
+                )
+                manifest = {
+                    **dataclasses.asdict(info),
+                    "uid_base": int(meta["uid_base"]),
+                    # read-only and unchanged since it was hashed: a restore need not
+                    # read the data again (_verify_restore)
+                    "ctransid": storage.snapshot_ctransid(snapshot_id),
+                    "entries": entries,
+                }
+                write_atomic(manifest_path, json.dumps(manifest), mode=0o600)
+            except Exception as exc:
+                self._drop_snapshot(snapshot_id, holder)
+                if isinstance(exc, SnapshotFailed):
+                    raise
+                raise SnapshotFailed(f"capture of {sandbox_id} failed: {exc}") from exc
+        return info
+
+    def _drop_snapshot(self, snapshot_id: str, holder: str) -> None:
+        assert self.storage is not None
+        with contextlib.suppress(FileNotFoundError):
+            (self.storage.snapshots_dir / f"{snapshot_id}.json").unlink()
+        self.storage.drop_snapshot(snapshot_id)
+        if self.config.image_store.is_dir():
+            self._image_store().release(holder)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._snapshot_manifest_path(snapshot_id)
+        assert self.storage is not None
+        self.storage.ensure()
+        with self._snapshot_lock(snapshot_id):
+            self._drop_snapshot(snapshot_id, snapshot_holder(self.config.instance, snapshot_id))
+
+    def snapshots(self) -> list[str]:
+        """Ids of the complete snapshots this instance keeps."""
+        if self.storage is None or not self.storage.mounted():
+            return []
+        d = self.storage.snapshots_dir
+        if not d.is_dir():
+            return []
+        return sorted(p.stem for p in d.glob("*.json"))
+
+    def _lease_snapshot_image(self, spec: SandboxSpec) -> ImageRecord:
+        """The snapshot's exact image (by digest, from the store: its lease keeps it
+        there), leased to the restored sandbox."""
+        digest = str(self._snapshot_manifest(spec.snapshot_id)["image_digest"])
+        with _typed_image_errors(spec.image):
+            return self._image_store().lease(
+                lease_holder(self.config.instance, spec.sandbox_id), digest
+            )
+
+    def _verify_restore(self, snapshot_id: str, volume: Volume, uid_base: int) -> None:
+        """The restored volume's owners moved to this sandbox's id range, then its
+        tree compared with the snapshot's, before anything runs in it."""
+        manifest = self._snapshot_manifest(snapshot_id)
+        assert self.storage is not None
+        # The new volume is a copy-on-write snapshot of the snapshot, made just now
+        # and written by nothing but the owner shift: if the snapshot is unchanged
+        # since its capture hashed it (same ctransid), so is every file's data here,
+        # and only the metadata of each entry is read (O(files), not O(bytes)). If
+        # anything changed the snapshot, every file is hashed again.
+        unchanged = self.storage.snapshot_ctransid(snapshot_id) == manifest.get("ctransid")
+        snaps.shift_owners(volume.root, int(manifest["uid_base"]), uid_base)
+        entries = snaps.tree(volume.root, uid_base, manifest["entries"] if unchanged else None)
+        if snaps.fingerprint(entries) != manifest["fingerprint"]:
+            diff = snaps.diff(manifest["entries"], entries)
+            raise StateDivergence(
+                f"restore of snapshot {snapshot_id} differs in {len(diff)} path(s): "
+                + ", ".join(d["path"] for d in diff[:5]),
+                diff=diff,
+            )
+
     def destroy(self, sandbox_id: str) -> None:
         check_sandbox_id(sandbox_id)
         with self._lock(sandbox_id):
@@ -974,7 +1221,7 @@ class LocalBackend:
             self.cgroups.remove(path)
         if self.isolated:
             # no meta: whether it had network access is unknown, so look
-            self.network.delete(sid, meta.get("ip"), egress=meta.get("network_access", True))
+            self.network.delete(sid, meta.get("ip"), policy=_meta_policy(meta))
         self.network.release_ips(sid, meta.get("ip") if self.isolated else None)
         # its processes are dead: the root is unused (an image sandbox's upper dir is
         # in its volume, so before the volume goes)
@@ -993,11 +1240,86 @@ class LocalBackend:
             return self._endpoint_of(meta)
         return None
 
+    def _resolv_conf(self) -> Path:
+        """``/run/hedgerow/dns/<table>.conf`` naming the gateway (the instance's resolver).
+
+        Not under the state dir: a bind's source path shows in the sandbox's mountinfo
+        (as the agent sources, it is kept where it names nothing of the host)."""
+        conf = RESOLV_DIR / f"{self.names.nft_table}.conf"
+        text = f"nameserver {self.network.gateway}\noptions timeout:2 attempts:2\n"
+        try:
+            RESOLV_DIR.mkdir(parents=True, exist_ok=True)
+            if not conf.exists() or conf.read_text() != text:
+                write_atomic(conf, text, 0o644, durable=False)
+        except OSError as exc:
+            raise BackendError(f"cannot write {conf}: {exc}") from exc
+        return conf
+
+    def _ensure_resolver(self, *, required: bool) -> None:
+        """The instance's resolver runs on the gateway (caller holds the instance lock).
+
+        ``required``: an allowlist needs it; egress "all" only uses it for DNS, so without
+        any upstream to forward to it is not started (DNS then fails at once).
+        """
+        upstream = self.config.dns_upstream or resolver.system_upstream()
+        if not upstream:
+            if required:
+                raise BackendError("egress allowlists need an upstream DNS server (dns_upstream)")
+            return
+        try:
+            resolver.start(
+                self.config.state_dir,
+                self.network.gateway,
+                upstream,
+                self.names.nft_table,
+                self.config.dns_grace_s,
+                sni_port=SNI_PORT,
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot start the instance's resolver: {exc}") from exc
+
+    def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        """Changes a running sandbox's egress policy: its netns's table and route when it
+        becomes routed or unrouted, its host elements always (the old ones removed first:
+        a narrowed policy also cuts established connections the new one does not allow),
+        then meta.json (which the resolver reads per query)."""
+        check_sandbox_id(sandbox_id)
+        if not self.isolated:
+            raise BackendError("egress policies need the netns isolation")
+        with self._lock(sandbox_id):
+            meta = self._meta(sandbox_id)
+            if not meta or meta.get("state") != "started" or not meta.get("ip"):
+                raise BackendError(f"sandbox {sandbox_id} is not running")
+            if policy.mode == "allow" and not meta.get("resolver_dns"):
+                raise BackendError(
+                    "this sandbox's DNS is its image's own: an allowlist must be given at create"
+                )
+            old = _meta_policy(meta) or NONE
+            if policy.routed:
+                with file_lock(self.locks_dir / "instance.lock"):
+                    self._ensure_resolver(required=policy.mode == "allow")
+            if old.routed != policy.routed:
+                self.network.set_routed(sandbox_id, policy.routed)
+            self.network.apply_policy(str(meta["ip"]), policy, old)
+            meta.update(egress=policy.to_json(), network_access=policy.routed)
+            self._save_meta(sandbox_id, meta)
+
+    def stop_resolver(self) -> None:
+        resolver.stop(self.config.state_dir)
+
+    def dns_log(self, sandbox_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The sandbox's DNS queries as the resolver logged them, oldest first."""
+        check_sandbox_id(sandbox_id)
+        return resolver.read_log(self.config.state_dir, sandbox_id, limit)
+
     def teardown_instance(self) -> None:
         """Destroy every sandbox, then the bridge, host tables, cgroup group and
         subnet claim of this instance (tests, uninstall)."""
         # first: nothing below needs it, and a step that raises must not leave it running
         self.zygote.stop()
+        resolver.stop(self.config.state_dir)
+        with contextlib.suppress(OSError):
+            (RESOLV_DIR / f"{self.names.nft_table}.conf").unlink()
         for d in sorted(self.sandboxes_dir.iterdir()):
             if d.is_dir():
                 self.destroy(d.name)
@@ -1139,6 +1461,11 @@ class LocalBackend:
                 items.append(
                     InventoryItem("nft_rule", f"egress:{ip}", rule_sid, gen_of(rule_sid), self.node)
                 )
+            for ip in self.network.list_allowlisted():  # an allowlist's elements
+                rule_sid = owner.get(ip)
+                items.append(
+                    InventoryItem("nft_rule", f"allow:{ip}", rule_sid, gen_of(rule_sid), self.node)
+                )
         items += self._image_inventory(gen_of)
         return items
 
@@ -1255,6 +1582,11 @@ class LocalBackend:
             # (the same MAC: addresses keep theirs), which its destroy removes.
             if ip not in dict(self.network.claims()):
                 self.network.delete_neighbour(ip)
+        elif kind == "nft_rule" and name.startswith("allow:"):
+            ip = name.removeprefix("allow:")
+            # claimed since: a new sandbox's, which its own destroy removes
+            if ip not in dict(self.network.claims()):
+                self.network.delete_allowlist(ip, None)
         elif kind == "nft_rule":
             self.network.delete_egress(name.removeprefix("egress:"))
         elif kind in ("volume", "qgroup", "loop") and self.storage is None:
@@ -1377,3 +1709,16 @@ def wait_healthy(endpoint: Endpoint, token: str = "", timeout: float = 15) -> di
     raise BackendError(
         f"agent at {endpoint.host}:{endpoint.port} not healthy: {last}", transient=True
     )
+
+
+def _meta_policy(meta: dict[str, Any]) -> EgressPolicy | None:
+    """The egress policy meta.json records; None when unknown (no meta, or a bad one):
+    destroy then removes every kind of egress element the address may hold."""
+    if "egress" in meta:
+        try:
+            return parse_egress(meta["egress"])
+        except EgressError:
+            return None
+    if "network_access" in meta:  # written before egress policies existed
+        return ALL if meta["network_access"] else NONE
+    return None

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,6 +263,27 @@ class CgroupDriver:
             while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
                 time.sleep(0.005)
             kill_pids([int(x) for x in _read(path / "cgroup.procs").split()])
+        finally:
+            with contextlib.suppress(OSError):
+                _write(state, "THAWED")
+
+    @contextlib.contextmanager
+    def frozen(self, path: Path, timeout: float = 5) -> Iterator[None]:
+        """The freezer cgroup ``path`` frozen for the block (a snapshot's capture),
+        thawed after it whatever happens. Raises BackendError when it cannot be
+        frozen in ``timeout`` (a task stuck in uninterruptible sleep)."""
+        state = path / "freezer.state"
+        try:
+            _write(state, "FROZEN")
+        except OSError as exc:
+            raise BackendError(f"cannot freeze {path}: {exc}") from exc
+        try:
+            deadline = time.monotonic() + timeout
+            while _read(state).strip() != "FROZEN":
+                if time.monotonic() > deadline:
+                    raise BackendError(f"{path} did not freeze within {timeout} s")
+                time.sleep(0.001)
+            yield
         finally:
             with contextlib.suppress(OSError):
                 _write(state, "THAWED")

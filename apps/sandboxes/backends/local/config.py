@@ -56,6 +56,11 @@ class LocalBackendConfig:
     insecure_registries: tuple[str, ...] = ()
     image_min_free_bytes: int = 2 << 30
     image_cache_bytes: int = 0
+    # Egress allowlists (docs/egress.md): the upstream DNS server the instance's resolver
+    # forwards permitted names to ("ip" or "ip:port"; "": the host's first IPv4
+    # nameserver), and the seconds an address stays allowed past its record's TTL.
+    dns_upstream: str = ""
+    dns_grace_s: int = 30
 
 
 def check_instance(instance: str) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from apps.sandboxes.backends.base import BackendError
 
+from ..egress import FORBIDDEN_NETWORKS, EgressPolicy
 from . import _netlink, _nft, idmap
 from ._netlink import (
     IFLA_ADDRESS,
@@ -46,6 +47,10 @@ from .config import LocalBackendConfig, Names
 
 log = logging.getLogger(__name__)
 
+# The instance resolver's SNI/Host check (resolver.py) on the gateway: an allowlist
+# with "match": "sni" has its connections to resolved addresses on 80/443 sent here.
+SNI_PORT = 15380
+
 
 class Network:
     def __init__(self, config: LocalBackendConfig, names: Names) -> None:
@@ -55,6 +60,7 @@ class Network:
         self.subnet_file = config.state_dir / "subnet"
         self._subnet: ipaddress.IPv4Network | None = None
         self._cursor = 0  # where claim_ip looks first (a hint; the claim files decide)
+        self._tables_current = False  # the inet table has this version's sets and rules
 
     # ---- instance-wide -------------------------------------------------------------
 
@@ -148,23 +154,70 @@ class Network:
                 ]
             if missing:
                 _nft.host_run("".join(missing))
+            if not self._tables_current:
+                self._upgrade_inet_table()
+                self._tables_current = True
         except (OSError, _nft.NftError) as exc:
             raise BackendError(f"cannot set up bridge {br} and host tables: {exc}") from exc
 
+    def _upgrade_inet_table(self) -> None:
+        """A host table made by a version without egress allowlists (no ``sni_match``
+        set) gets the current sets and rules in one transaction: chains flushed and
+        refilled, existing sets (the live sandboxes' ``egress`` elements) kept. Once per
+        process; a current table costs one listing."""
+        t = self.names.nft_table
+        try:
+            _nft.host_run(f"list set inet {t} sni_match")
+            return
+        except _nft.NftError as exc:
+            if "No such file" not in str(exc):
+                raise
+        log.info("upgrading host table inet %s to egress allowlists", t)
+        chains = ("prerouting", "input", "forward", "postrouting")
+        _nft.host_run(
+            f"add chain inet {t} prerouting {{ type nat hook prerouting priority -100; "
+            "policy accept; }\n"
+            + "".join(f"flush chain inet {t} {c}\n" for c in chains)
+            + self._host_rulesets()["inet"]
+        )
+
     def _host_rulesets(self) -> dict[str, str]:
         br, t, sub = self.names.bridge, self.names.nft_table, self.subnet
+        gw = self.gateway
+        forbidden = ", ".join(str(n) for n in FORBIDDEN_NETWORKS)
+        # egress: sandboxes with egress "all"; allowlisted: those with an allowlist,
+        # whose packets pass only to allow_dst (sandbox . address the resolver handed
+        # out, with its TTL) and allow_net (sandbox . CIDR . TCP port from the policy)
         inet = f"""
 table inet {t} {{
   set egress {{ type ipv4_addr; }}
+  set allowlisted {{ type ipv4_addr; }}
+  set allow_dst {{ type ipv4_addr . ipv4_addr; flags timeout; }}
+  set allow_net {{ type ipv4_addr . ipv4_addr . inet_service; flags interval; }}
+  set sni_match {{ type ipv4_addr; }}
+  chain prerouting {{
+    type nat hook prerouting priority -100; policy accept;
+    iifname "{br}" ip saddr @sni_match ip saddr . ip daddr @allow_dst tcp dport {{ 80, 443 }} \\
+      dnat ip to {gw}:{SNI_PORT}
+  }}
   chain input {{
     type filter hook input priority -10; policy accept;
     iifname "{br}" ct state established,related accept
+    iifname "{br}" ip daddr {gw} udp dport 53 ip saddr @egress accept
+    iifname "{br}" ip daddr {gw} tcp dport 53 ip saddr @egress accept
+    iifname "{br}" ip daddr {gw} udp dport 53 ip saddr @allowlisted accept
+    iifname "{br}" ip daddr {gw} tcp dport 53 ip saddr @allowlisted accept
+    iifname "{br}" ip daddr {gw} tcp dport {SNI_PORT} ip saddr @sni_match accept
     iifname "{br}" drop
   }}
   chain forward {{
     type filter hook forward priority -10; policy accept;
     iifname "{br}" oifname "{br}" drop
+    iifname "{br}" ip daddr {{ {forbidden} }} drop
     iifname "{br}" ip saddr @egress ip daddr != {sub} accept
+    iifname "{br}" meta l4proto tcp ip saddr . ip daddr @allow_dst accept
+    iifname "{br}" ip saddr . ip daddr . tcp dport @allow_net accept
+    iifname "{br}" ip saddr @allowlisted reject with icmpx type admin-prohibited
     iifname "{br}" drop
     oifname "{br}" ct state established,related accept
     oifname "{br}" drop
@@ -172,6 +225,7 @@ table inet {t} {{
   chain postrouting {{
     type nat hook postrouting priority 100; policy accept;
     ip saddr @egress oifname != "{br}" masquerade
+    ip saddr @allowlisted oifname != "{br}" masquerade
   }}
 }}
 """
@@ -274,14 +328,15 @@ table bridge {t} {{
         self,
         sandbox_id: str,
         ip: str,
-        network_access: bool,
+        policy: EgressPolicy,
         hook: Callable[[str], None],
     ) -> None:
-        """netns with its filter, veth pair into it, address, route, egress element.
+        """netns with its filter, veth pair into it, address, route, egress elements.
 
         All in-process: netlink for links and addresses, libnftables for rules.
         """
         ns, hv = self.names.netns(sandbox_id), self.names.host_veth(sandbox_id)
+        network_access = policy.routed
         ruleset = self._sandbox_ruleset(network_access)
 
         def inside(rt: Rtnl) -> None:
@@ -317,11 +372,98 @@ table bridge {t} {{
                 raise BackendError(f"cannot configure eth0 in {ns}: {exc}") from exc
         if network_access:
             _enable_forwarding()
-            try:
+            self.apply_policy(ip, policy, None)
+
+    def set_routed(self, sandbox_id: str, routed: bool) -> None:
+        """A running sandbox's netns gets the routed (stateful) or the closed
+        (stateless) table and its default route, or loses it: one nft transaction
+        replaces the table, so nothing passes in between that neither allows."""
+        ns = self.names.netns(sandbox_id)
+        ruleset = self._sandbox_ruleset(routed)
+        run(
+            ["ip", "netns", "exec", ns, "nft", "-f", "-"],
+            input="table inet hedgerow {}\ndelete table inet hedgerow\n" + ruleset,
+        )
+        if routed:
+            _enable_forwarding()
+            run(["ip", "-n", ns, "route", "replace", "default", "via", self.gateway])
+        else:
+            run(["ip", "-n", ns, "route", "del", "default"], check=False)
+
+    def apply_policy(self, ip: str, policy: EgressPolicy, old: EgressPolicy | None) -> None:
+        """The host elements for ``ip`` under ``policy`` (replacing ``old``'s).
+
+        "all": ``ip`` in ``egress``; an allowlist: ``ip`` in ``allowlisted`` and one
+        ``allow_net`` element per CIDR:port (names reach ``allow_dst`` through the
+        resolver). The sandbox's own netns is routed for both (``create``).
+        """
+        t = self.names.nft_table
+        try:
+            if old is not None and old.mode != "none":
+                self.delete_egress(ip)
+                self.delete_allowlist(ip, old)
+            elif old is None and policy.mode == "allow":
+                # a fresh address: nothing a lost sandbox left on it may carry over
+                self.delete_allowlist(ip, None)
+            if policy.mode == "all":
                 with _nft.NfNetlink() as nfnl:
-                    nfnl.set_element("inet", self.names.nft_table, "egress", ip, add=True)
-            except OSError as exc:
-                raise BackendError(f"cannot allow egress for {ip}: {exc}") from exc
+                    nfnl.set_element("inet", t, "egress", ip, add=True)
+            elif policy.mode == "allow":
+                cmds = [f"add element inet {t} allowlisted {{ {ip} }}"]
+                if policy.match == "sni":
+                    cmds.append(f"add element inet {t} sni_match {{ {ip} }}")
+                cmds += [
+                    f"add element inet {t} allow_net {{ {ip} . {c.network} . {c.port} }}"
+                    for c in policy.cidrs
+                ]
+                _nft.host_run("\n".join(cmds) + "\n")
+        except (OSError, _nft.NftError) as exc:
+            raise BackendError(f"cannot set the egress policy of {ip}: {exc}") from exc
+
+    def delete_allowlist(self, ip: str, policy: EgressPolicy | None) -> None:
+        """``ip``'s allowlist elements: membership, CIDR rules (from ``policy``; all of
+        ``allow_net`` is read when it is unknown) and resolved addresses."""
+        t = self.names.nft_table
+        cmds: list[str] = []
+        for set_name in ("allow_dst", "allow_net") if policy is None else ("allow_dst",):
+            cmds += [
+                f"delete element inet {t} {set_name} {{ {elem} }}"
+                for elem in self._elements(set_name)
+                if elem.split(" . ")[0] == ip
+            ]
+        if policy is not None:
+            cmds += [
+                f"delete element inet {t} allow_net {{ {ip} . {c.network} . {c.port} }}"
+                for c in policy.cidrs
+            ]
+        for cmd in cmds:
+            with contextlib.suppress(_nft.NftError):  # gone already (a timeout)
+                _nft.host_run(cmd + "\n")
+        for set_name in ("sni_match", "allowlisted"):
+            with contextlib.suppress(_nft.NftError):
+                _nft.host_run(f"delete element inet {t} {set_name} {{ {ip} }}\n")
+
+    def _elements(self, set_name: str) -> list[str]:
+        """The elements of a concatenated host set, as ``a . b[ . port]`` text."""
+        try:
+            out = _nft.host_run(f"list set inet {self.names.nft_table} {set_name}", json=True)
+        except _nft.NftError as exc:
+            if "No such file" in str(exc):
+                return []
+            raise BackendError(f"nft list set: {exc}") from exc
+        found: list[str] = []
+        for obj in json.loads(out).get("nftables", []):
+            for elem in obj.get("set", {}).get("elem", []):
+                val = elem.get("elem", {}).get("val", elem) if isinstance(elem, dict) else elem
+                if isinstance(val, dict) and "concat" in val:
+                    parts = []
+                    for p in val["concat"]:
+                        if isinstance(p, dict) and "prefix" in p:
+                            parts.append(f"{p['prefix']['addr']}/{p['prefix']['len']}")
+                        else:
+                            parts.append(str(p))
+                    found.append(" . ".join(parts))
+        return found
 
     def _add_veth(self, sandbox_id: str, ip: str) -> None:
         hv = self.names.host_veth(sandbox_id)
@@ -409,7 +551,13 @@ table inet hedgerow {{
     def netns_pids(self, sandbox_id: str) -> list[int]:
         return _netlink.netns_pids(self.names.netns(sandbox_id))
 
-    def delete(self, sandbox_id: str, ip: str | None, *, egress: bool = True) -> None:
+    def delete(
+        self,
+        sandbox_id: str,
+        ip: str | None,
+        *,
+        policy: EgressPolicy | None = None,
+    ) -> None:
         """Neighbour entry, veth, netns and egress element of ``sandbox_id``.
 
         ``ip``: the address its meta.json records; without it (a provision that
@@ -431,8 +579,11 @@ table inet hedgerow {{
         except OSError as exc:
             raise BackendError(f"cannot delete neighbour entry or veth {hv}: {exc}") from exc
         self.delete_netns(self.names.netns(sandbox_id))
-        for address in ips if egress else []:
-            self.delete_egress(address)
+        for address in ips:
+            if policy is None or policy.mode == "all":
+                self.delete_egress(address)
+            if policy is None or policy.mode == "allow":
+                self.delete_allowlist(address, policy)
 
     def delete_neighbour(self, ip: str) -> None:
         bridge = link_index(self.names.bridge)
@@ -510,6 +661,22 @@ table inet hedgerow {{
             return []
         out = run(["ip", "-j", "-4", "neigh", "show", "dev", self.names.bridge, "nud", "permanent"])
         return [n["dst"] for n in json.loads(out.stdout or "[]") if n.get("dst")]
+
+    def list_allowlisted(self) -> list[str]:
+        """Addresses holding allowlist elements: members of ``allowlisted`` and the
+        sources of ``allow_net``/``allow_dst`` elements (one left without the other)."""
+        found: set[str] = set()
+        try:
+            out = _nft.host_run(f"list set inet {self.names.nft_table} allowlisted", json=True)
+        except _nft.NftError as exc:
+            if "No such file" in str(exc):
+                return []
+            raise BackendError(f"nft list set: {exc}") from exc
+        for obj in json.loads(out).get("nftables", []):
+            found.update(e for e in obj.get("set", {}).get("elem", []) if isinstance(e, str))
+        for set_name in ("allow_net", "allow_dst"):
+            found.update(elem.split(" . ")[0] for elem in self._elements(set_name))
+        return sorted(found)
 
     def list_egress(self) -> list[str]:
         try:

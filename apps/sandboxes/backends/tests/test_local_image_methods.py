@@ -5,6 +5,8 @@ fallback, and a cached proof of access per credentials only."""
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,31 @@ def test_import_oci_layout_dir(local: LocalBackend, tmp_path: Path):
     lay.tag("v1", desc)
     info = local.import_image("import/bb:v1", lay.path)
     assert info.digest == desc["digest"] and info.layers == 1
+
+
+def test_concurrent_resolves_of_one_key_ask_the_registry_once(
+    registry: Registry, local: LocalBackend, tmp_path: Path
+):
+    digest = _push(registry, tmp_path, "methods/flight")
+    ref = f"{registry.host}/methods/flight:v1"
+    before = registry.manifest_gets("methods/flight")
+    barrier = threading.Barrier(12)
+
+    def resolve(creds: RegistryCredentials | None) -> str:
+        barrier.wait()
+        try:
+            return local.resolve_image(ref, creds).digest
+        except ImageUnavailable as exc:
+            return exc.code
+
+    with ThreadPoolExecutor(12) as pool:
+        # 8 creates with the right login, 4 with none: two keys, two round trips
+        answers = list(pool.map(resolve, [CREDS] * 8 + [None] * 4))
+    assert answers == [digest] * 8 + ["registry_unauthorized"] * 4
+    # one manifest GET for the login (the anonymous attempts are refused with 401)
+    assert registry.manifest_gets("methods/flight") == before + 1
+    # a refusal is not remembered: the next anonymous ask goes to the registry again
+    with pytest.raises(ImageUnavailable):
+        local.resolve_image(ref, None)
+    assert local.resolve_image(ref, CREDS).digest == digest  # cached: no new GET
+    assert registry.manifest_gets("methods/flight") == before + 1

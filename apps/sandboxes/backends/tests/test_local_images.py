@@ -21,14 +21,15 @@ import pytest
 from apps.sandboxes.backends.base import ImageUnavailable, RegistryCredentials
 from apps.sandboxes.backends.local import LocalBackend, wait_healthy
 from apps.sandboxes.backends.local.backend import lease_holder
+from apps.sandboxes.backends.local.images.tests.fixtures import SweImage
 from apps.sandboxes.backends.local.images.tests.ocibuild import (
     E,
     Layout,
     busybox_layer,
     layer,
-    userland_layer,
 )
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
+from apps.sandboxes.backends.local.images.tests.swe import PATCH, TESTBED_FILES
 
 from .conftest import Sandbox, needs_root, new_spec
 
@@ -329,6 +330,44 @@ def test_an_unpullable_image_is_typed_and_leaves_nothing(
         assert _leftovers(backend, spec.sandbox_id) == []
 
 
+def test_a_warm_create_within_the_proof_window_asks_no_registry(
+    backend: LocalBackend, registry: Registry, image_sandbox: Callable[..., Sandbox], tmp_path: Path
+) -> None:
+    """The control plane's create resolves the image with the tenant's login (cached
+    RESOLVE_CACHE_S per credentials); provision then leases the stored image without
+    a second registry round trip. Other credentials still prove access themselves."""
+    lay = Layout(tmp_path / "layout")
+    desc = lay.image([busybox_layer()], {"Cmd": ["/bin/sh"]})
+    lay.tag("v1", desc)
+    ref = f"{registry.host}/launch/warm:v1"
+    lay.push("v1", ref, registry.creds)
+    image_sandbox(ref)  # pulled and stored; the pull's proof is cached
+    assert backend.resolve_image(ref, CREDS).digest == desc["digest"]
+    gets = registry.manifest_gets("launch/warm")
+    events: list[dict[str, Any]] = []
+    spec = new_spec(image=ref, registry_credentials=CREDS)
+    endpoint = backend.provision(spec, progress=events.append)
+    try:
+        wait_healthy(endpoint, spec.agent_token, timeout=20)
+        assert endpoint.image_digest == desc["digest"]
+        assert registry.manifest_gets("launch/warm") == gets  # the store alone
+        assert events[-1] == {"phase": "done", "digest": desc["digest"]}
+        holder = lease_holder(backend.config.instance, spec.sandbox_id)
+        lease = backend.config.image_store / "leases" / holder
+        assert json.loads(lease.read_text()) == {"digest": desc["digest"]}
+        assert Sandbox(backend, spec, endpoint).sh("echo ok")[1] == "ok\n"
+    finally:
+        backend.destroy(spec.sandbox_id)
+    assert _leftovers(backend, spec.sandbox_id) == []
+    # within the same window, a wrong login or none is asked of the registry: refused
+    for creds in (RegistryCredentials(USER, "wrong"), None):
+        other = new_spec(image=ref, registry_credentials=creds)
+        with pytest.raises(ImageUnavailable) as err:
+            backend.provision(other)
+        assert err.value.code == "registry_unauthorized"
+        assert _leftovers(backend, other.sandbox_id) == []
+
+
 @pytest.mark.parametrize("user", ["nobody-here", "user:nogroup", "70000"])
 def test_an_unknown_image_user_is_typed(
     backend: LocalBackend, registry: Registry, tmp_path: Path, user: str
@@ -382,59 +421,10 @@ def test_destroy_of_a_busy_root_unmounts_it_lazily(
 
 # ---- the SWE flow on a real distribution -------------------------------------------
 
-TESTBED_FILES = {
-    "calc.py": "def add(a, b):\n    return a - b\n",
-    "test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
-}
-PATCH = """\
---- a/calc.py
-+++ b/calc.py
-@@ -1,2 +1,2 @@
- def add(a, b):
--    return a - b
-+    return a + b
-"""
 
-
-def _testbed_layer(tmp: Path) -> tuple[bytes, str]:
-    """/testbed: a git repository with a failing test, as a layer."""
-    repo = tmp / "testbed"
-    repo.mkdir()
-    for name, text in TESTBED_FILES.items():
-        (repo / name).write_text(text)
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp),
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-C", str(repo), *cmd], check=True, env=env)
-    entries = [E("testbed", "dir", mode=0o755)]
-    for path in sorted(repo.rglob("*")):
-        rel = "testbed/" + str(path.relative_to(repo))
-        if path.is_symlink():
-            entries.append(E(rel, "symlink", link=os.readlink(path)))
-        elif path.is_dir():
-            entries.append(E(rel, "dir", mode=0o755))
-        else:
-            entries.append(E(rel, data=path.read_bytes(), mode=path.stat().st_mode & 0o777))
-    return layer(entries)
-
-
-@pytest.fixture(scope="module")
-def debian_image(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> str:
-    tmp = tmp_path_factory.mktemp("launch-deb")
-    userland, diff_id = userland_layer()
-    lay = Layout(tmp / "layout")
-    layers = [(userland.read_bytes(), diff_id), _testbed_layer(tmp)]
-    desc = lay.image(layers, {"WorkingDir": "/testbed", "Env": ["PYTHONDONTWRITEBYTECODE=1"]})
-    lay.tag("v1", desc)
-    ref = f"{registry.host}/launch/swe:v1"
-    lay.push("v1", ref, registry.creds)
-    return ref
+@pytest.fixture
+def debian_image(swe_image: SweImage) -> str:
+    return swe_image.reference
 
 
 def test_swe_flow_on_a_debian_image(

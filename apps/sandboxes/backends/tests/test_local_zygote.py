@@ -28,6 +28,7 @@ import podagent.zygote as zygote_daemon
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.backends.local import LocalBackend, process, wait_healthy
 from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
+from apps.sandboxes.backends.local.storage import qgroup_of
 from apps.sandboxes.backends.local.zygote import ZygoteUnavailable, source_version
 
 from .conftest import PODAGENT, Sandbox, make_config, needs_root, new_spec
@@ -183,8 +184,17 @@ def test_it_leaves_the_agent_only_its_log_listener_and_the_hold_pipe(
             # the JSON log opened at /dev/stdout, epoll, and the sandbox's own cgroup
             # files its launcher opened for it (podagent/limits.py), close-on-exec
             cgroup_file = target.startswith("/sys/fs/cgroup/") and f"/{sb.id}/" in target
-            assert target == log or target.startswith("anon_inode:") or cgroup_file, (fd, target)
-            if cgroup_file:
+            # and its disk quota group's counters (the disk exhaustion kind): read-only
+            # sysfs files of its own group, named by the sandbox's qgroup id
+            qgroup = qgroup_of(sb.id)
+            quota_file = target.startswith("/sys/fs/btrfs/") and (
+                f"/qgroups/{qgroup >> 48}_{qgroup & ((1 << 48) - 1)}/" in target
+            )
+            assert target == log or target.startswith("anon_inode:") or cgroup_file or quota_file, (
+                fd,
+                target,
+            )
+            if cgroup_file or quota_file:
                 flags = Path(f"/proc/{agent}/fdinfo/{fd}").read_text().split("flags:")[1]
                 assert int(flags.split()[0], 8) & O_CLOEXEC, target
     # pause holds nothing but its pipe; the zygote gave it nothing else either

@@ -29,6 +29,10 @@ class Command(BaseCommand):
         zygote = getattr(backend, "zygote", None)
         if zygote is not None:
             zygote.stop()
+        # and so does its DNS resolver (egress allowlists, docs/egress.md)
+        stop_resolver = getattr(backend, "stop_resolver", None)
+        if stop_resolver is not None:
+            stop_resolver()
         # Then the local backend's sandbox storage: unmounted (its loop device goes
         # with it), the image kept for the next `make up`.
         release_storage = getattr(backend, "release_storage", None)

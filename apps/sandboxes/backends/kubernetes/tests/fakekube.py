@@ -181,6 +181,8 @@ class FakeKube:
         running: bool = False,
         ready: bool = False,
         waiting_reason: str = "",
+        waiting_message: str = "fake kubelet",
+        image_id: str = "",
         exit_code: int | None = None,
         unschedulable: str = "",
     ) -> None:
@@ -191,7 +193,7 @@ class FakeKube:
             if running:
                 state = {"running": {"startedAt": _now()}}
             if waiting_reason:
-                state = {"waiting": {"reason": waiting_reason, "message": "fake kubelet"}}
+                state = {"waiting": {"reason": waiting_reason, "message": waiting_message}}
             if exit_code is not None:
                 state = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
             obj["spec"]["nodeName"] = node if not unschedulable else None
@@ -215,7 +217,7 @@ class FakeKube:
                         "ready": ready,
                         "restartCount": 0,
                         "image": obj["spec"]["containers"][0]["image"],
-                        "imageID": "",
+                        "imageID": image_id,
                         "state": state,
                     }
                 ],

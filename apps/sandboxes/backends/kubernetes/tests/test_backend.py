@@ -3,13 +3,21 @@ against the in-process FAKE API server (see fakekube.py)."""
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from apps.sandboxes.backends.base import BackendError, UnknownImage
+from apps.sandboxes.backends.base import (
+    BackendError,
+    ImageUnavailable,
+    RegistryCredentials,
+    UnknownImage,
+)
 from apps.sandboxes.backends.kubernetes import KubernetesBackend
 from apps.sandboxes.backends.kubernetes.specs import build_namespace_policy, build_secret
 
@@ -332,3 +340,112 @@ def test_it_turns_a_refused_destroy_into_a_retryable_error(
     assert f"hr-{spec.sandbox_id}-1" in names(fake, "pods")
     backend.destroy(spec.sandbox_id)
     assert names(fake, "pods") == set()
+
+
+# ---- images (issue 15): digest from imageID, tenant logins, typed pull failures ------
+
+DIGEST = "sha256:" + "5e" * 32
+
+
+def test_it_fills_the_image_digest_from_the_pods_image_id(
+    fake: FakeKube, backend: KubernetesBackend
+) -> None:
+    spec = new_spec()
+    name = f"hr-{spec.sandbox_id}-1"
+    image_id = f"docker.io/library/python@{DIGEST}"
+    kubelet_later(fake, name, phase="Running", pod_ip="10.9.9.8", running=True, image_id=image_id)
+    endpoint = backend.provision(spec)
+    assert endpoint.image_digest == DIGEST
+    assert backend.endpoint(spec.sandbox_id) == endpoint  # adopted: the digest again
+    # a runtime that reports only the config id ("sha256:…" without a repository) names
+    # no manifest digest: recorded as unknown, never as a wrong one
+    other = new_spec()
+    kubelet_later(
+        fake, f"hr-{other.sandbox_id}-1", phase="Running", pod_ip="10.9.9.7", running=True,
+        image_id="sha256:" + "c0" * 32,
+    )  # fmt: skip
+    assert backend.provision(other).image_digest == ""
+
+
+def test_it_passes_the_tenants_registry_login_as_the_pods_image_pull_secret(
+    fake: FakeKube, make_backend: Callable[..., KubernetesBackend], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    image = "registry.example:5000/team/app:1"
+    backend = make_backend(images=(image,), image_pull_secrets=("cluster-wide",))
+    fake.auto_start = True
+    password = "s3cret-" + "x" * 8
+    spec = new_spec(image=image, registry_credentials=RegistryCredentials("bot", password))
+    backend.provision(spec)
+    pull = f"hr-{spec.sandbox_id}-1-pull"
+    assert names(fake, "secrets") == {f"hr-{spec.sandbox_id}-1-token", pull}
+    secret: dict[str, Any] = fake.objects[("secrets", NS, pull)]
+    assert secret["type"] == "kubernetes.io/dockerconfigjson"
+    assert secret["metadata"]["labels"]["hedgerow.dev/sandbox"] == spec.sandbox_id
+    auths = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))["auths"]
+    assert auths == {
+        "registry.example:5000": {
+            "username": "bot",
+            "password": password,
+            "auth": base64.b64encode(f"bot:{password}".encode()).decode(),
+        }
+    }
+    pod: dict[str, Any] = fake.objects[("pods", NS, f"hr-{spec.sandbox_id}-1")]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "cluster-wide"}, {"name": pull}]
+    assert password not in json.dumps(pod)
+    assert password not in caplog.text  # not even at DEBUG (the client's own logging)
+    backend.destroy(spec.sandbox_id)  # deleted with the pod
+    assert names(fake, "secrets") == set()
+    # a public image: no pull secret of the sandbox's own
+    public = new_spec(image=image)
+    backend.provision(public)
+    assert names(fake, "secrets") == {f"hr-{public.sandbox_id}-1-token"}
+    stored = fake.objects[("pods", NS, f"hr-{public.sandbox_id}-1")]
+    assert stored["spec"]["imagePullSecrets"] == [{"name": "cluster-wide"}]
+
+
+@pytest.mark.parametrize(
+    ("reason", "message", "code"),
+    [
+        (
+            "ErrImagePull",
+            'failed to pull and unpack image "registry.example/team/app:1": failed to '
+            'resolve reference "registry.example/team/app:1": unexpected status from HEAD '
+            "request to https://registry.example/v2/team/app/manifests/1: 401 Unauthorized",
+            "registry_unauthorized",
+        ),
+        (
+            "ErrImagePull",
+            'rpc error: code = NotFound desc = failed to pull and unpack image "registry.'
+            'example/team/app:1": registry.example/team/app:1: not found',
+            "image_not_found",
+        ),
+        (
+            "ErrImagePull",
+            "dial tcp: lookup registry.example on 10.96.0.10:53: no such host",
+            "registry_unreachable",
+        ),
+        ("ImagePullBackOff", 'Back-off pulling image "registry.example/x:1"', "unknown_image"),
+        ("InvalidImageName", 'couldn\'t parse image reference "x"', "image_reference_invalid"),
+    ],
+)
+def test_an_image_pull_failure_is_a_typed_startup_failure_with_the_registrys_message(
+    fake: FakeKube,
+    make_backend: Callable[..., KubernetesBackend],
+    reason: str,
+    message: str,
+    code: str,
+) -> None:
+    image = "registry.example/team/app:1"
+    backend = make_backend(images=(image,))
+    spec = new_spec(image=image, registry_credentials=RegistryCredentials("bot", "pw"))
+    kubelet_later(
+        fake, f"hr-{spec.sandbox_id}-1", phase="Pending", waiting_reason=reason,
+        waiting_message=message,
+    )  # fmt: skip
+    with pytest.raises(ImageUnavailable) as caught:
+        backend.provision(spec)
+    assert (caught.value.code, caught.value.reference) == (code, image)
+    assert reason in str(caught.value) and message in str(caught.value)
+    # nothing left: pod, token and pull secrets are rolled back
+    assert names(fake, "pods") == set() and names(fake, "secrets") == set()

@@ -276,6 +276,24 @@ class ImageStore:
         emit({"phase": "done", "digest": digest})
         return rec
 
+    def lease_stored(self, digest: str, holder: str) -> ImageRecord | None:
+        """Lease an image the store already holds completely, without asking the
+        registry: the caller has proved access itself (the backend's resolve cache,
+        within its window). Under the manifest lock (and the collect lock, shared), so
+        it never leases a record a pull is still writing or a collection is removing.
+        None when the record or any of its layers is missing: pull it instead."""
+        with (
+            _flock(self.locks / "collect.lock", fcntl.LOCK_SH),
+            _flock(self.locks / f"{_hex(digest)}.lock"),
+        ):
+            rec = self.get(digest)
+            if rec is None or not all(self.layer_path(x.digest).is_dir() for x in rec.layers):
+                return None
+            rec.last_used = time.time()
+            _write_json(self.images_dir / f"{_hex(digest)}.json", asdict(rec))
+            self._lease(holder, digest)
+            return rec
+
     def resolve(self, reference: str, *, credentials: Credentials | None = None) -> str:
         """The manifest digest ``reference`` names for this platform, asked of the
         registry with these credentials (the layers are not fetched): proves access."""
@@ -584,6 +602,20 @@ class ImageStore:
             raise ValueError(f"bad lease holder {holder!r}")
         _write_json(self.leases / holder, {"digest": digest})
 
+    def lease(self, holder: str, digest: str) -> ImageRecord:
+        """A lease on an image already in the store (a snapshot's, or a sandbox
+        restored from one: no registry asked, the digest is exact). Raises
+        ImageStoreError when the image or one of its layers is gone."""
+        with (
+            _flock(self.locks / "collect.lock", fcntl.LOCK_SH),
+            _flock(self.locks / f"{_hex(digest)}.lock"),
+        ):
+            rec = self.get(digest)
+            if rec is None or not all(self.layer_path(x.digest).is_dir() for x in rec.layers):
+                raise errors.ImageStoreError(digest, "the image is no longer in the store")
+            self._lease(holder, digest)
+        return rec
+
     def release(self, holder: str) -> None:
         """Drop holder's lease (the sandbox is gone). Idempotent."""
         with contextlib.suppress(FileNotFoundError):
@@ -594,7 +626,11 @@ class ImageStore:
         out = {}
         for p in self.leases.iterdir():
             if not p.name.startswith("."):
-                out[p.name] = str(json.loads(p.read_text())["digest"])
+                try:
+                    text = p.read_text()
+                except FileNotFoundError:
+                    continue  # released between the listing and the read (another process)
+                out[p.name] = str(json.loads(text)["digest"])
         return out
 
     # ---- stale staging (the reconciler's ``image_staging`` inventory) ---------------

@@ -9,12 +9,14 @@ loopback port, stopped after. Its access log is kept so tests can count blob GET
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry, start
+from apps.sandboxes.backends.local.images.tests.swe import push_swe_image
 
-__all__ = ["PASSWORD", "USER", "Registry"]
+__all__ = ["PASSWORD", "USER", "Registry", "SweImage"]
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +39,17 @@ def open_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@dataclass(frozen=True)
+class SweImage:
+    reference: str
+    digest: str
+
+
+@pytest.fixture(scope="session")
+def swe_image(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> SweImage:
+    """The SWE-style task image (swe.py: Debian userland + a failing /testbed), built
+    and pushed to the auth registry once per test session."""
+    ref = f"{registry.host}/swe/calc:v1"
+    return SweImage(ref, push_swe_image(tmp_path_factory.mktemp("swe"), ref, registry.creds))

@@ -36,6 +36,17 @@ class Registry:
                 n += 1
         return n
 
+    def manifest_gets(self, repo: str) -> int:
+        """How many manifest GETs of repo the registry answered 200: registry round
+        trips that proved access (``skopeo inspect``, a pull's resolve)."""
+        n = 0
+        for line in self.log.read_text(errors="replace").splitlines():
+            if f'"GET /v2/{repo}/manifests/' not in line:
+                continue
+            if line.split('"', 2)[2].split()[0] == "200":
+                n += 1
+        return n
+
     def blob_file(self, digest: str) -> Path:
         hexd = digest.split(":")[1]
         return self.root / "docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"

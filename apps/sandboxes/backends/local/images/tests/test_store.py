@@ -421,3 +421,26 @@ def test_touch_makes_an_image_recently_used(registry, store, tmp_path):
     assert store.get(first.digest) is not None
     store.touch(second.digest)  # collected: touching it does not bring the record back
     assert store.get(second.digest) is None
+
+
+def test_lease_stored_only_leases_a_complete_image_and_asks_no_registry(registry, store, tmp_path):
+    push(registry, tmp_path, "t/lease-stored", [BB, layer([E("top", data=b"x")])])
+    ref = f"{registry.host}/t/lease-stored:v1"
+    digest = store.resolve(ref, credentials=CREDS)
+    assert store.lease_stored(digest, "sb-early") is None  # nothing stored yet
+    assert store.leased() == {}
+    rec = store.pull(ref, credentials=CREDS)
+    before = (registry.manifest_gets("t/lease-stored"), registry.blob_gets("t/lease-stored"))
+    leased = store.lease_stored(digest, "sb-1")
+    assert leased is not None and leased.digest == digest and leased.layers == rec.layers
+    assert leased.last_used >= rec.last_used
+    assert store.leased() == {"sb-1": digest}
+    # the store alone: no manifest and no blob fetched
+    after = (registry.manifest_gets("t/lease-stored"), registry.blob_gets("t/lease-stored"))
+    assert after == before
+    # a collection meanwhile cannot take the leased image
+    assert store.collect(0) == [] and store.get(digest) is not None
+    # an image missing one layer (a half-collected store) is not leased: pull it
+    os.rename(store.layer_path(rec.layers[1].digest).parent, tmp_path / "gone")
+    assert store.lease_stored(digest, "sb-2") is None
+    assert store.leased() == {"sb-1": digest}

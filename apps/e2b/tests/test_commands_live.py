@@ -1,0 +1,134 @@
+"""envd's process service through the real e2b SDK: each command an operation row."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from e2b import CommandExitException, Sandbox, SandboxException, TimeoutException
+
+from apps.e2b.tests.live import opts, wait_all_deleted
+from apps.sandboxes.models import Operation
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_it_runs_a_command_with_its_result_fields_and_records_the_operation(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(envs={"FROM_SANDBOX": "yes", "GREETING": "hi"}, **opts(live, secret))
+    result = sbx.commands.run("echo hi; echo oops >&2")
+    assert (result.stdout, result.stderr, result.exit_code, result.error) == (
+        "hi\n",
+        "oops\n",
+        0,
+        None,
+    )
+    op = Operation.objects.get(sandbox__external_id=sbx.sandbox_id)
+    assert op.operation_id.startswith("e2b-") and op.termination == "exited"
+    assert op.exit_code == 0 and op.request["command"] == "echo hi; echo oops >&2"
+    assert op.request["login_shell"] is True
+
+    # the sandbox's envVars reach every command; a command's own envs win
+    env = sbx.commands.run(
+        "echo $GREETING $FROM_SANDBOX from $(pwd)", envs={"GREETING": "hello"}, cwd="/tmp"
+    )
+    assert env.stdout == "hello yes from /tmp\n"
+
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("echo partial; exit 7")
+    assert failed.value.exit_code == 7 and failed.value.stdout == "partial\n"
+    assert Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).count() == 3
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_streams_output_to_on_stdout_while_a_slow_command_runs(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    seen: list[tuple[str, float]] = []
+    release = "/tmp/e2b-release"
+    done = threading.Event()
+
+    def run() -> None:
+        # The command waits for a file the test writes only after the first line
+        # arrived: the callback must get output while the command still runs.
+        sbx.commands.run(
+            f"echo first; while [ ! -e {release} ]; do sleep 0.05; done; echo second",
+            on_stdout=lambda line: seen.append((line, time.monotonic())),
+            timeout=60,
+        )
+        done.set()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [line for line, _ in seen] == ["first\n"]
+    assert not done.is_set()
+    # the release goes through a second command, while the first one streams
+    sbx.commands.run(f"touch {release}")
+    worker.join(30)
+    assert done.is_set()
+    assert [line for line, _ in seen] == ["first\n", "second\n"]
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_times_out_a_command_with_the_sdks_timeout_error(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 30", timeout=1)
+    op = Operation.objects.get(sandbox__external_id=sbx.sandbox_id)
+    deadline = time.monotonic() + 30
+    while op.status == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        op.refresh_from_db()
+    assert op.termination == "timeout" and op.request["timeout"] == 1.0
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_runs_in_the_background_lists_reconnects_waits_and_kills(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    gate = "/tmp/e2b-gate"
+    handle = sbx.commands.run(
+        f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done; echo finished",
+        background=True,
+    )
+    assert handle.pid > 0
+    listed = {p.pid: p for p in sbx.commands.list()}
+    assert handle.pid in listed and gate in " ".join(listed[handle.pid].args)
+    handle.disconnect()
+
+    again = sbx.commands.connect(handle.pid)
+    sbx.commands.run(f"touch {gate}")
+    result = again.wait()
+    # a reconnect replays the command from its start (docs/e2b.md)
+    assert (result.exit_code, result.stdout) == (0, "started\nfinished\n")
+    assert handle.pid not in {p.pid for p in sbx.commands.list()}
+
+    doomed = sbx.commands.run("sleep 300", background=True)
+    assert sbx.commands.kill(doomed.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        doomed.wait()
+    assert killed.value.exit_code == -1
+    op = Operation.objects.get(sandbox__external_id=sbx.sandbox_id, request__command="sleep 300")
+    assert op.termination == "cancelled"
+    assert sbx.commands.kill(doomed.pid) is False  # already ended
+    assert sbx.commands.kill(999999) is False  # never existed
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_refuses_what_it_does_not_serve_yet_with_a_typed_error(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    with pytest.raises(SandboxException, match="stdin"):
+        sbx.commands.run("cat", stdin=True)
+    assert not Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).exists()
+    sbx.kill()
+    wait_all_deleted(tenant)

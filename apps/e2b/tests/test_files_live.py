@@ -1,0 +1,81 @@
+"""envd's filesystem through the real e2b SDK."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from e2b import FileNotFoundException, FileType, InvalidArgumentException, Sandbox
+
+from apps.e2b.tests.live import opts, wait_all_deleted
+from apps.sandboxes.models import Operation
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_it_writes_reads_lists_makes_renames_and_removes(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    files = sbx.files
+
+    info = files.write("/workspace/hello.txt", "héllo\n")
+    assert (info.path, info.name, info.type) == ("/workspace/hello.txt", "hello.txt", FileType.FILE)
+    assert files.read("/workspace/hello.txt") == "héllo\n"
+
+    every_byte = bytes(range(256)) * 64
+    files.write("/workspace/bin/all.bin", every_byte)  # parents are created
+    assert bytes(files.read("/workspace/bin/all.bin", format="bytes")) == every_byte
+    # a streamed (file-like) upload goes as an octet-stream body
+    files.write("/workspace/bin/streamed.bin", io.BytesIO(every_byte[::-1]))
+    assert bytes(files.read("/workspace/bin/streamed.bin", format="bytes")) == every_byte[::-1]
+    # several files in one multipart body
+    written = files.write_files(
+        [{"path": "/workspace/m/a.txt", "data": "a"}, {"path": "/workspace/m/b.txt", "data": b"b"}]
+    )
+    assert [w.path for w in written] == ["/workspace/m/a.txt", "/workspace/m/b.txt"]
+    assert files.read("/workspace/m/b.txt") == "b"
+
+    listed = {e.name: e for e in files.list("/workspace")}
+    assert {"hello.txt", "bin", "m"} <= set(listed)
+    assert listed["bin"].type == FileType.DIR and listed["hello.txt"].type == FileType.FILE
+    assert listed["hello.txt"].size == len("héllo\n".encode())
+    deep = {e.path for e in files.list("/workspace", depth=2)}
+    assert "/workspace/bin/all.bin" in deep
+
+    assert files.make_dir("/workspace/new/deeper") is True
+    assert files.make_dir("/workspace/new/deeper") is False  # already there
+    assert files.exists("/workspace/new/deeper") is True
+    assert files.get_info("/workspace/new/deeper").type == FileType.DIR
+
+    moved = files.rename("/workspace/hello.txt", "/workspace/new/hi.txt")
+    assert moved.path == "/workspace/new/hi.txt"
+    assert files.exists("/workspace/hello.txt") is False
+    assert files.read("/workspace/new/hi.txt") == "héllo\n"
+
+    files.remove("/workspace/new")
+    assert files.exists("/workspace/new") is False
+    with pytest.raises(FileNotFoundException):
+        files.read("/workspace/new/hi.txt")
+    with pytest.raises(FileNotFoundException):
+        files.remove("/workspace/new")
+    with pytest.raises(InvalidArgumentException):
+        files.list("relative/path")
+    # make_dir, rename and remove ran as operations
+    ids = Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).values_list(
+        "operation_id", flat=True
+    )
+    assert sum(1 for i in ids if i.startswith("e2b-fs-")) == 3
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_it_streams_a_50_mb_file_both_ways(live, make_tenant):
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    data = os.urandom(50 * 1024 * 1024)
+    sbx.files.write("/workspace/big.bin", data)
+    assert sbx.commands.run("stat -c %s /workspace/big.bin").stdout.strip() == str(len(data))
+    assert bytes(sbx.files.read("/workspace/big.bin", format="bytes")) == data
+    sbx.kill()
+    wait_all_deleted(tenant)
