@@ -1,5 +1,5 @@
-"""The file browser's writes (issue 24, defect 6): delete a file or directory, then
-show the directory it was in — the browser keeps its place."""
+"""The file browser's writes (issue 24, defect 6): delete a file or directory, or make
+a folder, then show the directory it happened in — the browser keeps its place."""
 
 from __future__ import annotations
 
@@ -47,3 +47,26 @@ def sandbox_file_exists(
             return JsonResponse({"exists": False})
         return JsonResponse({"error": {"code": exc.code, "message": exc.message}}, status=400)
     return JsonResponse({"exists": True, "type": entry.get("type")})
+
+
+@require_POST
+@page("write")
+def sandbox_file_mkdir(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    """A new folder ``name`` in the directory shown (one path segment: no "/")."""
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    directory = request.POST.get("dir", "") or "/workspace"
+    name = request.POST.get("name", "").strip()
+    if not name or "/" in name or name in (".", ".."):
+        return files_listing(
+            request,
+            principal,
+            sandbox,
+            directory,
+            action_error="Give the folder a name (no slashes), e.g. data.",
+        )
+    path = posixpath.join(directory, name)
+    try:
+        files.file_mkdir(sandbox=sandbox, path=path)
+    except ApiError as exc:
+        return files_listing(request, principal, sandbox, directory, action_error=exc.message)
+    return files_listing(request, principal, sandbox, directory, message=f"Created {path}/.")

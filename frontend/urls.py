@@ -39,6 +39,11 @@ urlpatterns = [
         name="sandbox-file-delete",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/files/mkdir",
+        file_views.sandbox_file_mkdir,
+        name="sandbox-file-mkdir",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/files/exists",
         file_views.sandbox_file_exists,
         name="sandbox-file-exists",

@@ -26,6 +26,8 @@ def test_file_writes_are_refused_to_viewers_and_other_teams(make_tenant, make_us
         deleted = client.post(url + "/delete", {"path": "/workspace/x"})
         assert deleted.status_code == status
         assert client.get(url + "/exists", {"path": "/workspace/x"}).status_code == status
+        made = client.post(url + "/mkdir", {"dir": "/workspace", "name": "x"})
+        assert made.status_code == status
 
 
 def test_the_detail_page_opens_the_file_browser_where_the_url_says(make_tenant, make_user):

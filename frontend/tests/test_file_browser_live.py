@@ -78,6 +78,14 @@ def test_it_keeps_its_place_asks_before_replacing_and_deletes(
             "data-files-path", "/workspace/data"
         )
 
+        page.get_by_label("New folder name").fill("runs")
+        page.get_by_role("button", name="New folder").click()
+        expect(page.locator("#files .files-message")).to_have_text("Created /workspace/data/runs/.")
+        expect(page.locator('#files tr[data-entry="runs"]')).to_have_count(1)
+        expect(page.locator("#files [data-files-path]")).to_have_attribute(
+            "data-files-path", "/workspace/data"
+        )
+
         page.locator("#files .breadcrumbs").get_by_role("link", name="workspace").click()
         page.get_by_role("button", name="Delete data").click()
         expect(dialog).to_contain_text("Delete the directory /workspace/data and everything in it?")
