@@ -27,6 +27,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("trajectories/", include("apps.trajectories.urls")),
     path("billing/", include("apps.billing.urls")),
+    path("images/", include("apps.images.urls")),
     path("", include("frontend.urls")),
 ]
 

@@ -186,6 +186,12 @@ def members(request: HttpRequest, principal: Principal) -> HttpResponse:
                 by_role=principal.role,
             )
             message = f"Added {added.user.username} as {added.role}."
+        elif request.POST.get("action") == "remove":
+            membership = selectors.membership_get(
+                tenant=principal.tenant, membership_id=request.POST.get("membership_id", "")
+            )
+            services.membership_remove(membership=membership, by_role=principal.role)
+            message = f"Removed {membership.user.username} from the team."
         else:
             membership = selectors.membership_get(
                 tenant=principal.tenant, membership_id=request.POST.get("membership_id", "")

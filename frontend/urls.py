@@ -1,6 +1,6 @@
 from django.urls import path
 
-from frontend import team_views, views
+from frontend import file_views, operation_views, team_views, views
 
 app_name = "frontend"
 
@@ -22,7 +22,32 @@ urlpatterns = [
         views.sandbox_operations,
         name="sandbox-operations",
     ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/output",
+        operation_views.operation_output,
+        name="operation-output",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/output.txt",
+        operation_views.operation_output_download,
+        name="operation-output-download",
+    ),
     path("sandboxes/<str:sandbox_id>/files", views.sandbox_files, name="sandbox-files"),
+    path(
+        "sandboxes/<str:sandbox_id>/files/delete",
+        file_views.sandbox_file_delete,
+        name="sandbox-file-delete",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/mkdir",
+        file_views.sandbox_file_mkdir,
+        name="sandbox-file-mkdir",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/exists",
+        file_views.sandbox_file_exists,
+        name="sandbox-file-exists",
+    ),
     path("sandboxes/<str:sandbox_id>/delete", views.sandbox_delete_view, name="sandbox-delete"),
     path("keys/", team_views.keys, name="keys"),
     path("keys/<str:key_id>/revoke", team_views.key_revoke, name="key-revoke"),

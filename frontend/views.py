@@ -252,6 +252,8 @@ def sandbox_detail(request: HttpRequest, principal: Principal, sandbox_id: str) 
     sandbox = context["sandbox"]
     paths = websocket_paths()
     context.update(
+        # the file browser opens where the URL says (?path=…), so a reload keeps its place
+        files_path=request.GET.get("path") or "/workspace",
         operations=list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20]),
         pty_available=any("pty" in p for p in paths),
         nav_section="sandboxes",
@@ -290,7 +292,19 @@ def sandbox_operations(request: HttpRequest, principal: Principal, sandbox_id: s
 @page()
 def sandbox_files(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
     sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
-    path = request.GET.get("path") or "/workspace"
+    return files_listing(request, principal, sandbox, request.GET.get("path") or "/workspace")
+
+
+def files_listing(
+    request: HttpRequest,
+    principal: Principal,
+    sandbox: Any,
+    path: str,
+    *,
+    message: str = "",
+    action_error: str = "",
+) -> HttpResponse:
+    """The file browser's listing of ``path`` (the partial the page swaps into #files)."""
     listing: dict[str, Any] = {}
     error = ""
     try:
@@ -313,5 +327,7 @@ def sandbox_files(request: HttpRequest, principal: Principal, sandbox_id: str) -
             "crumbs": crumbs,
             "entries": entries,
             "error": error,
+            "message": message,
+            "action_error": action_error,
         },
     )

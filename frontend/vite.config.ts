@@ -27,6 +27,7 @@ export default defineConfig({
         main: resolve(here, "src/main.ts"),
         sandbox: resolve(here, "src/sandbox.ts"),
         charts: resolve(here, "src/charts.ts"),
+        images: resolve(here, "src/images.ts"),
       },
       output: {
         entryFileNames: "[name].js",

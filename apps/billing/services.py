@@ -131,6 +131,25 @@ def membership_change_role(*, membership: Membership, role: str, by_role: str) -
     return membership
 
 
+def membership_remove(*, membership: Membership, by_role: str) -> None:
+    """Removes a member from the team (their next request no longer acts for it).
+    Owners and admins only; only an owner removes an owner; transactional: the team
+    always keeps at least one owner (the owners' rows are locked, as for a demotion)."""
+    if by_role not in (Role.OWNER, Role.ADMIN):
+        raise ApiError("only owners and admins manage members", code="forbidden", status_code=403)
+    if membership.role == Role.OWNER and by_role != Role.OWNER:
+        raise ApiError("only owners remove an owner", code="forbidden", status_code=403)
+    with transaction.atomic():
+        owners = list(
+            Membership.objects.select_for_update()
+            .filter(tenant_id=membership.tenant_id, role=Role.OWNER)
+            .values_list("pk", flat=True)
+        )
+        if owners == [membership.pk]:
+            raise ValidationFailed("a team needs at least one owner", field="membership_id")
+        Membership.objects.filter(pk=membership.pk).delete()
+
+
 def _check_role_change(*, role: str, by_role: str, previous: str | None) -> None:
     if role not in Role.values:
         raise ValidationFailed(f"unknown role {role!r}", field="role")

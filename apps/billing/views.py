@@ -92,20 +92,20 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
             "budget_percent": min(100, round(100 * spent / budget)) if budget else 0,
             "cost_chart": _chart(report["days"], "cost", "Cost (USD)", " $"),
             "hours_chart": _chart(report["days"], "sandbox_hours", "Sandbox-hours", " h"),
-            "slice_chart": {
-                "labels": [r["image"] for r in report["by_image"]]
-                + [r["label"] for r in report["by_label"]],
-                "datasets": [
-                    {
-                        "label": "Cost (USD)",
-                        "data": [float(Decimal(r["cost"])) for r in report["by_image"]]
-                        + [float(Decimal(r["cost"])) for r in report["by_label"]],
-                    }
-                ],
-                "unit": " $",
-            },
+            # Images and labels are different slicings of the same cost (a sandbox has
+            # one image and several labels): one chart each, never one axis mixing both.
+            "image_chart": _slice_chart(report["by_image"], "image"),
+            "label_chart": _slice_chart(report["by_label"], "label"),
         },
     )
+
+
+def _slice_chart(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    return {
+        "labels": [r[key] for r in rows],
+        "datasets": [{"label": "Cost (USD)", "data": [float(Decimal(r["cost"])) for r in rows]}],
+        "unit": " $",
+    }
 
 
 @staff_page

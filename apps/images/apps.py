@@ -7,3 +7,8 @@ class ImagesConfig(AppConfig):
     name = "apps.images"
     label = "images"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from frontend.nav import NavItem, register_nav
+
+        register_nav(NavItem("Images", "images:list", section="images"), before="Usage")

@@ -64,7 +64,8 @@ export function hydrateTimes(root: ParentNode = document): void {
     } else if (el.dataset.rel !== undefined) {
       el.textContent = relative(date, now);
     } else if (el.dataset.local !== undefined) {
-      el.textContent = date.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+      const timeStyle = el.dataset.local === "seconds" ? "medium" : "short";
+      el.textContent = date.toLocaleString(undefined, { dateStyle: "medium", timeStyle });
     }
   }
 }

@@ -2,6 +2,7 @@
 import "./styles.css";
 import htmx from "htmx.org";
 import { csrfToken } from "./api";
+import { confirmDialog } from "./confirm";
 import { hydrateTimes } from "./format";
 import { realtime } from "./realtime";
 
@@ -53,12 +54,11 @@ document.addEventListener("click", (event) => {
 });
 
 // <form data-confirm="Delete sb-1?"> asks in an accessible <dialog> before submitting.
-const dialog = document.querySelector<HTMLDialogElement>("#confirm-dialog");
 document.addEventListener(
   "submit",
   (event) => {
     const form = event.target as HTMLFormElement;
-    if (!form.dataset.confirm || !dialog || form.dataset.confirmed === "yes") return;
+    if (!form.dataset.confirm || form.dataset.confirmed === "yes") return;
     event.preventDefault();
     event.stopImmediatePropagation();
     let message = form.dataset.confirm;
@@ -67,19 +67,12 @@ document.addEventListener(
       const n = document.querySelectorAll(`input[name="${form.dataset.confirmCount}"][form="${form.id}"]:checked`).length;
       message = message.replace("{n}", String(n));
     }
-    dialog.querySelector(".confirm-message")!.textContent = message;
-    dialog.returnValue = "";
-    dialog.showModal();
-    dialog.addEventListener(
-      "close",
-      () => {
-        if (dialog.returnValue !== "confirm") return;
-        form.dataset.confirmed = "yes";
-        form.requestSubmit();
-        delete form.dataset.confirmed;
-      },
-      { once: true },
-    );
+    void confirmDialog(message).then((yes) => {
+      if (!yes) return;
+      form.dataset.confirmed = "yes";
+      form.requestSubmit();
+      delete form.dataset.confirmed;
+    });
   },
   true,
 );
@@ -155,4 +148,54 @@ document.body.addEventListener("htmx:afterSwap", applyBulk);
 document.body.addEventListener("htmx:afterRequest", (event) => {
   const form = (event as CustomEvent<{ elt: Element }>).detail.elt;
   if (form instanceof HTMLFormElement && form.id === "bulk-delete") chosen.clear();
+});
+
+// A table that scrolls sideways inside its box must be reachable by keyboard (axe:
+// scrollable-region-focusable): such boxes get tabindex=0, re-checked after swaps and
+// on every resize (a handful of elements: cheap).
+function focusableScrollers(): void {
+  for (const box of document.querySelectorAll<HTMLElement>(".table-wrap")) {
+    if (box.scrollWidth > box.clientWidth + 1) {
+      if (!box.hasAttribute("tabindex")) box.tabIndex = 0;
+    } else if (box.tabIndex === 0) {
+      box.removeAttribute("tabindex");
+    }
+  }
+}
+focusableScrollers();
+document.body.addEventListener("htmx:afterSettle", focusableScrollers);
+window.addEventListener("resize", focusableScrollers);
+
+// A live re-read swaps the element that had keyboard focus (a checkbox, a Delete button)
+// for a fresh copy, and focus fell to <body>: the keyboard user lost their place. The
+// same control in the new content gets focus back (found by id, name+value or label),
+// else the swapped region itself.
+let refocus: string | null = null;
+function selectorFor(el: Element): string {
+  if (el.id) return `#${CSS.escape(el.id)}`;
+  const name = el.getAttribute("name");
+  const value = el.getAttribute("value");
+  if (name) return `${el.tagName.toLowerCase()}[name="${CSS.escape(name)}"]${value ? `[value="${CSS.escape(value)}"]` : ""}`;
+  const label = el.getAttribute("aria-label");
+  if (label) return `${el.tagName.toLowerCase()}[aria-label="${CSS.escape(label)}"]`;
+  return "";
+}
+document.body.addEventListener("htmx:beforeSwap", (event) => {
+  const target = (event as CustomEvent<{ target: Element }>).detail.target;
+  const active = document.activeElement;
+  refocus = active && active !== document.body && target.contains(active) ? selectorFor(active) : null;
+});
+document.body.addEventListener("htmx:afterSettle", (event) => {
+  if (refocus === null) return;
+  const wanted = refocus;
+  refocus = null;
+  if (document.activeElement && document.activeElement !== document.body) return;
+  const target = (event as CustomEvent<{ target: HTMLElement }>).detail.target;
+  const again = wanted ? document.querySelector<HTMLElement>(wanted) : null;
+  if (again) {
+    again.focus();
+  } else if (document.contains(target)) {
+    if (!target.hasAttribute("tabindex")) target.tabIndex = -1;
+    target.focus();
+  }
 });

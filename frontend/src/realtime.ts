@@ -30,7 +30,7 @@ export class Realtime {
     listener(this.connected);
   }
 
-  /** Tenant-wide sandbox.state events. Returns an unsubscribe function. */
+  /** Tenant-wide sandbox.state and image.progress events. Returns an unsubscribe function. */
   sandboxes(handler: Handler): () => void {
     return this.add("sandboxes", { type: "subscribe", topic: "sandboxes" }, handler);
   }
@@ -107,7 +107,12 @@ export class Realtime {
     }
     // The "subscribed" ack goes to the handler too: events before it were not delivered,
     // so a page re-reads its state then (not at "open", which leaves a gap).
-    if (type === "sandbox.state" || (type === "subscribed" && frame.topic === "sandboxes")) {
+    // image.progress rides the same tenant topic (docs/realtime.md): pages filter by type.
+    if (
+      type === "sandbox.state" ||
+      type === "image.progress" ||
+      (type === "subscribed" && frame.topic === "sandboxes")
+    ) {
       this.subs.get("sandboxes")?.handler(frame);
       return;
     }

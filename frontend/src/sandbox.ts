@@ -1,6 +1,7 @@
 // The sandbox detail page: live state, terminal, run-command box, file browser.
 import htmx from "htmx.org";
-import { csrfToken } from "./api";
+import { api, csrfToken } from "./api";
+import { confirmDialog } from "./confirm";
 import { ExecBox } from "./exec";
 import { bytes } from "./format";
 import { realtime } from "./realtime";
@@ -44,7 +45,18 @@ function setup(page: HTMLElement): void {
   } else if (["requested", "provisioning", "terminating"].includes(page.dataset.state ?? "")) {
     window.setInterval(refreshState, 4000);
   }
+  // An image pull's progress is written to the row (at most 4 times a second) but sends
+  // no state event: re-read the header while the sandbox is being provisioned.
+  if (["requested", "provisioning"].includes(page.dataset.state ?? "")) {
+    const timer = window.setInterval(() => {
+      const state = document.querySelector<HTMLElement>("#sandbox-header [data-state]")?.dataset.state;
+      if (state && !["requested", "provisioning"].includes(state)) window.clearInterval(timer);
+      else htmx.trigger("#sandbox-header", "refresh");
+    }, 1000);
+  }
 
+  setupOperationOutput();
+  setupFiles();
   setupTerminal(sandboxId);
   setupExec(sandboxId, client);
   setupUpload(sandboxId);
@@ -110,8 +122,9 @@ function setupExec(sandboxId: string, client: ReturnType<typeof realtime>): void
 }
 
 function setupUpload(sandboxId: string): void {
-  const form = document.querySelector<HTMLFormElement>("#upload-form");
-  if (!form) return;
+  const found = document.querySelector<HTMLFormElement>("#upload-form");
+  if (!found) return;
+  const form: HTMLFormElement = found;
   const input = form.querySelector<HTMLInputElement>("input[type=file]")!;
   const progress = form.querySelector<HTMLProgressElement>("progress")!;
   const message = form.querySelector<HTMLElement>(".upload-message")!;
@@ -122,8 +135,24 @@ function setupUpload(sandboxId: string): void {
       message.textContent = "Choose a file first.";
       return;
     }
-    const dir = document.querySelector<HTMLElement>("[data-files-path]")?.dataset.filesPath ?? "/workspace";
+    const dir = currentDir();
     const path = `${dir.replace(/\/$/, "")}/${file.name}`;
+    // Never replace a file silently: ask the sandbox whether the path exists first.
+    void exists(sandboxId, path).then(
+      async (there) => {
+        if (there && !(await confirmDialog(`Replace ${path}? The file there is overwritten.`))) {
+          message.textContent = "Upload cancelled.";
+          return;
+        }
+        upload(file, path, dir);
+      },
+      (err: unknown) => {
+        message.textContent = `Upload not started: ${err instanceof Error ? err.message : String(err)}`;
+      },
+    );
+  });
+
+  function upload(file: File, path: string, dir: string): void {
     const xhr = new XMLHttpRequest();
     xhr.open("PUT", `/api/v1/sandboxes/${encodeURIComponent(sandboxId)}/files?path=${encodeURIComponent(path)}`);
     xhr.setRequestHeader("X-CSRFToken", csrfToken());
@@ -139,8 +168,7 @@ function setupUpload(sandboxId: string): void {
         progress.value = 1;
         message.textContent = `Uploaded ${path} (${bytes(file.size)}).`;
         form.reset();
-        const listing = document.querySelector<HTMLElement>("#files");
-        if (listing) htmx.trigger(listing, "refresh");
+        showDir(dir); // the directory it went to, not the one the page opened on
       } else {
         let text = `Upload failed (${xhr.status})`;
         try {
@@ -157,5 +185,53 @@ function setupUpload(sandboxId: string): void {
       progress.hidden = true;
     });
     xhr.send(file);
+  }
+}
+
+function currentDir(): string {
+  return document.querySelector<HTMLElement>("[data-files-path]")?.dataset.filesPath ?? "/workspace";
+}
+
+function showDir(dir: string): void {
+  const listing = document.querySelector<HTMLElement>("#files");
+  const url = listing?.dataset.filesUrl;
+  if (!listing || !url) return;
+  void htmx.ajax("get", `${url}?path=${encodeURIComponent(dir)}`, { target: listing, swap: "innerHTML" });
+}
+
+async function exists(sandboxId: string, path: string): Promise<boolean> {
+  const answer = await api<{ exists: boolean }>(
+    `/sandboxes/${encodeURIComponent(sandboxId)}/files/exists?path=${encodeURIComponent(path)}`,
+  );
+  return answer.exists;
+}
+
+// The directory shown is in the page's URL (?path=…): a reload or a shared link opens
+// the file browser there.
+function setupFiles(): void {
+  document.body.addEventListener("htmx:afterSwap", (event) => {
+    const target = (event as CustomEvent<{ target: Element }>).detail.target;
+    if (!(target instanceof HTMLElement) || target.id !== "files") return;
+    const url = new URL(location.href);
+    const dir = currentDir();
+    if (url.searchParams.get("path") === dir) return;
+    url.searchParams.set("path", dir);
+    history.replaceState(history.state, "", url);
+  });
+}
+
+// An operation row's "Output" button opens (and closes) the row under it, which htmx
+// fills with the stored stdout/stderr on the first click.
+function setupOperationOutput(): void {
+  document.addEventListener("click", (event) => {
+    const button = (event.target as Element).closest<HTMLButtonElement>("[data-op-toggle]");
+    if (!button) return;
+    const row = document.getElementById(button.getAttribute("aria-controls") ?? "");
+    if (!row) return;
+    const open = row.hidden;
+    row.hidden = !open;
+    // The label stays "Output" (its accessible name must contain the visible text);
+    // aria-expanded and the pressed look say whether it is open.
+    button.setAttribute("aria-expanded", String(open));
   });
 }

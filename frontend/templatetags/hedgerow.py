@@ -67,10 +67,20 @@ def reltime(value: datetime | str | None, empty: str = "—") -> SafeString:
 
 
 @register.simple_tag
-def localtime_tag(value: datetime | str | None, empty: str = "—") -> SafeString:
+def localtime_tag(
+    value: datetime | str | None, empty: str = "—", seconds: bool = False
+) -> SafeString:
+    """Local time (the browser localises it); ``seconds=True`` where seconds matter (a
+    lifecycle: provisioning → ready within the same minute)."""
     value = _as_datetime(value)
     if value is None:
         return format_html('<span class="muted">{}</span>', empty)
+    if seconds:
+        return format_html(
+            '<time datetime="{}" data-local="seconds">{}</time>',
+            value.isoformat(),
+            value.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        )
     return format_html(
         '<time datetime="{}" data-local>{}</time>',
         value.isoformat(),
@@ -124,6 +134,20 @@ def filesize(size: int | None) -> str:
 @register.filter
 def epoch(value: float | int | str) -> datetime:
     return datetime.fromtimestamp(float(value), tz=UTC)
+
+
+@register.filter
+def hours(value: Decimal | str | float | None) -> str:
+    """Hours for people: two decimals ("1.25"), "<0.01" for a few seconds (never a
+    misleading "0.00"), "0" for none. The API and CSV keep their four decimals."""
+    if value is None or value == "":
+        return "—"
+    number = Decimal(str(value))
+    if number == 0:
+        return "0"
+    if abs(number) < Decimal("0.01"):
+        return "<0.01"
+    return f"{number:,.2f}"
 
 
 @register.filter

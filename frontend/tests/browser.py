@@ -9,7 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    ViewportSize,
+    expect,
+    sync_playwright,
+)
+from playwright.sync_api import (
+    TimeoutError as PlaywrightTimeout,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # `make test` must leave the working tree clean: screenshots go to a scratch directory
@@ -20,6 +30,9 @@ SCREENSHOTS = (
     else Path(os.environ.get("TMPDIR", "/tmp")) / "hedgerow-screenshots"
 )
 CHROMIUM = "/usr/bin/chromium"
+# axe-core from npm (frontend/package.json devDependencies; `npm ci` installs it),
+# injected into the page under test: never a CDN.
+AXE = ROOT / "frontend" / "node_modules" / "axe-core" / "axe.min.js"
 # Flags that keep Chromium off the network (the tests may only talk to loopback).
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -97,3 +110,72 @@ def screenshot(page: Page, name: str) -> None:
     # A scrolled page (focus moved into the terminal) shoots its sticky top bar midway.
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+# The two screens issue 24 names: a laptop and a phone.
+DESKTOP: ViewportSize = {"width": 1440, "height": 900}
+PHONE: ViewportSize = {"width": 390, "height": 844}
+
+
+# The innermost elements sticking out past the viewport's right edge: what to fix.
+_WIDE_ELEMENTS = """() => {
+  const W = window.innerWidth + 1;
+  const name = (e) => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
+    (typeof e.className === 'string' && e.className
+      ? '.' + e.className.trim().split(/\\s+/).join('.') : '');
+  const wide = [...document.querySelectorAll('body *')]
+    .filter(e => e.getBoundingClientRect().right > W)
+    .filter(e => ![...e.children].some(c => c.getBoundingClientRect().right > W))
+    .map(e => [name(e), e.getBoundingClientRect().right]);
+  // text overflowing a narrower box (white-space: nowrap) sticks out too
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (!n.textContent.trim()) continue;
+    range.selectNodeContents(n);
+    const right = range.getBoundingClientRect().right;
+    if (right > W) wide.push(['text in ' + name(n.parentElement), right]);
+  }
+  return wide.sort((a, b) => b[1] - a[1]).slice(0, 6)
+    .map(([what, right]) => what + ':' + Math.round(right));
+}"""
+
+
+def sideways_overflow(page: Page) -> list[str]:
+    """For each of DESKTOP and PHONE: "WxH: scrollWidth > innerWidth [culprits]" when the
+    document scrolls sideways (a wide table must scroll inside its own box, not the
+    page). Charts re-fit a beat after a resize (ResizeObserver), so the page gets a
+    moment to settle; an overflow that is still there after it is reported."""
+    found = []
+    for size in (DESKTOP, PHONE):
+        page.set_viewport_size(size)
+        try:
+            page.wait_for_function(
+                "document.scrollingElement.scrollWidth <= window.innerWidth", timeout=3_000
+            )
+        except PlaywrightTimeout:
+            widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+            culprits = page.evaluate(_WIDE_ELEMENTS)
+            found.append(f"{size['width']}x{size['height']}: {widths[0]} > {widths[1]} {culprits}")
+    page.set_viewport_size({"width": 1280, "height": 800})
+    return found
+
+
+def axe_violations(page: Page, impacts: tuple[str, ...] = ("serious", "critical")) -> list[str]:
+    """axe-core's violations of the page as it is now, at ``impacts``: "rule-id (impact):
+    selector, …" per rule, so a failing assertion names what to fix."""
+    if not AXE.exists():
+        raise AssertionError(f"{AXE} is missing: run `scripts/stack.sh install` (npm ci)")
+    if not page.evaluate("typeof window.axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE))
+    found = page.evaluate(
+        """async (impacts) => {
+          const result = await window.axe.run(document, { resultTypes: ["violations"] });
+          return result.violations
+            .filter(v => impacts.includes(v.impact))
+            .map(v => `${v.id} (${v.impact}): ` +
+                 v.nodes.slice(0, 5).map(n => n.target.join(" ")).join(", "));
+        }""",
+        list(impacts),
+    )
+    return list(found)

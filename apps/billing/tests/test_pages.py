@@ -108,3 +108,24 @@ def test_it_shows_a_queued_sandbox_with_its_position_and_a_delete_button(
     assert f"/sandboxes/{queued.external_id}/delete" in table
     detail = client.get(f"/sandboxes/{queued.external_id}/").content.decode()
     assert "#1 in the admission queue" in detail
+
+
+def test_images_and_labels_are_charted_apart(
+    make_tenant,
+    client,
+    book,  # noqa: F811
+):
+    """Issue 24, defect 11: one chart mixed image references and label pairs on one axis."""
+    tenant, _ = make_tenant()
+    ledger_sandbox(tenant, T0, [("provisioning", 0), ("deleted", 3600)], image="python")
+    user = User.objects.create_user("cal", password="pw")
+    membership_set_role(tenant=tenant, user=user, role="viewer")
+    client.force_login(user)
+    page = client.get("/billing/usage/", {"start": "2026-03-01", "end": "2026-03-31"})
+    images, labels = page.context["image_chart"], page.context["label_chart"]
+    assert images["labels"] == ["python"]
+    assert "python" not in labels["labels"]
+    assert all("=" in label for label in labels["labels"])
+    html = page.content.decode()
+    assert "Cost by image<" in html and "Cost by label<" in html
+    assert "Cost by image and label" not in html
