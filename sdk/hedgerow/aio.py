@@ -238,10 +238,12 @@ class AsyncClient:
 
     # -- snapshots (docs/snapshots.md) ---------------------------------------------
     async def get_snapshot(self, snapshot: SnapshotRef) -> AsyncSnapshot:
+        """See ``Client.get_snapshot``."""
         path = f"/snapshots/{snapshot_id(snapshot)}"
         return AsyncSnapshot(self, (await self.request("GET", path)).json())
 
     async def snapshots(self, *, limit: int = 50) -> List[AsyncSnapshot]:
+        """See ``Client.snapshots``."""
         body = (await self.request("GET", "/snapshots", params={"limit": limit})).json()
         return [AsyncSnapshot(self, item) for item in body["results"]]
 

@@ -270,9 +270,12 @@ class Client:
 
     # -- snapshots (docs/snapshots.md) ---------------------------------------------
     def get_snapshot(self, snapshot: SnapshotRef) -> Snapshot:
+        """A snapshot by id or object (``NotFound`` for another team's or an unknown
+        one): its state (``capturing``, ``ready``, ``failed``), sizes, fingerprint."""
         return Snapshot(self, self.request("GET", f"/snapshots/{snapshot_id(snapshot)}").json())
 
     def snapshots(self, *, limit: int = 50) -> List[Snapshot]:
+        """The team's snapshots, newest first, at most ``limit`` (default 50)."""
         body = self.request("GET", "/snapshots", params={"limit": limit}).json()
         return [Snapshot(self, item) for item in body["results"]]
 
