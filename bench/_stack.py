@@ -50,7 +50,7 @@ def private_stack(
         import django
 
         django.setup()
-        from apps.billing.services import api_key_create, tenant_create
+        from apps.tenancy.services import api_key_create, tenant_create
         from conftest import Stack
 
         tenant = tenant_create(slug="bench")

@@ -167,8 +167,8 @@ async def _run(args: Any) -> int:
     django.setup()
     from asgiref.sync import sync_to_async
 
-    from apps.billing.services import api_key_create, tenant_create
     from apps.sandboxes.models import Sandbox, State
+    from apps.tenancy.services import api_key_create, tenant_create
     from controlplane.asgi import application
 
     tenant = await sync_to_async(tenant_create)(slug="bench")

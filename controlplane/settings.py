@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "apps.tenancy",
     "apps.billing",
     "apps.sandboxes",
     "apps.trajectories",
@@ -190,10 +191,10 @@ WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "apps.billing.auth.ApiKeyAuthentication",
-        "apps.billing.auth.TenantSessionAuthentication",
+        "apps.tenancy.auth.ApiKeyAuthentication",
+        "apps.tenancy.auth.TenantSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["apps.billing.permissions.HasTenantScope"],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.tenancy.permissions.HasTenantScope"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -18,6 +18,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/version", VersionView.as_view(), name="version"),
     path("api/v1/", include("apps.sandboxes.api.urls")),
+    path("api/v1/", include("apps.tenancy.api.urls")),
     path("api/v1/", include("apps.billing.api.urls")),
     path("api/v1/", include("apps.trajectories.api.urls")),
     path("api/v1/", include("apps.images.api.urls")),

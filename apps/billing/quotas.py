@@ -20,10 +20,11 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Sum
 
-from apps.billing.models import ApiKey, ApiKeyLimits, Tenant, TenantQuota
+from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.pricing import money
 from apps.billing.usage import tenant_month_cost
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
+from apps.tenancy.models import ApiKey, Tenant
 from controlplane.dbrows import instance_from_row, select_list
 from controlplane.errors import ApiError
 

@@ -14,11 +14,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from apps.billing.principal import Principal
 from apps.e2b.connect import ConnectError
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services import files
 from apps.sandboxes.services.operations import ExecRequest, operation_exec
+from apps.tenancy.principal import Principal
 from controlplane.errors import ApiError
 
 MAX_DEPTH = 8

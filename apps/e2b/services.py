@@ -15,7 +15,6 @@ from urllib.parse import parse_qsl, unquote
 from django.conf import settings
 from django.db import transaction
 
-from apps.billing.principal import Principal
 from apps.e2b.models import SandboxEnv
 from apps.e2b.tokens import envd_token
 from apps.sandboxes.backends import get_backend
@@ -28,6 +27,7 @@ from apps.sandboxes.services.lifecycle import (
     validate_labels,
 )
 from apps.sandboxes.services.waiting import sandbox_wait_settled
+from apps.tenancy.principal import Principal
 from controlplane import jsonsafe
 from controlplane.errors import ApiError, Conflict, NotFound, ValidationFailed
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from django.core import signing
 
-from apps.billing.auth import AuthFailed, principal_for_key_id
-from apps.billing.principal import Principal
+from apps.tenancy.auth import AuthFailed, principal_for_key_id
+from apps.tenancy.principal import Principal
 from controlplane.errors import ApiError
 
 SALT = "hedgerow.e2b.envd-access-token"

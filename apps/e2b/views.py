@@ -15,9 +15,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.exceptions import AuthenticationFailed
 
-from apps.billing.auth import principal_for_key
-from apps.billing.principal import Principal
 from apps.e2b import services
+from apps.tenancy.auth import principal_for_key
+from apps.tenancy.principal import Principal
 from controlplane.errors import ApiError
 from controlplane.inputs import json_loads
 

@@ -17,8 +17,6 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.billing.models import Tenant
-from apps.billing.principal import Principal
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
@@ -29,6 +27,8 @@ from apps.sandboxes.services.streaming import (
     operation_exec_stream,
     operation_recover,
 )
+from apps.tenancy.models import Tenant
+from apps.tenancy.principal import Principal
 from controlplane.errors import NotFound, ValidationFailed
 
 MAX_EXEC_TIMEOUT_S = 86400.0

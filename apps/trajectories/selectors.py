@@ -12,8 +12,8 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import SandboxEvent
+from apps.tenancy.models import Tenant
 from apps.trajectories.cost import episodes_total_cost
 from apps.trajectories.models import (
     INVALID_CLASSES,

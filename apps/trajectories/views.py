@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.billing.principal import Principal
+from apps.tenancy.principal import Principal
 from apps.trajectories import selectors
 from apps.trajectories.models import INVALID_CLASSES, EpisodeStatus, FailureClass
 from apps.trajectories.services.episodes import episode_relabel

@@ -17,8 +17,9 @@ from apps.billing.limits import (
     upload_admit,
     upload_record,
 )
-from apps.billing.models import ApiKey, ApiKeyLimits, TenantQuota
+from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.quotas import quota_get
+from apps.tenancy.models import ApiKey
 from controlplane.errors import ApiError
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,6 @@ import binascii
 import contextlib
 from typing import Any
 
-from apps.billing.principal import Principal
 from apps.sandboxes import selectors
 from apps.sandboxes.consumers.base import BadFrame, HedgerowConsumer
 from apps.sandboxes.consumers.feeds import new_redis
@@ -23,6 +22,7 @@ from apps.sandboxes.services.pty import (
     pty_sandbox_limit,
     pty_tenant_limit,
 )
+from apps.tenancy.principal import Principal
 from controlplane.asyncdb import db_async
 from controlplane.errors import ApiError
 

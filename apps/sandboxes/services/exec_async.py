@@ -40,7 +40,6 @@ from django.db import connections
 from django.utils import timezone
 
 from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits, hot_limits_cached
-from apps.billing.principal import Principal
 from apps.sandboxes.agent_async import agent_exec
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus
@@ -53,6 +52,7 @@ from apps.sandboxes.services.operations import (
     result_fields,
 )
 from apps.sandboxes.services.streaming import PUMP_TTL_S, pump_key, pumps
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 

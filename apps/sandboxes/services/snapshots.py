@@ -23,7 +23,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SnapshotFailed
@@ -42,6 +41,7 @@ from apps.sandboxes.services.lifecycle import (
     sandbox_record_event,
     sandbox_transition,
 )
+from apps.tenancy.models import Tenant
 from controlplane.errors import ApiError, Conflict, ValidationFailed
 
 log = logging.getLogger(__name__)

@@ -317,7 +317,7 @@ async def test_it_refuses_a_viewers_session_a_terminal_and_an_outsiders_session_
 ):
     from django.contrib.auth.models import User
 
-    from apps.billing.models import Membership
+    from apps.tenancy.models import Membership
 
     def session_of(username: str, tenant: Any, role: str) -> bytes:
         user = User.objects.create_user(username, password="pw-" + username)

@@ -10,9 +10,9 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django.test import Client
 
-from apps.billing.services import tenant_create
 from apps.sandboxes.events import tenant_group
 from apps.sandboxes.tests.wscomm import WebsocketCommunicator
+from apps.tenancy.services import tenant_create
 from controlplane.asgi import application
 from controlplane.asyncdb import db_async
 

@@ -10,8 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
+from apps.tenancy.permissions import principal_of
 from apps.trajectories import selectors
 from apps.trajectories.api.serializers import (
     EpisodeCloseSerializer,

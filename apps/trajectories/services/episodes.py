@@ -12,8 +12,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox
+from apps.tenancy.models import Tenant
 from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
 from apps.trajectories.models import (
     TERMINATION_REASONS,

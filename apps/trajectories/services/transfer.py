@@ -21,8 +21,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox, Snapshot
+from apps.tenancy.models import Tenant
 from apps.trajectories.models import (
     Episode,
     EpisodeRelabel,

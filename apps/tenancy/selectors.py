@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
-from apps.billing.models import ApiKey, Membership, Tenant
+from apps.tenancy.models import ApiKey, Membership, Tenant
 from controlplane.errors import NotFound
 
 
