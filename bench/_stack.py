@@ -39,7 +39,7 @@ def private_stack(
     sys.path.insert(0, str(ROOT))
     import psycopg
 
-    from controlplane.env import db_conninfo
+    from apps.core.env import db_conninfo
 
     admin = psycopg.connect(db_conninfo("postgres"))
     admin.autocommit = True

@@ -33,5 +33,5 @@ urlpatterns = [
 ]
 
 # JSON for API paths (unknown endpoint, unexpected failure), Django's pages elsewhere.
-handler404 = "controlplane.errors.not_found"
-handler500 = "controlplane.errors.server_error"
+handler404 = "apps.core.errors.not_found"
+handler500 = "apps.core.errors.server_error"

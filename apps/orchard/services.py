@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db.models import Count, Sum
 
 from apps.billing.models import TenantQuota
+from apps.core.errors import ApiError, ValidationFailed
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import (
@@ -24,7 +25,6 @@ from apps.sandboxes.services.lifecycle import (
 )
 from apps.tenancy.models import Tenant
 from apps.tenancy.principal import Principal
-from controlplane.errors import ApiError, ValidationFailed
 
 DEFAULT_CPU_MILLIS = 1000
 DEFAULT_MEMORY_MIB = 1024

@@ -10,10 +10,10 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.tenancy.auth import forget_cached_keys
 from apps.tenancy.models import ApiKey, Membership, Role, Scope, Tenant
 from apps.tenancy.secrets import KEY_PREFIX, hash_secret
-from controlplane.errors import ApiError, Conflict, ValidationFailed
 
 VALID_SCOPES = {s.value for s in Scope}
 

@@ -20,9 +20,9 @@ from apps.billing.api.serializers import PriceBookSerializer, TenantQuotaSeriali
 from apps.billing.models import PriceBook
 from apps.billing.quotas import quota_get, quota_usage
 from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, tenant_report
+from apps.core.errors import NotFound, ValidationFailed
 from apps.tenancy.models import Tenant
 from apps.tenancy.permissions import principal_of
-from controlplane.errors import NotFound, ValidationFailed
 
 WINDOW_PARAMS = [
     OpenApiParameter("start", str, description="ISO date/time (default: 30 days ago)"),

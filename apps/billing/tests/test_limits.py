@@ -19,8 +19,8 @@ from apps.billing.limits import (
 )
 from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.quotas import quota_get
+from apps.core.errors import ApiError
 from apps.tenancy.models import ApiKey
-from controlplane.errors import ApiError
 
 pytestmark = pytest.mark.django_db
 

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.errors import ApiError
 from apps.images import services
 from apps.images.api.serializers import (
     ImageImportSerializer,
@@ -21,7 +22,6 @@ from apps.images.api.serializers import (
 from apps.images.models import Image, ImageStatus
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES, ErrorSerializer
 from apps.tenancy.permissions import principal_of
-from controlplane.errors import ApiError
 
 IMAGE_ERRORS = {
     **ERROR_RESPONSES,

@@ -14,6 +14,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from apps.core.asyncdb import db_async
 from apps.sandboxes import selectors
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.streaming import (
@@ -23,7 +24,6 @@ from apps.sandboxes.services.streaming import (
     pump_alive,
 )
 from apps.tenancy.principal import Principal
-from controlplane.asyncdb import db_async
 
 log = logging.getLogger(__name__)
 

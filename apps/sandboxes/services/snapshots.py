@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SnapshotFailed
@@ -42,7 +43,6 @@ from apps.sandboxes.services.lifecycle import (
     sandbox_transition,
 )
 from apps.tenancy.models import Tenant
-from controlplane.errors import ApiError, Conflict, ValidationFailed
 
 log = logging.getLogger(__name__)
 

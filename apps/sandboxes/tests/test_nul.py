@@ -8,6 +8,7 @@ import base64
 
 import pytest
 
+from apps.core.errors import ValidationFailed
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.operations import (
     ExecRequest,
@@ -15,7 +16,6 @@ from apps.sandboxes.services.operations import (
     operation_record_result,
 )
 from apps.sandboxes.tests.factories import make_sandbox
-from controlplane.errors import ValidationFailed
 
 pytestmark = pytest.mark.django_db
 
