@@ -4,6 +4,7 @@ from apps.trajectories.api import views
 
 urlpatterns = [
     path("episodes", views.EpisodeListCreateView.as_view(), name="episode-list"),
+    path("episodes/provenance", views.EpisodeProvenanceView.as_view(), name="episode-provenance"),
     path("episodes/stats", views.EpisodeStatsView.as_view(), name="episode-stats"),
     path("episodes/export", views.EpisodeExportView.as_view(), name="episode-export"),
     path("episodes/import", views.EpisodeImportView.as_view(), name="episode-import"),

@@ -42,13 +42,19 @@ FILTER_DOCS = [
     OpenApiParameter("until", str, description="ISO time, started before"),
     OpenApiParameter("label", str, description="key=value or key"),
     OpenApiParameter("relabeled", bool),
+    OpenApiParameter("provenance_key", str, description="comma = any of"),
+    OpenApiParameter("provenance_origin", str, description="comma = any of"),
+    OpenApiParameter(
+        "provenance.<component>",
+        str,
+        description="task, image, snapshot, policy, harness, verifier, sampling or attempt "
+        "(comma = any of; `unknown` matches a missing component)",
+    ),
 ]
 
 
 def _filters(request: Request) -> dict[str, str]:
-    return {
-        k: request.query_params[k] for k in selectors.FILTER_PARAMS if k in request.query_params
-    }
+    return selectors.filter_params(request.query_params)
 
 
 def _episode(request: Request, episode_id: str) -> Episode:
@@ -86,6 +92,28 @@ class EpisodeListCreateView(APIView):
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(EpisodeSerializer(episode).data, status=code)
+
+
+class EpisodeProvenanceView(APIView):
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        parameters=[
+            OpenApiParameter(
+                "group_by",
+                str,
+                required=True,
+                description="comma-separated provenance components, or `origin`",
+            ),
+            *FILTER_DOCS,
+        ],
+        description="Episodes grouped by provenance components: per group the values, "
+        "episodes, closed, valid and successes.",
+    )
+    def get(self, request: Request) -> Response:
+        group_by = [g for g in request.query_params.get("group_by", "").split(",") if g]
+        qs = selectors.episode_list(tenant=principal_of(request).tenant, filters=_filters(request))
+        groups = selectors.episode_provenance_groups(episodes=qs, group_by=group_by)
+        return Response({"group_by": group_by, "groups": groups})
 
 
 class EpisodeStatsView(APIView):

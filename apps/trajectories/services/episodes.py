@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox
+from apps.trajectories import provenance
 from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
 from apps.trajectories.models import (
     TERMINATION_REASONS,
@@ -50,6 +51,7 @@ EPISODE_FIELDS = (
     "sampling",
     "labels",
     "versions",
+    *provenance.INPUT_FIELDS,
 )
 
 
@@ -151,6 +153,7 @@ def episode_open(
             )
             for sandbox in sandboxes:
                 episode_attach_sandbox(episode=episode, sandbox=sandbox)
+            provenance_refresh(episode=episode)
     except IntegrityError:
         existing = Episode.objects.for_tenant(tenant).filter(episode_id=episode_id).first()
         if existing is None:
@@ -219,7 +222,57 @@ def episode_attach_sandbox(
             image_digest=sandbox.image_digest
         )
         episode.image_digest = sandbox.image_digest
+        provenance_refresh(episode=episode)
     return link
+
+
+def provenance_components(episode: Episode) -> dict[str, str]:
+    """The episode's provenance components from its fields: the snapshot is the one a
+    branch resumed from, else the one its first sandbox was restored from (forked)."""
+    snapshot_id = episode.branch_snapshot_id
+    if snapshot_id is None:
+        first = (
+            EpisodeSandbox.objects.filter(episode=episode, sandbox__snapshot__isnull=False)
+            .values_list("sandbox__snapshot_id", flat=True)
+            .first()
+        )
+        snapshot_id = first
+    return provenance.components(
+        task_hash=episode.task_hash,
+        image_digest=episode.image_digest,
+        snapshot_id=str(snapshot_id) if snapshot_id else None,
+        policy_checkpoint=episode.policy_checkpoint,
+        policy_version=episode.policy_version,
+        harness_commit=episode.harness_commit,
+        verifier_commit=episode.verifier_commit,
+        verifier_version=episode.verifier_version,
+        sampling=episode.sampling,
+        attempt_id=episode.attempt_id,
+    )
+
+
+def provenance_set(*, episode: Episode, parts: dict[str, str]) -> None:
+    """Stores components and the keys derived from them (never a key the client sent)."""
+    episode.provenance = parts
+    episode.provenance_key = provenance.key_of(parts)
+    episode.provenance_origin = provenance.origin_of(parts)
+    Episode.objects.filter(pk=episode.pk).update(
+        provenance=episode.provenance,
+        provenance_key=episode.provenance_key,
+        provenance_origin=episode.provenance_origin,
+    )
+
+
+def provenance_refresh(*, episode: Episode) -> None:
+    """Recomputes the key when a component became known (the image digest when a
+    sandbox is attached, the verifier version at close). An imported episode keeps the
+    components it was exported with (its sandboxes and snapshots are another
+    installation's)."""
+    if episode.imported and episode.provenance:
+        return
+    parts = provenance_components(episode)
+    if parts != episode.provenance:
+        provenance_set(episode=episode, parts=parts)
 
 
 def _observation_of(op: Operation) -> dict[str, Any]:
@@ -471,6 +524,7 @@ def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
         episode.refresh_from_db()
         if changed != 1:
             return episode
+        provenance_refresh(episode=episode)  # the verifier's version is known now
         episode_attribute(episode=episode)
     return episode
 

@@ -23,6 +23,7 @@ from django.utils.dateparse import parse_datetime
 
 from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox, Snapshot
+from apps.trajectories import provenance
 from apps.trajectories.models import (
     Episode,
     EpisodeRelabel,
@@ -33,7 +34,11 @@ from apps.trajectories.models import (
     StepKind,
     VerifierKind,
 )
-from apps.trajectories.services.episodes import episode_attribute
+from apps.trajectories.services.episodes import (
+    episode_attribute,
+    provenance_refresh,
+    provenance_set,
+)
 from apps.trajectories.services.step_schema import step_problem
 from controlplane import jsonsafe
 from controlplane.errors import ApiError
@@ -56,6 +61,7 @@ _TEXT = (
     "policy_version",
     "attempt_id",
     "termination_reason",
+    *provenance.INPUT_FIELDS,
 )
 _OBJECTS = ("sampling", "labels", "reward_components", "versions", "resources")
 
@@ -111,6 +117,11 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
             for link in episode.sandbox_links.all()
         ],
         steps=[_step_record(step) for step in episode.steps.all()],
+        provenance={
+            "key": episode.provenance_key,
+            "origin": episode.provenance_origin,
+            "components": episode.provenance,
+        },
     )
     if episode.parent_id is not None:  # a branch (docs/trajectories.md, "Branches")
         assert episode.parent is not None
@@ -230,7 +241,9 @@ def _num(data: dict[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], list[Any]]:
+def _build(
+    tenant: Tenant, data: Any
+) -> tuple[Episode, list[Step], list[Any], list[Any], dict[str, str] | None]:
     """Validates one record and builds unsaved rows. Raises RecordError."""
     if not isinstance(data, dict):
         raise RecordError("", "a line must be a JSON object")
@@ -317,7 +330,10 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
         )
         for r in failure.get("relabels") or []
     ]
-    return episode, steps, links, relabels
+    # The exporting installation's components (its image digests and snapshots); the
+    # keys are recomputed from them here, never taken from the line.
+    parts = provenance.clean_components(_obj(data, "provenance").get("components"))
+    return episode, steps, links, relabels, parts
 
 
 def _resolve_local(tenant: Tenant, links: list[EpisodeSandbox], steps: list[Step]) -> None:
@@ -393,7 +409,7 @@ def episodes_import(
             report.errors.append({"line": number, "field": exc.field, "message": exc.message})
             continue
         try:
-            episode, steps, links, relabels = _build(tenant, data)
+            episode, steps, links, relabels, parts = _build(tenant, data)
         except RecordError as exc:
             report.errors.append(
                 {"line": number, "field": exc.field or None, "message": exc.message}
@@ -418,6 +434,10 @@ def episodes_import(
                 Step.objects.bulk_create(steps)
                 EpisodeSandbox.objects.bulk_create(links)
                 EpisodeRelabel.objects.bulk_create(relabels)
+                if parts is not None:
+                    provenance_set(episode=episode, parts=parts)
+                else:
+                    provenance_refresh(episode=episode)
                 episode_attribute(episode=episode)
         except IntegrityError as exc:
             report.errors.append({"line": number, "field": None, "message": str(exc)[:300]})

@@ -1,0 +1,133 @@
+"""The episode side of redaction: load what an episode already maps, redact, store new
+secrets encrypted, count occurrences; the admin read (audited) and the scan report."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.db.models import Count, F, QuerySet, Sum
+
+from apps.billing.models import Tenant
+from apps.trajectories.models import Episode, EpisodeSecret, SecretAccess
+from apps.trajectories.redaction import Redactor
+from controlplane import crypto
+
+
+def episode_scope(episode: Episode) -> str:
+    """The placeholder scope: 8 hex characters derived from the episode's row id."""
+    return hashlib.sha256(f"hedgerow-episode:{episode.pk}".encode()).hexdigest()[:8]
+
+
+class EpisodeSecrets:
+    """A redaction session for one episode (hold the episode's row lock, or own a row
+    nobody else sees yet). ``redact`` any number of values, then ``save``."""
+
+    def __init__(self, episode: Episode, *, load: bool = True) -> None:
+        self.episode = episode
+        scope = episode_scope(episode)
+        known: dict[str, str] = {}
+        counters: dict[str, int] = {}
+        if load:
+            for fp, placeholder, kind in EpisodeSecret.objects.filter(
+                episode_id=episode.pk
+            ).values_list("fingerprint", "placeholder", "kind"):
+                known[fp] = placeholder
+                n = int(placeholder.rsplit(":", 1)[1].rstrip(">"))
+                counters[kind] = max(counters.get(kind, 0), n)
+        self.redactor = Redactor(
+            scope=scope,
+            fingerprint=lambda value: crypto.fingerprint(scope, value),
+            known=known,
+            counters=counters,
+        )
+
+    def redact(self, value: Any, path: str) -> Any:
+        return self.redactor.value(value, path)
+
+    def text(self, value: str, path: str) -> str:
+        return self.redactor.text(value, path)
+
+    def save(self) -> int:
+        """Stores the new secrets (encrypted) and adds to the occurrence counts. Returns
+        how many replacements were made in this session."""
+        fresh = {f.placeholder for f in self.redactor.found}
+        rows = [
+            EpisodeSecret(
+                tenant_id=self.episode.tenant_id,
+                episode_id=self.episode.pk,
+                kind=f.kind,
+                placeholder=f.placeholder,
+                fingerprint=crypto.fingerprint(self.redactor.scope, f.secret),
+                value_encrypted=crypto.encrypt(f.secret),
+                first_path=f.path[:300],
+                occurrences=self.redactor.uses.get(f.placeholder, 1),
+            )
+            for f in self.redactor.found
+        ]
+        if rows:
+            EpisodeSecret.objects.bulk_create(rows)
+        for placeholder, n in self.redactor.uses.items():
+            if placeholder not in fresh:
+                EpisodeSecret.objects.filter(
+                    episode_id=self.episode.pk, placeholder=placeholder
+                ).update(occurrences=F("occurrences") + n)
+        total = sum(self.redactor.hits.values())
+        self.redactor.found.clear()
+        self.redactor.hits.clear()
+        self.redactor.uses.clear()
+        return total
+
+
+def episode_secrets_reveal(*, episode: Episode, actor: str) -> list[dict[str, Any]]:
+    """The placeholder → value mapping of an episode, decrypted, for a tenant admin (the
+    view checks the scope). Every call writes a SecretAccess row first."""
+    rows = list(EpisodeSecret.objects.filter(episode=episode))
+    SecretAccess.objects.create(
+        tenant=episode.tenant,
+        episode_ref=episode.episode_id,
+        actor=actor,
+        placeholders=[r.placeholder for r in rows],
+    )
+    return [
+        {
+            "placeholder": r.placeholder,
+            "kind": r.kind,
+            "value": crypto.decrypt(r.value_encrypted, what="a redacted trajectory secret"),
+            "first_path": r.first_path,
+            "occurrences": r.occurrences,
+        }
+        for r in rows
+    ]
+
+
+def secrets_report(*, tenant: Tenant, episodes: QuerySet[Episode]) -> dict[str, Any]:
+    """What redaction found in these episodes, by kind (no values)."""
+    rows = (
+        EpisodeSecret.objects.filter(tenant=tenant, episode__in=episodes)
+        .order_by()
+        .values("kind")
+        .annotate(
+            secrets=Count("pk"),
+            uses=Sum("occurrences"),
+            episodes=Count("episode", distinct=True),
+        )
+        .order_by("kind")
+    )
+    by_kind = {
+        r["kind"]: {
+            "secrets": int(r["secrets"]),
+            "occurrences": int(r["uses"] or 0),
+            "episodes": int(r["episodes"]),
+        }
+        for r in rows
+    }
+    return {
+        "episodes_scanned": episodes.count(),
+        "episodes_with_secrets": EpisodeSecret.objects.filter(tenant=tenant, episode__in=episodes)
+        .values("episode")
+        .distinct()
+        .count(),
+        "secrets": sum(v["secrets"] for v in by_kind.values()),
+        "by_kind": by_kind,
+    }
