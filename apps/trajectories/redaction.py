@@ -126,6 +126,10 @@ DETECTORS: list[tuple[str, re.Pattern[str], int]] = [
         5,
     ),
 ]
+# An AWS secret key has no prefix: a 40-character run of its alphabet with upper and
+# lower case and digits, high entropy, in a text that mentions AWS at all.
+_AWS_BARE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_AWS_MENTION = re.compile(r"(?i)aws|amazon|s3://|\bAKIA")
 _BASE64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{20,}={0,2}(?![A-Za-z0-9+/=_\-])")
 _NEEDS_ENTROPY = {"credential", "url_param", "bearer"}
 
@@ -192,6 +196,16 @@ def find_spans(text: str) -> list[Span]:
             else:
                 start, end = match.span()
             candidates.append((priority, start, end, kind))
+    if _AWS_MENTION.search(text):
+        for match in _AWS_BARE.finditer(text):
+            run = match.group()
+            if (
+                any(c.isupper() for c in run)
+                and any(c.islower() for c in run)
+                and any(c.isdigit() for c in run)
+                and entropy(run) >= 4.0
+            ):
+                candidates.append((1, match.start(), match.end(), "aws_secret_key"))
     for match in _BASE64_RUN.finditer(text):
         decoded = _decode_base64(match.group())
         if decoded is None:
@@ -199,12 +213,13 @@ def find_spans(text: str) -> list[Span]:
         inner = find_spans(decoded)
         if inner:
             candidates.append((6, match.start(), match.end(), f"b64_{inner[0].kind}"))
-    chosen: list[Span] = []
+    # text already redacted is never redacted again (nor anything inside it)
+    chosen: list[Span] = [Span(m.start(), m.end(), "") for m in PLACEHOLDER.finditer(text)]
     for _, start, end, kind in sorted(candidates, key=lambda c: (c[0], c[1], -c[2])):
         if start == end or any(start < s.end and s.start < end for s in chosen):
             continue
         chosen.append(Span(start, end, kind))
-    return sorted(chosen, key=lambda s: s.start)
+    return sorted((s for s in chosen if s.kind), key=lambda s: s.start)
 
 
 @dataclass
@@ -267,8 +282,8 @@ class Redactor:
             return self._base64_record(data, path)
         out: dict[str, Any] = {}
         for key, item in data.items():
-            where = f"{path}.{key}" if path else str(key)
-            new_key = self.text(key, where) if isinstance(key, str) else key
+            new_key = self.text(key, f"{path}.<key>") if isinstance(key, str) else key
+            where = f"{path}.{new_key}" if path else str(new_key)
             if (
                 isinstance(key, str)
                 and isinstance(item, str)

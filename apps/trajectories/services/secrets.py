@@ -131,3 +131,39 @@ def secrets_report(*, tenant: Tenant, episodes: QuerySet[Episode]) -> dict[str, 
         "secrets": sum(v["secrets"] for v in by_kind.values()),
         "by_kind": by_kind,
     }
+
+
+def scan_lines(lines: list[bytes]) -> dict[str, Any]:
+    """A dry run over a client's data (``hedgerow trajectories scan FILE``): what would
+    be replaced, by kind, with where it was found. Nothing is stored, no value returned."""
+    from collections import Counter
+
+    from apps.trajectories.redaction import Redactor
+    from controlplane.inputs import json_loads
+
+    redactor = Redactor(scope="00000000", fingerprint=lambda value: value)
+    scanned = 0
+    for number, raw in enumerate(lines, start=1):
+        text = raw.decode("utf-8", "replace")
+        if not text.strip():
+            continue
+        scanned += 1
+        try:
+            value: Any = json_loads(text)
+        except Exception:  # noqa: BLE001 - not JSON: scanned as text
+            value = text
+        redactor.value(value, f"line {number}")
+    distinct: Counter[str] = Counter(f.kind for f in redactor.found)
+    return {
+        "lines": scanned,
+        "secrets": sum(distinct.values()),
+        "occurrences": sum(redactor.hits.values()),
+        "by_kind": {
+            kind: {
+                "secrets": distinct[kind],
+                "occurrences": redactor.hits[kind],
+                "paths": sorted(redactor.paths.get(kind, set()))[:20],
+            }
+            for kind in sorted(redactor.hits)
+        },
+    }

@@ -35,10 +35,19 @@ from apps.trajectories.models import (
     VerifierKind,
 )
 from apps.trajectories.services.episodes import (
+    REDACTED_EPISODE_FIELDS,
     episode_attribute,
     provenance_refresh,
     provenance_set,
+    redact_step,
 )
+from apps.trajectories.services.lineage import (
+    export_record,
+    normalize,
+    raw_event_record,
+    step_record,
+)
+from apps.trajectories.services.secrets import EpisodeSecrets
 from apps.trajectories.services.step_schema import step_problem
 from controlplane import jsonsafe
 from controlplane.errors import ApiError
@@ -71,6 +80,24 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def episode_to_record(episode: Episode) -> dict[str, Any]:
+    """The episode's ``hedgerow.episode/v1`` record, as every export writes it: secrets
+    replaced by the episode's placeholders. What was stored before redaction existed
+    (or slipped past it) is caught here; its new placeholders are stored then."""
+    record = _raw_record(episode)
+    session = EpisodeSecrets(episode)
+    redacted = session.redact(record, "")
+    if not session.redactor.found:
+        session.save()  # occurrences of placeholders already known
+        return dict(redacted)
+    with transaction.atomic():  # new secrets: take the row lock, then redact again
+        locked = Episode.objects.select_for_update().get(pk=episode.pk)
+        session = EpisodeSecrets(locked)
+        redacted = session.redact(record, "")
+        session.save()
+    return dict(redacted)
+
+
+def _raw_record(episode: Episode) -> dict[str, Any]:
     record: dict[str, Any] = {"schema": SCHEMA, "episode_id": episode.episode_id}
     record["status"] = episode.status
     for name in _TEXT:
@@ -116,7 +143,7 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
             }
             for link in episode.sandbox_links.all()
         ],
-        steps=[_step_record(step) for step in episode.steps.all()],
+        steps=[step_record(step) for step in episode.steps.all()],
         provenance={
             "key": episode.provenance_key,
             "origin": episode.provenance_origin,
@@ -133,33 +160,33 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
     return record
 
 
-def _step_record(step: Step) -> dict[str, Any]:
-    return {
-        "index": step.index,
-        "kind": step.kind,
-        "action": step.action,
-        "request": step.request,
-        "observation": step.observation,
-        "shown": step.shown,
-        "diff": step.diff,
-        "model_call": step.model_call,
-        "sandbox_id": step.sandbox_ref,
-        "generation": step.generation,
-        "operation_id": step.operation_id,
-        "started_at": _iso(step.started_at),
-        "ended_at": _iso(step.ended_at),
-        "duration_s": step.duration_s,
-        "verifier": step.verifier,
-    }
-
-
-def episodes_export(*, episodes: QuerySet[Episode]) -> Iterator[str]:
-    """One JSON line per episode (oldest first), streamed."""
+def episodes_export(
+    *,
+    episodes: QuerySet[Episode],
+    recorded_as: dict[str, Any] | None = None,
+) -> Iterator[str]:
+    """One JSON line per episode (oldest first), streamed, secrets redacted. With
+    ``recorded_as`` (``{"tenant", "actor", "filters"}``) the episodes handed out are
+    recorded as a LineageExport when the stream ends (or is cut), so a later deletion
+    request lists this export."""
     ordered = episodes.order_by("started_at", "created_at").prefetch_related(
         "steps", "relabels", "sandbox_links"
     )
-    for episode in ordered.iterator(chunk_size=200):
-        yield json.dumps(episode_to_record(episode), sort_keys=True, ensure_ascii=False) + "\n"
+    sent: list[str] = []
+    try:
+        for episode in ordered.iterator(chunk_size=200):
+            line = json.dumps(episode_to_record(episode), sort_keys=True, ensure_ascii=False)
+            sent.append(episode.episode_id)
+            yield line + "\n"
+    finally:
+        if recorded_as is not None and sent:
+            export_record(
+                tenant=recorded_as["tenant"],
+                episode_ids=sent,
+                actor=recorded_as.get("actor", ""),
+                filters=recorded_as.get("filters", {}),
+                kind="episodes.jsonl",
+            )
 
 
 class RecordError(Exception):
@@ -428,9 +455,23 @@ def episodes_import(
         if dry_run:
             report.imported.append(episode.episode_id)
             continue
+        session = EpisodeSecrets(episode, load=False)
+        for name in REDACTED_EPISODE_FIELDS:
+            setattr(episode, name, session.redact(getattr(episode, name), name))
+        for step in steps:
+            redact_step(step, session, f"steps[{step.index}]")
+        for relabel in relabels:
+            relabel.reason = session.text(relabel.reason, "failure.relabels.reason")
         try:
             with transaction.atomic():
                 episode.save()
+                raw_event_record(
+                    episode=episode,
+                    kind="import",
+                    body=session.redact(data, ""),
+                    produced=[step.index for step in steps],
+                )
+                session.save()
                 Step.objects.bulk_create(steps)
                 EpisodeSandbox.objects.bulk_create(links)
                 EpisodeRelabel.objects.bulk_create(relabels)
@@ -439,6 +480,7 @@ def episodes_import(
                 else:
                     provenance_refresh(episode=episode)
                 episode_attribute(episode=episode)
+                normalize(episode=episode, actor="import")
         except IntegrityError as exc:
             report.errors.append({"line": number, "field": None, "message": str(exc)[:300]})
             continue
