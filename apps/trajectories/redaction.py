@@ -44,71 +44,111 @@ _CONTEXT_WORDS = (
     r"auth[_-]?token|client[_-]?secret|private[_-]?key|credentials?|session[_-]?id"
 )
 
-# (kind, pattern, priority): the first matching detector by priority wins a span.
-# Patterns with a ``v`` group replace only that group (the context stays readable).
-DETECTORS: list[tuple[str, re.Pattern[str], int]] = [
-    (
+
+@dataclass(frozen=True)
+class Detector:
+    """``kind``: the placeholder's kind; ``pattern``: what matches (with a ``v`` group,
+    only that group is replaced, so the context stays readable); ``priority``: the
+    lowest wins a span another detector also matched; ``needles``: the pattern cannot
+    match unless one of them is in the text (lower-cased when ``fold``), which keeps
+    a scan of ordinary output to a few substring searches."""
+
+    kind: str
+    pattern: re.Pattern[str]
+    priority: int
+    needles: tuple[str, ...]
+    fold: bool = False
+
+
+DETECTORS: list[Detector] = [
+    Detector(
         "private_key",
         re.compile(
             r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
             r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
         ),
         0,
+        ("PRIVATE KEY",),
     ),
-    ("hr_key", re.compile(r"(?<![A-Za-z0-9])hr_[A-Za-z0-9_\-]{20,}"), 1),
-    (
+    Detector("hr_key", re.compile(r"(?<![A-Za-z0-9])hr_[A-Za-z0-9_\-]{20,}"), 1, ("hr_",)),
+    Detector(
         "aws_access_key",
         re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}(?![A-Z0-9])"),
         1,
+        ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA"),
     ),
-    (
+    Detector(
         "aws_secret_key",
         re.compile(
             r"(?i)aws[_\-.]?secret[_\-.]?(?:access[_\-.]?)?key[\"']?\s*[:=]\s*[\"']?"
             r"(?P<v>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])"
         ),
         1,
+        ("aws",),
+        True,
     ),
-    ("gcp_api_key", re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}"), 1),
-    ("gcp_oauth_token", re.compile(r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_\-]{20,}"), 1),
-    (
+    Detector("gcp_api_key", re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}"), 1, ("AIza",)),
+    Detector(
+        "gcp_oauth_token", re.compile(r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_\-]{20,}"), 1, ("ya29.",)
+    ),
+    Detector(
         "github_token",
         re.compile(r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})"),
         1,
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
-    (
+    Detector(
         "gitlab_token",
         re.compile(r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|cbt|ptt|ft)-[A-Za-z0-9_\-]{20,}"),
         1,
+        ("glpat-", "gldt-", "glrt-", "glcbt-", "glptt-", "glft-"),
     ),
-    ("slack_token", re.compile(r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9\-]{10,}"), 1),
-    (
+    Detector(
+        "slack_token", re.compile(r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9\-]{10,}"), 1, ("xox",)
+    ),
+    Detector(
         "slack_webhook",
         re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9_/]{20,}"),
         1,
+        ("hooks.slack.com",),
     ),
-    (
+    Detector(
         "openai_key",
         re.compile(
             r"(?<![A-Za-z0-9])sk-(?:proj-|svcacct-|admin-|ant-[a-z0-9]+-)?[A-Za-z0-9_\-]{20,}"
         ),
         1,
+        ("sk-",),
     ),
-    (
+    Detector(
         "jwt",
         re.compile(
             r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"
         ),
         2,
+        ("eyJ",),
     ),
-    ("bearer", re.compile(r"(?i)\bbearer\s+(?P<v>[A-Za-z0-9_\-.~+/]{16,}=*)"), 3),
-    (
+    Detector(
+        "bearer",
+        re.compile(r"(?i)\bbearer\s+(?P<v>[A-Za-z0-9_\-.~+/]{16,}=*)"),
+        3,
+        ("bearer",),
+        True,
+    ),
+    Detector(
         "basic_auth",
         re.compile(r"(?i)\bbasic\s+(?P<v>[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])"),
         3,
+        ("basic",),
+        True,
     ),
-    ("url_password", re.compile(r"[a-z][a-z0-9+.\-]*://[^\s:/@\"'<>]+:(?P<v>[^\s@/\"'<>]+)@"), 3),
-    (
+    Detector(
+        "url_password",
+        re.compile(r"[a-z][a-z0-9+.\-]*://[^\s:/@\"'<>]+:(?P<v>[^\s@/\"'<>]+)@"),
+        3,
+        ("://",),
+    ),
+    Detector(
         "url_param",
         re.compile(
             r"[?&](?:access_token|token|api_key|apikey|key|secret|password|passwd|auth|sig|"
@@ -117,19 +157,12 @@ DETECTORS: list[tuple[str, re.Pattern[str], int]] = [
             re.IGNORECASE,
         ),
         4,
-    ),
-    (
-        "credential",
-        re.compile(
-            rf"(?i)(?<![A-Za-z0-9])(?:{_CONTEXT_WORDS})(?![A-Za-z0-9])[\"']?\s*[:=]\s*[\"']?{_VALUE}"
-        ),
-        5,
+        ("=",),
     ),
 ]
 # An AWS secret key has no prefix: a 40-character run of its alphabet with upper and
 # lower case and digits, high entropy, in a text that mentions AWS at all.
 _AWS_BARE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
-_AWS_MENTION = re.compile(r"(?i)aws|amazon|s3://|\bAKIA")
 _BASE64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{20,}={0,2}(?![A-Za-z0-9+/=_\-])")
 _NEEDS_ENTROPY = {"credential", "url_param", "bearer"}
 
@@ -181,12 +214,79 @@ def _decode_base64(run: str) -> str | None:
     return text if text and printable / len(text) > 0.95 else None
 
 
+def _long_tokens(text: str) -> list[tuple[int, str]]:
+    """Whitespace-separated tokens of 20 characters or more, with their offsets: the
+    only places a bare AWS secret or a base64 run can be (str.split is far cheaper than
+    a regex over every position)."""
+    out: list[tuple[int, str]] = []
+    at = 0
+    for token in text.split():
+        at = text.find(token, at)
+        if len(token) >= 20:
+            out.append((at, token))
+        at += len(token)
+    return out
+
+
+_CONTEXT_ENDINGS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "api_key",
+    "api-key",
+    "apikey",
+    "access_key",
+    "access-key",
+    "auth_token",
+    "auth-token",
+    "client_secret",
+    "client-secret",
+    "private_key",
+    "private-key",
+    "credential",
+    "credentials",
+    "session_id",
+    "session-id",
+)
+_CONTEXT_VALUE = re.compile(r"\s*[\"']?" + _VALUE)
+
+
+def _credentials(text: str, folded: str) -> list[tuple[int, int, int, str]]:
+    """``password=…``, ``token: …``, ``"api_key": "…"``: a high-entropy value after a
+    separator that follows a credential word (found from the separators, which ordinary
+    text has few of, instead of a regex tried at every position)."""
+    out: list[tuple[int, int, int, str]] = []
+    for sep in ":=":
+        at = folded.find(sep)
+        while at != -1:
+            before = folded[max(0, at - 24) : at].rstrip(" \t\"'")
+            for word in _CONTEXT_ENDINGS:
+                if before.endswith(word):
+                    head = len(before) - len(word) - 1
+                    if head < 0 or not before[head].isalnum():
+                        match = _CONTEXT_VALUE.match(text, at + 1)
+                        if match is not None and looks_secret(match.group("v")):
+                            out.append((5, match.start("v"), match.end("v"), "credential"))
+                    break
+            at = folded.find(sep, at + 1)
+    return out
+
+
 def find_spans(text: str) -> list[Span]:
     """The secrets in ``text``: non-overlapping spans, each with its kind."""
     if len(text) < 8:
         return []
     candidates: list[tuple[int, int, int, str]] = []
-    for kind, pattern, priority in DETECTORS:
+    folded = text.lower()
+    for detector in DETECTORS:
+        haystack = folded if detector.fold else text
+        if not any(needle in haystack for needle in detector.needles):
+            continue
+        kind, pattern, priority = detector.kind, detector.pattern, detector.priority
         for match in pattern.finditer(text):
             if "v" in pattern.groupindex:
                 start, end = match.span("v")
@@ -196,23 +296,30 @@ def find_spans(text: str) -> list[Span]:
             else:
                 start, end = match.span()
             candidates.append((priority, start, end, kind))
-    if _AWS_MENTION.search(text):
-        for match in _AWS_BARE.finditer(text):
-            run = match.group()
-            if (
-                any(c.isupper() for c in run)
-                and any(c.islower() for c in run)
-                and any(c.isdigit() for c in run)
-                and entropy(run) >= 4.0
-            ):
-                candidates.append((1, match.start(), match.end(), "aws_secret_key"))
-    for match in _BASE64_RUN.finditer(text):
-        decoded = _decode_base64(match.group())
-        if decoded is None:
-            continue
-        inner = find_spans(decoded)
-        if inner:
-            candidates.append((6, match.start(), match.end(), f"b64_{inner[0].kind}"))
+    candidates.extend(_credentials(text, folded))
+    aws = "aws" in folded or "amazon" in folded or "s3://" in folded or "AKIA" in text
+    for offset, token in _long_tokens(text):
+        if aws:
+            for match in _AWS_BARE.finditer(token):
+                run = match.group()
+                if (
+                    any(c.isupper() for c in run)
+                    and any(c.islower() for c in run)
+                    and any(c.isdigit() for c in run)
+                    and entropy(run) >= 4.0
+                ):
+                    candidates.append(
+                        (1, offset + match.start(), offset + match.end(), "aws_secret_key")
+                    )
+        for match in _BASE64_RUN.finditer(token):
+            decoded = _decode_base64(match.group())
+            if decoded is None:
+                continue
+            inner = find_spans(decoded)
+            if inner:
+                candidates.append(
+                    (6, offset + match.start(), offset + match.end(), f"b64_{inner[0].kind}")
+                )
     # text already redacted is never redacted again (nor anything inside it)
     chosen: list[Span] = [Span(m.start(), m.end(), "") for m in PLACEHOLDER.finditer(text)]
     for _, start, end, kind in sorted(candidates, key=lambda c: (c[0], c[1], -c[2])):

@@ -48,9 +48,11 @@ class EpisodeSecrets:
     def text(self, value: str, path: str) -> str:
         return self.redactor.text(value, path)
 
-    def save(self) -> int:
-        """Stores the new secrets (encrypted) and adds to the occurrence counts. Returns
-        how many replacements were made in this session."""
+    def save(self, *, count_known: bool = True) -> int:
+        """Stores the new secrets (encrypted) and adds to the occurrence counts (of the
+        secrets already known too, unless ``count_known`` is false: an export replaces
+        again what was already counted at ingestion). Returns how many replacements
+        were made in this session."""
         fresh = {f.placeholder for f in self.redactor.found}
         rows = [
             EpisodeSecret(
@@ -68,7 +70,7 @@ class EpisodeSecrets:
         if rows:
             EpisodeSecret.objects.bulk_create(rows)
         for placeholder, n in self.redactor.uses.items():
-            if placeholder not in fresh:
+            if count_known and placeholder not in fresh:
                 EpisodeSecret.objects.filter(
                     episode_id=self.episode.pk, placeholder=placeholder
                 ).update(occurrences=F("occurrences") + n)

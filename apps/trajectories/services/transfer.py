@@ -87,13 +87,12 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
     session = EpisodeSecrets(episode)
     redacted = session.redact(record, "")
     if not session.redactor.found:
-        session.save()  # occurrences of placeholders already known
         return dict(redacted)
     with transaction.atomic():  # new secrets: take the row lock, then redact again
         locked = Episode.objects.select_for_update().get(pk=episode.pk)
         session = EpisodeSecrets(locked)
         redacted = session.redact(record, "")
-        session.save()
+        session.save(count_known=False)
     return dict(redacted)
 
 

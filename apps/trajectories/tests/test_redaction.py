@@ -71,6 +71,8 @@ def _redactor(scope: str = "abcd1234") -> Redactor:
         (f"cat id_rsa\n{PEM}\n", "private_key", PEM),
         (f"cookie: session={JWT};", "jwt", JWT),
         (f"password: '{PASSWORD}'", "credential", PASSWORD),
+        (f'{{"db": {{"api_key" : "{PASSWORD}"}}}}', "credential", PASSWORD),
+        (f"DB_PASSWORD={PASSWORD} ./run", "credential", PASSWORD),
         (f"GET https://api.example.com/v1?page=2&token={URL_TOKEN}&x=1", "url_param", URL_TOKEN),
         (f"echo {WRAPPED} | base64 -d", "b64_github_token", WRAPPED),
         ("psql postgres://app:Zx9vQ2mL7pR4@db:5432/x", "url_password", "Zx9vQ2mL7pR4"),
@@ -92,6 +94,8 @@ def test_each_known_format_becomes_a_typed_placeholder(text, kind, secret):
         "ep-3f2a9c1d5e6b7a80 att-0a1b2c3d4e5f 1f0e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
         "the password field is required; tokens_in: 812, token count 64",
         "password=******** token: <SECRET:github_token:abcd1234:1>",
+        "compass=Zq8Lr2Vx9Pw4Ks7M bypass: Zq8Lr2Vx9Pw4Ks7M",
+        "===================== 3 passed in 0.12s =====================",
         "FAILED tests/test_auth.py::test_login - AssertionError: assert 401 == 200",
     ],
 )
@@ -344,6 +348,9 @@ def test_only_tenant_admins_read_the_mapping_and_every_read_is_audited(make_tena
     # two replacements: the stored label and the raw event (the open as received)
     assert report["by_kind"] == {"github_token": {"secrets": 1, "occurrences": 2, "episodes": 1}}
     assert GITHUB not in json.dumps(report)
+    exported = b"".join(writer.get("/api/v1/episodes/export").streaming_content)
+    assert GITHUB.encode() not in exported and b"<SECRET:github_token:" in exported
+    assert writer.get("/api/v1/episodes/secrets/report").json() == report  # not re-counted
 
 
 @pytest.mark.django_db
