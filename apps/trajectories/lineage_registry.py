@@ -12,7 +12,9 @@ here, so a deletion request can find what it affects without this app importing 
 
 A dependent runs inside the deletion's transaction, before the episodes are deleted
 (their rows are still there to join on); what it returns is written into the
-tombstone's ``affects``. An exception aborts the whole deletion.
+tombstone's ``affects``. An exception aborts the whole deletion. A dependent whose
+rows reference the episodes (a foreign key with ``PROTECT``) deletes or detaches them
+here, or the deletion fails.
 """
 
 from __future__ import annotations

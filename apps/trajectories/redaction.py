@@ -39,10 +39,6 @@ CREDENTIAL_KEY = re.compile(
     r"cookie)$"
 )
 _VALUE = r"(?P<v>[^\s\"'<>&,;)\]}]+)"
-_CONTEXT_WORDS = (
-    r"pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
-    r"auth[_-]?token|client[_-]?secret|private[_-]?key|credentials?|session[_-]?id"
-)
 
 
 @dataclass(frozen=True)

@@ -158,8 +158,7 @@ def episode_open(
                 **clean,
             )
             session = EpisodeSecrets(episode, load=False)
-            for name in REDACTED_EPISODE_FIELDS:
-                setattr(episode, name, session.redact(getattr(episode, name), name))
+            redact_episode(episode, session)
             episode.save(force_insert=True)
             raw_event_record(
                 episode=episode,
@@ -447,6 +446,20 @@ REDACTED_STEP_FIELDS = (
 )
 
 
+def redact_episode(episode: Episode, session: EpisodeSecrets) -> None:
+    """Replaces the secrets in the episode's scanned fields. A text field that no longer
+    fits once its secrets are placeholders is a 400 naming it (never a database error)."""
+    for name in REDACTED_EPISODE_FIELDS:
+        value = session.redact(getattr(episode, name), name)
+        limit = getattr(Episode._meta.get_field(name), "max_length", None)
+        if limit is not None and isinstance(value, str) and len(value) > limit:
+            raise ValidationFailed(
+                f"{name} is longer than {limit} characters once its secrets are replaced",
+                field=name,
+            )
+        setattr(episode, name, value)
+
+
 def redact_step(step: Step, session: EpisodeSecrets, where: str) -> None:
     for name in REDACTED_STEP_FIELDS:
         setattr(step, name, session.redact(getattr(step, name), f"{where}.{name}"))
@@ -582,7 +595,7 @@ def episode_close(*, episode: Episode, result: EpisodeResult, raw: Any = None) -
             termination_reason=result.termination_reason,
             reward=result.reward,
             reward_components=session.redact(result.reward_components, "reward_components"),
-            verifier_name=session.text(result.verifier_name, "verifier_name"),
+            verifier_name=session.text(result.verifier_name, "verifier_name")[:200],
             verifier_version=result.verifier_version,
             verifier_outcome=result.verifier_outcome,
             inference_error=session.redact(result.inference_error, "inference_error"),

@@ -35,10 +35,10 @@ from apps.trajectories.models import (
     VerifierKind,
 )
 from apps.trajectories.services.episodes import (
-    REDACTED_EPISODE_FIELDS,
     episode_attribute,
     provenance_refresh,
     provenance_set,
+    redact_episode,
     redact_step,
 )
 from apps.trajectories.services.lineage import (
@@ -455,8 +455,11 @@ def episodes_import(
             report.imported.append(episode.episode_id)
             continue
         session = EpisodeSecrets(episode, load=False)
-        for name in REDACTED_EPISODE_FIELDS:
-            setattr(episode, name, session.redact(getattr(episode, name), name))
+        try:
+            redact_episode(episode, session)
+        except ApiError as exc:
+            report.errors.append({"line": number, "field": exc.field, "message": exc.message})
+            continue
         for step in steps:
             redact_step(step, session, f"steps[{step.index}]")
         for relabel in relabels:

@@ -371,3 +371,20 @@ def test_the_scan_endpoint_reports_by_kind_without_values(make_tenant, api_clien
     assert report["by_kind"]["github_token"]["occurrences"] == 2
     assert report["by_kind"]["aws_access_key"]["paths"] == ["line 2"]
     assert GITHUB not in response.content.decode() and AWS not in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_field_too_long_once_redacted_is_a_clear_400_and_nothing_is_stored(
+    make_tenant, api_client
+):
+    tenant, secret = make_tenant()
+    client = api_client(secret)
+    keys = [f"AKIA{c * 16}" for c in "ABCDEFGHI"]  # 20 characters each, 35 as placeholders
+    model = " ".join(keys)
+    assert len(model) <= 200
+    response = client.post("/api/v1/episodes", {"task_id": "t", "model": model}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["field"] == "model"
+    assert keys[0] not in response.content.decode()
+    assert not Episode.objects.filter(tenant=tenant).exists()
+    assert not EpisodeSecret.objects.filter(tenant=tenant).exists()
