@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from hedgerow import Client, content_hash
+from hedgerow.episode import Episode as SdkEpisode
 
 pytestmark = pytest.mark.timeout(240)
 SDK_DIR = Path(__file__).resolve().parents[1]
@@ -77,15 +78,28 @@ def test_scan_reports_a_files_secrets_and_the_stored_ones_by_kind(live, make_ten
     assert ok.returncode == 0 and "no secrets found" in ok.stdout
 
     with Client(live.url, secret) as hr:
-        opened = hr.request(
-            "POST",
-            "/episodes",
-            json={
-                "task_id": "t-1",
-                "task_hash": content_hash({"prompt": "fix it", "tests": ["a"]}),
-                "labels": {"k": GITHUB},
-            },
-        ).json()
+        # the SDK's episode sends the provenance fields as given (no sandbox needed here)
+        with SdkEpisode(
+            hr,
+            [],
+            task_id="t-1",
+            task_hash=content_hash({"prompt": "fix it", "tests": ["a"]}),
+            policy_checkpoint="run-7/step-1200",
+            harness_commit="3f2a9c1",
+            verifier_commit="b71e0d4",
+            sampling={"temperature": 0.7},
+            attempt_id="a-3",
+            labels={"k": GITHUB},
+        ) as ep:
+            ep.step(action="think")
+        opened = ep.data
+    components = opened["provenance"]["components"]
+    assert (components["policy"], components["harness"], components["verifier"]) == (
+        "run-7/step-1200",
+        "3f2a9c1",
+        "b71e0d4",
+    )
+    assert components["attempt"] == "a-3" and components["sampling"].startswith("sha256:")
     assert opened["provenance"]["components"]["task"] == (
         "sha256:" + hashlib.sha256(b'{"prompt":"fix it","tests":["a"]}').hexdigest()
     )
