@@ -17,10 +17,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
 
-from apps.billing.auth import principal_for_session
-from apps.billing.principal import Principal
-from apps.billing.selectors import teams_of_user
-from controlplane.errors import NotFound
+from apps.core.errors import NotFound
+from apps.tenancy.auth import principal_for_session
+from apps.tenancy.principal import Principal
+from apps.tenancy.selectors import teams_of_user
 from frontend.nav import NAV_ITEMS
 
 View = Callable[..., HttpResponse]

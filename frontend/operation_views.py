@@ -12,10 +12,10 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
-from apps.billing.principal import Principal
 from apps.sandboxes import selectors
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.models import Operation
+from apps.tenancy.principal import Principal
 from frontend.access import page, render_page
 
 SHOWN_LINES = 2_000

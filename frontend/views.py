@@ -13,14 +13,14 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.billing.principal import Principal
 from apps.billing.usage import cost_for_sandboxes, sandbox_cost
+from apps.core.errors import ApiError, NotFound
 from apps.sandboxes import selectors
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.models import LIVE_STATES, State
 from apps.sandboxes.services import files
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
-from controlplane.errors import ApiError, NotFound
+from apps.tenancy.principal import Principal
 from frontend.access import is_htmx, page, render_page, websocket_paths
 from frontend.forms import sandbox_form_errors
 

@@ -1,11 +1,11 @@
 """Registry passwords at rest: Fernet with a key outside the database. The key handling
-lives in ``controlplane/crypto.py`` (shared with the trajectories' redacted secrets);
+lives in ``apps/core/crypto.py`` (shared with the trajectories' redacted secrets);
 this module keeps the images app's names and messages."""
 
 from __future__ import annotations
 
-from controlplane import crypto as _crypto
-from controlplane.crypto import KEY_FILE, CredentialKeyError
+from apps.core import crypto as _crypto
+from apps.core.crypto import KEY_FILE, CredentialKeyError
 
 __all__ = ["KEY_FILE", "CredentialKeyError", "decrypt", "encrypt"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from apps.billing.models import Tenant
+from apps.tenancy.models import Tenant
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox
+from apps.tenancy.models import Tenant
 
 
 class FailureClass(models.TextChoices):
@@ -269,7 +269,7 @@ class EpisodeRelabel(models.Model):
 
 class EpisodeSecret(models.Model):
     """One distinct secret found in an episode and the placeholder that replaced it.
-    The value is Fernet-encrypted (``controlplane/crypto.py``: key outside the
+    The value is Fernet-encrypted (``apps/core/crypto.py``: key outside the
     database); ``fingerprint`` (keyed HMAC) finds the same secret again without
     decrypting. Readable only by tenant admins, every read audited (SecretAccess)."""
 

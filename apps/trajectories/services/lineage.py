@@ -14,7 +14,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max, Q, QuerySet
 
-from apps.billing.models import Tenant
+from apps.core import jsonsafe
+from apps.core.errors import NotFound, ValidationFailed
+from apps.tenancy.models import Tenant
 from apps.trajectories import lineage_registry
 from apps.trajectories.models import (
     Episode,
@@ -27,8 +29,6 @@ from apps.trajectories.models import (
     Tombstone,
 )
 from apps.trajectories.services.secrets import EpisodeSecrets
-from controlplane import jsonsafe
-from controlplane.errors import NotFound, ValidationFailed
 
 SERVER_PARSER = "hedgerow.steps"
 SERVER_PARSER_VERSION = "1"

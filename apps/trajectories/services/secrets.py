@@ -8,10 +8,10 @@ from typing import Any
 
 from django.db.models import Count, F, QuerySet, Sum
 
-from apps.billing.models import Tenant
+from apps.core import crypto
+from apps.tenancy.models import Tenant
 from apps.trajectories.models import Episode, EpisodeSecret, SecretAccess
 from apps.trajectories.redaction import Redactor
-from controlplane import crypto
 
 
 def episode_scope(episode: Episode) -> str:
@@ -140,8 +140,8 @@ def scan_lines(lines: list[bytes]) -> dict[str, Any]:
     be replaced, by kind, with where it was found. Nothing is stored, no value returned."""
     from collections import Counter
 
+    from apps.core.inputs import json_loads
     from apps.trajectories.redaction import Redactor
-    from controlplane.inputs import json_loads
 
     redactor = Redactor(scope="00000000", fingerprint=lambda value: value)
     scanned = 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apps.billing.services import api_key_create
+from apps.tenancy.services import api_key_create
 from apps.trajectories import lineage_registry
 from apps.trajectories.models import (
     Episode,

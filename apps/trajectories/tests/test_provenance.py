@@ -181,7 +181,7 @@ def test_the_backfill_computes_keys_for_existing_rows(make_tenant):
     )
     assert old.provenance_key == ""  # rows written before provenance existed
     migration = importlib.import_module(
-        "apps.trajectories.migrations.0005_backfill_provenance_keys"
+        "apps.trajectories.migrations.0006_backfill_provenance_keys"
     )
     migration.backfill(django_apps, None)
     old.refresh_from_db()

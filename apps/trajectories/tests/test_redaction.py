@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from apps.core import crypto
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.tests.factories import make_sandbox
 from apps.trajectories.models import Episode, EpisodeSecret, SecretAccess, Step
 from apps.trajectories.redaction import Redactor, find_spans
-from controlplane import crypto
 
 GITHUB = "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"
 AWS = "AKIAIOSFODNN7EXAMPLE"
@@ -316,7 +316,7 @@ def test_imported_lines_and_rows_stored_before_redaction_are_exported_redacted(
 @pytest.mark.django_db
 def test_only_tenant_admins_read_the_mapping_and_every_read_is_audited(make_tenant, api_client):
     tenant, admin_secret = make_tenant()
-    from apps.billing.services import api_key_create
+    from apps.tenancy.services import api_key_create
 
     writer = api_client(api_key_create(tenant=tenant, name="w", scopes=["read", "write"]).secret)
     _, outsider_secret = make_tenant()

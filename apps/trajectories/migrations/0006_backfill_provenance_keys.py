@@ -41,7 +41,7 @@ def backfill(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("trajectories", "0004_episode_provenance_keys"),
+        ("trajectories", "0005_episode_provenance_keys"),
     ]
 
     operations = [migrations.RunPython(backfill, migrations.RunPython.noop)]

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('billing', '0005_tenantquota_egress'),
         ('sandboxes', '0008_add_snapshots'),
-        ('trajectories', '0003_add_episode_branching'),
+        ('trajectories', '0004_tenant_moves_to_tenancy'),
     ]
 
     operations = [

@@ -9,8 +9,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0005_tenantquota_egress'),
-        ('trajectories', '0005_backfill_provenance_keys'),
+        ('tenancy', '0001_initial'),
+        ('trajectories', '0006_backfill_provenance_keys'),
     ]
 
     operations = [
@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
                 ('filters', models.JSONField(blank=True, default=dict)),
                 ('episode_ids', models.JSONField(default=list)),
                 ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.tenant')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenancy.tenant')),
             ],
             options={
                 'ordering': ['-at', '-id'],
@@ -43,7 +43,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('episode', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='layers', to='trajectories.episode')),
                 ('source', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='derived', to='trajectories.lineagelayer')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.tenant')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenancy.tenant')),
             ],
             options={
                 'ordering': ['kind', 'version'],
@@ -76,7 +76,7 @@ class Migration(migrations.Migration):
                 ('produced', models.JSONField(blank=True, default=list)),
                 ('received_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('episode', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='raw_events', to='trajectories.episode')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.tenant')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenancy.tenant')),
             ],
             options={
                 'ordering': ['seq'],
@@ -90,7 +90,7 @@ class Migration(migrations.Migration):
                 ('actor', models.CharField(max_length=128)),
                 ('placeholders', models.JSONField(default=list)),
                 ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.tenant')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenancy.tenant')),
             ],
             options={
                 'ordering': ['-at', '-id'],
@@ -106,7 +106,7 @@ class Migration(migrations.Migration):
                 ('removed', models.JSONField(default=dict)),
                 ('affects', models.JSONField(default=list)),
                 ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.tenant')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenancy.tenant')),
             ],
             options={
                 'ordering': ['-at'],
@@ -124,7 +124,7 @@ class Migration(migrations.Migration):
                 ('occurrences', models.PositiveIntegerField(default=0)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('episode', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='secrets', to='trajectories.episode')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.tenant')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tenancy.tenant')),
             ],
             options={
                 'ordering': ['created_at', 'id'],
