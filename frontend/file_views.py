@@ -11,8 +11,8 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.core.errors import ApiError
 from apps.sandboxes import selectors
 from apps.sandboxes.services import files
+from apps.tenancy.pages import page
 from apps.tenancy.principal import Principal
-from frontend.access import page
 from frontend.views import files_listing
 
 

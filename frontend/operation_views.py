@@ -15,8 +15,8 @@ from django.views.decorators.http import require_GET
 from apps.sandboxes import selectors
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.models import Operation
+from apps.tenancy.pages import page, render_page
 from apps.tenancy.principal import Principal
-from frontend.access import page, render_page
 
 SHOWN_LINES = 2_000
 

@@ -20,8 +20,8 @@ from apps.core.errors import ApiError, NotFound
 from apps.tenancy import selectors, services
 from apps.tenancy.auth import principal_for_session
 from apps.tenancy.models import Role, Scope
+from apps.tenancy.pages import page, render_page
 from apps.tenancy.principal import Principal
-from frontend.access import page, render_page
 
 EXPIRY_CHOICES = [("", "Never"), ("7", "7 days"), ("30", "30 days"), ("90", "90 days")]
 

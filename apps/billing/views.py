@@ -15,8 +15,8 @@ from apps.billing.api.usage_views import cost_report_csv, parse_window, window_e
 from apps.billing.quotas import quota_usage
 from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, current_price_book, tenant_report
 from apps.core.errors import ValidationFailed
+from apps.tenancy.pages import page, render_page, staff_page
 from apps.tenancy.principal import Principal
-from frontend.access import page, render_page, staff_page
 
 QUOTA_LABELS = [
     ("concurrent_sandboxes", "Concurrent sandboxes", ""),

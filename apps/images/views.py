@@ -18,8 +18,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from apps.core.errors import ApiError
 from apps.images import services
 from apps.images.models import ImageStatus, RegistryCredential
+from apps.tenancy.pages import page, render_page
 from apps.tenancy.principal import Principal
-from frontend.access import page, render_page
 
 
 def _images_context(principal: Principal) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from apps.sandboxes import reports
 from apps.sandboxes.metrics import render_metrics
 from apps.sandboxes.services.audit import audit_run
 from apps.sandboxes.services.reconcile import sandbox_reconcile
+from apps.tenancy.pages import page, render_page, staff_page
 from apps.tenancy.principal import Principal
-from frontend.access import page, render_page, staff_page
 
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -11,11 +11,11 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.core.errors import ApiError
+from apps.tenancy.pages import page, render_page
 from apps.tenancy.principal import Principal
 from apps.trajectories import selectors
 from apps.trajectories.models import INVALID_CLASSES, EpisodeStatus, FailureClass
 from apps.trajectories.services.episodes import episode_relabel
-from frontend.access import page, render_page
 
 PAGE_SIZE = 100
 CLASS_ORDER = [c.value for c in FailureClass]
