@@ -439,6 +439,7 @@ class SecretsReportView(APIView):
 
 class EpisodeScanView(APIView):
     parser_classes = [RawBodyParser]
+    required_scope = "read"  # a dry run: it stores nothing
 
     @extend_schema(
         request={"application/x-ndjson": str},

@@ -331,3 +331,29 @@ def test_a_failing_dependent_aborts_the_deletion(make_tenant, api_client):
         lineage_registry.unregister_dependent("broken")
     assert Episode.objects.filter(episode_id=episode_id).exists()
     assert not Tombstone.objects.exists()
+
+
+def test_a_withdrawn_source_is_found_by_its_label(make_tenant, api_client):
+    _, secret = make_tenant()
+    client = api_client(secret)
+    from_source = _recorded(client, "t-1", source="vendor-a")
+    other_source = _recorded(client, "t-1", source="vendor-b")
+    response = client.post(
+        "/api/v1/lineage/withdrawals",
+        {"label": "source=vendor-a", "reason": "vendor withdrew consent"},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    assert [e["episode_id"] for e in response.json()["removed"]["episodes"]] == [from_source]
+    assert response.json()["request"] == {"label": "source=vendor-a"}
+    assert not Episode.objects.filter(episode_id=from_source).exists()
+    assert Episode.objects.filter(episode_id=other_source).exists()
+    bad = client.post(
+        "/api/v1/lineage/withdrawals", {"label": "no-equals", "reason": "x"}, format="json"
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "label"
+    blank = client.post(
+        "/api/v1/lineage/withdrawals", {"task_id": "t-1", "reason": "  "}, format="json"
+    )
+    assert blank.status_code == 400 and blank.json()["error"]["field"] == "reason"
+    assert Episode.objects.filter(episode_id=other_source).exists()
