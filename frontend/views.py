@@ -23,6 +23,7 @@ from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
 from controlplane.errors import ApiError, NotFound
 from frontend.access import is_htmx, page, render_page, websocket_paths
 from frontend.forms import sandbox_form_errors
+from frontend.snapshot_views import sandbox_snapshots_context
 
 PAGE_SIZE = 50
 # at most this many sandboxes per bulk delete (one page's worth, twice over)
@@ -257,6 +258,7 @@ def sandbox_detail(request: HttpRequest, principal: Principal, sandbox_id: str) 
         operations=list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20]),
         pty_available=any("pty" in p for p in paths),
         nav_section="sandboxes",
+        **sandbox_snapshots_context(principal, sandbox),
     )
     return render_page(request, principal, "frontend/sandboxes/detail.html", context)
 
