@@ -228,3 +228,20 @@ def test_the_storage_quota_counts_kept_snapshots_and_pauses(make_tenant, book):
     TenantQuota.objects.filter(tenant=tenant).update(max_snapshot_bytes=2 * GIB)
     full = storage_shortfall(tenant=tenant)  # a new capture of unknown size: refused
     assert full is not None and full.extra["limit"] == "max_snapshot_bytes"
+
+
+def test_the_usage_page_shows_kept_state_apart_from_compute(make_tenant, client, book):
+    from django.contrib.auth.models import User
+
+    from apps.billing.services import membership_set_role
+
+    tenant, _ = make_tenant()
+    _paused_then_resumed(tenant)  # a 2 GiB pause kept 2 h: 4 GiB-h, $0.004
+    user = User.objects.create_user("ivy", password="pw")
+    membership_set_role(tenant=tenant, user=user, role="viewer")
+    client.force_login(user)
+    page = client.get("/billing/usage/", {"start": "2026-03-01", "end": "2026-03-31"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "paused sandboxes 4.00 GiB-h, $0.00." in html
+    assert "snapshots 0 GiB-h, $0.00;" in html
