@@ -320,25 +320,33 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
     except BackendError as exc:
         _fail(snapshot, "snapshot_failed", str(exc))
     else:
-        over = _storage_over(snapshot, info.size_bytes)
-        if over is not None:
+        # The storage quota is decided and the size recorded under the team's quota
+        # row lock, in one transaction: two captures finishing together are counted
+        # one after the other, never both against the same remaining room.
+        with transaction.atomic():
+            shortfall = storage_shortfall(tenant=snapshot.tenant, adding=max(1, info.size_bytes))
+            moved = 0
+            if shortfall is None:
+                moved = Snapshot.objects.filter(
+                    pk=snapshot.pk, state=SnapshotState.CAPTURING
+                ).update(
+                    state=SnapshotState.READY,
+                    fingerprint={
+                        "tree": info.fingerprint,
+                        "files": info.files,
+                        "probes": probes,
+                        **runtime,
+                        "volatile": (snapshot.fingerprint or {}).get("volatile", []),
+                    },
+                    size_bytes=info.size_bytes,
+                    capture_s=info.capture_s,
+                    capture_wall_s=wall,
+                    captured_at=timezone.now(),
+                )
+        if shortfall is not None:
             backend.delete_snapshot(snapshot.id.hex)
-            _fail(snapshot, "quota_exceeded", over)
+            _fail(snapshot, "quota_exceeded", shortfall.message)
             return _after_capture(snapshot, sandbox, pausing)
-        moved = Snapshot.objects.filter(pk=snapshot.pk, state=SnapshotState.CAPTURING).update(
-            state=SnapshotState.READY,
-            fingerprint={
-                "tree": info.fingerprint,
-                "files": info.files,
-                "probes": probes,
-                **runtime,
-                "volatile": (snapshot.fingerprint or {}).get("volatile", []),
-            },
-            size_bytes=info.size_bytes,
-            capture_s=info.capture_s,
-            capture_wall_s=wall,
-            captured_at=timezone.now(),
-        )
         if not moved:  # deleted meanwhile: its backend copy must not outlive the row
             backend.delete_snapshot(snapshot.id.hex)
         else:
@@ -346,14 +354,6 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
             if pausing:
                 _release_paused(sandbox)
     return _after_capture(snapshot, sandbox, pausing)
-
-
-def _storage_over(snapshot: Snapshot, size_bytes: int) -> str | None:
-    """Whether keeping ``size_bytes`` more breaks the team's storage quota (the size is
-    known only now): the reason, or None."""
-    with transaction.atomic():
-        shortfall = storage_shortfall(tenant=snapshot.tenant, adding=max(1, size_bytes))
-    return None if shortfall is None else shortfall.message
 
 
 def _open_storage(snapshot: Snapshot) -> None:
