@@ -36,6 +36,8 @@ from pathlib import Path
 
 from apps.sandboxes.backends.base import SandboxSpec
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, wait_healthy
+from apps.sandboxes.backends.local.zygote import ZygoteClient
+from bench.cpu_account import _TICK, NOT_OURS, CpuAccount, Scope
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,6 +114,11 @@ def main() -> None:
     p.add_argument("--fork", type=int, default=16)
     p.add_argument("--threads", type=int, default=8, help="concurrent provisions in the fork")
     p.add_argument("--breakdown", action="store_true", help="time each provisioning phase")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="the fork's exact CPU (this process, the zygote, bwrap, agents: bench/cpu_account)",
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hedgerow-bench-snap-", dir="/tmp"))
     os.chmod(tmp, 0o755)
@@ -192,11 +199,33 @@ def main() -> None:
                 wait_healthy(endpoint, c.agent_token, timeout=60)
                 waits.append(time.perf_counter() - t0)
 
+            cpu = None
+            if args.cpu:
+
+                def zygote_pid(zygote: ZygoteClient = b.zygote) -> int | None:
+                    answer = zygote.ping()
+                    return int(answer["pid"]) if answer else None
+
+                cpu = CpuAccount(Scope(zygote=zygote_pid), "off")
+                cpu.start()
             t0 = time.perf_counter()
             with ThreadPoolExecutor(args.threads) as pool:
                 list(pool.map(child, children))
             fork_s = time.perf_counter() - t0
             phases.on = False
+            if cpu is not None:
+                cpu.stop()
+                parts = cpu.breakdown()
+                ours = {k: v for k, v in parts.items() if k not in NOT_OURS and v > 0}
+                total = sum(ours.values())
+                cores = os.cpu_count() or 1
+                print(
+                    f"  {mib} MiB fork {args.fork}: CPU {total:.2f} s "
+                    f"= {total / len(children) * 1000:.0f} ms per child ("
+                    + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ours.items()))
+                    + f"); machine busy {cpu.busy_ticks / _TICK:.1f} s in {cpu.wall:.2f} s; "
+                    f"on {cores} idle cores ≥ {total / cores:.2f} s"
+                )
             if args.breakdown:
                 phases.total["agent answers"] = sum(waits)
                 print(f"  {mib} MiB fork {args.fork}: {phases.report(len(children))}")
