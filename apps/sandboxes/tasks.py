@@ -124,12 +124,3 @@ def destroy_snapshot(self: Any, snapshot_id: str) -> None:
         snapshot_destroy(snapshot_id=snapshot_id)
     except BackendError as exc:
         raise self.retry(exc=exc, countdown=min(2**self.request.retries, 60)) from exc
-
-
-@shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=900, time_limit=960)
-def provision_fork(sandbox_ids: list[str]) -> int:
-    """A fork's children, provisioned together on a thread pool of
-    ``HEDGEROW_FORK_PROVISION_THREADS`` (each child exactly as ``provision_sandbox``
-    does it: idempotent, redelivery-safe). A child whose provision raised is handed
-    to its own ``provision_sandbox`` task, which resumes it. Returns how many ran here."""
-    return provisioning.sandbox_provision_batch(sandbox_ids=sandbox_ids)

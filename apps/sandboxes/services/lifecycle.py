@@ -348,10 +348,8 @@ def sandbox_create(
     idempotency_key: str | None,
     actor: str,
     backend_name: str | None = None,
-    enqueue: bool = True,
 ) -> tuple[Sandbox, bool]:
-    """Records a sandbox in ``requested`` and enqueues provisioning after commit
-    (``enqueue=False``: the caller provisions it, as a fork does in one batch), or in
+    """Records a sandbox in ``requested`` and enqueues provisioning after commit, or in
     ``queued`` when admission says it must wait (provisioned later by the queue). An
     admitted create whose shape matches a warm pool member claims it instead and is
     ``ready`` at once (``services/warm_pool.py``).
@@ -458,7 +456,7 @@ def sandbox_create(
             _event(sandbox, event="created", to_state=sandbox.state, reason="api", actor=actor)
             publish_sandbox_state(sandbox)
             sandbox_id = str(sandbox.id)
-            if admitted and enqueue:  # a queued one is provisioned when the queue admits it
+            if admitted:  # a queued sandbox is provisioned when the queue admits it
                 transaction.on_commit(lambda: provision_sandbox.delay(sandbox_id))
     except IntegrityError:
         # A concurrent create with the same key or id won the race.

@@ -85,33 +85,6 @@ def wait_agent_healthy(endpoint: Endpoint, token: str, timeout_s: float) -> None
     raise BackendError(f"agent not healthy after {timeout_s:.0f}s: {last_error}")
 
 
-def sandbox_provision_batch(*, sandbox_ids: list[str]) -> int:
-    """``sandbox_provision`` for each id, ``HEDGEROW_FORK_PROVISION_THREADS`` at a time,
-    each thread on its own database connection (closed when its child is done). A
-    child whose provision raised (not one that ended ``failed``: that is its answer) is
-    handed to its own ``provision_sandbox`` task. Returns how many completed here."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connection
-
-    from apps.sandboxes.tasks import provision_sandbox
-
-    def one(sandbox_id: str) -> bool:
-        try:
-            sandbox_provision(sandbox_id=sandbox_id)
-            return True
-        except Exception:  # its own task resumes it (the redelivery path)
-            log.exception("fork child provision raised", extra={"sandbox_id": sandbox_id})
-            provision_sandbox.delay(sandbox_id)
-            return False
-        finally:
-            connection.close()
-
-    threads = max(1, min(settings.HEDGEROW_FORK_PROVISION_THREADS, len(sandbox_ids)))
-    with ThreadPoolExecutor(threads, thread_name_prefix="fork") as pool:
-        return sum(pool.map(one, sandbox_ids))
-
-
 def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
     """Claims a ``requested`` sandbox (CAS → ``provisioning``, new generation), starts it
     on the backend and marks it ``ready`` once its agent answers.

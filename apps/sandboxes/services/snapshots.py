@@ -474,8 +474,6 @@ def snapshot_fork(
                     code="idempotency_mismatch",
                 )
             return [s for s in existing if s is not None], False
-    from apps.sandboxes.tasks import provision_fork
-
     children: list[Sandbox] = []
     with transaction.atomic():
         for i in range(count):
@@ -485,7 +483,6 @@ def snapshot_fork(
                 idempotency_key=keys[i] if keys else None,
                 actor=actor,
                 backend_name=snapshot.backend,
-                enqueue=False,  # provisioned together, below
             )
             if child.state == State.QUEUED:  # admission said wait: refuse the whole fork
                 raise ApiError(
@@ -494,11 +491,6 @@ def snapshot_fork(
                     status_code=429,
                 )
             children.append(child)
-        # One task provisions the K children on a thread pool (provision_fork), not K
-        # tasks through the worker's few processes: a fork's children start together.
-        ids = [str(c.id) for c in children if c.state == State.REQUESTED]
-        if ids:
-            transaction.on_commit(lambda: provision_fork.delay(ids))
     return children, True
 
 

@@ -156,28 +156,3 @@ def test_the_storage_quota_refuses_captures_and_pauses_and_a_capture_over_it_fai
     assert paused.status_code == 429 and paused.json()["error"]["limit"] == "max_snapshot_bytes"
     assert http.get(f"/sandboxes/{sandbox}").json()["state"] == "ready"
     assert Snapshot.objects.filter(sandbox__external_id=sandbox).count() == before
-
-
-def test_a_forks_children_are_provisioned_together_not_through_the_workers_processes(
-    live, make_tenant
-):
-    from apps.sandboxes.models import SandboxEvent
-
-    _, secret = make_tenant()
-    http = api_client(live, secret)
-    parent = ready_sandbox(http)
-    snap = _snapshot(http, parent)
-    forked = http.post(f"/snapshots/{snap['id']}/fork", json={"count": 8})
-    assert forked.status_code == 201, forked.text
-    ids = [c["id"] for c in forked.json()["sandboxes"]]
-    children = _children_settled(http, ids)
-    assert [c["state"] for c in children] == ["ready"] * 8, children
-    moves = SandboxEvent.objects.filter(
-        sandbox__external_id__in=ids, event="transition", to_state__in=("provisioning", "ready")
-    )
-    started = [e.at for e in moves if e.to_state == "provisioning"]
-    ready = [e.at for e in moves if e.to_state == "ready"]
-    assert len(started) == len(ready) == 8
-    # one task on 8 threads claims all 8 before any is ready; 8 tasks on the test
-    # worker's 4 processes could not start the fifth before one of the first ended
-    assert max(started) < min(ready)
