@@ -99,8 +99,17 @@ def dataset_card_page(request: HttpRequest, principal: Principal, dataset_id: st
             "nav_section": "datasets",
             "dataset": dataset,
             "card": card,
+            # counts in the header's class order (a JSON column does not keep key order)
             "splits": [
-                (name, dataset.counts.get(name, {})) for name in ("train", "validation", "test")
+                (
+                    name,
+                    dataset.counts.get(name, {}),
+                    [
+                        (cls, dataset.counts.get(name, {}).get("by_class", {}).get(cls, 0))
+                        for cls in card["by_class"]
+                    ],
+                )
+                for name in ("train", "validation", "test")
             ],
             "classes": list(card["by_class"]),
         },

@@ -64,6 +64,13 @@ def test_it_creates_a_dataset_shows_its_card_and_the_matrix(
         )
         expect(page.locator("[data-stat=episodes] .v")).to_have_text("12")
         expect(page.locator("#card-licences")).to_contain_text("MIT 1")
+        # t1 and t2 share a.py: one group of 8 episodes, 3 successes and 5 task failures
+        grouped = page.locator(
+            "#splits tr", has=page.locator("td[data-col=episodes]", has_text="8")
+        )
+        expect(grouped.locator("td[data-class=success]")).to_have_text("3")
+        expect(grouped.locator("td[data-class=task]")).to_have_text("5")
+        expect(grouped.locator("td[data-class=startup]")).to_have_text("0")
         expect(page.locator("#card-scan")).to_contain_text("unavailable")
         assert sideways_overflow(page) == [] and axe_violations(page) == []
         screenshot(page, "dataset-card")
