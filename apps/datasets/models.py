@@ -165,6 +165,12 @@ class TaskDifficulty(models.Model):
     infra = models.IntegerField(default=0)
     other = models.IntegerField(default=0)
     quarantine = models.BooleanField(default=False)
+    # The bulk answer's row for this (task, family), serialised when the counts change:
+    # [task_id, family, mean, s_eff, f_eff, version, quarantine], the mean under the
+    # prior (alpha0, beta0) it was written with. A read with another prior builds it.
+    row_json = models.TextField(default="")
+    alpha0 = models.FloatField(default=1.0)
+    beta0 = models.FloatField(default=1.0)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -10,6 +10,7 @@ re-attribution moves the episode's one contribution; it never adds a second.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -164,21 +165,46 @@ def summary_refresh(*, tenant_id: Any, task_id: str, family: str) -> None:
         return
     weights = decay_weights(len(rows), float(settings.HEDGEROW_DIFFICULTY_DECAY))
     health = TaskHealth.objects.filter(tenant_id=tenant_id, task_id=task_id).first()
+    s_eff = sum(w * r.successes for w, r in zip(weights, rows, strict=True))
+    f_eff = sum(w * r.failures for w, r in zip(weights, rows, strict=True))
+    quarantine = bool(health and health.quarantine)
+    prior = Prior.default()
     TaskDifficulty.objects.update_or_create(
         tenant_id=tenant_id,
         task_id=task_id,
         family=family,
         defaults={
             "version": rows[-1].version,
-            "s_eff": sum(w * r.successes for w, r in zip(weights, rows, strict=True)),
-            "f_eff": sum(w * r.failures for w, r in zip(weights, rows, strict=True)),
+            "s_eff": s_eff,
+            "f_eff": f_eff,
             "successes": sum(r.successes for r in rows),
             "failures": sum(r.failures for r in rows),
             "infra": sum(r.infra for r in rows),
             "other": sum(r.other for r in rows),
-            "quarantine": bool(health and health.quarantine),
+            "quarantine": quarantine,
+            "row_json": bulk_row(
+                task_id, family, prior, s_eff, f_eff, rows[-1].version, quarantine
+            ),
+            "alpha0": prior.alpha0,
+            "beta0": prior.beta0,
             "updated_at": timezone.now(),
         },
+    )
+
+
+def bulk_row(
+    task_id: str,
+    family: str,
+    prior: Prior,
+    s_eff: float,
+    f_eff: float,
+    version: str,
+    quarantine: bool,
+) -> str:
+    """One row of the bulk answer (selectors.BULK_COLUMNS), serialised."""
+    return json.dumps(
+        [task_id, family, prior.mean(s_eff, f_eff), s_eff, f_eff, version, quarantine],
+        separators=(",", ":"),
     )
 
 
@@ -270,9 +296,20 @@ def health_refresh(*, tenant_id: Any, task_id: str) -> TaskHealth:
             "updated_at": timezone.now(),
         },
     )
-    TaskDifficulty.objects.filter(tenant_id=tenant_id, task_id=task_id).exclude(
+    for served in TaskDifficulty.objects.filter(tenant_id=tenant_id, task_id=task_id).exclude(
         quarantine=quarantine
-    ).update(quarantine=quarantine)
+    ):
+        served.quarantine = quarantine
+        served.row_json = bulk_row(
+            served.task_id,
+            served.family,
+            Prior(served.alpha0, served.beta0),
+            served.s_eff,
+            served.f_eff,
+            served.version,
+            quarantine,
+        )
+        served.save(update_fields=["quarantine", "row_json"])
     return health
 
 

@@ -87,12 +87,29 @@ def test_it_serves_many_tasks_in_one_call_and_hides_other_teams(make_tenant, api
     closed_episode(other, "secret-task", "success", model="m")
     client = api_client(secret)
     body = client.get("/api/v1/tasks/difficulty", {"ids": "a,b,secret-task"}).json()
-    assert set(body["tasks"]) == {"a", "b"}
+    assert body["columns"] == [
+        "task_id",
+        "family",
+        "mean",
+        "s_eff",
+        "f_eff",
+        "version",
+        "quarantine",
+    ]
+    rows = {r[0]: r for r in body["rows"]}
+    assert set(rows) == {"a", "b"}
     assert body["unknown"] == ["secret-task"]
-    assert body["tasks"]["a"]["families"]["m"]["mean"] == pytest.approx(2 / 3)
-    assert body["tasks"]["b"]["families"]["m"]["mean"] == pytest.approx(1 / 3)
+    assert rows["a"][2] == pytest.approx(2 / 3) and rows["b"][2] == pytest.approx(1 / 3)
+    assert rows["a"][1:2] + rows["a"][3:] == ["m", 1.0, 0.0, "unknown", False]
+    # another prior: the row is built for it, (1+2)/(1+0+2+6) = 1/3
+    custom = client.get("/api/v1/tasks/difficulty", {"ids": "a", "alpha0": "2", "beta0": "6"})
+    assert custom.json()["rows"][0][2] == pytest.approx(3 / 9)
     posted = client.post("/api/v1/tasks/difficulty", {"ids": ["a"]}, format="json").json()
-    assert set(posted["tasks"]) == {"a"}
+    assert [r[0] for r in posted["rows"]] == ["a"]
+    every = client.get("/api/v1/tasks/difficulty").json()
+    assert sorted(r[0] for r in every["rows"]) == ["a", "b"] and "unknown" not in every
+    bad = client.post("/api/v1/tasks/difficulty", {"ids": "a"}, format="json")
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "ids"
     assert client.get("/api/v1/tasks/secret-task/difficulty").status_code == 404
     assert api_client(other_secret).get("/api/v1/tasks/a/difficulty").status_code == 404
 
@@ -119,7 +136,8 @@ def test_it_quarantines_a_task_whose_verifier_fails_the_reference(make_tenant, a
     assert rules == ["verifier_fails_reference", "every_policy_fails"]
     assert body["evidence"][1]["families"] == ["m-1", "m-2"]
     bulk = client.get("/api/v1/tasks/difficulty", {"ids": "broken"}).json()
-    assert bulk["tasks"]["broken"]["quarantine"] is True
+    assert {r[1]: r[6] for r in bulk["rows"]} == {"m-1": True, "m-2": True}
+    assert bulk["quarantine"] == {"broken": ["verifier_fails_reference", "every_policy_fails"]}
     listed = client.get("/api/v1/tasks/quarantine").json()["results"]
     assert [q["task_id"] for q in listed] == ["broken"]
     # the same key again replaces the run: a fixed verifier lifts the quarantine
@@ -137,6 +155,8 @@ def test_it_quarantines_a_task_whose_verifier_fails_the_reference(make_tenant, a
     body = client.get("/api/v1/tasks/broken/difficulty").json()
     assert body["quarantine"] is False and len(body["reference_runs"]) == 1
     assert TaskDifficulty.objects.get(task_id="broken", family="m-1").quarantine is False
+    bulk = client.get("/api/v1/tasks/difficulty", {"ids": "broken"}).json()
+    assert [r[6] for r in bulk["rows"]] == [False, False] and bulk["quarantine"] == {}
 
 
 def test_it_takes_a_reference_run_from_an_episode_and_refuses_an_infra_one(make_tenant, api_client):
