@@ -13,6 +13,7 @@ from apps.datasets.models import Dataset, DatasetEpisode
 from apps.datasets.services.tasks import task_upsert
 from apps.datasets.tests.factories import closed_episode
 from frontend.tests.browser import (
+    PHONE,
     Console,
     axe_violations,
     chromium,
@@ -59,6 +60,7 @@ def test_it_creates_a_dataset_shows_its_card_and_the_matrix(
         page.get_by_label("Test", exact=True).fill("0.5")
         page.get_by_role("button", name="Create dataset").click()
         page.wait_for_url("**/datasets/ds-*/")
+        card_path = "/" + page.url.split("/", 3)[3]
         expect(page.locator("#leak-check")).to_have_text(
             "no group, task or key value in two splits"
         )
@@ -82,6 +84,19 @@ def test_it_creates_a_dataset_shows_its_card_and_the_matrix(
         expect(page.locator("#interaction strong")).to_have_text("0.500")
         assert axe_violations(page) == []
         screenshot(page, "matrix")
+
+        # a phone: no page of this family (nor the Trajectories page with its time
+        # panel) scrolls sideways, and the nav with its new entry still fits
+        page.set_viewport_size(PHONE)
+        for path in (
+            "/datasets/",
+            card_path,
+            "/datasets/matrix?policies=p0,p1&harnesses=A,B",
+            "/trajectories/",
+        ):
+            page.goto(path)
+            assert sideways_overflow(page) == [], path
+            assert axe_violations(page) == [], path
     assert console.errors == []
     dataset = Dataset.objects.get(tenant=tenant)
     splits = {
