@@ -338,6 +338,9 @@ HEDGEROW_AUDIT_INTERVAL_S = env_float("HEDGEROW_AUDIT_INTERVAL_S", 3600.0)
 HEDGEROW_AUDIT_PERIOD_S = env_float("HEDGEROW_AUDIT_PERIOD_S", 24 * 3600.0)
 # A TTL reap is a backstop: above this share of ended sandboxes the audit warns.
 HEDGEROW_AUDIT_TTL_WARN_SHARE = env_float("HEDGEROW_AUDIT_TTL_WARN_SHARE", 0.10)
+# A team's own audits (POST /api/v1/audits) run in a worker, one at a time per team and
+# at most one per this many seconds (429 audit_throttled with Retry-After).
+HEDGEROW_AUDIT_MIN_INTERVAL_S = env_float("HEDGEROW_AUDIT_MIN_INTERVAL_S", 60.0)
 # Operations still `running` this long after the web process should have finished
 # them are asked for at the agent (recovered) or marked interrupted.
 HEDGEROW_OPERATION_RECOVERY_AFTER_S = env_float("HEDGEROW_OPERATION_RECOVERY_AFTER_S", 30.0)
