@@ -339,6 +339,11 @@ class FakeKube:
                 if existing is None:
                     return 404, status(404, "NotFound", f'{resource} "{name}" not found')
                 updated = merge_patch(existing, body)
+                manager = query.get("fieldManager", ["patch"])[0]
+                managers = [m for m in existing["metadata"].get("managedFields", [])]
+                if manager not in {m["manager"] for m in managers}:
+                    managers.append({"manager": manager, "operation": "Update"})
+                updated["metadata"]["managedFields"] = managers
             for keep in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
                 if keep in existing["metadata"]:
                     updated["metadata"][keep] = existing["metadata"][keep]
