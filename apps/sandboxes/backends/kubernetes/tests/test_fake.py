@@ -125,7 +125,7 @@ def _apply(api: client.ApiClient, body: dict[str, Any], **query: str) -> Any:
 def test_server_side_apply_creates_merges_and_respects_other_managers(
     fake: FakeKube, api: client.ApiClient
 ) -> None:
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {"name": "np", "labels": {"a": "1"}},
