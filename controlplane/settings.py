@@ -408,6 +408,9 @@ HEDGEROW_K8S_WAIT_STALL_S = env_float("HEDGEROW_K8S_WAIT_STALL_S", 10.0)
 HEDGEROW_K8S_DNS_CIDRS = env_list("HEDGEROW_K8S_DNS_CIDRS", [])
 HEDGEROW_K8S_DNS_NAMESERVERS = env_list("HEDGEROW_K8S_DNS_NAMESERVERS", [])
 HEDGEROW_K8S_AGENT_INGRESS_CIDRS = env_list("HEDGEROW_K8S_AGENT_INGRESS_CIDRS", [])
+# false (default): one LIST+WATCH of the sandbox namespace per installation, the
+# watcher's; true: every worker and web process runs a pod informer of its own
+HEDGEROW_K8S_INFORMER_EVERYWHERE = env_bool("HEDGEROW_K8S_INFORMER_EVERYWHERE", False)
 
 # --- Quotas, admission queue and metering (apps/billing) ----------------------------
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.

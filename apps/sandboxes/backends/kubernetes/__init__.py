@@ -67,6 +67,7 @@ def config_from_settings() -> KubernetesConfig:
         dns_cidrs=tuple(settings.HEDGEROW_K8S_DNS_CIDRS),
         dns_nameservers=tuple(settings.HEDGEROW_K8S_DNS_NAMESERVERS),
         agent_ingress_cidrs=tuple(settings.HEDGEROW_K8S_AGENT_INGRESS_CIDRS),
+        informer_everywhere=settings.HEDGEROW_K8S_INFORMER_EVERYWHERE,
     )
 
 

@@ -160,7 +160,8 @@ class KubernetesBackend:
         spec = dataclasses.replace(spec, image=self._image_ref(spec.image))
         self.informer.unsilence(spec.sandbox_id)
         self.ensure_namespace_policy()
-        self.informer.ensure_started()
+        if self.config.informer_everywhere:
+            self.informer.ensure_started()
         # A new generation replaces the old pod: nothing of an older one may answer.
         try:
             self._delete_generations(spec.sandbox_id, keep=spec.generation)
@@ -301,9 +302,11 @@ class KubernetesBackend:
         self, pod_name: str, image: str, progress: ProgressCallback | None = None
     ) -> Endpoint:
         deadline = time.monotonic() + self.config.ready_timeout_s
-        view = self.informer.wait(
-            pod_name, min(self.config.wait_stall_s, deadline - time.monotonic())
-        )
+        view = None
+        if self.informer.running:
+            view = self.informer.wait(
+                pod_name, min(self.config.wait_stall_s, deadline - time.monotonic())
+            )
         if view is None or not view.settled:
             # not started yet, or the informer is stalled (a dead watch connection that
             # has not timed out): read the pod and watch it alone until the deadline
@@ -447,8 +450,23 @@ class KubernetesBackend:
 
     def endpoint(self, sandbox_id: str) -> Endpoint | None:
         check_sandbox_id(sandbox_id)
-        self.informer.ensure_started()
-        live = [p for p in self.informer.for_sandbox(sandbox_id) if self.informer.usable(p)]
+        if self.config.informer_everywhere:
+            self.informer.ensure_started()
+        if self.informer.running:
+            live = [p for p in self.informer.for_sandbox(sandbox_id) if self.informer.usable(p)]
+        else:  # no informer in this process: that sandbox's pods, by label
+            try:
+                pods, _ = self.api.list_all(
+                    self.pods.listing,
+                    self.config.namespace,
+                    label_selector=self.config.sandbox_selector(sandbox_id),
+                )
+            except ApiException as exc:
+                raise BackendError(
+                    f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}",
+                    transient=True,
+                ) from exc
+            live = [v for v in map(pod_view, pods) if v.usable]
         if not live:
             return None
         best = max(live, key=lambda p: p.generation or 0)

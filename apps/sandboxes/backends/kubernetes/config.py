@@ -114,6 +114,11 @@ class KubernetesConfig:
     # sources outside the cluster (a control plane run with a kubeconfig) allowed to
     # reach agents on agent_port, beside the control plane's own pods
     agent_ingress_cidrs: tuple[str, ...] = ()
+    # One LIST+WATCH of the namespace per installation: only the process that consumes
+    # the backend's events (the watcher) runs the informer; workers and web processes
+    # wait on their own pod (GET + a watch of that pod) and read endpoints with a
+    # sandbox-scoped LIST. True: every process runs an informer of its own.
+    informer_everywhere: bool = False
 
     def __post_init__(self) -> None:
         if not _LABEL_VALUE.match(self.instance) or not self.instance:

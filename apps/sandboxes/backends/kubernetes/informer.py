@@ -1,6 +1,8 @@
 """A LIST+WATCH informer over this installation's sandbox pods.
 
-Readiness and endpoints come from here, never from polling: one LIST (paginated) gives
+One per installation: the watcher's (``KubernetesBackend.watch`` starts it; workers
+wait on their own pod instead, unless ``informer_everywhere``). Events, readiness and
+endpoints come from here, never from polling: one LIST (paginated) gives
 the state and a resourceVersion, then a WATCH resumes from it (bookmarks keep it
 fresh). A watch that ends (server timeout, dropped connection) resumes from the last
 version seen; a ``410 Gone`` (the version was compacted away) — as an ERROR event or
@@ -106,6 +108,17 @@ class PodView:
     @property
     def terminal(self) -> bool:
         return self.phase in ("Failed", "Succeeded")
+
+    @property
+    def usable(self) -> bool:
+        """Its agent may answer: running with an IP, not ending, not lost."""
+        return bool(
+            self.running
+            and self.ip
+            and not self.deleting
+            and not self.terminal
+            and not self.lost_code
+        )
 
     @property
     def settled(self) -> bool:
@@ -241,6 +254,12 @@ class PodInformer:
             from apps.sandboxes.backends.base import BackendError
 
             raise BackendError("pod informer did not sync with the API", transient=True)
+
+    @property
+    def running(self) -> bool:
+        """Listed and watching in this process."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and self._synced.is_set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -438,16 +457,9 @@ class PodInformer:
             return self.pods.get(name)
 
     def usable(self, view: PodView) -> bool:
-        """Its agent may answer: running with an IP, not ending, not reported lost."""
+        """Its agent may answer (``PodView.usable``) and it was not reported lost."""
         with self._cond:
-            return bool(
-                view.running
-                and view.ip
-                and not view.deleting
-                and not view.terminal
-                and not view.lost_code
-                and view.name not in self.reported
-            )
+            return view.usable and view.name not in self.reported
 
     def for_sandbox(self, sandbox_id: str) -> list[PodView]:
         with self._cond:

@@ -50,8 +50,9 @@ def test_it_provisions_a_secret_and_pod_and_returns_the_pod_ip(
 
 
 def test_it_takes_readiness_from_the_watch_not_from_polling(
-    fake: FakeKube, backend: KubernetesBackend
+    fake: FakeKube, make_backend: Callable[..., KubernetesBackend]
 ) -> None:
+    backend = make_backend(informer_everywhere=True)  # this process runs an informer
     spec = new_spec()
     kubelet_later(fake, f"hr-{spec.sandbox_id}-1", phase="Running", pod_ip="10.9.9.9", running=True)
     assert backend.provision(spec).host == "10.9.9.9"
@@ -247,6 +248,7 @@ def test_it_resumes_the_watch_without_relisting_when_it_merely_times_out(
     fake: FakeKube, backend: KubernetesBackend
 ) -> None:
     fake.auto_start = True
+    backend.informer.ensure_started()  # the watcher's informer
     backend.provision(new_spec())
     eventually(lambda: fake.count("GET", "/pods", watch="true") >= 3, timeout=15)
     assert backend.informer.relists == 1

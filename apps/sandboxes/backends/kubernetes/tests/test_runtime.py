@@ -180,6 +180,31 @@ def test_an_oom_kill_is_resource_exhausted_memory(
 # ---- 2. image pulls back off until the ready timeout ----------------------------------
 
 
+def test_only_the_watcher_lists_and_watches_the_namespace(
+    fake: FakeKube, make_backend: Callable[..., KubernetesBackend]
+) -> None:
+    # issue 20: one LIST+WATCH per installation. A worker's provision and a web
+    # process's endpoint look at their own sandbox only.
+    worker = make_backend()
+    fake.auto_start = True
+    spec = new_spec()
+    endpoint = worker.provision(spec)
+    assert worker.endpoint(spec.sandbox_id) == endpoint
+    assert not worker.informer.running
+    namespace_wide = [
+        q
+        for m, p, q in fake.requests
+        if m == "GET" and p.endswith("/pods") and "sandbox=" not in q["labelSelector"][0]
+    ]
+    assert namespace_wide == []
+    assert fake.count("GET", f"/pods/{pod_name(spec)}") == 1
+    # the watcher's process: its informer serves the same answers from one watch
+    watcher = make_backend()
+    list(watcher.watch(0.1))
+    assert watcher.informer.running
+    assert watcher.endpoint(spec.sandbox_id) == endpoint
+
+
 def test_an_image_pull_that_fails_then_succeeds_is_waited_out(
     fake: FakeKube, make_backend: Callable[..., KubernetesBackend]
 ) -> None:
@@ -298,6 +323,7 @@ def test_a_stalled_informer_does_not_fail_a_healthy_pod(
 
 
 def test_a_healthy_informer_needs_no_get(fake: FakeKube, backend: KubernetesBackend) -> None:
+    backend.informer.ensure_started()  # in the watcher's process
     fake.auto_start = True
     spec = new_spec()
     backend.provision(spec)
@@ -410,6 +436,7 @@ def test_the_informer_relists_from_the_start_when_a_continue_token_expires(
 def test_a_410_as_the_watch_responses_status_relists(
     fake: FakeKube, backend: KubernetesBackend
 ) -> None:
+    backend.informer.ensure_started()
     fake.auto_start = True
     fake.gone_as_status = True
     kept, lost = new_spec(), new_spec()
