@@ -341,6 +341,9 @@ HEDGEROW_AUDIT_INTERVAL_S = env_float("HEDGEROW_AUDIT_INTERVAL_S", 3600.0)
 HEDGEROW_AUDIT_PERIOD_S = env_float("HEDGEROW_AUDIT_PERIOD_S", 24 * 3600.0)
 # A TTL reap is a backstop: above this share of ended sandboxes the audit warns.
 HEDGEROW_AUDIT_TTL_WARN_SHARE = env_float("HEDGEROW_AUDIT_TTL_WARN_SHARE", 0.10)
+# A team's own audits (POST /api/v1/audits) run in a worker, one at a time per team and
+# at most one per this many seconds (429 audit_throttled with Retry-After).
+HEDGEROW_AUDIT_MIN_INTERVAL_S = env_float("HEDGEROW_AUDIT_MIN_INTERVAL_S", 60.0)
 # Operations still `running` this long after the web process should have finished
 # them are asked for at the agent (recovered) or marked interrupted.
 HEDGEROW_OPERATION_RECOVERY_AFTER_S = env_float("HEDGEROW_OPERATION_RECOVERY_AFTER_S", 30.0)
@@ -397,6 +400,20 @@ HEDGEROW_K8S_API_RETRIES = env_int("HEDGEROW_K8S_API_RETRIES", 5)
 HEDGEROW_K8S_USER_NAMESPACES = env_bool("HEDGEROW_K8S_USER_NAMESPACES", True)
 HEDGEROW_K8S_RUN_AS_USER = env_str("HEDGEROW_K8S_RUN_AS_USER", "auto")
 HEDGEROW_K8S_READ_ONLY_ROOT = env_bool("HEDGEROW_K8S_READ_ONLY_ROOT", False)
+# Runtime behaviour (docs/deploy-kubernetes.md "Runtime behaviour"): how long a pod may
+# stay not Ready before its sandbox is lost, how long pods tolerate a lost node, when a
+# provision stops trusting the informer and reads its pod, sandbox DNS resolvers
+# (CIDRs reachable on port 53; nameservers = dnsPolicy None), and the sources outside
+# the cluster (a control plane run with a kubeconfig) allowed to reach agents.
+HEDGEROW_K8S_NOT_READY_LOST_S = env_float("HEDGEROW_K8S_NOT_READY_LOST_S", 60.0)
+HEDGEROW_K8S_NODE_LOST_TOLERATION_S = env_int("HEDGEROW_K8S_NODE_LOST_TOLERATION_S", 30)
+HEDGEROW_K8S_WAIT_STALL_S = env_float("HEDGEROW_K8S_WAIT_STALL_S", 10.0)
+HEDGEROW_K8S_DNS_CIDRS = env_list("HEDGEROW_K8S_DNS_CIDRS", [])
+HEDGEROW_K8S_DNS_NAMESERVERS = env_list("HEDGEROW_K8S_DNS_NAMESERVERS", [])
+HEDGEROW_K8S_AGENT_INGRESS_CIDRS = env_list("HEDGEROW_K8S_AGENT_INGRESS_CIDRS", [])
+# false (default): one LIST+WATCH of the sandbox namespace per installation, the
+# watcher's; true: every worker and web process runs a pod informer of its own
+HEDGEROW_K8S_INFORMER_EVERYWHERE = env_bool("HEDGEROW_K8S_INFORMER_EVERYWHERE", False)
 
 # --- Quotas, admission queue and metering (apps/billing) ----------------------------
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.

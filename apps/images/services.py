@@ -272,7 +272,8 @@ def image_wait(*, image: Image, timeout_s: float) -> Image:
 
 
 def merge_progress(event: dict[str, Any], last: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The contract's progress shape ``{"phase", "layers", "bytes", "total"}``."""
+    """The contract's progress shape ``{"phase", "layers", "bytes", "total"}`` (and
+    ``message`` while a pull backs off, e.g. a registry's rate limit on Kubernetes)."""
     merged = {"phase": "queued", "layers": 0, "bytes": 0, "total": 0, **(last or {})}
     phase = str(event.get("phase", merged["phase"]))
     merged["phase"] = "unpacking" if phase == "unpacked" else phase
@@ -281,6 +282,11 @@ def merge_progress(event: dict[str, Any], last: dict[str, Any] | None = None) ->
             merged[key] = event[key]
     if phase == "unpacked" and isinstance(event.get("layer"), int):
         merged["layer"] = event["layer"]
+    if isinstance(event.get("message"), str):
+        # why the pull is waiting (a registry's refusal the kubelet retries)
+        merged["message"] = event["message"][:500]
+    elif merged["phase"] != (last or {}).get("phase"):
+        merged.pop("message", None)  # it was about the phase before
     return merged
 
 

@@ -219,6 +219,12 @@ class ReconcileRun(models.Model):
         return f"reconcile {self.started_at:%Y-%m-%d %H:%M:%S} {self.actions}"
 
 
+class AuditStatus(models.TextChoices):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
 class AuditRun(models.Model):
     """A stored reclaim-leak audit: the equation's terms for one period and slice."""
 
@@ -247,6 +253,9 @@ class AuditRun(models.Model):
     ttl_share = models.FloatField(default=0.0)
     reclaimed = models.PositiveIntegerField(default=0)
     report = models.JSONField(default=dict, blank=True)
+    # A team's own audit is computed by a worker: ``running`` until it is stored.
+    status = models.CharField(max_length=16, choices=AuditStatus.choices, default="done")
+    error = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -23,6 +23,8 @@ def audit_history(*, tenant: Tenant | None, limit: int = HISTORY) -> list[AuditR
 def audit_row(run: AuditRun) -> dict[str, Any]:
     return {
         "id": run.id,
+        "status": run.status,  # running (a team's audit in its worker), done, failed
+        "error": run.error or None,
         "created_at": run.created_at.isoformat(),
         "trigger": run.trigger,
         "period_start": run.period_start.isoformat(),

@@ -57,6 +57,15 @@ def audit_leaks() -> list[int]:
     return [run.pk for run in audit_scheduled()]
 
 
+@shared_task(soft_time_limit=300, time_limit=400)
+def run_audit(run_id: int) -> int | None:
+    """A team's own audit (POST /api/v1/audits), computed here, not in the web."""
+    from apps.sandboxes.services.audit import audit_fill
+
+    run = audit_fill(run_id)
+    return run.pk if run else None
+
+
 @shared_task(soft_time_limit=600, time_limit=660)
 def collect_image_cache() -> dict[str, Any]:
     from apps.sandboxes.services.image_cache import image_cache_collect

@@ -1,4 +1,5 @@
-"""A tenant's own leak audits over the API: history, and an audit of its slice now."""
+"""A tenant's own leak audits over the API: history, one audit, and an audit of its
+slice, run by a worker (``POST`` answers 202 with the ``running`` row)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.errors import ValidationFailed
+from apps.core.errors import NotFound, ValidationFailed
 from apps.sandboxes import reports
-from apps.sandboxes.services.audit import AuditSlice, audit_run
+from apps.sandboxes.models import AuditRun
+from apps.sandboxes.services.audit import audit_request
 from apps.tenancy.permissions import principal_of
 
 
@@ -39,22 +41,41 @@ class AuditListView(APIView):
 
     @extend_schema(
         request=None,
-        responses={201: dict},
+        responses={202: dict, 429: dict},
         parameters=[
             OpenApiParameter("period_start", str, description="ISO 8601; default now - 24h"),
             OpenApiParameter("period_end", str, description="ISO 8601; default now"),
             OpenApiParameter("image", str),
         ],
-        description="Audits this tenant's sandboxes created in the period now and stores "
-        "the result: created = deleted + reaped_ttl + reaped_heartbeat + failed + lost + "
-        "live + leaked, with the ids behind any imbalance. Never reclaims (operators do).",
+        description="Audits this tenant's sandboxes created in the period and stores the "
+        "result: created = deleted + reaped_ttl + reaped_heartbeat + failed + lost + live "
+        "+ leaked, with the ids behind any imbalance. A worker computes it: the answer is "
+        "202 with the audit `running` and a Location to poll (GET /api/v1/audits/{id} "
+        "until `status` is `done` or `failed`). One at a time per team and at most one "
+        "per HEDGEROW_AUDIT_MIN_INTERVAL_S: else 429 `audit_in_progress` / "
+        "`audit_throttled` with Retry-After. Never reclaims (operators do).",
     )
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
         image = request.data.get("image", "") if hasattr(request.data, "get") else ""
-        run = audit_run(
+        run = audit_request(
+            tenant=principal.tenant,
             period_start=_when(request, "period_start"),
             period_end=_when(request, "period_end"),
-            audit_slice=AuditSlice(tenant=principal.tenant, image=str(image or "")),
+            image=str(image or ""),
         )
-        return Response(reports.audit_row(run), status=status.HTTP_201_CREATED)
+        return Response(
+            reports.audit_row(run),
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": f"/api/v1/audits/{run.pk}"},
+        )
+
+
+class AuditDetailView(APIView):
+    @extend_schema(responses={200: dict}, description="One of this tenant's audits.")
+    def get(self, request: Request, audit_id: int) -> Response:
+        principal = principal_of(request)
+        run = AuditRun.objects.filter(pk=audit_id, tenant=principal.tenant).first()
+        if run is None:
+            raise NotFound(f"no audit {audit_id}")
+        return Response(reports.audit_row(run))

@@ -105,4 +105,5 @@ urlpatterns = [
         name="snapshot-fork",
     ),
     path("audits", audits.AuditListView.as_view(), name="audit-list"),
+    path("audits/<int:audit_id>", audits.AuditDetailView.as_view(), name="audit-detail"),
 ]

@@ -169,6 +169,9 @@ class BackendEvent:
     kind: str  # "ready", "gone", "failed"
     reason: str = ""
     endpoint: Endpoint | None = None
+    # why, as a stable code for the ledger (``evicted``, ``node_lost``,
+    # ``resource_exhausted``, …); "" = unexplained
+    code: str = ""
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,14 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.core.errors import ApiError
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.models import (
     FINAL_STATES,
     LIVE_STATES,
     AuditRun,
+    AuditStatus,
     Sandbox,
     SandboxEvent,
     Snapshot,
@@ -410,34 +412,44 @@ def audit_run(
     reclaim: bool = False,
     trigger: str = "manual",
     view: InventoryView | None = None,
+    into: AuditRun | None = None,
 ) -> AuditRun:
     """Computes and stores an audit (default period: the last 24 hours).
 
     With ``reclaim`` the leaked and orphaned resources found are removed afterwards
     (``leak_reclaimed`` in each sandbox's ledger); the stored terms are those found,
-    ``reclaimed`` says how many sandboxes' resources were removed.
+    ``reclaimed`` says how many sandboxes' resources were removed. ``into``: a
+    ``running`` row (``audit_request``) to fill instead of a new one.
     """
     end = period_end or timezone.now()
     start = period_start or end - timedelta(hours=24)
     sl = audit_slice or AuditSlice()
     report = audit_compute(period_start=start, period_end=end, audit_slice=sl, view=view)
     reclaimed = audit_reclaim(report=report, view=view) if reclaim else 0
-    run = AuditRun.objects.create(
-        period_start=start,
-        period_end=end,
-        tenant=sl.tenant,
-        image=sl.image,
-        node=sl.node,
-        backend=sl.backend,
-        trigger=trigger,
-        created=report.created,
-        orphaned=len(report.orphaned),
-        balanced=report.balanced and not report.orphaned,
-        ttl_share=report.ttl_share,
-        reclaimed=reclaimed,
-        report=report.as_dict(),
+    fields: dict[str, Any] = {
+        "period_start": start,
+        "period_end": end,
+        "tenant": sl.tenant,
+        "image": sl.image,
+        "node": sl.node,
+        "backend": sl.backend,
+        "trigger": trigger,
+        "created": report.created,
+        "orphaned": len(report.orphaned),
+        "balanced": report.balanced and not report.orphaned,
+        "ttl_share": report.ttl_share,
+        "reclaimed": reclaimed,
+        "report": report.as_dict(),
+        "status": AuditStatus.DONE,
         **{term: report.terms[term] for term in TERMS},
-    )
+    }
+    if into is None:
+        run = AuditRun.objects.create(**fields)
+    else:
+        run = into
+        for name, value in fields.items():
+            setattr(run, name, value)
+        run.save()
     if not run.balanced or run.leaked:
         log.error(
             "leak audit: %s; leaked=%s orphaned=%s",
@@ -447,6 +459,93 @@ def audit_run(
             extra={"event": "audit_imbalance"},
         )
     return run
+
+
+class AuditThrottled(ApiError):
+    """A team's audit asked for too soon (429 + Retry-After)."""
+
+    status_code = 429
+    code = "audit_throttled"
+
+
+# a ``running`` audit older than this lost its worker: it no longer blocks the next one
+AUDIT_STALE_S = 900
+
+
+def audit_request(
+    *,
+    tenant: Tenant,
+    period_start: datetime | None,
+    period_end: datetime | None,
+    image: str = "",
+) -> AuditRun:
+    """A team's own audit: stored ``running`` and computed by a worker
+    (``tasks.run_audit`` → ``audit_fill``), never in the web process — it lists the
+    whole backend inventory. One at a time per team (``audit_in_progress``), and at
+    most one per ``HEDGEROW_AUDIT_MIN_INTERVAL_S`` (``audit_throttled``), both 429 with
+    ``Retry-After``."""
+    from apps.sandboxes.tasks import run_audit
+
+    end = period_end or timezone.now()
+    start = period_start or end - timedelta(hours=24)
+    interval = settings.HEDGEROW_AUDIT_MIN_INTERVAL_S
+    with transaction.atomic():
+        with connection.cursor() as cursor:  # concurrent requests of a team queue here
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                [f"hedgerow-audit:{settings.HEDGEROW_INSTANCE}:{tenant.pk}"],
+            )
+        now = timezone.now()
+        mine = AuditRun.objects.filter(tenant=tenant, trigger="manual")
+        running = mine.filter(
+            status=AuditStatus.RUNNING, created_at__gte=now - timedelta(seconds=AUDIT_STALE_S)
+        ).first()
+        if running is not None:
+            raise AuditThrottled(
+                f"audit {running.pk} of this team is still running",
+                code="audit_in_progress",
+                headers={"Retry-After": "5"},
+                extra={"audit_id": running.pk},
+            )
+        last = mine.order_by("-created_at").first()
+        if last is not None:
+            wait = interval - (now - last.created_at).total_seconds()
+            if wait > 0:
+                raise AuditThrottled(
+                    f"one audit per {interval:.0f} s per team; the last one ran "
+                    f"{(now - last.created_at).total_seconds():.0f} s ago",
+                    headers={"Retry-After": str(max(1, int(wait + 0.999)))},
+                )
+        run = AuditRun.objects.create(
+            period_start=start,
+            period_end=end,
+            tenant=tenant,
+            image=image,
+            trigger="manual",
+            status=AuditStatus.RUNNING,
+        )
+        transaction.on_commit(lambda: run_audit.delay(run.pk))
+    return run
+
+
+def audit_fill(run_id: int) -> AuditRun | None:
+    """The worker's half of ``audit_request``: computes the audit into its row."""
+    run = AuditRun.objects.filter(pk=run_id, status=AuditStatus.RUNNING).first()
+    if run is None:
+        return None  # done already (a redelivered task) or gone
+    try:
+        return audit_run(
+            period_start=run.period_start,
+            period_end=run.period_end,
+            audit_slice=AuditSlice(tenant=run.tenant, image=run.image),
+            trigger=run.trigger,
+            into=run,
+        )
+    except Exception as exc:
+        AuditRun.objects.filter(pk=run_id).update(
+            status=AuditStatus.FAILED, balanced=False, error=str(exc)[:1000]
+        )
+        raise
 
 
 def audit_reclaim(*, report: AuditReport, view: InventoryView | None = None) -> int:

@@ -9,6 +9,9 @@
 * warm pool members (``services/warm_pool.py``) are inventory without a record and
   are left alone; a member the backend no longer runs is dropped
   (``pool_member_vanished``), one stuck starting too (``pool_member_stuck``);
+* what the backend must keep true is re-applied (``backend.converge()``: on Kubernetes
+  the namespace's default-deny NetworkPolicy, server-side applied; a restoration is
+  counted as ``namespace_policy_restored``);
 * a ``requested`` record no worker picked up (task lost with the broker) is enqueued
   again (``provision_requeued``);
 * a snapshot the backend keeps whose record is not ``capturing`` or ``ready`` (none,
@@ -50,7 +53,8 @@ log = logging.getLogger(__name__)
 RUNNING_KINDS = frozenset({"process", "pod"})
 # Kinds a sandbox's destroy may not cover (a lease or root mount left by a provision
 # that crashed before recording it): reclaimed by name after the destroy.
-AFTER_DESTROY_KINDS = frozenset({"image_lease", "sandbox_root"})
+# A pod whose deletion its node never confirmed (node lost) needs a forced deletion.
+AFTER_DESTROY_KINDS = frozenset({"image_lease", "sandbox_root", "pod_terminating"})
 ACTOR = "reconciler"
 
 
@@ -191,12 +195,32 @@ def sandbox_reconcile(*, now: datetime | None = None, reclaim: bool = True) -> R
         running = {sid for sid, items in view.by_sandbox.items() if _running(items)}
         for reason, n in warm_pool_drop_vanished(running_ids=running, listed_at=listed_at).items():
             actions[reason] += n
+        _converge(backend, actions, details)
         _mark_lost(view, listed_at, actions, details)
         _fail_overdue(listed_at, actions, details)
         _requeue_stalled(listed_at, actions, details)
         _reconcile_snapshots(backend, listed_at, reclaim, actions, details)
     run.details = details
     return _finish(run, actions=dict(actions))
+
+
+def _converge(backend: Backend, actions: dict[str, int], details: list[dict[str, Any]]) -> None:
+    """What the backend must keep true whatever happens to it (the Kubernetes
+    namespace's default-deny policy, re-applied): ``backend.converge()`` when it has
+    one, its restorations counted."""
+    converge = getattr(backend, "converge", None)
+    if converge is None:
+        return
+    try:
+        restored: dict[str, int] = converge()
+    except BackendError as exc:
+        actions["converge_error"] += 1
+        details.append({"action": "converge_error", "error": str(exc)[:200]})
+        return
+    for what, count in restored.items():
+        if count:
+            actions[what] += count
+            details.append({"action": what, "count": count})
 
 
 def _running(items: list[InventoryItem]) -> bool:

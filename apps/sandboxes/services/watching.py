@@ -26,7 +26,9 @@ def watch_backend_once(*, timeout_s: float) -> int:
             sandbox=sandbox,
             from_states=(State.READY,),
             to_state=State.LOST,
-            reason="backend_resource_gone",
+            # the backend's code when it knows why (evicted, node_lost,
+            # resource_exhausted, …; docs/deploy-kubernetes.md "When a sandbox is lost")
+            reason=event.code or "backend_resource_gone",
             actor="watcher",
             message=event.reason or "the sandbox's process exited unexpectedly",
             terminated_at=timezone.now(),

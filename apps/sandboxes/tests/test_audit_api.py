@@ -8,7 +8,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from apps.sandboxes import tasks
 from apps.sandboxes.models import AuditRun, SandboxEvent, State
+from apps.sandboxes.services import audit, reconcile
+from apps.sandboxes.services.audit import audit_fill
 from apps.sandboxes.tests.factories import make_sandbox
 
 pytestmark = pytest.mark.django_db
@@ -25,8 +28,23 @@ def _deleted(tenant: Any, external_id: str) -> None:
         )
 
 
+def _post_audit(api: Any, monkeypatch: pytest.MonkeyPatch, capture: Any) -> Any:
+    """POST /api/v1/audits; returns the response after running the enqueued task the
+    way the worker would (its on-commit enqueue recorded, then ``audit_fill``)."""
+    enqueued: list[int] = []
+    monkeypatch.setattr(tasks.run_audit, "delay", enqueued.append)
+    with capture(execute=True):
+        response = api.post("/api/v1/audits", {}, format="json")
+    for run_id in enqueued:
+        audit_fill(run_id)
+    return response
+
+
 def test_it_audits_the_callers_tenant_only_and_keeps_its_history(
-    make_tenant: Any, api_client: Any
+    make_tenant: Any,
+    api_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     mine, secret = make_tenant()
     theirs, their_secret = make_tenant()
@@ -34,17 +52,67 @@ def test_it_audits_the_callers_tenant_only_and_keeps_its_history(
     _deleted(theirs, "sb-theirs-1")
     _deleted(theirs, "sb-theirs-2")
 
-    ran = api_client(secret).post("/api/v1/audits", {}, format="json")
-    api_client(their_secret).post("/api/v1/audits", {}, format="json")
+    capture = django_capture_on_commit_callbacks
+    ran = _post_audit(api_client(secret), monkeypatch, capture)
+    _post_audit(api_client(their_secret), monkeypatch, capture)
 
-    assert ran.status_code == 201, ran.content
-    body = ran.json()
+    assert ran.status_code == 202, ran.content
+    assert ran.json()["status"] == "running"
+    assert ran["Location"] == f"/api/v1/audits/{ran.json()['id']}"
+    body = api_client(secret).get(ran["Location"]).json()
+    assert body["status"] == "done"
     assert (body["created"], body["deleted"], body["leaked"], body["balanced"]) == (1, 1, 0, True)
     assert body["tenant"] == mine.slug
     assert AuditRun.objects.get(pk=body["id"]).tenant == mine
     history = api_client(secret).get("/api/v1/audits").json()["results"]
     assert [run["id"] for run in history] == [body["id"]]
     assert all(run["tenant"] == mine.slug for run in history)
+    # another team's audit is not found, not forbidden
+    assert api_client(their_secret).get(ran["Location"]).status_code == 404
+
+
+def test_it_never_lists_the_backend_in_the_web_request(
+    make_tenant: Any, api_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, secret = make_tenant()
+
+    def no_inventory() -> None:
+        raise AssertionError("the web process listed the backend")
+
+    monkeypatch.setattr(audit, "get_backend", no_inventory)
+    monkeypatch.setattr(reconcile, "get_backend", no_inventory)
+    response = api_client(secret).post("/api/v1/audits", {}, format="json")
+    assert response.status_code == 202, response.content
+    assert AuditRun.objects.get(pk=response.json()["id"]).status == "running"
+
+
+def test_it_runs_one_audit_at_a_time_per_team_and_throttles_them(
+    make_tenant: Any,
+    api_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Any,
+    settings: Any,
+) -> None:
+    settings.HEDGEROW_AUDIT_MIN_INTERVAL_S = 600
+    _, secret = make_tenant()
+    _, other = make_tenant()
+    enqueued: list[int] = []
+    monkeypatch.setattr(tasks.run_audit, "delay", enqueued.append)
+    first = api_client(secret).post("/api/v1/audits", {}, format="json")
+    assert first.status_code == 202
+    busy = api_client(secret).post("/api/v1/audits", {}, format="json")
+    assert busy.status_code == 429
+    assert busy.json()["error"]["code"] == "audit_in_progress"
+    assert busy.json()["error"]["audit_id"] == first.json()["id"]
+    assert int(busy["Retry-After"]) >= 1
+    audit_fill(first.json()["id"])
+    again = api_client(secret).post("/api/v1/audits", {}, format="json")
+    assert again.status_code == 429
+    assert again.json()["error"]["code"] == "audit_throttled"
+    assert 1 <= int(again["Retry-After"]) <= 600
+    # throttled per team: another team is not held back
+    assert api_client(other).post("/api/v1/audits", {}, format="json").status_code == 202
+    assert AuditRun.objects.filter(trigger="manual").count() == 2
 
 
 def test_it_refuses_a_malformed_period(make_tenant: Any, api_client: Any) -> None:

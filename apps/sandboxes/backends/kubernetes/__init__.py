@@ -61,6 +61,13 @@ def config_from_settings() -> KubernetesConfig:
         user_namespaces=settings.HEDGEROW_K8S_USER_NAMESPACES,
         run_as_user=settings.HEDGEROW_K8S_RUN_AS_USER or "auto",  # empty = the default
         read_only_root=settings.HEDGEROW_K8S_READ_ONLY_ROOT,
+        not_ready_lost_s=settings.HEDGEROW_K8S_NOT_READY_LOST_S,
+        node_lost_toleration_s=settings.HEDGEROW_K8S_NODE_LOST_TOLERATION_S,
+        wait_stall_s=settings.HEDGEROW_K8S_WAIT_STALL_S,
+        dns_cidrs=tuple(settings.HEDGEROW_K8S_DNS_CIDRS),
+        dns_nameservers=tuple(settings.HEDGEROW_K8S_DNS_NAMESERVERS),
+        agent_ingress_cidrs=tuple(settings.HEDGEROW_K8S_AGENT_INGRESS_CIDRS),
+        informer_everywhere=settings.HEDGEROW_K8S_INFORMER_EVERYWHERE,
     )
 
 
@@ -68,6 +75,16 @@ def api_client_from_settings(max_concurrency: int) -> client.ApiClient:
     """In-cluster service account when no kubeconfig is configured, else the file."""
     configuration = client.Configuration()
     if settings.HEDGEROW_K8S_KUBECONFIG:
+        if not settings.HEDGEROW_K8S_AGENT_INGRESS_CIDRS:
+            # outside the cluster the hot path goes straight to pod IPs, which the
+            # namespace policy admits only from the control plane's own pods
+            raise ImproperlyConfigured(
+                "HEDGEROW_K8S_KUBECONFIG is set (a control plane outside the cluster) but "
+                "HEDGEROW_K8S_AGENT_INGRESS_CIDRS is empty: the sandbox namespace's policy "
+                "would drop every request to the agents. Set it to the addresses this "
+                "control plane reaches pod IPs from (pod IPs must be routable to it), see "
+                'docs/deploy-kubernetes.md "Control plane outside the cluster"'
+            )
         kube_config.load_kube_config(
             config_file=settings.HEDGEROW_K8S_KUBECONFIG,
             context=settings.HEDGEROW_K8S_CONTEXT or None,

@@ -40,7 +40,9 @@ class KubeApi:
         self.retries_done = 0  # observed by tests and logged by operators
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        kwargs.setdefault("_request_timeout", self.config.api_timeout_s)
+        # (connect, read): the client ignores a bare float, so a request to a stalled
+        # API server would otherwise wait forever
+        kwargs.setdefault("_request_timeout", request_timeout(self.config.api_timeout_s))
         attempts = self.config.api_retries
         for attempt in range(attempts):
             delay: float | None = None
@@ -68,6 +70,84 @@ class KubeApi:
                 delay *= 0.5 + random.random()  # jitter: callers retrying together spread out
             time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    # ---- calls the generated client has no method for ---------------------------
+
+    def apply(self, path: str, body: dict[str, Any], response_type: str) -> Any:
+        """Server-side apply (``PATCH`` as ``application/apply-patch+yaml``, JSON being
+        YAML) as field manager ``hedgerow``, forcing ownership of the fields we set:
+        the API server converges the object to ``body`` whoever changed it last."""
+        return self.call(
+            self.api_client.call_api,
+            path,
+            "PATCH",
+            query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            header_params={
+                "Content-Type": "application/apply-patch+yaml",
+                "Accept": "application/json",
+            },
+            body=body,
+            response_type=response_type,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+        )
+
+    def list_metadata(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        """Every object under ``path`` matching the selector, metadata only
+        (``PartialObjectMetadataList``): never the data of a Secret. Paginated."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query: list[tuple[str, Any]] = [
+                ("labelSelector", label_selector),
+                ("limit", self.config.list_page_size),
+            ]
+            if token:
+                query.append(("continue", token))
+            page = self.call(
+                self.api_client.call_api,
+                path,
+                "GET",
+                query_params=query,
+                header_params={"Accept": METADATA_LIST_ACCEPT},
+                response_type="object",
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+            items += list(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
+
+    def list_all(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list[Any], str]:
+        """A paginated LIST (``limit``/``continue``): (every item, the resourceVersion
+        of the list). A continue token the API server expired (410) starts over."""
+        for _attempt in range(3):
+            items: list[Any] = []
+            token: str | None = None
+            try:
+                while True:
+                    page = self.call(
+                        fn, *args, limit=self.config.list_page_size, _continue=token, **kwargs
+                    )
+                    items += list(page.items or [])
+                    token = page.metadata._continue or None
+                    if not token:
+                        return items, page.metadata.resource_version or ""
+            except ApiException as exc:
+                if exc.status != 410 or token is None:
+                    raise
+                continue  # the snapshot expired between pages: list again from the start
+        raise BackendError("list kept expiring between pages", transient=True)
+
+
+FIELD_MANAGER = "hedgerow"
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+def request_timeout(seconds: float) -> tuple[float, float]:
+    """The client's per-request timeout, (connect, read)."""
+    return (min(seconds, 10.0), seconds)
 
 
 def _retry_after(exc: ApiException) -> float | None:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from apps.sandboxes.backends.base import (
@@ -43,7 +43,7 @@ from .config import (
     identity,
     object_name,
 )
-from .informer import PodInformer
+from .informer import PodInformer, PodView, keep_registry_message, pod_view
 from .specs import (
     build_egress_policy,
     build_namespace_policy,
@@ -160,7 +160,8 @@ class KubernetesBackend:
         spec = dataclasses.replace(spec, image=self._image_ref(spec.image))
         self.informer.unsilence(spec.sandbox_id)
         self.ensure_namespace_policy()
-        self.informer.ensure_started()
+        if self.config.informer_everywhere:
+            self.informer.ensure_started()
         # A new generation replaces the old pod: nothing of an older one may answer.
         try:
             self._delete_generations(spec.sandbox_id, keep=spec.generation)
@@ -188,7 +189,7 @@ class KubernetesBackend:
             created = self._create_or_adopt(self.pods, pod)
             owned.insert(0, (self.pods, pod.metadata.name))
             self._check_user_namespace(created)
-            return self._wait_started(pod.metadata.name, spec.image)
+            return self._wait_started(pod.metadata.name, spec.image, progress)
         except Exception as exc:
             try:
                 for kind, name in owned:
@@ -202,29 +203,65 @@ class KubernetesBackend:
             raise BackendError(f"provision failed: {exc}") from exc
 
     def ensure_namespace_policy(self) -> None:
-        """The default-deny policy exists before any sandbox pod does (idempotent)."""
+        """The default-deny policy exists before any sandbox pod does: applied once per
+        process here; ``converge`` (every reconciler round) re-applies it."""
         if self._namespace_policy_ok:
             return
+        self.converge_namespace_policy()
+        self._namespace_policy_ok = True
+
+    def converge(self) -> dict[str, int]:
+        """The reconciler's hook: what must hold in the cluster whatever happened to
+        it. Returns counts of what it had to restore."""
+        return {"namespace_policy_restored": int(self.converge_namespace_policy())}
+
+    def converge_namespace_policy(self) -> bool:
+        """Server-side applies the namespace's default-deny policy (field manager
+        ``hedgerow``, forced): created when missing, edited fields restored. A field
+        apply does not own (a narrowed podSelector, an extra rule another manager
+        added to a map) is replaced with the whole spec. Refuses an object of that name
+        that is not this installation's. Returns whether anything had to change."""
         body = build_namespace_policy(self.config)
+        name, ns = body.metadata.name, self.config.namespace
+        desired = self.api.api_client.sanitize_for_serialization(body)
         try:
-            self.api.call(self.policies.create, self.config.namespace, body)
+            existing = self.api.call(self.policies.read, name, ns)
         except ApiException as exc:
-            if not is_status(exc, 409):
-                raise BackendError(f"cannot create the namespace policy: {exc.reason}") from exc
-            try:
-                existing = self.api.call(
-                    self.policies.read, body.metadata.name, self.config.namespace
-                )
-            except ApiException as read_exc:
-                raise BackendError(f"cannot read the namespace policy: {read_exc.reason}") from exc
+            if not is_status(exc, 404):
+                raise BackendError(
+                    f"cannot read the namespace policy: {exc.status} {exc.reason}", transient=True
+                ) from exc
+            existing = None
+        if existing is not None:
             labels = existing.metadata.labels or {}
             # extra labels (kustomize's part-of, …) are fine; ours must all be there
             if any(labels.get(k) != v for k, v in body.metadata.labels.items()):
                 raise BackendError(
-                    f"network policy {body.metadata.name} exists but is not this "
+                    f"network policy {name} exists but is not this "
                     "installation's; refusing to run sandboxes without it"
-                ) from exc
-        self._namespace_policy_ok = True
+                )
+            if self._spec_of(existing) == desired["spec"]:
+                return False
+        path = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}"
+        try:
+            applied = self.api.apply(path, desired, "V1NetworkPolicy")
+            if self._spec_of(applied) != desired["spec"]:
+                replacement = dict(desired)
+                replacement["metadata"] = dict(
+                    desired["metadata"],
+                    resourceVersion=applied.metadata.resource_version,
+                    labels={**(applied.metadata.labels or {}), **desired["metadata"]["labels"]},
+                )
+                self.api.call(self.api.net.replace_namespaced_network_policy, name, ns, replacement)
+        except ApiException as exc:
+            raise BackendError(
+                f"cannot apply the namespace policy: {exc.status} {_message(exc)}", transient=True
+            ) from exc
+        log.warning("namespace policy %s %s", name, "restored" if existing else "created")
+        return True
+
+    def _spec_of(self, policy: Any) -> Any:
+        return self.api.api_client.sanitize_for_serialization(policy.spec)
 
     def _check_user_namespace(self, pod: Any) -> None:
         """The pod as stored must still ask for its user namespace: an API server whose
@@ -261,11 +298,22 @@ class KubernetesBackend:
         log.info("adopted existing %s %s", kind.name, name)
         return existing
 
-    def _wait_started(self, pod_name: str, image: str) -> Endpoint:
-        view = self.informer.wait(pod_name, self.config.ready_timeout_s)
+    def _wait_started(
+        self, pod_name: str, image: str, progress: ProgressCallback | None = None
+    ) -> Endpoint:
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        view = None
+        if self.informer.running:
+            view = self.informer.wait(
+                pod_name, min(self.config.wait_stall_s, deadline - time.monotonic())
+            )
+        if view is None or not view.settled:
+            # not started yet, or the informer is stalled (a dead watch connection that
+            # has not timed out): read the pod and watch it alone until the deadline
+            view = self._wait_scoped(pod_name, deadline, view, progress)
         if view is None:
             raise BackendError(f"pod {pod_name} never appeared in the watch", transient=True)
-        if view.running and view.ip and not view.deleting:
+        if view.running and view.ip and not view.deleting and not view.lost_code:
             return Endpoint(
                 view.ip, self.config.agent_port, self.isolation, view.node, view.image_digest
             )
@@ -277,6 +325,8 @@ class KubernetesBackend:
                 code=pull_error_code(view.pull_reason, view.pull_message),
                 reference=image,
             )
+        if view.lost_code:
+            raise BackendError(f"pod {pod_name} failed: {view.lost_message}")
         if view.problem or view.terminal:
             raise BackendError(f"pod {pod_name} failed: {view.problem or view.phase}")
         if view.deleting:
@@ -285,6 +335,67 @@ class KubernetesBackend:
         raise BackendError(
             f"pod {pod_name} not started after {self.config.ready_timeout_s:.0f}s ({waiting})"
         )
+
+    def _wait_scoped(
+        self,
+        name: str,
+        deadline: float,
+        last: PodView | None,
+        progress: ProgressCallback | None,
+    ) -> PodView | None:
+        """Waits for one pod by itself: a GET, then a WATCH with the field selector
+        ``metadata.name=<pod>`` from the version read (again after a 410 or when the
+        watch ends). Image pulls that fail and back off are reported as progress
+        (``pull_backoff`` with the registry's message) and waited out."""
+        ns = self.config.namespace
+        told = ""
+
+        def seen(view: PodView) -> PodView:
+            nonlocal told, last
+            view = keep_registry_message(view, last)
+            last = view
+            self.informer.observe(view)
+            if progress is not None and view.pull_reason and view.pull_message != told:
+                told = view.pull_message
+                progress({"phase": "pull_backoff", "message": f"{view.pull_reason}: {told}"[:500]})
+            return view
+
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                pod = self.api.call(self.pods.read, name, ns)
+            except ApiException as exc:
+                if is_status(exc, 404):
+                    return dataclasses.replace(last, deleting=True) if last else None
+                raise BackendError(
+                    f"cannot read pod {name}: {exc.status} {exc.reason}", transient=True
+                ) from exc
+            view = seen(pod_view(pod))
+            if view.settled:
+                return view
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    self.api.core.list_namespaced_pod,
+                    ns,
+                    field_selector=f"metadata.name={name}",
+                    resource_version=view.resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=max(1, int(remaining)),
+                    _request_timeout=int(remaining) + 10,
+                ):
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    view = seen(pod_view(event["object"]))
+                    if event["type"] == "DELETED":
+                        return dataclasses.replace(view, deleting=True)
+                    if view.settled or time.monotonic() >= deadline:
+                        return view
+            except ApiException as exc:
+                if not is_status(exc, 410):
+                    log.warning("watch of pod %s failed: %s", name, exc)
+            finally:
+                stream.stop()
+        return last
 
     # ---- destroy -------------------------------------------------------------------
 
@@ -312,14 +423,22 @@ class KubernetesBackend:
                     **_grace(kind),
                 )
                 continue
-            listing = self.api.call(kind.listing, self.config.namespace, label_selector=selector)
-            for obj in listing.items:
-                if generation_of(obj.metadata.labels) != keep:
-                    self._delete(kind, obj.metadata.name)
+            # metadata only: never a Secret's data
+            for meta in self.api.list_metadata(self._path(kind), selector):
+                labels = (meta.get("metadata") or {}).get("labels")
+                if generation_of(labels) != keep:
+                    self._delete(kind, meta["metadata"]["name"])
 
-    def _delete(self, kind: Kind, name: str) -> None:
+    def _path(self, kind: Kind) -> str:
+        ns = self.config.namespace
+        if kind is self.policies:
+            return f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+        return f"/api/v1/namespaces/{ns}/{'pods' if kind is self.pods else 'secrets'}"
+
+    def _delete(self, kind: Kind, name: str, grace_s: int | None = None) -> None:
+        grace = _grace(kind) if grace_s is None else {"grace_period_seconds": grace_s}
         try:
-            self.api.call(kind.delete, name, self.config.namespace, **_grace(kind))
+            self.api.call(kind.delete, name, self.config.namespace, **grace)
         except ApiException as exc:
             if not is_status(exc, 404):
                 raise BackendError(
@@ -331,12 +450,23 @@ class KubernetesBackend:
 
     def endpoint(self, sandbox_id: str) -> Endpoint | None:
         check_sandbox_id(sandbox_id)
-        self.informer.ensure_started()
-        live = [
-            p
-            for p in self.informer.for_sandbox(sandbox_id)
-            if p.running and p.ip and not p.deleting and not p.terminal
-        ]
+        if self.config.informer_everywhere:
+            self.informer.ensure_started()
+        if self.informer.running:
+            live = [p for p in self.informer.for_sandbox(sandbox_id) if self.informer.usable(p)]
+        else:  # no informer in this process: that sandbox's pods, by label
+            try:
+                pods, _ = self.api.list_all(
+                    self.pods.listing,
+                    self.config.namespace,
+                    label_selector=self.config.sandbox_selector(sandbox_id),
+                )
+            except ApiException as exc:
+                raise BackendError(
+                    f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}",
+                    transient=True,
+                ) from exc
+            live = [v for v in map(pod_view, pods) if v.usable]
         if not live:
             return None
         best = max(live, key=lambda p: p.generation or 0)
@@ -346,49 +476,53 @@ class KubernetesBackend:
 
     def inventory(self) -> list[InventoryItem]:
         """Pods, network policies and secrets of this installation, listed afresh
-        (not from the informer's cache). A pod whose containers ended is
-        ``pod_exited``: it holds no running agent but is still a resource to remove.
-        A pod deleted less than ``terminating_grace_s`` ago is a deletion in progress,
-        not a leak, and is left out."""
+        (not from the informer's cache), paginated, and for policies and secrets as
+        metadata only (never a Secret's data). A pod whose containers ended is
+        ``pod_exited``; one that is lost (evicted, disrupted, OOM-killed) ``pod_lost``:
+        neither holds a running agent, both are resources to remove. A pod deleted less
+        than ``terminating_grace_s`` ago is a deletion in progress, not a leak, and is
+        left out; one deleted longer ago (its node is gone, its kubelet never confirms)
+        is ``pod_terminating``, reclaimed by a forced deletion."""
         items: list[InventoryItem] = []
         selector = self.config.sandbox_selector()
+        ns = self.config.namespace
         now = datetime.now(UTC)
-        for kind in (self.pods, self.policies, self.secrets):
-            try:
-                listing = self.api.call(
-                    kind.listing, self.config.namespace, label_selector=selector
-                )
-            except ApiException as exc:
-                raise BackendError(f"cannot list {kind.name}s: {exc.status} {exc.reason}") from exc
-            for obj in listing.items:
-                meta = obj.metadata
-                labels = meta.labels or {}
-                name = kind.name
-                node = ""
-                if kind is self.pods:
-                    if meta.deletion_timestamp is not None:
-                        age = (now - meta.deletion_timestamp).total_seconds()
-                        if age < self.config.terminating_grace_s:
-                            continue
-                    if obj.status and obj.status.phase in ("Failed", "Succeeded"):
-                        name = "pod_exited"
-                    node = (obj.spec.node_name if obj.spec else None) or ""
-                sid = labels.get(L_SANDBOX) or None
-                valid = sid is not None and _valid_id(sid)
-                items.append(
-                    InventoryItem(
-                        name,
-                        meta.name,
-                        sid if valid else None,
-                        generation_of(labels),
-                        node,
-                    )
-                )
+        try:
+            pods, _ = self.api.list_all(self.pods.listing, ns, label_selector=selector)
+            metadata = [
+                (kind.name, self.api.list_metadata(self._path(kind), selector))
+                for kind in (self.policies, self.secrets)
+            ]
+        except ApiException as exc:
+            raise BackendError(f"cannot list the inventory: {exc.status} {exc.reason}") from exc
+        for pod in pods:
+            meta = pod.metadata
+            name = "pod"
+            if meta.deletion_timestamp is not None:
+                age = (now - meta.deletion_timestamp).total_seconds()
+                if age < self.config.terminating_grace_s:
+                    continue
+                name = "pod_terminating"
+            elif pod.status and pod.status.phase in ("Failed", "Succeeded"):
+                name = "pod_exited"
+            elif pod.status and pod_view(pod).lost_code:
+                name = "pod_lost"
+            node = (pod.spec.node_name if pod.spec else None) or ""
+            items.append(_item(name, meta.name, meta.labels, node))
+        for kind, listed in metadata:
+            for obj in listed:
+                meta_d = obj.get("metadata") or {}
+                items.append(_item(kind, meta_d.get("name", ""), meta_d.get("labels"), ""))
         return items
 
     def reclaim(self, item: InventoryItem) -> None:
-        kinds = {"pod": self.pods, "pod_exited": self.pods}
+        kinds = {"pod": self.pods, "pod_exited": self.pods, "pod_lost": self.pods}
         kinds.update({"network_policy": self.policies, "secret": self.secrets})
+        if item.kind == "pod_terminating":
+            # its kubelet never confirmed (node lost): force the deletion, or the name
+            # and the API object stay forever
+            self._delete(self.pods, item.name, grace_s=0)
+            return
         kind = kinds.get(item.kind)
         if kind is None:
             raise BackendError(f"unknown inventory kind {item.kind!r}")
@@ -400,13 +534,14 @@ class KubernetesBackend:
         self.informer.ensure_started()
         deadline = time.monotonic() + timeout_s
         while True:
+            self.informer.sweep()  # pods not Ready beyond the bound produce no event
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             try:
-                yield self.informer.events.get(timeout=remaining)
+                yield self.informer.events.get(timeout=min(remaining, 1.0))
             except queue.Empty:
-                return
+                continue
 
     def close(self) -> None:
         self.informer.stop()
@@ -422,7 +557,8 @@ _PULL_CODES = (
     ("image_platform_unsupported", re.compile(r"no match for platform", re.I)),
     ("registry_unreachable", re.compile(
         r"no such host|connection refused|timeout|dial tcp|x509|tls: |"
-        r"network is unreachable|connection reset", re.I)),
+        r"network is unreachable|connection reset|toomanyrequests|too many requests|"
+        r"rate limit", re.I)),
 )  # fmt: skip
 
 
@@ -456,6 +592,13 @@ def _rejects_host_users(exc: ApiException) -> bool:
     # 400 "strict decoding error: unknown field "spec.hostUsers"" (a server without the
     # field), 422 "spec.hostUsers: Forbidden/Invalid …" (one that validates it away)
     return exc.status in (400, 422) and "hostUsers" in _message(exc)
+
+
+def _item(kind: str, name: str, labels: dict[str, str] | None, node: str) -> InventoryItem:
+    labels = labels or {}
+    sid = labels.get(L_SANDBOX) or None
+    valid = sid is not None and _valid_id(sid)
+    return InventoryItem(kind, name, sid if valid else None, generation_of(labels), node)
 
 
 def _valid_id(sandbox_id: str) -> bool:

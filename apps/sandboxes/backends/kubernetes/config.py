@@ -8,6 +8,7 @@ a replacement pod (new generation) never collides with one still terminating.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,31 @@ class KubernetesConfig:
     user_namespaces: bool = True
     run_as_user: str = "auto"  # RUN_AS_MODES or a uid, see above
     read_only_root: bool = False  # readOnlyRootFilesystem; /workspace and /tmp stay writable
+    # ---- runtime behaviour (docs/deploy-kubernetes.md "Runtime behaviour") ----------
+    list_page_size: int = 500  # LISTs are paginated (limit/continue) by this many
+    # a provision whose pod the informer has not shown started within this long reads
+    # the pod itself (GET) and watches it alone (fieldSelector metadata.name)
+    wait_stall_s: float = 10.0
+    # a running pod whose Ready condition stays False this long (node unreachable,
+    # agent unhealthy) is lost
+    not_ready_lost_s: float = 60.0
+    # tolerationSeconds for the node.kubernetes.io/not-ready and /unreachable taints:
+    # how long a pod stays bound to a lost node before it is evicted (kube default 300)
+    node_lost_toleration_s: int = 30
+    # DNS of sandboxes with network access: resolvers as CIDRs egress may reach on port
+    # 53 (NodeLocal DNSCache 169.254.20.10/32, GKE Cloud DNS 169.254.169.254/32, …);
+    # with nameservers, pods get dnsPolicy None and exactly these resolvers. Neither:
+    # the cluster DNS pods (dns_namespace/dns_pod_labels).
+    dns_cidrs: tuple[str, ...] = ()
+    dns_nameservers: tuple[str, ...] = ()
+    # sources outside the cluster (a control plane run with a kubeconfig) allowed to
+    # reach agents on agent_port, beside the control plane's own pods
+    agent_ingress_cidrs: tuple[str, ...] = ()
+    # One LIST+WATCH of the namespace per installation: only the process that consumes
+    # the backend's events (the watcher) runs the informer; workers and web processes
+    # wait on their own pod (GET + a watch of that pod) and read endpoints with a
+    # sandbox-scoped LIST. True: every process runs an informer of its own.
+    informer_everywhere: bool = False
 
     def __post_init__(self) -> None:
         if not _LABEL_VALUE.match(self.instance) or not self.instance:
@@ -102,6 +128,11 @@ class KubernetesConfig:
                 raise BackendError(f"namespace {ns!r} is not a DNS label")
         if self.max_concurrency < 1 or self.api_retries < 1:
             raise BackendError("max_concurrency and api_retries must be >= 1")
+        for cidr in (*self.dns_cidrs, *self.agent_ingress_cidrs, *self.dns_nameservers):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise BackendError(f"{cidr!r} is not an IP address or CIDR") from exc
         if self.run_as_user not in RUN_AS_MODES and not _UID.match(self.run_as_user):
             raise BackendError(
                 f"run_as_user {self.run_as_user!r} must be one of {', '.join(RUN_AS_MODES)} "

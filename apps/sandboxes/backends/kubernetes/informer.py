@@ -1,16 +1,33 @@
 """A LIST+WATCH informer over this installation's sandbox pods.
 
-Readiness and endpoints come from here, never from polling: one LIST gives the state
-and a resourceVersion, then a WATCH resumes from it (bookmarks keep it fresh). A watch
-that ends (server timeout, dropped connection) resumes from the last version seen; a
-``410 Gone`` (the version was compacted away) forces a full re-list, and entries the
-re-list no longer contains are pruned — reported as ``gone`` so a pod deleted while we
-were not watching still marks its sandbox lost.
+One per installation: the watcher's (``KubernetesBackend.watch`` starts it; workers
+wait on their own pod instead, unless ``informer_everywhere``). Events, readiness and
+endpoints come from here, never from polling: one LIST (paginated) gives
+the state and a resourceVersion, then a WATCH resumes from it (bookmarks keep it
+fresh). A watch that ends (server timeout, dropped connection) resumes from the last
+version seen; a ``410 Gone`` (the version was compacted away) — as an ERROR event or
+as the response's status — forces a full re-list, and entries the re-list no longer
+contains are pruned — reported as ``gone`` so a pod deleted while we were not watching
+still marks its sandbox lost.
+
+A pod ends its sandbox (an event for the watcher, and no endpoint) when it:
+
+* ends (phase Failed/Succeeded): ``failed``; an OOM kill of the sandbox container is
+  ``resource_exhausted`` (kind memory), an eviction ``evicted`` with the kubelet's
+  message (``status.reason``), anything else the container's exit;
+* carries a ``DisruptionTarget`` condition (taint-manager eviction of a lost node,
+  preemption, API-initiated eviction, …): ``gone``, ``node_lost`` or ``disrupted``;
+* is being deleted by someone other than Hedgerow (``deletionTimestamp`` while its
+  sandbox is not being destroyed by us): ``gone``, ``pod_deleted`` — a pod whose node
+  is unreachable stays Terminating forever, its agent long gone;
+* stays not Ready for ``not_ready_lost_s`` after it was Ready (or with the node
+  controller's ``NodeNotReady``): ``gone``, ``node_lost`` / ``not_ready``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import queue
@@ -29,11 +46,12 @@ from .config import L_SANDBOX, KubernetesConfig, generation_of
 
 log = logging.getLogger(__name__)
 
-# Waiting reasons that will not fix themselves within a provisioning attempt.
+# Waiting reasons that will not fix themselves within a provisioning attempt. Image
+# pulls (ErrImagePull, ImagePullBackOff) are not among them: the kubelet retries with
+# back-off, and a registry's rate limit or a blip must not fail the sandbox; they end
+# it only at the ready timeout, with the registry's message.
 FATAL_WAITING = frozenset(
     {
-        "ErrImagePull",
-        "ImagePullBackOff",
         "InvalidImageName",
         "CreateContainerConfigError",
         "CreateContainerError",
@@ -43,8 +61,18 @@ FATAL_WAITING = frozenset(
 )
 
 
-# Waiting reasons of the sandbox container that mean its image could not be had.
+# Waiting reasons of the sandbox container that mean its image could not be had (yet).
 PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+# DisruptionTarget reasons that mean the pod's node is gone
+NODE_LOST_REASONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
+
+# Lost codes (the ledger's reason when the watcher ends the sandbox)
+EVICTED = "evicted"
+NODE_LOST = "node_lost"
+DISRUPTED = "disrupted"
+POD_DELETED = "pod_deleted"
+NOT_READY = "not_ready"
+RESOURCE_EXHAUSTED = "resource_exhausted"
 
 
 def image_digest_of(image_id: str) -> str:
@@ -66,15 +94,49 @@ class PodView:
     running: bool  # the main container (the agent's launcher) is running
     ready: bool  # the readiness probe on /health passes
     deleting: bool
-    problem: str  # a fatal reason ("ErrImagePull: …"), "" when none
+    problem: str  # a fatal reason ("CreateContainerConfigError: …"), "" when none
     pending_reason: str  # e.g. "Unschedulable: 0/3 nodes are available…"
     image_digest: str = ""  # the sandbox container's imageID digest, once known
-    pull_reason: str = ""  # the sandbox image could not be pulled: ErrImagePull, …
+    pull_reason: str = ""  # the sandbox image could not be pulled (yet): ErrImagePull, …
     pull_message: str = ""  # … and the kubelet's message (the registry's words)
+    # the pod ended or is ending its sandbox: a lost code (EVICTED, …) and why
+    lost_code: str = ""
+    lost_message: str = ""
+    not_ready_reason: str = ""  # the Ready condition's reason when it is False
+    resource_version: str = ""
 
     @property
     def terminal(self) -> bool:
         return self.phase in ("Failed", "Succeeded")
+
+    @property
+    def usable(self) -> bool:
+        """Its agent may answer: running with an IP, not ending, not lost."""
+        return bool(
+            self.running
+            and self.ip
+            and not self.deleting
+            and not self.terminal
+            and not self.lost_code
+        )
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to wait for while provisioning."""
+        return bool(
+            (self.running and self.ip)
+            or self.terminal
+            or self.problem
+            or self.deleting
+            or self.lost_code
+        )
+
+
+def _memory_limit(pod: Any) -> str:
+    for container in (pod.spec.containers or []) if pod.spec else []:
+        if container.name == "sandbox" and container.resources and container.resources.limits:
+            return str(container.resources.limits.get("memory", ""))
+    return ""
 
 
 def pod_view(pod: Any) -> PodView:
@@ -82,6 +144,7 @@ def pod_view(pod: Any) -> PodView:
     labels = meta.labels or {}
     running = ready = False
     problem = image_digest = pull_reason = pull_message = ""
+    lost_code = lost_message = ""
     for cs in list(status.init_container_statuses or []) + list(status.container_statuses or []):
         state = cs.state
         if state and state.waiting and state.waiting.reason in FATAL_WAITING:
@@ -98,10 +161,33 @@ def pod_view(pod: Any) -> PodView:
             if state and state.waiting and state.waiting.reason in PULL_FAILURES:
                 pull_reason = state.waiting.reason
                 pull_message = state.waiting.message or ""
-    pending_reason = ""
+            if state and state.terminated and state.terminated.reason == "OOMKilled":
+                limit = _memory_limit(pod)
+                lost_code = RESOURCE_EXHAUSTED
+                lost_message = (
+                    f"resource_exhausted: memory: the sandbox went over its memory limit"
+                    f"{' of ' + limit if limit else ''} and the kernel killed it (OOMKilled, "
+                    f"exit {state.terminated.exit_code}; with cgroup v2 the kubelet kills "
+                    "every process of the container, see docs/deploy-kubernetes.md)"
+                )
+    pending_reason = not_ready_reason = ""
+    disruption = None
     for cond in status.conditions or []:
         if cond.type == "PodScheduled" and cond.status == "False":
             pending_reason = f"{cond.reason}: {cond.message or ''}".strip()
+        if cond.type == "DisruptionTarget" and cond.status == "True":
+            disruption = cond
+        if cond.type == "Ready" and cond.status == "False":
+            # the node controller writes this for a node that stopped answering; the
+            # container statuses (the kubelet's) still say ready
+            not_ready_reason = cond.reason or "NotReady"
+            ready = False
+    if status.reason == "Evicted":
+        lost_code = EVICTED
+        lost_message = f"evicted by the kubelet: {(status.message or '').strip()}".strip(": ")
+    elif not lost_code and disruption is not None:
+        lost_code = NODE_LOST if disruption.reason in NODE_LOST_REASONS else DISRUPTED
+        lost_message = f"{lost_code} ({disruption.reason}): {disruption.message or ''}".strip(": ")
     return PodView(
         name=meta.name,
         sandbox_id=labels.get(L_SANDBOX, ""),
@@ -117,7 +203,21 @@ def pod_view(pod: Any) -> PodView:
         image_digest=image_digest,
         pull_reason=pull_reason,
         pull_message=pull_message,
+        lost_code=lost_code,
+        lost_message=lost_message,
+        not_ready_reason=not_ready_reason,
+        resource_version=meta.resource_version or "",
     )
+
+
+def keep_registry_message(view: PodView, before: PodView | None) -> PodView:
+    """``ImagePullBackOff`` says only "Back-off pulling image"; the registry's words
+    came with the ``ErrImagePull`` before it: keep them."""
+    if before is None or view.pull_reason != "ImagePullBackOff":
+        return view
+    if before.pull_message and not before.pull_message.startswith("Back-off"):
+        return dataclasses.replace(view, pull_message=before.pull_message)
+    return view
 
 
 class PodInformer:
@@ -130,6 +230,9 @@ class PodInformer:
         self.relists = 0  # full LISTs done (1 at start, +1 per 410)
         self.events: queue.Queue[BackendEvent] = queue.Queue(maxsize=10000)
         self.quiet: dict[str, float] = {}  # sandbox ids being destroyed by us: no events
+        self.reported: set[str] = set()  # pods whose loss was reported (once each)
+        self.was_ready: set[str] = set()
+        self.not_ready_since: dict[str, float] = {}
         self._cond = threading.Condition()
         self._synced = threading.Event()
         self._stop = threading.Event()
@@ -151,6 +254,12 @@ class PodInformer:
             from apps.sandboxes.backends.base import BackendError
 
             raise BackendError("pod informer did not sync with the API", transient=True)
+
+    @property
+    def running(self) -> bool:
+        """Listed and watching in this process."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and self._synced.is_set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -188,18 +297,19 @@ class PodInformer:
     # ---- list and watch -----------------------------------------------------------
 
     def _relist(self) -> None:
-        listing = self.api.call(
+        items, version = self.api.list_all(
             self.api.core.list_namespaced_pod,
             self.config.namespace,
             label_selector=self.config.sandbox_selector(),
         )
-        fresh = {p.metadata.name: pod_view(p) for p in listing.items}
+        fresh = {p.metadata.name: pod_view(p) for p in items}
         with self._cond:
             for name in set(self.pods) - set(fresh):
+                self._forget(name)
                 self._emit_gone(self.pods.pop(name), "pod vanished while not watched")
             for view in fresh.values():
                 self._apply(view)
-            self.resource_version = listing.metadata.resource_version
+            self.resource_version = version
             self.relists += 1
             self._cond.notify_all()
         self._synced.set()
@@ -235,7 +345,9 @@ class PodInformer:
             with self._cond:
                 if kind == "DELETED":
                     self.pods.pop(view.name, None)
-                    self._emit_gone(view, "pod deleted")
+                    if view.name not in self.reported:
+                        self._emit(self._lost_event(view, "gone", "pod deleted", POD_DELETED))
+                    self._forget(view.name)
                 else:
                     self._apply(view)
                 self.resource_version = version or self.resource_version
@@ -243,17 +355,73 @@ class PodInformer:
 
     # ---- cache and events (under self._cond) --------------------------------------
 
+    def _forget(self, name: str) -> None:
+        self.reported.discard(name)
+        self.was_ready.discard(name)
+        self.not_ready_since.pop(name, None)
+
     def _apply(self, view: PodView) -> None:
         before = self.pods.get(view.name)
+        view = keep_registry_message(view, before)
         self.pods[view.name] = view
-        if view.terminal and not (before and before.terminal):
-            reason = view.problem or f"pod {view.phase.lower()}"
-            self._emit(BackendEvent(view.sandbox_id, view.generation, "failed", reason))
+        if view.ready:
+            self.was_ready.add(view.name)
+            self.not_ready_since.pop(view.name, None)
+        elif view.running and (view.name in self.was_ready or view.not_ready_reason):
+            self.not_ready_since.setdefault(view.name, time.monotonic())
+        if view.name in self.reported:
+            return
+        if view.terminal:
+            reason = view.lost_message or view.problem or f"pod {view.phase.lower()}"
+            self._report(view, "failed", reason, view.lost_code)
+        elif view.lost_code:
+            self._report(view, "gone", view.lost_message, view.lost_code)
+        elif view.deleting and view.sandbox_id not in self.quiet:
+            self._report(view, "gone", "the pod is being deleted (not by Hedgerow)", POD_DELETED)
         elif view.ready and view.ip and not (before and before.ready):
             endpoint = Endpoint(
                 view.ip, self.config.agent_port, self.isolation, view.node, view.image_digest
             )
             self._emit(BackendEvent(view.sandbox_id, view.generation, "ready", "", endpoint))
+        else:
+            self._check_not_ready(view, time.monotonic())
+
+    def _check_not_ready(self, view: PodView, now: float) -> None:
+        since = self.not_ready_since.get(view.name)
+        if since is None or view.ready or now - since < self.config.not_ready_lost_s:
+            return
+        node_down = view.not_ready_reason == "NodeNotReady"
+        code = NODE_LOST if node_down else NOT_READY
+        why = (
+            f"its node {view.node or '?'} is not ready"
+            if node_down
+            else "its agent stopped answering the readiness probe"
+        )
+        self._report(
+            view,
+            "gone",
+            f"{code}: the pod has not been Ready for {now - since:.0f}s: {why}",
+            code,
+        )
+
+    def _report(self, view: PodView, kind: str, reason: str, code: str) -> None:
+        if view.sandbox_id in self.quiet:
+            return  # our own destroy
+        self.reported.add(view.name)
+        self._emit(self._lost_event(view, kind, reason, code))
+
+    def _lost_event(self, view: PodView, kind: str, reason: str, code: str) -> BackendEvent:
+        return BackendEvent(view.sandbox_id, view.generation, kind, reason, code=code)
+
+    def sweep(self) -> None:
+        """Reports pods not Ready for longer than the bound: no event arrives for a
+        pod that simply stays not ready, so the watcher's loop asks."""
+        now = time.monotonic()
+        with self._cond:
+            for name in list(self.not_ready_since):
+                view = self.pods.get(name)
+                if view is not None and name not in self.reported:
+                    self._check_not_ready(view, now)
 
     def _emit_gone(self, view: PodView, reason: str) -> None:
         self._emit(BackendEvent(view.sandbox_id, view.generation, "gone", reason))
@@ -288,6 +456,11 @@ class PodInformer:
         with self._cond:
             return self.pods.get(name)
 
+    def usable(self, view: PodView) -> bool:
+        """Its agent may answer (``PodView.usable``) and it was not reported lost."""
+        with self._cond:
+            return view.usable and view.name not in self.reported
+
     def for_sandbox(self, sandbox_id: str) -> list[PodView]:
         with self._cond:
             return [p for p in self.pods.values() if p.sandbox_id == sandbox_id]
@@ -299,11 +472,21 @@ class PodInformer:
         with self._cond:
             while True:
                 view = self.pods.get(name)
-                if view and (
-                    (view.running and view.ip) or view.terminal or view.problem or view.deleting
-                ):
+                if view and view.settled:
                     return view
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return view
                 self._cond.wait(remaining)
+
+    def observe(self, view: PodView) -> None:
+        """A view read directly (the GET fallback): kept when newer than the cache's."""
+        with self._cond:
+            before = self.pods.get(view.name)
+            if before is None or _rv(view.resource_version) > _rv(before.resource_version):
+                self._apply(view)
+                self._cond.notify_all()
+
+
+def _rv(version: str) -> int:
+    return int(version) if version.isdigit() else 0

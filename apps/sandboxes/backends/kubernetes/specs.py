@@ -270,7 +270,14 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         ),
         runtime_class_name=config.runtime_class or None,
         node_selector=dict(config.node_selector) or None,
-        tolerations=[client.V1Toleration(**t) for t in config.tolerations] or None,
+        tolerations=[client.V1Toleration(**t) for t in config.tolerations]
+        + node_lost_tolerations(config)
+        or None,
+        # the resolvers of docs/deploy-kubernetes.md "DNS", instead of the cluster's
+        dns_policy="None" if config.dns_nameservers else None,
+        dns_config=client.V1PodDNSConfig(nameservers=list(config.dns_nameservers))
+        if config.dns_nameservers
+        else None,
         image_pull_secrets=[
             client.V1LocalObjectReference(name=n)
             for n in (
@@ -309,6 +316,47 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
     return client.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
 
 
+NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def node_lost_tolerations(config: KubernetesConfig) -> list[client.V1Toleration]:
+    """How long a sandbox pod stays bound to a node that stopped answering before the
+    taint manager evicts it (DefaultTolerationSeconds would give 300 s): short, so its
+    sandbox is marked lost (``node_lost``) instead of looking ready. An operator's own
+    toleration for the same taint wins."""
+    theirs = {t.get("key") for t in config.tolerations}
+    return [
+        client.V1Toleration(
+            key=taint,
+            operator="Exists",
+            effect="NoExecute",
+            toleration_seconds=config.node_lost_toleration_s,
+        )
+        for taint in NODE_LOST_TAINTS
+        if taint not in theirs
+    ]
+
+
+def dns_peers(config: KubernetesConfig) -> list[client.V1NetworkPolicyPeer]:
+    """Where a sandbox with network access may send DNS: the configured resolvers
+    (``dns_cidrs``, ``dns_nameservers``), else the cluster DNS pods."""
+    blocks = [*config.dns_cidrs, *(_host_cidr(ip) for ip in config.dns_nameservers)]
+    if blocks:
+        return [client.V1NetworkPolicyPeer(ip_block=client.V1IPBlock(cidr=c)) for c in blocks]
+    return [
+        client.V1NetworkPolicyPeer(
+            namespace_selector=client.V1LabelSelector(
+                match_labels={"kubernetes.io/metadata.name": config.dns_namespace}
+            ),
+            pod_selector=client.V1LabelSelector(match_labels=dict(config.dns_pod_labels)),
+        )
+    ]
+
+
+def _host_cidr(address: str) -> str:
+    return address if "/" in address else f"{address}/{128 if ':' in address else 32}"
+
+
 def build_egress_policy(config: KubernetesConfig, spec: SandboxSpec) -> client.V1NetworkPolicy:
     """Allows this sandbox (this generation) to reach the internet and cluster DNS only."""
     meta = _meta(config, spec, "-egress")
@@ -342,19 +390,7 @@ def build_egress_policy(config: KubernetesConfig, spec: SandboxSpec) -> client.V
                         ),
                     ]
                 ),
-                client.V1NetworkPolicyEgressRule(
-                    to=[
-                        client.V1NetworkPolicyPeer(
-                            namespace_selector=client.V1LabelSelector(
-                                match_labels={"kubernetes.io/metadata.name": config.dns_namespace}
-                            ),
-                            pod_selector=client.V1LabelSelector(
-                                match_labels=dict(config.dns_pod_labels)
-                            ),
-                        )
-                    ],
-                    ports=dns_ports,
-                ),
+                client.V1NetworkPolicyEgressRule(to=dns_peers(config), ports=dns_ports),
             ],
         ),
     )
@@ -391,7 +427,13 @@ def build_namespace_policy(config: KubernetesConfig) -> client.V1NetworkPolicy:
                             pod_selector=client.V1LabelSelector(
                                 match_labels={AGENT_CLIENT_LABEL: "true"}
                             ),
-                        )
+                        ),
+                        # a control plane outside the cluster (docs/deploy-kubernetes.md
+                        # "Control plane outside the cluster")
+                        *(
+                            client.V1NetworkPolicyPeer(ip_block=client.V1IPBlock(cidr=cidr))
+                            for cidr in config.agent_ingress_cidrs
+                        ),
                     ],
                     ports=[client.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)],
                 )

@@ -1,15 +1,53 @@
 """A FAKE Kubernetes API server, in-process, for tests only.
 
-It speaks the real HTTP/JSON protocol for exactly the endpoints the backend uses —
-create/get/delete/list/deletecollection of pods, secrets and network policies in a
-namespace, and WATCH on pods (chunked event lines, resourceVersion resume, bookmarks,
-``410 Gone`` as an ERROR event after compaction) — so the official ``kubernetes``
-client runs unmodified against it. It is not a cluster: nothing is scheduled and no
-container runs. Tests play the kubelet through ``set_pod_status`` (or ``auto_start``).
+It speaks the real HTTP/JSON protocol for the endpoints the backend uses, with the
+API server's behaviour where the backend depends on it, so the official ``kubernetes``
+client runs unmodified against it:
+
+* create/get/list/delete/deletecollection/PATCH/PUT of pods, secrets and network
+  policies in a namespace; ``409 AlreadyExists``; strict field validation of pod specs
+  (``unknown_pod_fields``, ``gated_pod_fields`` play older servers);
+* LIST with ``limit``/``continue`` pagination (``metadata.continue``,
+  ``remainingItemCount``; a continue token older than the compaction is ``410
+  Expired``, as a Status), label selectors and field selectors (``metadata.name``,
+  ``metadata.namespace``, ``spec.nodeName``, ``status.phase``; ``=``, ``==``, ``!=``);
+* the metadata-only listing (``Accept: …;as=PartialObjectMetadataList;g=meta.k8s.io``):
+  items without ``data``/``spec``/``status``;
+* PATCH: server-side apply (``application/apply-patch+yaml``: creates when absent,
+  merges maps, replaces lists and scalars; ``fieldManager`` required; ``409`` when the
+  object was written by another manager and ``force`` is not set), JSON merge patch and
+  strategic merge patch (treated as a JSON merge patch);
+* deletions that complete: a pod deleted with a grace period keeps a
+  ``deletionTimestamp`` (and ``deletionGracePeriodSeconds``) until "the kubelet"
+  confirms after the grace period — never when its node is in ``dead_nodes`` (node
+  lost); ``gracePeriodSeconds=0`` removes it at once (force deletion); any object with
+  ``metadata.finalizers`` stays until a PATCH empties them;
+* WATCH on pods: chunked event lines, label and field selectors, resume from a
+  resourceVersion, bookmarks every ``bookmark_interval_s`` and once shortly before the
+  watch's own timeout (as the API server's watch cache does), ``410 Gone`` after
+  compaction as an ERROR event, or as the response's HTTP status with
+  ``gone_as_status``;
+* faults: ``fail_next`` (answer the next requests with these statuses,
+  ``Retry-After: 0``) and ``stall_next`` (hold the next requests this long before
+  answering: request timeouts), ``stall_open_watches`` (the watches open now deliver
+  nothing more, not even bookmarks, until their timeout: a dead connection, a stalled
+  informer; new watches work);
+* pod status: ``set_pod_status`` (phase, IP and ``podIPs``, container and init
+  container states, conditions ``PodScheduled``/``Ready``) and ``load_status`` (the
+  status of a real pod, from the JSON fixtures in ``fixtures/pods``).
+
+What it does not model (verified only on a real cluster, docs/deploy-kubernetes.md):
+scheduling, containers, the kubelet's own status transitions (tests write them),
+admission (Pod Security, ValidatingAdmissionPolicy), RBAC, NetworkPolicy enforcement,
+API Priority and Fairness, a consistent snapshot across ``continue`` pages (a page
+reads the current state), field ownership beyond "who wrote last" (server-side apply
+does not remove fields an applier stopped sending), strategic merge keys, and schema
+validation of anything but the pod spec's top-level fields.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -18,8 +56,11 @@ import time
 import uuid
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pods"
 
 _PATHS = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|secrets)(?:/([^/]+))?$"), "v1"),
@@ -31,6 +72,14 @@ _PATHS = [
     ),
 ]
 _KIND = {"pods": "Pod", "secrets": "Secret", "networkpolicies": "NetworkPolicy"}
+_API_VERSION = {"pods": "v1", "secrets": "v1", "networkpolicies": "networking.k8s.io/v1"}
+_FIELDS = {
+    "metadata.name": lambda o: o["metadata"].get("name"),
+    "metadata.namespace": lambda o: o["metadata"].get("namespace"),
+    "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
+    "status.phase": lambda o: (o.get("status") or {}).get("phase") or "",
+}
+METADATA_ONLY = "as=PartialObjectMetadataList"
 
 
 def _now() -> str:
@@ -67,8 +116,49 @@ def matches(selector: str, labels: dict[str, str]) -> bool:
     return True
 
 
+class FieldSelectorError(ValueError):
+    pass
+
+
+def field_matches(selector: str, obj: dict[str, Any]) -> bool:
+    """The API server's field selectors for the fields pods support."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        negate = "!=" in term
+        key, _, value = term.partition("!=" if negate else "=")
+        key, value = key.strip(), value.lstrip("=").strip()
+        if key not in _FIELDS:
+            raise FieldSelectorError(f'"{key}" is not a known field selector')
+        if (str(_FIELDS[key](obj)) == value) == negate:
+            return False
+    return True
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: maps merge, ``null`` removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
 def is_watch(query: dict[str, list[str]]) -> bool:
     return query.get("watch", ["false"])[0].lower() in ("true", "1")
+
+
+def load_fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
+    return data
+
+
+class ApiStatusError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
 
 
 class FakeKube:
@@ -80,15 +170,25 @@ class FakeKube:
         self.expiry = 0  # bumped to end every open watch with 410
         self.cond = threading.Condition()
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        self.accepts: list[tuple[str, str, str]] = []  # (method, path, Accept header)
         self.failures: list[int] = []  # statuses to answer the next requests with
+        self.stalls: list[float] = []  # seconds to hold the next requests
         self.auto_start = False  # play a kubelet that starts every pod at once
-        self.graceful_pods = False  # pods linger with a deletionTimestamp when deleted
+        # Pods honour their grace period: deleted, they keep a deletionTimestamp until
+        # the kubelet confirms (after the grace period; never on a node in dead_nodes).
+        self.graceful_pods = False
+        self.dead_nodes: set[str] = set()
+        self.gone_as_status = False  # a too old watch is an HTTP 410, not an ERROR event
+        self.stall_epoch = 0  # watches opened before it deliver nothing (dead connections)
+        self.bookmark_interval_s = 60.0
         # An older API server: pod spec fields it does not know (fieldValidation=Strict
         # → 400 "unknown field", else dropped), and fields it knows behind a feature
         # gate that is off (dropped silently, whatever the validation mode).
         self.unknown_pod_fields: set[str] = set()
         self.gated_pod_fields: set[str] = set()
         self._ip = 0
+        self._confirmed: set[tuple[str, str, str]] = set()  # terminations the kubelet saw
+        self._timers: list[threading.Timer] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -102,6 +202,8 @@ class FakeKube:
         with self.cond:
             self.expiry += 1
             self.cond.notify_all()
+            for timer in self._timers:
+                timer.cancel()
         self.server.shutdown()
         self.server.server_close()
 
@@ -134,6 +236,10 @@ class FakeKube:
                     del obj["spec"][dropped]
             meta = obj["metadata"]
             meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+            meta.setdefault("generation", 1)
+            obj.setdefault("kind", _KIND[resource])
+            obj.setdefault("apiVersion", _API_VERSION[resource])
+            meta["managedFields"] = [{"manager": "create", "operation": "Update"}]
             if resource == "pods":
                 obj["status"] = {"phase": "Pending"}
             self.objects[(resource, ns, name)] = obj
@@ -142,27 +248,178 @@ class FakeKube:
                 self._start_pod(ns, name)
             return 201, copy.deepcopy(obj)
 
-    def delete(self, resource: str, ns: str, name: str) -> dict[str, Any] | None:
+    def delete(
+        self, resource: str, ns: str, name: str, grace_s: int | None = None
+    ) -> dict[str, Any] | None:
+        """Marks the object deleted; it is removed once nothing holds it (finalizers,
+        a pod's kubelet not yet confirming). Returns the object as it stands."""
+        key = (resource, ns, name)
         with self.cond:
-            obj = self.objects.get((resource, ns, name))
+            obj = self.objects.get(key)
             if obj is None:
                 return None
-            if resource == "pods" and self.graceful_pods:
-                if not obj["metadata"].get("deletionTimestamp"):
-                    obj["metadata"]["deletionTimestamp"] = _now()
-                    self._record(resource, ns, "MODIFIED", obj)
+            meta = obj["metadata"]
+            graceful = resource == "pods" and self.graceful_pods
+            grace = 30 if grace_s is None else grace_s  # the pod default
+            if not graceful or grace == 0:
+                self._confirmed.add(key)  # nothing to wait for (or forced)
+            if meta.get("deletionTimestamp"):
+                self._finish(key)
+                return copy.deepcopy(self.objects.get(key, obj))
+            if not graceful and not meta.get("finalizers"):
+                del self.objects[key]
+                self._record(resource, ns, "DELETED", obj)
                 return copy.deepcopy(obj)
-            del self.objects[(resource, ns, name)]
-            self._record(resource, ns, "DELETED", obj)
-            return copy.deepcopy(obj)
+            meta["deletionTimestamp"] = _now()
+            if resource == "pods":
+                meta["deletionGracePeriodSeconds"] = grace
+            self._record(resource, ns, "MODIFIED", obj)
+            if key not in self._confirmed:
+                node = (obj.get("spec") or {}).get("nodeName") or ""
+                timer = threading.Timer(grace, self._kubelet_confirms, (key, node))
+                timer.daemon = True
+                self._timers.append(timer)
+                timer.start()
+            self._finish(key)
+            return copy.deepcopy(self.objects.get(key, obj))
 
-    def listing(self, resource: str, ns: str, selector: str) -> list[dict[str, Any]]:
+    def _kubelet_confirms(self, key: tuple[str, str, str], node: str) -> None:
+        with self.cond:
+            if node in self.dead_nodes or key not in self.objects:
+                return  # an unreachable kubelet never confirms
+            self._confirmed.add(key)
+            self._finish(key)
+
+    def _finish(self, key: tuple[str, str, str]) -> None:
+        """Removes a deleted object once confirmed and without finalizers."""
+        obj = self.objects.get(key)
+        if obj is None or not obj["metadata"].get("deletionTimestamp"):
+            return
+        if key in self._confirmed and not obj["metadata"].get("finalizers"):
+            del self.objects[key]
+            self._confirmed.discard(key)
+            self._record(key[0], key[1], "DELETED", obj)
+
+    def patch(
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        body: dict[str, Any],
+        content_type: str,
+        query: dict[str, list[str]],
+    ) -> tuple[int, dict[str, Any]]:
+        key = (resource, ns, name)
+        with self.cond:
+            existing = self.objects.get(key)
+            if "apply-patch" in content_type:
+                manager = query.get("fieldManager", [""])[0]
+                if not manager:
+                    return 400, status(400, "BadRequest", "fieldManager is required for apply")
+                force = query.get("force", ["false"])[0].lower() == "true"
+                if existing is None:
+                    code, created = self.create(resource, ns, body)
+                    if code == 201:
+                        created_obj = self.objects[key]
+                        created_obj["metadata"]["managedFields"] = [
+                            {"manager": manager, "operation": "Apply"}
+                        ]
+                        created = copy.deepcopy(created_obj)
+                    return code, created
+                owners = {m["manager"] for m in existing["metadata"].get("managedFields", [])}
+                if owners - {manager} and not force:
+                    return 409, status(
+                        409,
+                        "Conflict",
+                        f"Apply failed with conflicts: fields are managed by {sorted(owners)}",
+                    )
+                updated = _apply_merge(existing, body)
+                updated["metadata"]["managedFields"] = [{"manager": manager, "operation": "Apply"}]
+            else:
+                if existing is None:
+                    return 404, status(404, "NotFound", f'{resource} "{name}" not found')
+                updated = merge_patch(existing, body)
+                manager = query.get("fieldManager", ["patch"])[0]
+                managers = [m for m in existing["metadata"].get("managedFields", [])]
+                if manager not in {m["manager"] for m in managers}:
+                    managers.append({"manager": manager, "operation": "Update"})
+                updated["metadata"]["managedFields"] = managers
+            for keep in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
+                if keep in existing["metadata"]:
+                    updated["metadata"][keep] = existing["metadata"][keep]
+            if updated.get("spec") != existing.get("spec"):
+                updated["metadata"]["generation"] = existing["metadata"].get("generation", 1) + 1
+            self.objects[key] = updated
+            self._record(resource, ns, "MODIFIED", updated)
+            self._finish(key)
+            return 200, copy.deepcopy(updated)
+
+    def replace(
+        self, resource: str, ns: str, name: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        key = (resource, ns, name)
+        with self.cond:
+            existing = self.objects.get(key)
+            if existing is None:
+                return 404, status(404, "NotFound", f'{resource} "{name}" not found')
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            if sent and sent != existing["metadata"]["resourceVersion"]:
+                return 409, status(
+                    409, "Conflict", "the object has been modified; please apply your changes"
+                )
+            updated = copy.deepcopy(body)
+            for keep in ("uid", "creationTimestamp", "namespace", "deletionTimestamp"):
+                if keep in existing["metadata"]:
+                    updated["metadata"][keep] = existing["metadata"][keep]
+            updated["metadata"]["managedFields"] = [{"manager": "replace", "operation": "Update"}]
+            self.objects[key] = updated
+            self._record(resource, ns, "MODIFIED", updated)
+            return 200, copy.deepcopy(updated)
+
+    def listing(
+        self, resource: str, ns: str, selector: str, field_selector: str = ""
+    ) -> list[dict[str, Any]]:
         with self.cond:
             return [
                 copy.deepcopy(o)
                 for (r, n, _), o in sorted(self.objects.items())
-                if r == resource and n == ns and matches(selector, o["metadata"].get("labels", {}))
+                if r == resource
+                and n == ns
+                and matches(selector, o["metadata"].get("labels", {}))
+                and field_matches(field_selector, o)
             ]
+
+    def page(
+        self, resource: str, ns: str, query: dict[str, list[str]]
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One LIST page: (items, list metadata), as the API server paginates."""
+        selector = query.get("labelSelector", [""])[0]
+        fields = query.get("fieldSelector", [""])[0]
+        limit = int(query.get("limit", ["0"])[0] or 0)
+        token = query.get("continue", [""])[0]
+        with self.cond:
+            items = self.listing(resource, ns, selector, fields)
+            list_rv = self.rv
+            if token:
+                state = json.loads(base64.urlsafe_b64decode(token.encode()))
+                if int(state["rv"]) < self.compacted_rv:
+                    raise ApiStatusError(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter.",
+                    )
+                list_rv = int(state["rv"])
+                items = [i for i in items if i["metadata"]["name"] > state["start"]]
+        meta: dict[str, Any] = {"resourceVersion": str(list_rv)}
+        if limit and len(items) > limit:
+            rest = len(items) - limit
+            items = items[:limit]
+            last = items[-1]["metadata"]["name"]
+            raw = json.dumps({"rv": list_rv, "start": last}).encode()
+            meta["continue"] = base64.urlsafe_b64encode(raw).decode()
+            meta["remainingItemCount"] = rest
+        return items, meta
 
     # ---- test controls: the kubelet, the scheduler, etcd compaction ---------------
 
@@ -179,14 +436,19 @@ class FakeKube:
         pod_ip: str = "",
         node: str = "node-a",
         running: bool = False,
-        ready: bool = False,
+        ready: bool | None = None,
         waiting_reason: str = "",
         waiting_message: str = "fake kubelet",
         image_id: str = "",
         exit_code: int | None = None,
+        terminated_reason: str = "Error",
         unschedulable: str = "",
+        conditions: list[dict[str, Any]] | None = None,
+        status_reason: str = "",
+        status_message: str = "",
     ) -> None:
-        """What the kubelet (or scheduler) would write: phase, IP, container states."""
+        """What the kubelet (or scheduler) would write: phase, IPs, init and main
+        container states, conditions (PodScheduled, Initialized, ContainersReady, Ready)."""
         with self.cond:
             obj = self.objects[("pods", ns, name)]
             state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
@@ -195,22 +457,67 @@ class FakeKube:
             if waiting_reason:
                 state = {"waiting": {"reason": waiting_reason, "message": waiting_message}}
             if exit_code is not None:
-                state = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+                state = {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": terminated_reason,
+                        "startedAt": _now(),
+                        "finishedAt": _now(),
+                    }
+                }
+            ready = running if ready is None else ready
             obj["spec"]["nodeName"] = node if not unschedulable else None
-            conditions = []
+            conds: list[dict[str, Any]] = []
             if unschedulable:
-                conditions.append(
+                conds.append(
                     {
                         "type": "PodScheduled",
                         "status": "False",
                         "reason": "Unschedulable",
                         "message": unschedulable,
+                        "lastTransitionTime": _now(),
                     }
                 )
+            else:
+                started = phase != "Pending" or bool(waiting_reason)
+                for kind, value in (
+                    ("PodScheduled", True),
+                    ("Initialized", started),
+                    ("ContainersReady", ready),
+                    ("Ready", ready),
+                ):
+                    conds.append(
+                        {
+                            "type": kind,
+                            "status": "True" if value else "False",
+                            "lastTransitionTime": _now(),
+                        }
+                    )
+            conds += conditions or []
+            init_done = not unschedulable and (phase != "Pending" or bool(waiting_reason))
+            init_state: dict[str, Any] = (
+                {"terminated": {"exitCode": 0, "reason": "Completed"}}
+                if init_done
+                else {"waiting": {"reason": "PodInitializing"}}
+            )
             obj["status"] = {
                 "phase": phase,
                 "podIP": pod_ip or None,
-                "conditions": conditions,
+                "podIPs": [{"ip": pod_ip}] if pod_ip else None,
+                "hostIP": "192.0.2.10" if not unschedulable else None,
+                "conditions": conds,
+                "initContainerStatuses": [
+                    {
+                        "name": "hedgerow-agent-inject",
+                        "ready": init_done,
+                        "restartCount": 0,
+                        "image": obj["spec"]["initContainers"][0]["image"]
+                        if obj["spec"].get("initContainers")
+                        else "injector",
+                        "imageID": "",
+                        "state": init_state,
+                    }
+                ],
                 "containerStatuses": [
                     {
                         "name": "sandbox",
@@ -222,7 +529,29 @@ class FakeKube:
                     }
                 ],
             }
+            if status_reason:
+                obj["status"]["reason"] = status_reason
+                obj["status"]["message"] = status_message
             self._record("pods", ns, "MODIFIED", obj)
+
+    def load_status(self, ns: str, name: str, fixture: str | dict[str, Any]) -> dict[str, Any]:
+        """Writes the status of a real pod (a JSON fixture from a cluster) over pod
+        ``name``: its status, node, and a deletionTimestamp the fixture carries."""
+        data = load_fixture(fixture) if isinstance(fixture, str) else fixture
+        with self.cond:
+            obj = self.objects[("pods", ns, name)]
+            obj["status"] = copy.deepcopy(data["status"])
+            node = (data.get("spec") or {}).get("nodeName")
+            if node:
+                obj["spec"]["nodeName"] = node
+            deleting = (data.get("metadata") or {}).get("deletionTimestamp")
+            if deleting and not obj["metadata"].get("deletionTimestamp"):
+                obj["metadata"]["deletionTimestamp"] = _now()
+                obj["metadata"]["deletionGracePeriodSeconds"] = data["metadata"].get(
+                    "deletionGracePeriodSeconds", 30
+                )
+            self._record("pods", ns, "MODIFIED", obj)
+            return copy.deepcopy(obj)
 
     def compact(self) -> None:
         """Every resourceVersion seen so far becomes too old; open watches get 410."""
@@ -239,9 +568,18 @@ class FakeKube:
             self.rv += 1
         self.compact()
 
+    def stall_open_watches(self) -> None:
+        with self.cond:
+            self.stall_epoch += 1
+            self.cond.notify_all()
+
     def fail_next(self, *codes: int) -> None:
         with self.cond:
             self.failures.extend(codes)
+
+    def stall_next(self, *seconds: float) -> None:
+        with self.cond:
+            self.stalls.extend(seconds)
 
     def watch_queries(self) -> list[dict[str, list[str]]]:
         with self.cond:
@@ -257,6 +595,30 @@ class FakeKube:
                 and all(str(q.get(k, [None])[0]).lower() == v.lower() for k, v in query.items())
             )
 
+    def calls(self, since: int = 0) -> list[tuple[str, str, dict[str, list[str]]]]:
+        """Requests from index ``since`` on, watches left out (they are long-lived)."""
+        with self.cond:
+            return [r for r in self.requests[since:] if not (r[0] == "GET" and is_watch(r[2]))]
+
+
+def _apply_merge(existing: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply as this fake models it: maps merge, lists and scalars replace."""
+    result = copy.deepcopy(existing)
+    for key, value in applied.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = _apply_merge(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def _metadata_only(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": item["metadata"],
+    }
+
 
 def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -269,22 +631,29 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None
         ) -> None:
             data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:
+                pass  # the client gave up (a request timeout)
 
         def _route(self, method: str) -> None:
             url = urlparse(self.path)
             query = parse_qs(url.query)
             with kube.cond:
                 kube.requests.append((method, url.path, query))
+                kube.accepts.append((method, url.path, self.headers.get("Accept") or ""))
                 failure = kube.failures.pop(0) if kube.failures else None
+                stall = kube.stalls.pop(0) if kube.stalls else None
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
+            if stall is not None:
+                time.sleep(stall)  # the fake server is slow; the client's timeout decides
             if failure is not None:
                 self._send(
                     failure, status(failure, "ServiceUnavailable", "fake"), {"Retry-After": "0"}
@@ -294,7 +663,12 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 m = pattern.match(url.path)
                 if m:
                     ns, resource, name = m.groups()
-                    self._dispatch(method, api_version, resource, ns, name, query, body)
+                    try:
+                        self._dispatch(method, api_version, resource, ns, name, query, body)
+                    except ApiStatusError as exc:
+                        self._send(exc.code, status(exc.code, exc.reason, exc.message))
+                    except FieldSelectorError as exc:
+                        self._send(400, status(400, "BadRequest", str(exc)))
                     return
             self._send(404, status(404, "NotFound", f"no route {url.path}"))
 
@@ -310,45 +684,66 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
         ) -> None:
             selector = query.get("labelSelector", [""])[0]
             kind = _KIND[resource]
+            grace_raw = query.get("gracePeriodSeconds", [""])[0]
+            if not grace_raw and isinstance(body, dict) and "gracePeriodSeconds" in body:
+                grace_raw = str(body["gracePeriodSeconds"])
+            grace = int(grace_raw) if grace_raw else None
             if name is None and method == "GET":
-                if query.get("watch", ["false"])[0].lower() in ("true", "1"):
+                if is_watch(query):
                     self._watch(resource, ns, selector, query)
                     return
-                items = kube.listing(resource, ns, selector)
+                items, meta = kube.page(resource, ns, query)
+                if METADATA_ONLY in (self.headers.get("Accept") or ""):
+                    self._send(
+                        200,
+                        {
+                            "kind": "PartialObjectMetadataList",
+                            "apiVersion": "meta.k8s.io/v1",
+                            "metadata": meta,
+                            "items": [_metadata_only(i) for i in items],
+                        },
+                    )
+                    return
                 for item in items:
                     item.setdefault("kind", kind)
                     item.setdefault("apiVersion", api_version)
                 self._send(
                     200,
-                    {
-                        "kind": f"{kind}List",
-                        "apiVersion": api_version,
-                        "metadata": {"resourceVersion": str(kube.rv)},
-                        "items": items,
-                    },
+                    {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta}
+                    | {"items": items},
                 )
             elif name is None and method == "POST":
                 validation = query.get("fieldValidation", [""])[0]
                 code, obj = kube.create(resource, ns, body, validation)
                 self._send(code, obj)
             elif name is None and method == "DELETE":
-                for item in kube.listing(resource, ns, selector):
-                    kube.delete(resource, ns, item["metadata"]["name"])
+                fields = query.get("fieldSelector", [""])[0]
+                for item in kube.listing(resource, ns, selector, fields):
+                    kube.delete(resource, ns, item["metadata"]["name"], grace)
                 self._send(200, status(200, "", "deleted"))
             elif method == "GET":
-                found = [o for o in kube.listing(resource, ns, "") if o["metadata"]["name"] == name]
-                if not found:
+                with kube.cond:
+                    found = kube.objects.get((resource, ns, name or ""))
+                    found = copy.deepcopy(found) if found is not None else None
+                if found is None:
                     self._send(404, status(404, "NotFound", f'{resource} "{name}" not found'))
                 else:
-                    self._send(200, found[0])
+                    self._send(200, found)
             elif method == "DELETE":
-                deleted = kube.delete(resource, ns, name or "")
+                deleted = kube.delete(resource, ns, name or "", grace)
                 if deleted is None:
                     self._send(404, status(404, "NotFound", f'{resource} "{name}" not found'))
-                elif resource == "pods":
+                elif resource == "pods" or deleted["metadata"].get("deletionTimestamp"):
                     self._send(200, deleted)
                 else:
                     self._send(200, status(200, "", "deleted"))
+            elif method == "PATCH":
+                content_type = self.headers.get("Content-Type") or ""
+                code, obj = kube.patch(resource, ns, name or "", body, content_type, query)
+                self._send(code, obj)
+            elif method == "PUT":
+                code, obj = kube.replace(resource, ns, name or "", body)
+                self._send(code, obj)
             else:
                 self._send(405, status(405, "MethodNotAllowed", method))
 
@@ -358,6 +753,15 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             since = int(query.get("resourceVersion", ["0"])[0] or 0)
             timeout = float(query.get("timeoutSeconds", ["30"])[0])
             bookmarks = query.get("allowWatchBookmarks", ["false"])[0].lower() == "true"
+            fields = query.get("fieldSelector", [""])[0]
+            field_matches(fields, {"metadata": {}})  # an unknown field is a 400 up front
+            with kube.cond:
+                expiry = kube.expiry
+                epoch = kube.stall_epoch
+                expired = bool(since and since < kube.compacted_rv)
+            if expired and kube.gone_as_status:
+                self._send(410, status(410, "Expired", "too old resource version"))
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
@@ -368,10 +772,12 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
-            deadline = time.monotonic() + timeout
-            with kube.cond:
-                expiry = kube.expiry
-                expired = since and since < kube.compacted_rv
+            start = time.monotonic()
+            deadline = start + timeout
+            # the watch cache sends one bookmark shortly before it ends a watch
+            final_bookmark_at = deadline - min(1.0, timeout / 2)
+            last_bookmark = start
+            final_sent = False
             try:
                 if expired:
                     line(
@@ -385,12 +791,16 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 while True:
                     with kube.cond:
                         pending = [h for h in kube.history if h[0] > cursor]
-                        if not pending and kube.expiry == expiry:
+                        stalled = epoch < kube.stall_epoch
+                        if (not pending or stalled) and kube.expiry == expiry:
                             remaining = deadline - time.monotonic()
                             if remaining <= 0:
                                 break
-                            kube.cond.wait(min(remaining, 0.5))
+                            kube.cond.wait(min(remaining, 0.2))
                             pending = [h for h in kube.history if h[0] > cursor]
+                        if epoch < kube.stall_epoch:
+                            pending = []
+                            stalled = True
                         gone = kube.expiry != expiry
                         current = kube.rv
                     for rv, r, n, kind, obj in pending:
@@ -399,26 +809,35 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                             r == resource
                             and n == ns
                             and matches(selector, obj["metadata"].get("labels", {}))
+                            and field_matches(fields, obj)
                         ):
-                            obj = dict(obj, kind=_KIND[r], apiVersion="v1")
+                            obj = dict(obj, kind=_KIND[r], apiVersion=_API_VERSION[r])
                             line({"type": kind, "object": obj})
-                    if gone:
+                    if gone and not stalled:
                         line({"type": "ERROR", "object": status(410, "Expired", "watch expired")})
                         return
-                    if bookmarks and not pending and current > cursor:
-                        cursor = current
+                    now = time.monotonic()
+                    due = now - last_bookmark >= kube.bookmark_interval_s or (
+                        now >= final_bookmark_at and not final_sent
+                    )
+                    if bookmarks and due and not stalled:
+                        final_sent = final_sent or now >= final_bookmark_at
+                        last_bookmark = now
+                        cursor = max(cursor, current)
                         line(
                             {
                                 "type": "BOOKMARK",
                                 "object": {
                                     "kind": _KIND[resource],
-                                    "apiVersion": "v1",
-                                    "metadata": {"resourceVersion": str(current)},
+                                    "apiVersion": _API_VERSION[resource],
+                                    "metadata": {"resourceVersion": str(cursor)},
                                 },
                             }
                         )
                     if time.monotonic() >= deadline:
                         break
+            except OSError:
+                return
             finally:
                 try:
                     self.wfile.write(b"0\r\n\r\n")
@@ -434,5 +853,11 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self) -> None:
             self._route("DELETE")
+
+        def do_PATCH(self) -> None:
+            self._route("PATCH")
+
+        def do_PUT(self) -> None:
+            self._route("PUT")
 
     return Handler

@@ -50,8 +50,9 @@ def test_it_provisions_a_secret_and_pod_and_returns_the_pod_ip(
 
 
 def test_it_takes_readiness_from_the_watch_not_from_polling(
-    fake: FakeKube, backend: KubernetesBackend
+    fake: FakeKube, make_backend: Callable[..., KubernetesBackend]
 ) -> None:
+    backend = make_backend(informer_everywhere=True)  # this process runs an informer
     spec = new_spec()
     kubelet_later(fake, f"hr-{spec.sandbox_id}-1", phase="Running", pod_ip="10.9.9.9", running=True)
     assert backend.provision(spec).host == "10.9.9.9"
@@ -77,9 +78,10 @@ def test_it_creates_an_egress_policy_only_when_network_access_is_requested(
     assert names(fake, "networkpolicies") == {"hedgerow-t1-default"}
 
 
-def test_it_fails_fast_on_an_image_pull_error_and_removes_what_it_created(
-    fake: FakeKube, backend: KubernetesBackend
+def test_an_image_pull_error_until_the_timeout_removes_what_it_created(
+    fake: FakeKube, make_backend: Callable[..., KubernetesBackend]
 ) -> None:
+    backend = make_backend(ready_timeout_s=1.0, wait_stall_s=0.2)
     spec = new_spec(network_access=True)
     kubelet_later(fake, f"hr-{spec.sandbox_id}-1", phase="Pending", waiting_reason="ErrImagePull")
     with pytest.raises(BackendError, match="ErrImagePull"):
@@ -246,6 +248,7 @@ def test_it_resumes_the_watch_without_relisting_when_it_merely_times_out(
     fake: FakeKube, backend: KubernetesBackend
 ) -> None:
     fake.auto_start = True
+    backend.informer.ensure_started()  # the watcher's informer
     backend.provision(new_spec())
     eventually(lambda: fake.count("GET", "/pods", watch="true") >= 3, timeout=15)
     assert backend.informer.relists == 1
@@ -276,6 +279,7 @@ def test_it_leaves_a_pod_still_terminating_out_of_the_leak_inventory(
 ) -> None:
     fake.auto_start = True
     fake.graceful_pods = True
+    fake.dead_nodes.add("node-a")  # the kubelet does not confirm while we look
     spec = new_spec()
     backend.provision(spec)
     backend.destroy(spec.sandbox_id)
@@ -437,7 +441,8 @@ def test_an_image_pull_failure_is_a_typed_startup_failure_with_the_registrys_mes
     code: str,
 ) -> None:
     image = "registry.example/team/app:1"
-    backend = make_backend(images=(image,))
+    # the kubelet retries pulls: the failure is final at the ready timeout
+    backend = make_backend(images=(image,), ready_timeout_s=1.0, wait_stall_s=0.2)
     spec = new_spec(image=image, registry_credentials=RegistryCredentials("bot", "pw"))
     kubelet_later(
         fake, f"hr-{spec.sandbox_id}-1", phase="Pending", waiting_reason=reason,

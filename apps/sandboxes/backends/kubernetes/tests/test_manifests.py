@@ -116,6 +116,8 @@ def used_verbs() -> set[tuple[str, str, str]]:
             assert resource[:-1].replace("networkpolicie", "network_policy") in method
             used.add((group, resource, verb))
     used.add(("", "pods", "watch"))  # the informer
+    # the namespace policy, server-side applied (PATCH) and replaced (PUT) when drifted
+    used |= {("networking.k8s.io", "networkpolicies", v) for v in ("patch", "update")}
     return used
 
 

@@ -34,6 +34,7 @@ def test_it_builds_the_backend_from_settings_and_a_kubeconfig(
     with override_settings(
         HEDGEROW_INSTANCE="s1",
         HEDGEROW_K8S_KUBECONFIG=str(kubeconfig(tmp_path, fake.url)),
+        HEDGEROW_K8S_AGENT_INGRESS_CIDRS=["192.0.2.0/24"],  # outside the cluster
         HEDGEROW_K8S_NAMESPACE=NS,
         HEDGEROW_K8S_IMAGES=["busybox:stable"],
         HEDGEROW_K8S_DEFAULT_IMAGE="busybox:stable",

@@ -22,6 +22,17 @@ from .conftest import make_config, new_spec
 
 SERIALIZER = client.ApiClient()
 
+# a pod on a lost node is evicted after 30 s, not the default 300 (issue 25)
+NODE_LOST = [
+    {
+        "key": f"node.kubernetes.io/{taint}",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 30,
+    }
+    for taint in ("not-ready", "unreachable")
+]
+
 
 def wire(obj: Any) -> dict[str, Any]:
     """The JSON the client sends (camelCase, None fields dropped)."""
@@ -159,7 +170,8 @@ def test_it_hardens_the_pod() -> None:
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert sc["capabilities"] == {"drop": ["ALL"], "add": list(DEFAULT_CAPABILITIES)}
     assert "NET_RAW" not in DEFAULT_CAPABILITIES and "SYS_ADMIN" not in DEFAULT_CAPABILITIES
-    assert "runtimeClassName" not in ps and "nodeSelector" not in ps and "tolerations" not in ps
+    assert "runtimeClassName" not in ps and "nodeSelector" not in ps
+    assert ps["tolerations"] == NODE_LOST  # nothing else by default
 
 
 def test_it_probes_the_agents_health_endpoint() -> None:
@@ -182,7 +194,10 @@ def test_it_applies_runtime_class_scheduling_and_pull_secrets_from_config() -> N
     ps = wire(build_pod(config, new_spec()))["spec"]
     assert ps["runtimeClassName"] == "gvisor"
     assert ps["nodeSelector"] == {"pool": "sandboxes"}
-    assert ps["tolerations"] == [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}]
+    assert ps["tolerations"] == [
+        {"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"},
+        *NODE_LOST,
+    ]
     assert ps["imagePullSecrets"] == [{"name": "regcred"}]
     assert ps["containers"][0]["securityContext"]["capabilities"]["add"] == ["CHOWN"]
 

@@ -1,0 +1,111 @@
+"""The control plane's services over the Kubernetes backend (the FAKE API server): the
+watcher ends a sandbox with the pod's reason, the reconciler converges the namespace
+policy and forces out a pod its lost node never released."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from kubernetes import client
+
+from apps.sandboxes.backends.kubernetes import KubernetesBackend
+from apps.sandboxes.models import Sandbox, SandboxEvent, State
+from apps.sandboxes.services import reconcile, watching
+from apps.sandboxes.tests.factories import make_sandbox
+
+from .conftest import NS, eventually, new_spec
+from .fakekube import FakeKube
+
+pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]
+
+
+def ready_on_the_cluster(
+    fake: FakeKube, backend: KubernetesBackend, make_tenant: Callable[..., Any]
+) -> Sandbox:
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(
+        tenant,
+        backend="kubernetes",
+        memory_mib=512,
+        ready_at=timezone.now() - timedelta(seconds=5),
+    )
+    fake.auto_start = True
+    backend.provision(new_spec(sandbox_id=sandbox.id.hex, tenant_id=str(tenant.pk), memory_mib=512))
+    fake.auto_start = False
+    return sandbox
+
+
+def lost_reason(sandbox: Sandbox) -> str:
+    event = SandboxEvent.objects.filter(sandbox=sandbox, to_state=State.LOST).first()
+    return event.reason if event else ""
+
+
+@pytest.mark.django_db(transaction=True)  # the watcher closes old connections
+@pytest.mark.parametrize(
+    ("fixture", "reason", "message"),
+    [
+        ("oom_killed", "resource_exhausted", "resource_exhausted: memory: "),
+        ("evicted", "evicted", "evicted by the kubelet: The node was low on resource"),
+        ("node_lost", "node_lost", "node_lost (DeletionByTaintManager)"),
+    ],
+)
+def test_the_watcher_ends_a_sandbox_with_the_pods_reason(
+    fake: FakeKube,
+    backend: KubernetesBackend,
+    make_tenant: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+    fixture: str,
+    reason: str,
+    message: str,
+) -> None:
+    monkeypatch.setattr(watching, "get_backend", lambda: backend)
+    sandbox = ready_on_the_cluster(fake, backend, make_tenant)
+    fake.load_status(NS, f"hr-{sandbox.id.hex}-1", fixture)
+    eventually(lambda: watching.watch_backend_once(timeout_s=0.3))
+    sandbox.refresh_from_db()
+    assert sandbox.state == State.LOST
+    assert lost_reason(sandbox) == reason
+    assert sandbox.status_message.startswith(message)
+
+
+def test_the_reconciler_restores_the_namespace_policy(
+    fake: FakeKube, backend: KubernetesBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reconcile, "get_backend", lambda: backend)
+    backend.ensure_namespace_policy()
+    client.NetworkingV1Api(backend.api.api_client).delete_namespaced_network_policy(
+        "hedgerow-t1-default", NS
+    )
+    run = reconcile.sandbox_reconcile()
+    assert not run.skipped, run.skip_reason
+    assert run.actions.get("namespace_policy_restored") == 1
+    assert ("networkpolicies", NS, "hedgerow-t1-default") in fake.objects
+    again = reconcile.sandbox_reconcile()
+    assert "namespace_policy_restored" not in again.actions  # nothing to restore now
+
+
+def test_the_reconciler_marks_lost_and_forces_out_a_pod_stuck_terminating(
+    fake: FakeKube,
+    make_backend: Callable[..., KubernetesBackend],
+    make_tenant: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = make_backend(terminating_grace_s=0.0)
+    monkeypatch.setattr(reconcile, "get_backend", lambda: backend)
+    sandbox = ready_on_the_cluster(fake, backend, make_tenant)
+    fake.graceful_pods = True
+    fake.dead_nodes.add("node-a")  # deleted by someone; its kubelet never confirms
+    client.CoreV1Api(backend.api.api_client).delete_namespaced_pod(f"hr-{sandbox.id.hex}-1", NS)
+    run = reconcile.sandbox_reconcile()
+    sandbox.refresh_from_db()
+    assert sandbox.state == State.LOST, run.actions
+    assert lost_reason(sandbox) == "resource_missing"
+    assert ("pods", NS, f"hr-{sandbox.id.hex}-1") in fake.objects  # a plain delete: stuck
+    # the next round finds the lost sandbox's residue and forces it out
+    after = reconcile.sandbox_reconcile()
+    assert after.actions.get("leak_reclaimed") == 1, after.details
+    assert ("pods", NS, f"hr-{sandbox.id.hex}-1") not in fake.objects
