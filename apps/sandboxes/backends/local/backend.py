@@ -192,6 +192,8 @@ def _typed_image_errors(reference: str) -> Iterator[None]:
     except image_errors.DiskExhausted as exc:
         raise DiskExhausted(f"{reference}: {exc.message}") from exc
     except image_errors.ImageError as exc:
+        # the tenant gets the code's message; the operator the raw one (skopeo's words)
+        log.warning("image %s refused: %s: %s", reference, exc.code, exc.detail)
         raise ImageUnavailable(
             f"{exc.reference}: {exc.message}", code=exc.code, reference=reference
         ) from exc
@@ -429,7 +431,7 @@ class LocalBackend:
         if self._store is None:
             self._store = ImageStore(
                 self.config.image_store,
-                insecure_registries=self.config.insecure_registries,
+                policy=self.config.registry_policy,
                 min_free_bytes=self.config.image_min_free_bytes,
             )
         return self._store

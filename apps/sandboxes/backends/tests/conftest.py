@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from apps.sandboxes.backends import registry_policy
 from apps.sandboxes.backends.base import Endpoint, SandboxSpec
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, wait_healthy
 
@@ -63,6 +64,8 @@ def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBacke
         isolation=isolation,
         # not the machine-wide store: a test's pulls, leases and collection stay its own
         image_store=searchable(tmp) / "images",
+        # the test registries are listed in the settings (images/tests/fixtures.py)
+        registry_policy=registry_policy,
     )
 
 

@@ -84,11 +84,13 @@ def _message(stderr: str) -> str:
 
 
 def classify(ref: str, stderr: str) -> errors.ImageError:
+    """The typed error for skopeo's failure: the tenant's message is the code's fixed
+    text (skopeo's names internal addresses and ports), skopeo's own is ``detail``."""
     msg = _message(stderr)
     for pattern, cls in _CLASSIFY:
         if pattern.search(msg):
-            return cls(ref, msg)
-    return errors.ImageStoreError(ref, msg)
+            return cls(ref, errors.PUBLIC_MESSAGES[cls.code], detail=msg)
+    return errors.ImageStoreError(ref, errors.PUBLIC_MESSAGES["image_store_error"], detail=msg)
 
 
 class Skopeo:
@@ -143,4 +145,6 @@ class Skopeo:
             raise
         except errors.ImageError as e:
             # no registry is involved: whatever skopeo says is about the archive
-            raise errors.InvalidArchive(ref, e.message) from e
+            raise errors.InvalidArchive(
+                ref, errors.PUBLIC_MESSAGES["image_archive_invalid"], detail=e.detail
+            ) from e
