@@ -13,6 +13,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from apps.billing.models import Tenant
+from apps.sandboxes.exec_env import request_public
 from apps.sandboxes.models import Operation, Sandbox
 from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
 from apps.trajectories.models import (
@@ -321,7 +322,8 @@ def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
             step.operation_record = op
             step.generation = op.generation
             step.observation = _observation_of(op)
-            step.request = item.request if item.request is not None else op.request
+            # the operation's request without its sealed env values (names only)
+            step.request = item.request if item.request is not None else request_public(op.request)
             step.started_at = op.created_at
             step.ended_at = op.finished_at
             wall = (op.usage or {}).get("wall_s")
