@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -237,6 +238,18 @@ HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
 # handed out stays allowed past the record's TTL.
 HEDGEROW_DNS_UPSTREAM = env_str("HEDGEROW_DNS_UPSTREAM", "")
 HEDGEROW_DNS_GRACE_S = env_int("HEDGEROW_DNS_GRACE_S", 30)
+# Egress "all" (docs/egress.md "Always denied"): private ranges (10/8, 172.16/12,
+# 192.168/16, 100.64/10, 192.0.0/24, 198.18/15) are refused unless listed here (comma
+# list of IPv4 CIDRs), or all of them with HEDGEROW_EGRESS_ALLOW_PRIVATE=1.
+HEDGEROW_EGRESS_PRIVATE_ALLOW = [
+    c.strip() for c in env_str("HEDGEROW_EGRESS_PRIVATE_ALLOW", "").split(",") if c.strip()
+]
+for _cidr in HEDGEROW_EGRESS_PRIVATE_ALLOW:
+    try:
+        ipaddress.IPv4Network(_cidr)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"HEDGEROW_EGRESS_PRIVATE_ALLOW: {_cidr!r}: {_exc}") from None
+HEDGEROW_EGRESS_ALLOW_PRIVATE = env_bool("HEDGEROW_EGRESS_ALLOW_PRIVATE", False)
 # A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
 # agent in imported images without python3. Empty: such images are refused.
 HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")

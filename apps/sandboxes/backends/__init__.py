@@ -54,6 +54,8 @@ def get_backend() -> Backend:
                 image_cache_bytes=settings.HEDGEROW_IMAGE_CACHE_MIB << 20,
                 dns_upstream=settings.HEDGEROW_DNS_UPSTREAM,
                 dns_grace_s=settings.HEDGEROW_DNS_GRACE_S,
+                egress_private_allow=tuple(settings.HEDGEROW_EGRESS_PRIVATE_ALLOW),
+                egress_allow_private=settings.HEDGEROW_EGRESS_ALLOW_PRIVATE,
                 agent_bundle=Path(settings.HEDGEROW_AGENT_BUNDLE)
                 if settings.HEDGEROW_AGENT_BUNDLE
                 else None,

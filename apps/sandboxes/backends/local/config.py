@@ -65,6 +65,11 @@ class LocalBackendConfig:
     # nameserver), and the seconds an address stays allowed past its record's TTL.
     dns_upstream: str = ""
     dns_grace_s: int = 30
+    # Egress "all" (docs/egress.md "Always denied"): the private ranges
+    # (egress.PRIVATE_NETWORKS) are refused unless listed here (CIDRs) or, all of them,
+    # with egress_allow_private.
+    egress_private_allow: tuple[str, ...] = ()
+    egress_allow_private: bool = False
 
 
 def check_instance(instance: str) -> None:

@@ -56,6 +56,9 @@ def searchable(path: Path) -> Path:
 SEARCHABLE_ROOT = Path("/tmp/hedgerow-tests")
 
 
+TEST_INTERNET = "10.216.0.0/16"
+
+
 def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBackendConfig:
     return LocalBackendConfig(
         state_dir=searchable(tmp) / "state",
@@ -66,6 +69,9 @@ def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBacke
         image_store=searchable(tmp) / "images",
         # the test registries are listed in the settings (images/tests/fixtures.py)
         registry_policy=registry_policy,
+        # the tests' stand-in internet (egress_internet.py) is a private range: listed
+        # as an operator lists one, so egress "all" reaches it (docs/egress.md)
+        egress_private_allow=(TEST_INTERNET,),
     )
 
 
