@@ -7,6 +7,7 @@ only a real cluster shows (docs/egress.md "Kubernetes")."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from .fakekube import FakeKube
 RESOLVER = "10.96.0.53"
 
 
-def _policies(fake: FakeKube) -> dict[str, dict]:
+def _policies(fake: FakeKube) -> dict[str, Any]:
     return {name: obj for (r, _ns, name), obj in fake.objects.items() if r == "networkpolicies"}
 
 
