@@ -3,6 +3,7 @@ relabel."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -52,6 +53,8 @@ EPISODE_FIELDS = (
     "labels",
     "versions",
 )
+
+log = logging.getLogger(__name__)
 
 
 class EpisodeClosed(Conflict):
@@ -474,7 +477,41 @@ def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
         if changed != 1:
             return episode
         episode_attribute(episode=episode)
+    episode_capture_dns(episode=episode)
     return episode
+
+
+DNS_EVIDENCE_MAX = 200  # entries kept per sandbox link (the last ones)
+DNS_EVIDENCE_SLACK_S = 5.0  # a lookup logged just after a client-stamped end still counts
+
+
+def episode_capture_dns(*, episode: Episode) -> None:
+    """Copies each attached sandbox's DNS queries within the episode's window (and its
+    generation) onto the link, as evidence that outlives the sandbox (docs/egress.md
+    "The query log"). A backend without a resolver, or a sandbox whose state is gone,
+    records an empty list; a backend error records nothing (None) and is logged."""
+    from apps.sandboxes.backends.base import BackendError
+    from apps.sandboxes.services.egress import sandbox_dns_log
+
+    start = episode.started_at.timestamp()
+    end = (episode.ended_at or timezone.now()).timestamp() + DNS_EVIDENCE_SLACK_S
+    for link in episode.sandbox_links.select_related("sandbox"):
+        if link.sandbox is None:
+            continue
+        try:
+            entries = sandbox_dns_log(sandbox=link.sandbox)
+        except BackendError as exc:
+            log.warning("DNS log of %s not captured: %s", link.sandbox_ref, exc)
+            continue
+        mine = [
+            e
+            for e in entries
+            if (link.generation is None or e.get("generation") == link.generation)
+            and start <= float(e.get("ts") or 0) <= end
+        ]
+        link.dns_log = mine[-DNS_EVIDENCE_MAX:]
+        link.dns_log_total = len(mine)
+        link.save(update_fields=["dns_log", "dns_log_total"])
 
 
 def episode_attribute(*, episode: Episode) -> Episode:
