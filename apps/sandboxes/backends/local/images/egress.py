@@ -102,14 +102,20 @@ class RegistryPolicy:
     def check(self, ref: Reference) -> None:
         """Raises RegistryForbidden unless skopeo may contact ``ref``'s registry now;
         RegistryUnreachable when its name does not resolve. Resolves on every call."""
+        self.addresses(ref)
+
+    def addresses(self, ref: Reference) -> list[str]:
+        """``check``, returning the addresses it checked (to connect to exactly those:
+        the proxy) — empty when the registry is listed or the address check is off
+        (connect by name then)."""
         if self._listed(self.deny, ref):
             raise errors.RegistryForbidden(
                 str(ref), errors.PUBLIC_MESSAGES["registry_forbidden"], detail="on the deny list"
             )
         if self._listed(self.allow, ref) or self._listed(self.insecure, ref):
-            return
+            return []
         if self.allow_private:
-            return
+            return []
         host = ref.host
         try:
             addresses = [str(ipaddress.ip_address(host))]
@@ -137,3 +143,4 @@ class RegistryPolicy:
                 errors.PUBLIC_MESSAGES["registry_forbidden"],
                 detail=f"{host} resolves to non-public {', '.join(refused)}",
             )
+        return addresses

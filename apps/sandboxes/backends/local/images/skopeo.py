@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,15 +93,35 @@ def classify(ref: str, stderr: str) -> errors.ImageError:
     return errors.ImageStoreError(ref, errors.PUBLIC_MESSAGES["image_store_error"], detail=msg)
 
 
+_PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
 class Skopeo:
     def __init__(self, binary: str = "skopeo", retry_times: int = 3) -> None:
         self.binary = binary
         self.retry_times = retry_times
+        # the registry egress proxy's URL (proxy.py), set by the store: every
+        # connection skopeo opens to a registry goes through it
+        self.proxy: Callable[[], str] | None = None
+
+    def _env(self) -> dict[str, str] | None:
+        if self.proxy is None:
+            return None
+        url = self.proxy()
+        env = {
+            k: v for k, v in os.environ.items() if k not in _PROXY_VARS and k.lower() != "no_proxy"
+        }
+        env.update(HTTPS_PROXY=url, HTTP_PROXY=url, https_proxy=url, http_proxy=url)
+        return env
 
     def _run(self, ref: str, args: list[str]) -> bytes:
         try:
             out = subprocess.run(
-                [self.binary, *args], capture_output=True, timeout=TIMEOUT_S, check=False
+                [self.binary, *args],
+                capture_output=True,
+                timeout=TIMEOUT_S,
+                check=False,
+                env=self._env(),
             )
         except FileNotFoundError as e:
             raise errors.ImageStoreError(ref, f"{self.binary} is not installed") from e

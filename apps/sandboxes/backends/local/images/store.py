@@ -38,6 +38,7 @@ from typing import Any
 
 from . import errors
 from .egress import RegistryPolicy
+from .proxy import EgressProxy
 from .reference import Reference, parse
 from .skopeo import Credentials, Skopeo, authfile
 from .unpack import unpack_layer
@@ -179,6 +180,11 @@ class ImageStore:
         self._policy = policy if policy is not None else RegistryPolicy()
         self.min_free_bytes = min_free_bytes
         self.skopeo = skopeo or Skopeo()
+        # every connection skopeo opens (redirects and token realms included) is
+        # checked again where it is made, to the address checked (proxy.py)
+        self.proxy = EgressProxy(lambda: self.policy)
+        if self.skopeo.proxy is None:
+            self.skopeo.proxy = lambda: self.proxy.url
         # test seam: called with "blobs_fetched" between download and store
         self.fault_hook: Callable[[str], None] | None = None
         self.blobs = root / "blobs" / "sha256"
