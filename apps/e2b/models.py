@@ -9,7 +9,7 @@ class SandboxEnv(models.Model):
     """A sandbox's E2B ``envVars``: every command started through envd gets them (a
     command's own ``envs`` win). Recorded like a REST exec's env, on each operation:
     ``env`` holds the names (values ``[redacted]``), ``env_sealed`` the values, Fernet-
-    encrypted under the key outside the database (controlplane/crypto.py)."""
+    encrypted under the key outside the database (apps/core/crypto.py)."""
 
     sandbox = models.OneToOneField(
         Sandbox, on_delete=models.CASCADE, primary_key=True, related_name="e2b_env"

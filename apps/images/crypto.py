@@ -1,8 +1,8 @@
-"""Registry passwords at rest: the control plane's Fernet helper (controlplane/crypto.py),
+"""Registry passwords at rest: the control plane's Fernet helper (apps/core/crypto.py),
 kept under this name for the images app's callers."""
 
 from __future__ import annotations
 
-from controlplane.crypto import CredentialKeyError, decrypt, encrypt
+from apps.core.crypto import CredentialKeyError, decrypt, encrypt
 
 __all__ = ["CredentialKeyError", "decrypt", "encrypt"]

@@ -2,7 +2,7 @@
 
 A command's env often carries secrets (API tokens a task needs). An Operation row's
 ``request`` keeps the names with ``ENV_REDACTED`` for values, and the values only as one
-Fernet token under ``ENV_SEALED`` (controlplane/crypto.py: the key is not in the
+Fernet token under ``ENV_SEALED`` (apps/core/crypto.py: the key is not in the
 database); ``request_hash`` takes them as keyed digests, so a database reader cannot
 test guesses against it. ``operations.request_from_record`` gives the full request back
 (a streamed exec's pump, resumed by another process, re-sends it to the agent, whose
@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any
 
-from controlplane import crypto
+from apps.core import crypto
 
 ENV_REDACTED = "[redacted]"
 ENV_SEALED = "env_sealed"

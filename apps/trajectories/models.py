@@ -14,8 +14,8 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox
+from apps.tenancy.models import Tenant
 
 
 class FailureClass(models.TextChoices):

@@ -12,8 +12,9 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
-from apps.billing.models import Tenant
+from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.sandboxes.models import SandboxEvent
+from apps.tenancy.models import Tenant
 from apps.trajectories.cost import episodes_total_cost
 from apps.trajectories.models import (
     INVALID_CLASSES,
@@ -23,7 +24,6 @@ from apps.trajectories.models import (
     Step,
 )
 from apps.trajectories.services.attribution import DETECTION_GRACE
-from controlplane.errors import Conflict, NotFound, ValidationFailed
 
 # Query parameter → model field, for exact-match filters (comma = any of).
 EXACT_FILTERS = {

@@ -20,7 +20,7 @@ from hedgerow import (
 from hedgerow.episode import AsyncEpisode, Episode
 from hedgerow.images import AsyncImages, Images
 
-from apps.billing.models import ApiKey
+from apps.tenancy.models import ApiKey
 
 PAIRS = [
     (Client, AsyncClient),

@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from controlplane import crypto
+from apps.core import crypto
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

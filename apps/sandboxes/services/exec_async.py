@@ -40,13 +40,12 @@ from django.db import connections
 from django.utils import timezone
 
 from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits, hot_limits_cached
-from apps.billing.principal import Principal
+from apps.core.pg_async import PgPool, Statement
+from apps.core.redis_async import Batches, ReplyError, batches_for_url
 from apps.sandboxes import exec_env
 from apps.sandboxes.agent_async import agent_exec
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus
-from apps.sandboxes.pg_async import PgPool, Statement
-from apps.sandboxes.redis_async import Batches, ReplyError, batches_for_url
 from apps.sandboxes.services.operations import (
     ExecRequest,
     _agent_timeout,
@@ -54,6 +53,7 @@ from apps.sandboxes.services.operations import (
     result_fields,
 )
 from apps.sandboxes.services.streaming import PUMP_TTL_S, pump_key, pumps
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ FALLBACK: Final = None
 DB_POOL_MAX = 8
 
 # Written out (tests check them against the models' db_table names). Parameters are
-# sent as text (apps/sandboxes/pg_async.py), so each carries its type.
+# sent as text (apps/core/pg_async.py), so each carries its type.
 _START_SQL = """
 WITH s AS (
   SELECT id, generation, endpoint_host, endpoint_port FROM sandboxes_sandbox

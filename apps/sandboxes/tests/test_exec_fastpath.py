@@ -20,23 +20,25 @@ import uvloop
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
-from apps.billing import auth, limits
-from apps.billing.auth import forget_cached_keys, principal_for_key
+from apps.billing import limits
 from apps.billing.limits import _key, hot_limits, limits_cache_clear
-from apps.billing.models import ApiKey, TenantQuota
-from apps.billing.services import hash_secret
+from apps.billing.models import TenantQuota
+from apps.core.redis_async import RedisBatches
 from apps.sandboxes.agent_async import pool_clear
 from apps.sandboxes.api.exec_fastpath import ExecFastPath, parse_exec_body, render_operation
 from apps.sandboxes.api.serializers import ExecSerializer, OperationSerializer
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.exec_env import ENV_REDACTED
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
-from apps.sandboxes.redis_async import RedisBatches
 from apps.sandboxes.services import exec_async
 from apps.sandboxes.services.exec_async import clients_close, operation_fields
 from apps.sandboxes.services.operations import request_from_record
 from apps.sandboxes.services.streaming import pump_key, pumps
 from apps.sandboxes.tests.factories import make_sandbox
+from apps.tenancy import auth
+from apps.tenancy.auth import forget_cached_keys, principal_for_key
+from apps.tenancy.models import ApiKey
+from apps.tenancy.secrets import hash_secret
 
 OK_RESULT = {
     "termination": {"reason": "exited", "exit_code": 3, "signal": None, "message": None},

@@ -1,4 +1,4 @@
-"""The exec hot path's libpq pool (apps/sandboxes/pg_async.py) against the test
+"""The exec hot path's libpq pool (apps/core/pg_async.py) against the test
 database: statements, their errors, and connections that break, hang or run out."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import uvloop
 from django.db import connections
 
-from apps.sandboxes.pg_async import PgPool, Statement, text
+from apps.core.pg_async import PgPool, Statement, text
 
 ECHO = Statement(b"t_echo", b"SELECT $1::uuid, $2::text, $3::int, $4::timestamptz, $5::bigint")
 SLEEP = Statement(b"t_sleep", b"SELECT pg_sleep($1::float8)")

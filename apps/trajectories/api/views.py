@@ -10,8 +10,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
+from apps.core.errors import ApiError
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
+from apps.tenancy.permissions import principal_of
 from apps.trajectories import selectors
 from apps.trajectories.api.serializers import (
     EpisodeCloseSerializer,
@@ -33,7 +34,6 @@ from apps.trajectories.services.episodes import (
     step_append,
 )
 from apps.trajectories.services.transfer import episodes_export, episodes_import
-from controlplane.errors import ApiError
 
 FILTER_DOCS = [
     OpenApiParameter(name, str, description="comma = any of") for name in selectors.EXACT_FILTERS

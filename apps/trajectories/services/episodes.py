@@ -13,9 +13,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.billing.models import Tenant
+from apps.core import jsonsafe
+from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.sandboxes.exec_env import request_public
 from apps.sandboxes.models import Operation, Sandbox
+from apps.tenancy.models import Tenant
 from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
 from apps.trajectories.models import (
     TERMINATION_REASONS,
@@ -31,8 +33,6 @@ from apps.trajectories.models import (
 from apps.trajectories.services.attribution import DETECTION_GRACE, episode_attribution
 from apps.trajectories.services.junit import ReportInvalid, parse_junit
 from apps.trajectories.services.step_schema import step_problem
-from controlplane import jsonsafe
-from controlplane.errors import Conflict, NotFound, ValidationFailed
 
 CONTROL_PLANE_VERSION = "hedgerow/1"
 # How far ahead of the server's clock a client's time may be before it is refused.

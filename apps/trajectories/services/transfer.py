@@ -21,8 +21,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
-from apps.billing.models import Tenant
+from apps.core import jsonsafe
+from apps.core.errors import ApiError
+from apps.core.inputs import json_loads
 from apps.sandboxes.models import Operation, Sandbox, Snapshot
+from apps.tenancy.models import Tenant
 from apps.trajectories.models import (
     Episode,
     EpisodeRelabel,
@@ -35,9 +38,6 @@ from apps.trajectories.models import (
 )
 from apps.trajectories.services.episodes import episode_attribute
 from apps.trajectories.services.step_schema import step_problem
-from controlplane import jsonsafe
-from controlplane.errors import ApiError
-from controlplane.inputs import json_loads
 
 SCHEMA = "hedgerow.episode/v1"
 # Step.index is a PositiveIntegerField (Postgres integer).
@@ -413,7 +413,7 @@ def episodes_import(
             continue
         report.lines += 1
         try:
-            data = json_loads(text)  # bounded depth, no lone surrogates (controlplane/inputs.py)
+            data = json_loads(text)  # bounded depth, no lone surrogates (apps/core/inputs.py)
         except ApiError as exc:
             report.errors.append({"line": number, "field": exc.field, "message": exc.message})
             continue

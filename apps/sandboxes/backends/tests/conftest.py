@@ -56,7 +56,8 @@ def searchable(path: Path) -> Path:
 SEARCHABLE_ROOT = Path("/tmp/hedgerow-tests")
 
 
-TEST_INTERNET = "10.216.0.0/16"
+# the tests' stand-in outsides: test_local_network.py's and egress_internet.py's
+TEST_INTERNETS = ("10.214.0.0/16", "10.216.0.0/16")
 
 
 def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBackendConfig:
@@ -69,9 +70,9 @@ def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBacke
         image_store=searchable(tmp) / "images",
         # the test registries are listed in the settings (images/tests/fixtures.py)
         registry_policy=registry_policy,
-        # the tests' stand-in internet (egress_internet.py) is a private range: listed
-        # as an operator lists one, so egress "all" reaches it (docs/egress.md)
-        egress_private_allow=(TEST_INTERNET,),
+        # the tests' stand-in internets are private ranges: listed as an operator
+        # lists one, so egress "all" reaches them (docs/egress.md)
+        egress_private_allow=TEST_INTERNETS,
     )
 
 
