@@ -1,11 +1,11 @@
 """Secrets at rest: Fernet (AES-128-CBC + HMAC-SHA256) with a key that is never in the
-database: ``HEDGEROW_CREDENTIALS_KEY`` (a Fernet key), else
-``<state dir>/credentials_key`` (mode 0600, written once by ``make up``/``make test``
-or by the first process that needs it). A database dump alone decrypts nothing.
+database: ``HEDGEROW_CREDENTIALS_KEY`` (a Fernet key), else ``<state dir>/credentials_key``
+(mode 0600, written once by ``make up``/``make test`` or by the first process that needs
+it). A database dump alone decrypts nothing.
 
-Used for teams' registry passwords (apps/images) and for the environment values of
-commands (apps/sandboxes ``Operation.request``, apps/e2b ``envVars``): a layer below
-every app, so none imports another for it (docs/security.md "Secrets")."""
+Neutral ground for every app that stores an encrypted value (registry passwords in
+``apps.images``, redacted trajectory secrets in ``apps.trajectories``), so neither
+imports the other."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ KEY_FILE = "credentials_key"
 
 
 class CredentialKeyError(RuntimeError):
-    """The key is missing, malformed, or not the one the secret was encrypted with."""
+    """The key is missing, malformed, or not the one the value was encrypted with."""
 
 
 def _key_file() -> Path:
@@ -65,23 +65,22 @@ def encrypt(plaintext: str) -> str:
     return _fernet().encrypt(plaintext.encode()).decode()
 
 
-def decrypt(token: str) -> str:
+def decrypt(token: str, *, what: str = "a stored secret") -> str:
     try:
         return _fernet().decrypt(token.encode()).decode()
     except InvalidToken as exc:
         raise CredentialKeyError(
-            "a stored secret cannot be decrypted with this installation's key"
+            f"{what} cannot be decrypted with this installation's key"
         ) from exc
 
 
-def keyed_digest(purpose: str, value: str) -> str:
-    """HMAC-SHA256 of value under a key derived from the Fernet key and purpose: a
-    fingerprint of a secret that a database reader cannot brute-force offline (a plain
-    hash of a short secret can be)."""
-    key = hmac.new(_load_key_cached(), purpose.encode(), hashlib.sha256).digest()
-    return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()
+def fingerprint(scope: str, value: str) -> str:
+    """A keyed digest of ``value`` within ``scope`` (HMAC-SHA256 with a key derived from
+    the Fernet key): equal values in one scope match without decrypting anything, and
+    the digest alone cannot be checked against a guess without the key."""
+    return hmac.new(_fingerprint_key(), f"{scope}\x00{value}".encode(), hashlib.sha256).hexdigest()
 
 
 @functools.cache
-def _load_key_cached() -> bytes:
-    return _load_or_create_key()
+def _fingerprint_key() -> bytes:
+    return hashlib.sha256(b"hedgerow-fingerprint:" + _load_or_create_key()).digest()

@@ -26,7 +26,7 @@ def request_fingerprint(data: dict[str, Any]) -> str:
     caller): env values enter as keyed digests, never as themselves."""
     env = data.get("env")
     if env:
-        data = {**data, "env": {k: crypto.keyed_digest("exec-env", v) for k, v in env.items()}}
+        data = {**data, "env": {k: crypto.fingerprint("exec-env", v) for k, v in env.items()}}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -4,6 +4,7 @@ from hedgerow._common import VERSION as __version__
 from hedgerow.aio import AsyncClient, AsyncSandbox
 from hedgerow.client import Client, Sandbox
 from hedgerow.commands import AsyncCommandHandle, CommandHandle
+from hedgerow.episode import content_hash
 from hedgerow.errors import (
     AgentUnreachable,
     AuthError,
@@ -70,4 +71,5 @@ __all__ = [
     "WaitTimeout",
     "WrittenFile",
     "__version__",
+    "content_hash",
 ]

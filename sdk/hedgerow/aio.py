@@ -408,11 +408,14 @@ class AsyncSandbox:
         manifest: Optional[Dict[str, Any]] = None,
         probes: Optional[List[Dict[str, Any]]] = None,
         ttl_seconds: Optional[int] = None,
+        volatile: Optional[List[str]] = None,
         wait: bool = True,
         timeout: float = 300.0,
     ) -> AsyncSnapshot:
         """See ``Sandbox.snapshot``."""
-        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        body = snapshot_body(
+            name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds, volatile=volatile
+        )
         response = await self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
         snap = AsyncSnapshot(self._client, response.json())
         if wait:
@@ -585,7 +588,9 @@ class AsyncSandbox:
 
     def episode(self, *, task_id: str, **fields: Any) -> AsyncEpisode:
         """A recorded episode in this sandbox: ``async with sandbox.episode(task_id=...)
-        as ep:``. Execs awaited inside the block become steps (see hedgerow.episode)."""
+        as ep:``. Execs awaited inside the block become steps (see hedgerow.episode).
+        Provenance: ``task_hash`` (``hedgerow.content_hash(task)``), ``policy_checkpoint``,
+        ``harness_commit``, ``verifier_commit``, ``sampling``, ``attempt_id``."""
         return AsyncEpisode(self._client, [self], task_id=task_id, **fields)
 
     # -- live output (hedgerow/streaming.py) ---------------------------------------

@@ -474,14 +474,19 @@ class Sandbox:
         manifest: Optional[Dict[str, Any]] = None,
         probes: Optional[List[Dict[str, Any]]] = None,
         ttl_seconds: Optional[int] = None,
+        volatile: Optional[List[str]] = None,
         wait: bool = True,
         timeout: float = 300.0,
     ) -> Snapshot:
         """Captures this sandbox's filesystem state (docs/snapshots.md). ``manifest``:
         your cognitive state (messages, model, sampling, seeds); ``probes``: read-only
         commands ``[{"name", "command", "volatile"}]`` every restored child must answer
-        alike. ``wait=True`` returns it ``ready`` or raises ``SnapshotFailed``."""
-        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        alike; ``volatile``: runtime fingerprint parts shown but not compared
+        (``"ports"``, ``"port:N"``, ``"processes"``, ``"process:NAME"``, ``"env"``,
+        ``"env:NAME"``). ``wait=True`` returns it ``ready`` or raises ``SnapshotFailed``."""
+        body = snapshot_body(
+            name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds, volatile=volatile
+        )
         data = self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body).json()
         snap = Snapshot(self._client, data)
         if wait:
@@ -666,7 +671,9 @@ class Sandbox:
     # -- trajectories hook ------------------------------------------------------------
     def episode(self, *, task_id: str, **fields: Any) -> Episode:
         """A recorded episode in this sandbox: ``with sandbox.episode(task_id=...) as ep:``.
-        Execs made inside the block become steps (see hedgerow.episode)."""
+        Execs made inside the block become steps (see hedgerow.episode). Provenance:
+        ``task_hash`` (``hedgerow.content_hash(task)``), ``policy_checkpoint``,
+        ``harness_commit``, ``verifier_commit``, ``sampling``, ``attempt_id``."""
         return Episode(self._client, [self], task_id=task_id, **fields)
 
     # -- files ------------------------------------------------------------------

@@ -181,6 +181,56 @@ def test_it_writes_to_the_tables_the_models_name():
     assert f"UPDATE {Operation._meta.db_table} " in exec_async._FINISH_SQL
 
 
+def test_the_start_insert_writes_every_column_of_the_model():
+    # Built from Operation's metadata: every concrete column appears once, in the
+    # model's order, so a column added to the model cannot be silently left out.
+    columns = [f.column for f in Operation._meta.concrete_fields]
+    insert = exec_async._START_SQL.split(f"INSERT INTO {Operation._meta.db_table} (")[1]
+    assert insert.split(")", 1)[0].split(", ") == columns
+
+
+def test_a_fast_path_row_equals_what_the_orm_would_have_written(make_tenant: Any) -> None:
+    # The defaults the INSERT writes for the columns it does not set are the model's.
+    from django.db import connection
+
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.READY)
+    op_id = "00000000-0000-4000-8000-000000000001"
+    with connection.cursor() as cur:
+        sql = exec_async._START_SQL
+        for n in range(9, 0, -1):  # $n::type -> %s placeholders, in order below
+            sql = sql.replace(f"${n}", f"%(p{n})s")
+        cur.execute(
+            sql,
+            {
+                "p1": str(tenant.id),
+                "p2": sandbox.external_id,
+                "p3": op_id,
+                "p4": "op-1",
+                "p5": "{}",
+                "p6": "h",
+                "p7": "actor",
+                "p8": "2026-12-02T00:00:00Z",
+                "p9": None,
+            },
+        )
+    row = Operation.objects.get(pk=op_id)
+    orm = Operation(tenant=tenant, sandbox=sandbox, generation=sandbox.generation)
+    for field in Operation._meta.concrete_fields:
+        if field.column in exec_async._START_PARAMS:
+            continue
+        assert getattr(row, field.attname) == getattr(orm, field.attname), field.name
+
+
+def test_a_column_without_default_or_value_is_refused_by_name():
+    from django.db import models
+
+    field: models.CharField[str, str] = models.CharField(max_length=3)
+    field.set_attributes_from_name("new_column")
+    with pytest.raises(ValueError, match="new_column"):
+        exec_async.build_start_insert([field], "t")
+
+
 # -- the path itself, in process -------------------------------------------------------
 class FakeAgent:
     """A pod agent on loopback answering /exec with a canned status and JSON body."""

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('trajectories', '0004_tenant_moves_to_tenancy'),
+        ('trajectories', '0007_secrets_lineage_tombstones'),
     ]
 
     operations = [
