@@ -179,10 +179,46 @@ class Stack:
         self.worker.stop()
 
 
+def _list_registry(host: str, listed: bool) -> None:
+    """Lists (or unlists) host in HEDGEROW_INSECURE_REGISTRIES as an operator would:
+    this process's settings (the egress policy is read at every pull) and the
+    environment of the processes the tests start later (the stack's web and worker)."""
+    from django.conf import settings
+
+    hosts = [h for h in settings.HEDGEROW_INSECURE_REGISTRIES if h != host]
+    if listed:
+        hosts.append(host)
+    settings.HEDGEROW_INSECURE_REGISTRIES = hosts
+    os.environ["HEDGEROW_INSECURE_REGISTRIES"] = ",".join(hosts)
+
+
+@pytest.fixture(scope="session")
+def registry(registry_server: Any) -> Iterator[Any]:
+    """The auth registry (images/tests/fixtures.py), listed in the settings: the
+    registry egress policy refuses an unlisted loopback registry (docs/security.md)."""
+    _list_registry(registry_server.host, True)
+    yield registry_server
+    _list_registry(registry_server.host, False)
+
+
+@pytest.fixture(scope="session")
+def open_registry(open_registry_server: Any) -> Iterator[Any]:
+    """The anonymous registry, listed like ``registry``."""
+    _list_registry(open_registry_server.host, True)
+    yield open_registry_server
+    _list_registry(open_registry_server.host, False)
+
+
 @pytest.fixture(scope="session")
 def stack(
-    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+    django_db_setup: Any,
+    django_db_blocker: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    registry: Any,
+    open_registry: Any,
 ) -> Iterator[Stack]:
+    # the registries first: each is listed in HEDGEROW_INSECURE_REGISTRIES, the
+    # environment the stack's processes start with (registry egress policy)
     from django.db import connection
 
     db_name = connection.settings_dict["NAME"]

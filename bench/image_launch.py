@@ -25,6 +25,7 @@ from typing import Any
 
 from apps.sandboxes.backends.base import RegistryCredentials, SandboxSpec
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, wait_healthy
+from apps.sandboxes.backends.local.images import RegistryPolicy
 from apps.sandboxes.backends.local.images.tests.ocibuild import Layout, busybox_layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, start
 
@@ -91,6 +92,7 @@ def main() -> int:
                 podagent_dir=REPO / "podagent",
                 isolation="netns",
                 image_store=tmp / "images",
+                registry_policy=lambda: RegistryPolicy.of(insecure=[reg.host]),
             )
         )
         b = backend

@@ -41,7 +41,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from apps.sandboxes.backends.local.images import Credentials, ImageRecord, ImageStore
+from apps.sandboxes.backends.local.images import (
+    Credentials,
+    ImageRecord,
+    ImageStore,
+    RegistryPolicy,
+)
 from apps.sandboxes.backends.local.images.overlay import mount_rootfs, unmount_rootfs, userns_fd
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, start
@@ -152,7 +157,10 @@ def create_ratio(ref: str, n: int) -> None:
 
     from bench._stack import private_stack
 
-    with private_stack("img", {"HEDGEROW_MAX_LIVE_SANDBOXES": "0"}, lambda _s: None) as (
+    # the bench's loopback registry is listed like an operator would (registry egress)
+    host = ref.split("/", 1)[0]
+    extra = {"HEDGEROW_MAX_LIVE_SANDBOXES": "0", "HEDGEROW_INSECURE_REGISTRIES": host}
+    with private_stack("img", extra, lambda _s: None) as (
         stack,
         secret,
     ):
@@ -236,7 +244,7 @@ def main() -> None:
                 oproc.wait(10)
             if args.only_ratio:
                 return
-        store = ImageStore(tmp / "store")
+        store = ImageStore(tmp / "store", policy=RegistryPolicy.of(insecure=[reg.host]))
         creds = Credentials(USER, PASSWORD)
         cold = measure(lambda: store.pull(ref, credentials=creds))
         rec = store.pull(ref, credentials=creds)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -239,6 +241,18 @@ HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
 # handed out stays allowed past the record's TTL.
 HEDGEROW_DNS_UPSTREAM = env_str("HEDGEROW_DNS_UPSTREAM", "")
 HEDGEROW_DNS_GRACE_S = env_int("HEDGEROW_DNS_GRACE_S", 30)
+# Egress "all" (docs/egress.md "Always denied"): private ranges (10/8, 172.16/12,
+# 192.168/16, 100.64/10, 192.0.0/24, 198.18/15) are refused unless listed here (comma
+# list of IPv4 CIDRs), or all of them with HEDGEROW_EGRESS_ALLOW_PRIVATE=1.
+HEDGEROW_EGRESS_PRIVATE_ALLOW = [
+    c.strip() for c in env_str("HEDGEROW_EGRESS_PRIVATE_ALLOW", "").split(",") if c.strip()
+]
+for _cidr in HEDGEROW_EGRESS_PRIVATE_ALLOW:
+    try:
+        ipaddress.IPv4Network(_cidr)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"HEDGEROW_EGRESS_PRIVATE_ALLOW: {_cidr!r}: {_exc}") from None
+HEDGEROW_EGRESS_ALLOW_PRIVATE = env_bool("HEDGEROW_EGRESS_ALLOW_PRIVATE", False)
 # A built agent bundle (scripts/build_agent_bundle.sh): lets the local backend run the
 # agent in imported images without python3. Empty: such images are refused.
 HEDGEROW_AGENT_BUNDLE = env_str("HEDGEROW_AGENT_BUNDLE", "")
@@ -255,13 +269,30 @@ if HEDGEROW_SANDBOX_DISK_MIB < 1 or not (
         "HEDGEROW_SANDBOX_DISK_MIB must be >= 1 and HEDGEROW_SANDBOX_DISK_SIZE_MIB 0 or >= 256"
     )
 # OCI images (docs/images.md): one content-addressed store per machine, shared by every
-# instance on it; registries reached over plain HTTP besides loopback (comma list of
-# host[:port]); the free space a pull must leave; the cache size above which unused
+# instance on it; the free space a pull must leave; the cache size above which unused
 # images are collected, least recently used first (0: only what no image uses).
 HEDGEROW_IMAGE_STORE = env_str("HEDGEROW_IMAGE_STORE", "/var/lib/hedgerow/images")
-HEDGEROW_INSECURE_REGISTRIES = [
-    r.strip() for r in env_str("HEDGEROW_INSECURE_REGISTRIES", "").split(",") if r.strip()
-]
+
+
+def _registry_list(name: str) -> list[str]:
+    out = [r.strip().lower() for r in env_str(name, "").split(",") if r.strip()]
+    bad = [r for r in out if not re.fullmatch(r"(?:[a-z0-9.-]+|\[[0-9a-f:]+\])(?::[0-9]{1,5})?", r)]
+    if bad:
+        raise ImproperlyConfigured(f"{name}: not host or host:port entries: {', '.join(bad)}")
+    return out
+
+
+# The registry egress policy (docs/security.md "Registry egress"): registries whose host
+# is, or resolves to, a loopback, link-local, private, CGNAT, unique-local, multicast
+# or otherwise non-public address are refused (`registry_forbidden`) unless listed in
+# HEDGEROW_REGISTRY_ALLOW (host: any port; host:port: that port) or in
+# HEDGEROW_INSECURE_REGISTRIES (the only ones reached over plain HTTP / unverified TLS;
+# loopback is not implied). HEDGEROW_REGISTRY_DENY refuses hosts whatever they resolve
+# to; HEDGEROW_REGISTRY_ALLOW_PRIVATE=1 turns the address check off.
+HEDGEROW_REGISTRY_ALLOW = _registry_list("HEDGEROW_REGISTRY_ALLOW")
+HEDGEROW_INSECURE_REGISTRIES = _registry_list("HEDGEROW_INSECURE_REGISTRIES")
+HEDGEROW_REGISTRY_DENY = _registry_list("HEDGEROW_REGISTRY_DENY")
+HEDGEROW_REGISTRY_ALLOW_PRIVATE = env_bool("HEDGEROW_REGISTRY_ALLOW_PRIVATE", False)
 HEDGEROW_IMAGE_MIN_FREE_MIB = env_int("HEDGEROW_IMAGE_MIN_FREE_MIB", 2048)
 HEDGEROW_IMAGE_CACHE_MIB = env_int("HEDGEROW_IMAGE_CACHE_MIB", 50 * 1024)
 # How often the beat collects the image cache down to HEDGEROW_IMAGE_CACHE_MIB.

@@ -256,9 +256,28 @@ def sandbox_detail(request: HttpRequest, principal: Principal, sandbox_id: str) 
         files_path=request.GET.get("path") or "/workspace",
         operations=list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20]),
         nav_section="sandboxes",
+        dns_entries=_dns_entries(sandbox),
         **sandbox_snapshots_context(principal, sandbox),
     )
     return render_page(request, principal, "frontend/sandboxes/detail.html", context)
+
+
+DNS_PAGE_ENTRIES = 100  # the last ones, on the sandbox page (the API has up to 1000)
+
+
+def _dns_entries(sandbox: Any) -> list[dict[str, Any]] | None:
+    """The sandbox's last DNS queries (issue 21), or None when its policy is not routed
+    (no resolver serves it) and it has none: the page then shows no panel."""
+    from apps.sandboxes.backends.base import BackendError
+    from apps.sandboxes.services.egress import sandbox_dns_log
+
+    try:
+        entries = sandbox_dns_log(sandbox=sandbox)
+    except BackendError:
+        return None
+    if not entries and not sandbox.network_access:
+        return None
+    return entries[-DNS_PAGE_ENTRIES:]
 
 
 @require_GET

@@ -260,6 +260,11 @@ start_bg() {  # name, command...
 
 app_up() {
   mkdir -p "$LOGS" "$RUN"
+  # The demo's local registry (docs/images.md "A user's guide": docker-registry on
+  # 127.0.0.1:5050, plain HTTP) is listed as an operator lists one: the registry egress
+  # policy refuses loopback registries otherwise (docs/security.md "Registry egress").
+  # Set HEDGEROW_INSECURE_REGISTRIES (even empty) to choose otherwise.
+  export HEDGEROW_INSECURE_REGISTRIES="${HEDGEROW_INSECURE_REGISTRIES-127.0.0.1:5050}"
   "$PY" "$ROOT/manage.py" migrate --noinput >/dev/null
   "$PY" "$ROOT/manage.py" collectstatic --noinput >/dev/null
   start_bg web env HEDGEROW_DB_POOL="${HEDGEROW_DB_POOL:-1}" \

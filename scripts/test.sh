@@ -18,6 +18,10 @@ export HEDGEROW_TEST_DB_NAME="test_hedgerow_${HEDGEROW_INSTANCE}"
 export HEDGEROW_DB_PORT="${HEDGEROW_DB_PORT:-55432}"
 # Postgres and Redis passwords: settings read them from $HEDGEROW_STATE_DIR (stack.sh).
 export HEDGEROW_REDIS_PORT="${HEDGEROW_REDIS_PORT:-56379}"
+# The network tests' stand-in internets (apps/sandboxes/backends/tests/egress_internet.py,
+# test_local_network.py) are private ranges: egress "all" refuses private ranges unless
+# the operator lists them.
+export HEDGEROW_EGRESS_PRIVATE_ALLOW="${HEDGEROW_EGRESS_PRIVATE_ALLOW-10.214.0.0/16,10.216.0.0/16}"
 
 if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check . >/dev/null || {

@@ -8,6 +8,7 @@ machine all apply); this module translates E2B's request and response shapes.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -15,11 +16,12 @@ from urllib.parse import parse_qsl, unquote
 from django.conf import settings
 from django.db import transaction
 
-from apps.core import jsonsafe
+from apps.core import crypto, jsonsafe
 from apps.core.errors import ApiError, Conflict, NotFound, ValidationFailed
 from apps.e2b.models import SandboxEnv
 from apps.e2b.tokens import envd_token
 from apps.sandboxes.backends import get_backend
+from apps.sandboxes.exec_env import ENV_REDACTED
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
@@ -146,7 +148,11 @@ def e2b_sandbox_create(
             actor=principal.actor,
         )
         if created and env:
-            SandboxEnv.objects.create(sandbox=sandbox, env=env)
+            SandboxEnv.objects.create(
+                sandbox=sandbox,
+                env=dict.fromkeys(env, ENV_REDACTED),
+                env_sealed=crypto.encrypt(json.dumps(env)),
+            )
         elif not created and sandbox_env(sandbox) != env:
             raise Conflict(
                 "this idempotency key was used for a different sandbox request",
@@ -171,7 +177,10 @@ def e2b_sandbox_create(
 def sandbox_env(sandbox: Sandbox) -> dict[str, str]:
     """The sandbox's envVars ({} when none were given)."""
     row = SandboxEnv.objects.filter(sandbox=sandbox).first()
-    return dict(row.env) if row is not None else {}
+    if row is None or not row.env_sealed:
+        return {}
+    env: dict[str, str] = json.loads(crypto.decrypt(row.env_sealed))
+    return env
 
 
 def e2b_sandbox_get(*, principal: Principal, sandbox_id: str) -> Sandbox:

@@ -206,6 +206,13 @@ class EpisodeSandbox(models.Model):
     sandbox_ref = models.CharField(max_length=63)
     generation = models.PositiveIntegerField(null=True, blank=True)
     attached_at = models.DateTimeField(default=timezone.now)
+    # Evidence of what the sandbox looked up during the episode (issue 21): the
+    # resolver's entries of this generation within the episode's window, captured when
+    # the episode closes (the backend's log goes with the sandbox). None: not captured
+    # (an imported episode, or one closed before this existed); at most DNS_EVIDENCE_MAX
+    # entries, ``dns_log_total`` says how many there were.
+    dns_log = models.JSONField(null=True, blank=True)
+    dns_log_total = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["attached_at", "id"]

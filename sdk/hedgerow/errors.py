@@ -90,8 +90,8 @@ class WaitTimeout(HedgerowError):
 
 class ImageUnavailable(ValidationError):
     """The image cannot be had (a 422, or 400 for a bad reference); ``code`` says why
-    (image_not_found, registry_unauthorized, registry_unreachable, image_digest_mismatch,
-    …) and ``reference`` which image."""
+    (image_not_found, registry_unauthorized, registry_unreachable, registry_forbidden,
+    image_digest_mismatch, …) and ``reference`` which image."""
 
     @property
     def reference(self) -> str | None:
@@ -121,6 +121,7 @@ IMAGE_ERROR_CODES = (
     "image_not_found",
     "registry_unauthorized",
     "registry_unreachable",
+    "registry_forbidden",
     "image_digest_mismatch",
     "image_platform_unsupported",
     "image_layer_refused",

@@ -28,7 +28,8 @@ IMAGE_ERRORS = {
     422: OpenApiResponse(
         ErrorSerializer,
         description="the image cannot be had: image_not_found, registry_unauthorized, "
-        "registry_unreachable, image_digest_mismatch, image_platform_unsupported, "
+        "registry_unreachable, registry_forbidden, image_digest_mismatch, "
+        "image_platform_unsupported, "
         "image_layer_refused, image_archive_invalid, … (docs/images.md)",
     ),
     507: OpenApiResponse(ErrorSerializer, description="disk_exhausted"),

@@ -4,10 +4,32 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from apps.sandboxes.backends.base import Backend
+
+if TYPE_CHECKING:
+    from apps.sandboxes.backends.local.images.egress import RegistryPolicy, Resolver
+
+# The resolver the registry egress policy asks (None: the host's getaddrinfo). A seam
+# for tests, which make names resolve to loopback without /etc/hosts.
+REGISTRY_RESOLVER: Resolver | None = None
+
+
+def registry_policy() -> RegistryPolicy:
+    """The registry egress policy from the current settings (docs/security.md
+    "Registry egress"): asked by the local backend at every pull and resolve."""
+    from apps.sandboxes.backends.local.images.egress import RegistryPolicy, system_resolver
+
+    return RegistryPolicy.of(
+        allow=settings.HEDGEROW_REGISTRY_ALLOW,
+        insecure=settings.HEDGEROW_INSECURE_REGISTRIES,
+        deny=settings.HEDGEROW_REGISTRY_DENY,
+        allow_private=settings.HEDGEROW_REGISTRY_ALLOW_PRIVATE,
+        resolver=REGISTRY_RESOLVER or system_resolver,
+    )
 
 
 @functools.cache
@@ -27,11 +49,13 @@ def get_backend() -> Backend:
                 agent_launch=settings.HEDGEROW_LOCAL_AGENT_LAUNCH,
                 disk_size_mib=settings.HEDGEROW_SANDBOX_DISK_SIZE_MIB,
                 image_store=Path(settings.HEDGEROW_IMAGE_STORE),
-                insecure_registries=tuple(settings.HEDGEROW_INSECURE_REGISTRIES),
+                registry_policy=registry_policy,
                 image_min_free_bytes=settings.HEDGEROW_IMAGE_MIN_FREE_MIB << 20,
                 image_cache_bytes=settings.HEDGEROW_IMAGE_CACHE_MIB << 20,
                 dns_upstream=settings.HEDGEROW_DNS_UPSTREAM,
                 dns_grace_s=settings.HEDGEROW_DNS_GRACE_S,
+                egress_private_allow=tuple(settings.HEDGEROW_EGRESS_PRIVATE_ALLOW),
+                egress_allow_private=settings.HEDGEROW_EGRESS_ALLOW_PRIVATE,
                 agent_bundle=Path(settings.HEDGEROW_AGENT_BUNDLE)
                 if settings.HEDGEROW_AGENT_BUNDLE
                 else None,

@@ -39,6 +39,22 @@ FORBIDDEN_NETWORKS = tuple(
     )
 )
 
+# Denied to egress "all" unless the operator allows them (docs/egress.md "Always
+# denied"): the installation's likely neighbours — private (RFC 1918), CGNAT, the IETF
+# protocol block and the benchmarking range. An allowlist reaches a private range only
+# by listing it (CIDR:port).
+PRIVATE_NETWORKS = tuple(
+    ipaddress.IPv4Network(n)
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",  # carrier-grade NAT
+        "192.0.0.0/24",  # IETF protocol assignments
+        "198.18.0.0/15",  # benchmarking
+    )
+)
+
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 _NAME_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})+$")
 

@@ -42,6 +42,7 @@ from django.utils import timezone
 from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits, hot_limits_cached
 from apps.core.pg_async import PgPool, Statement
 from apps.core.redis_async import Batches, ReplyError, batches_for_url
+from apps.sandboxes import exec_env
 from apps.sandboxes.agent_async import agent_exec
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus
@@ -258,8 +259,8 @@ def request_record(request: ExecRequest) -> tuple[str, str]:
     (a test holds both to the dataclass's own)."""
     data = {name: getattr(request, name) for name in _REQUEST_FIELDS}
     hashed = {name: value for name, value in data.items() if name != "output_window"}
-    fingerprint = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
-    return json.dumps(data), fingerprint
+    fingerprint = exec_env.request_fingerprint(hashed)
+    return json.dumps(exec_env.request_record_fields(data)), fingerprint
 
 
 def _dumps(value: Any) -> str | None:

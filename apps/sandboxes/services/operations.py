@@ -6,8 +6,6 @@ result (or attaches to the running command) and never runs the command twice.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -21,6 +19,7 @@ from django.utils import timezone
 from apps.billing.limits import exec_admit_operation
 from apps.core import jsonsafe
 from apps.core.errors import ApiError, Conflict
+from apps.sandboxes import exec_env
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, SandboxEvent, State
 from apps.tenancy.principal import Principal
@@ -51,7 +50,7 @@ class ExecRequest:
 
     def fingerprint(self) -> str:
         data = {k: v for k, v in asdict(self).items() if k not in ("output_window",)}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+        return exec_env.request_fingerprint(data)
 
     def agent_body(self, operation_id: str) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -78,6 +77,18 @@ class ExecRequest:
         jsonsafe.require_no_nul(self.command, "command")
         jsonsafe.require_no_nul(self.env, "env")
         jsonsafe.require_no_nul(self.cwd, "cwd")
+
+
+# Env values at rest: apps/sandboxes/exec_env.py (names kept, values sealed).
+
+
+def request_from_record(stored: dict[str, Any]) -> ExecRequest:
+    """The ExecRequest an Operation row recorded, env values decrypted."""
+    allowed = ExecRequest.__dataclass_fields__
+    fields = {k: v for k, v in stored.items() if k in allowed}
+    if exec_env.ENV_SEALED in stored:
+        fields["env"] = exec_env.sealed_env(stored)
+    return ExecRequest(**fields)
 
 
 def end_reason(sandbox: Sandbox) -> str | None:
@@ -159,7 +170,7 @@ def operation_start(
             operation_id=op_id,
             kind=kind,
             generation=sandbox.generation,
-            request=asdict(request),
+            request=exec_env.request_record_fields(asdict(request)),
             request_hash=fingerprint,
             actor=principal.actor,
         )

@@ -43,6 +43,7 @@ from apps.sandboxes.services.operations import (
     operation_record_failure,
     operation_record_result,
     operation_start,
+    request_from_record,
 )
 from apps.sandboxes.services.replay import frames_key as frames_key
 from apps.tenancy.principal import Principal
@@ -343,7 +344,7 @@ def operation_recover(*, operation: Operation) -> Operation:
         operation.refresh_from_db()
         return operation
     if result.get("status") == "running":
-        request = ExecRequest(**_request_fields(operation.request))
+        request = request_from_record(operation.request or {})
         _start_pump(
             _PumpJob(
                 operation_pk=pk,
@@ -359,8 +360,3 @@ def operation_recover(*, operation: Operation) -> Operation:
         pumps.release(pk)
     operation.refresh_from_db()
     return operation
-
-
-def _request_fields(stored: dict[str, Any]) -> dict[str, Any]:
-    allowed = ExecRequest.__dataclass_fields__
-    return {k: v for k, v in stored.items() if k in allowed}

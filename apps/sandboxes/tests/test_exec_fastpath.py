@@ -28,9 +28,11 @@ from apps.sandboxes.agent_async import pool_clear
 from apps.sandboxes.api.exec_fastpath import ExecFastPath, parse_exec_body, render_operation
 from apps.sandboxes.api.serializers import ExecSerializer, OperationSerializer
 from apps.sandboxes.events import redis_client
+from apps.sandboxes.exec_env import ENV_REDACTED
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services import exec_async
 from apps.sandboxes.services.exec_async import clients_close, operation_fields
+from apps.sandboxes.services.operations import request_from_record
 from apps.sandboxes.services.streaming import pump_key, pumps
 from apps.sandboxes.tests.factories import make_sandbox
 from apps.tenancy import auth
@@ -101,10 +103,15 @@ def test_it_accepts_only_bodies_drf_turns_into_the_same_request(body):
     request, operation_id, generation = parsed
     assert request == serializer.to_request()
     assert request.fingerprint() == serializer.to_request().fingerprint()
-    assert exec_async.request_record(request) == (
-        json.dumps(dataclasses.asdict(request)),
-        request.fingerprint(),
-    )
+    record, fingerprint = exec_async.request_record(request)
+    assert fingerprint == request.fingerprint()
+    # the stored form: the same fields, env values sealed (random tokens: compared
+    # through what they decrypt to)
+    assert request_from_record(json.loads(record)) == request
+    if request.env:
+        assert json.loads(record)["env"] == dict.fromkeys(request.env, ENV_REDACTED)
+    else:
+        assert json.loads(record) == dataclasses.asdict(request)
     assert operation_id == serializer.validated_data.get("operation_id")
     assert generation == serializer.validated_data.get("generation")
 

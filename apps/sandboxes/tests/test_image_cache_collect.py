@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 
 from apps.sandboxes import tasks
-from apps.sandboxes.backends import get_backend
+from apps.sandboxes.backends import get_backend, registry_policy
 from apps.sandboxes.backends.local import LocalBackend
 from apps.sandboxes.backends.local.backend import lease_holder
 from apps.sandboxes.backends.local.images import Credentials, ImageStore
@@ -38,7 +38,7 @@ def _push(registry: Registry, tmp: Path, repo: str) -> str:
 def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalBackend]:
     b = get_backend()
     assert isinstance(b, LocalBackend)
-    monkeypatch.setattr(b, "_store", ImageStore(tmp_path / "images"))
+    monkeypatch.setattr(b, "_store", ImageStore(tmp_path / "images", policy=registry_policy))
     # a cap of 1 byte: everything collectable is over it
     monkeypatch.setattr(b, "config", dataclasses.replace(b.config, image_cache_bytes=1))
     yield b

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from apps.sandboxes.backends import get_backend
+from apps.sandboxes.backends import get_backend, registry_policy
 from apps.sandboxes.backends.local import LocalBackend
 from apps.sandboxes.backends.local.backend import STAGING_STALE_S, _mount_points, lease_holder
 from apps.sandboxes.backends.local.images import ImageStore
@@ -39,7 +39,7 @@ def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalBa
     shared with every other instance on the machine)."""
     b = get_backend()
     assert isinstance(b, LocalBackend)
-    monkeypatch.setattr(b, "_store", ImageStore(tmp_path / "images"))
+    monkeypatch.setattr(b, "_store", ImageStore(tmp_path / "images", policy=registry_policy))
     yield b
     for item in b.inventory():
         if item.kind in ("sandbox_root", "image_lease", "image_staging"):

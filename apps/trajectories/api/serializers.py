@@ -268,7 +268,12 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
 
     def get_sandboxes(self, obj: Episode) -> list[dict[str, Any]]:
         return [
-            {"sandbox_id": link.sandbox_ref, "generation": link.generation}
+            {
+                "sandbox_id": link.sandbox_ref,
+                "generation": link.generation,
+                "dns_log": link.dns_log,
+                "dns_log_total": link.dns_log_total,
+            }
             for link in obj.sandbox_links.all()
         ]
 

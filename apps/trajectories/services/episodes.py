@@ -3,6 +3,7 @@ relabel."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from apps.core import jsonsafe
 from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.sandboxes.exec_env import request_public
 from apps.sandboxes.models import Operation, Sandbox
 from apps.tenancy.models import Tenant
 from apps.trajectories import provenance
@@ -56,6 +58,8 @@ EPISODE_FIELDS = (
     "versions",
     *provenance.INPUT_FIELDS,
 )
+
+log = logging.getLogger(__name__)
 
 
 class EpisodeClosed(Conflict):
@@ -399,7 +403,8 @@ def _step_create(episode: Episode, index: int, item: StepInput, session: Episode
             step.operation_record = op
             step.generation = op.generation
             step.observation = _observation_of(op)
-            step.request = item.request if item.request is not None else op.request
+            # the operation's request without its sealed env values (names only)
+            step.request = item.request if item.request is not None else request_public(op.request)
             step.started_at = op.created_at
             step.ended_at = op.finished_at
             wall = (op.usage or {}).get("wall_s")
@@ -609,7 +614,41 @@ def episode_close(*, episode: Episode, result: EpisodeResult, raw: Any = None) -
         provenance_refresh(episode=episode)  # the verifier's version is known now
         episode_attribute(episode=episode)
         lineage.normalize(episode=episode, actor="close")
+    episode_capture_dns(episode=episode)
     return episode
+
+
+DNS_EVIDENCE_MAX = 200  # entries kept per sandbox link (the last ones)
+DNS_EVIDENCE_SLACK_S = 5.0  # a lookup logged just after a client-stamped end still counts
+
+
+def episode_capture_dns(*, episode: Episode) -> None:
+    """Copies each attached sandbox's DNS queries within the episode's window (and its
+    generation) onto the link, as evidence that outlives the sandbox (docs/egress.md
+    "The query log"). A backend without a resolver, or a sandbox whose state is gone,
+    records an empty list; a backend error records nothing (None) and is logged."""
+    from apps.sandboxes.backends.base import BackendError
+    from apps.sandboxes.services.egress import sandbox_dns_log
+
+    start = episode.started_at.timestamp()
+    end = (episode.ended_at or timezone.now()).timestamp() + DNS_EVIDENCE_SLACK_S
+    for link in episode.sandbox_links.select_related("sandbox"):
+        if link.sandbox is None:
+            continue
+        try:
+            entries = sandbox_dns_log(sandbox=link.sandbox)
+        except BackendError as exc:
+            log.warning("DNS log of %s not captured: %s", link.sandbox_ref, exc)
+            continue
+        mine = [
+            e
+            for e in entries
+            if (link.generation is None or e.get("generation") == link.generation)
+            and start <= float(e.get("ts") or 0) <= end
+        ]
+        link.dns_log = mine[-DNS_EVIDENCE_MAX:]
+        link.dns_log_total = len(mine)
+        link.save(update_fields=["dns_log", "dns_log_total"])
 
 
 def episode_attribute(*, episode: Episode) -> Episode:

@@ -139,6 +139,8 @@ def _raw_record(episode: Episode) -> dict[str, Any]:
                 "sandbox_id": link.sandbox_ref,
                 "generation": link.generation,
                 "attached_at": _iso(link.attached_at),
+                "dns_log": link.dns_log,
+                "dns_log_total": link.dns_log_total,
             }
             for link in episode.sandbox_links.all()
         ],
@@ -258,6 +260,27 @@ def _required_time(data: dict[str, Any], name: str) -> datetime:
     return value
 
 
+def _dns_log(data: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A sandbox link's DNS evidence as exported: a list of objects, or null."""
+    value = data.get("dns_log")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+        raise RecordError("dns_log", "must be a list of objects or null")
+    if len(value) > 1000:
+        raise RecordError("dns_log", "longer than 1000 entries")
+    return value
+
+
+def _dns_total(data: dict[str, Any]) -> int | None:
+    value = data.get("dns_log_total")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RecordError("dns_log_total", "must be a non-negative integer or null")
+    return int(value)
+
+
 def _num(data: dict[str, Any], name: str) -> float | None:
     value = data.get(name)
     if value is None:
@@ -341,6 +364,8 @@ def _build(
             sandbox_ref=_text(s, "sandbox_id", required=True, limit=63),
             generation=s.get("generation"),
             attached_at=_required_time(s, "attached_at"),
+            dns_log=_dns_log(s),
+            dns_log_total=_dns_total(s),
         )
         for s in data.get("sandboxes") or []
     ]

@@ -32,6 +32,7 @@ from apps.sandboxes.backends.base import (
     UnknownImage,
 )
 
+from . import egress_allow
 from .api import KubeApi, is_status
 from .config import (
     L_SANDBOX,
@@ -169,9 +170,8 @@ class KubernetesBackend:
             raise BackendError(
                 f"cannot remove older generations: {exc.status} {exc.reason}", transient=True
             ) from exc
-        if spec.egress_policy.mode == "allow":
-            # never the whole network instead: the control plane refuses these at create
-            raise BackendError("egress allowlists are not supported by the kubernetes backend")
+        # never the whole network instead of an allowlist (egress_allow.py)
+        egress_allow.check_supported(self.config, spec.egress_policy)
         owned: list[tuple[Kind, str]] = []  # rollback removes these and nothing else
         try:
             secret = build_secret(self.config, spec)
@@ -182,10 +182,13 @@ class KubernetesBackend:
                 self._create_or_adopt(self.secrets, pull_secret)
                 owned.append((self.secrets, pull_secret.metadata.name))
             if spec.network_access:
-                policy = build_egress_policy(self.config, spec)
+                policy = egress_allow.egress_policy_for(self.config, spec) or build_egress_policy(
+                    self.config, spec
+                )
                 self._create_or_adopt(self.policies, policy)
                 owned.append((self.policies, policy.metadata.name))
             pod = build_pod(self.config, spec)
+            egress_allow.apply_pod_dns(pod, self.config, spec.egress_policy)
             created = self._create_or_adopt(self.pods, pod)
             owned.insert(0, (self.pods, pod.metadata.name))
             self._check_user_namespace(created)

@@ -82,6 +82,9 @@ class KubernetesConfig:
     egress_except: tuple[str, ...] = DEFAULT_EGRESS_EXCEPT_V4 + DEFAULT_EGRESS_EXCEPT_V6
     dns_namespace: str = "kube-system"  # where cluster DNS runs (egress to it on port 53)
     dns_pod_labels: dict[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    # Egress allowlists (egress_allow.py, docs/egress.md "Kubernetes"): the ClusterIP of
+    # the installation's in-cluster resolver; "" refuses allowlists.
+    resolver_ip: str = ""
     ready_timeout_s: float = 120.0  # pod scheduled + image pulled + agent started
     max_concurrency: int = 8  # API calls in flight per process
     api_retries: int = 5  # attempts on 429/5xx/connection errors, exponential backoff

@@ -192,6 +192,8 @@ def _typed_image_errors(reference: str) -> Iterator[None]:
     except image_errors.DiskExhausted as exc:
         raise DiskExhausted(f"{reference}: {exc.message}") from exc
     except image_errors.ImageError as exc:
+        # the tenant gets the code's message; the operator the raw one (skopeo's words)
+        log.warning("image %s refused: %s: %s", reference, exc.code, exc.detail)
         raise ImageUnavailable(
             f"{exc.reference}: {exc.message}", code=exc.code, reference=reference
         ) from exc
@@ -268,6 +270,8 @@ class LocalBackend:
         # test can simulate a provision that dies halfway.
         self.fault_hook: Callable[[str], None] | None = None
         self._gone_reported: set[tuple[str, int | None]] = set()
+        self._resolver_restart_at = 0.0  # supervise_resolver: last attempt (monotonic)
+        self.resolver_restarts = 0
         self._uid_blocks_claimed = False
         self._store: ImageStore | None = None  # made on first use (needs skopeo)
         # (reference, credentials key) -> (info, expiry): a create re-proves access to
@@ -429,7 +433,7 @@ class LocalBackend:
         if self._store is None:
             self._store = ImageStore(
                 self.config.image_store,
-                insecure_registries=self.config.insecure_registries,
+                policy=self.config.registry_policy,
                 min_free_bytes=self.config.image_min_free_bytes,
             )
         return self._store
@@ -1304,6 +1308,27 @@ class LocalBackend:
             meta.update(egress=policy.to_json(), network_access=policy.routed)
             self._save_meta(sandbox_id, meta)
 
+    def supervise_resolver(self, *, required: bool) -> bool:
+        """Restarts the instance's resolver if it died while routed sandboxes use it
+        (the watcher calls this on every pass: docs/egress.md "The resolver"). True when
+        it was restarted. A failure is logged and retried on the next pass, at most
+        once a second; ``required`` as in ``_ensure_resolver``."""
+        if resolver.pid_alive(self.config.state_dir / "resolver.pid"):
+            return False
+        now = time.monotonic()
+        if now - self._resolver_restart_at < 1.0:
+            return False
+        self._resolver_restart_at = now
+        log.warning("the instance's resolver is not running; restarting it")
+        try:
+            with file_lock(self.locks_dir / "instance.lock"):
+                self._ensure_resolver(required=required)
+        except BackendError as exc:
+            log.error("could not restart the instance's resolver: %s", exc)
+            return False
+        self.resolver_restarts += 1
+        return True
+
     def stop_resolver(self) -> None:
         resolver.stop(self.config.state_dir)
 
@@ -1613,10 +1638,14 @@ class LocalBackend:
         deadline = time.monotonic() + timeout_s
         while True:
             seen: set[tuple[str, int | None]] = set()
+            routed: list[EgressPolicy] = []
             for d in sorted(self.sandboxes_dir.iterdir()):
                 meta = self._meta(d.name)
                 if not meta or meta.get("state") != "started":
                     continue
+                policy = _meta_policy(meta)
+                if policy is not None and policy.routed:
+                    routed.append(policy)
                 key = (d.name, meta.get("generation"))
                 seen.add(key)
                 if key not in self._gone_reported and not self._alive(meta):
@@ -1630,6 +1659,8 @@ class LocalBackend:
                         reason = "agent process exited; the sandbox's other processes were killed"
                     yield BackendEvent(d.name, key[1], "gone", reason)
             self._gone_reported &= seen
+            if routed:
+                self.supervise_resolver(required=any(p.mode == "allow" for p in routed))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from apps.sandboxes.backends.base import BackendError
+from apps.sandboxes.backends.local.images.egress import RegistryPolicy
 
 ISOLATION_MODES = ("auto", "netns", "none")
 # How an isolated sandbox's agent starts: "zygote" forks it from an already-imported
@@ -49,11 +51,13 @@ class LocalBackendConfig:
     # Size of the instance's sandbox storage (storage.py), fixed when it is first
     # created; 0: min(64 GiB, half the free space of the state dir's filesystem).
     disk_size_mib: int = 0
-    # OCI images (docs/images.md): the machine-wide content-addressed store, registries
-    # reached over plain HTTP (loopback always is), the free space a pull must leave,
-    # and the cache size above which unused images are collected (0: no cap).
+    # OCI images (docs/images.md): the machine-wide content-addressed store, the
+    # registry egress policy (images/egress.py; a function: asked at every pull and
+    # resolve, so a settings change applies at once; None: public registries only,
+    # none over plain HTTP), the free space a pull must leave, and the cache size above
+    # which unused images are collected (0: no cap).
     image_store: Path = Path("/var/lib/hedgerow/images")
-    insecure_registries: tuple[str, ...] = ()
+    registry_policy: Callable[[], RegistryPolicy] | None = None
     image_min_free_bytes: int = 2 << 30
     image_cache_bytes: int = 0
     # Egress allowlists (docs/egress.md): the upstream DNS server the instance's resolver
@@ -61,6 +65,11 @@ class LocalBackendConfig:
     # nameserver), and the seconds an address stays allowed past its record's TTL.
     dns_upstream: str = ""
     dns_grace_s: int = 30
+    # Egress "all" (docs/egress.md "Always denied"): the private ranges
+    # (egress.PRIVATE_NETWORKS) are refused unless listed here (CIDRs) or, all of them,
+    # with egress_allow_private.
+    egress_private_allow: tuple[str, ...] = ()
+    egress_allow_private: bool = False
 
 
 def check_instance(instance: str) -> None:

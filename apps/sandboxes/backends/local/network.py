@@ -23,7 +23,7 @@ from pathlib import Path
 
 from apps.sandboxes.backends.base import BackendError
 
-from ..egress import FORBIDDEN_NETWORKS, EgressPolicy
+from ..egress import FORBIDDEN_NETWORKS, PRIVATE_NETWORKS, EgressPolicy
 from . import _netlink, _nft, idmap
 from ._netlink import (
     IFLA_ADDRESS,
@@ -156,6 +156,7 @@ class Network:
                 _nft.host_run("".join(missing))
             if not self._tables_current:
                 self._upgrade_inet_table()
+                self._fill_private_sets()
                 self._tables_current = True
         except (OSError, _nft.NftError) as exc:
             raise BackendError(f"cannot set up bridge {br} and host tables: {exc}") from exc
@@ -167,7 +168,7 @@ class Network:
         process; a current table costs one listing."""
         t = self.names.nft_table
         try:
-            _nft.host_run(f"list set inet {t} sni_match")
+            _nft.host_run(f"list set inet {t} private_deny")
             return
         except _nft.NftError as exc:
             if "No such file" not in str(exc):
@@ -180,6 +181,25 @@ class Network:
             + "".join(f"flush chain inet {t} {c}\n" for c in chains)
             + self._host_rulesets()["inet"]
         )
+
+    def private_ranges(self) -> tuple[list[str], list[str]]:
+        """(denied, allowed) to egress "all": PRIVATE_NETWORKS (none with
+        ``egress_allow_private``) and the operator's ``egress_private_allow``."""
+        denied = [] if self.config.egress_allow_private else [str(n) for n in PRIVATE_NETWORKS]
+        allowed = [str(ipaddress.IPv4Network(n)) for n in self.config.egress_private_allow]
+        return denied, allowed
+
+    def _fill_private_sets(self) -> None:
+        """The private ranges as this process's configuration says (once per process:
+        an operator's change applies when the control plane restarts)."""
+        t = self.names.nft_table
+        denied, allowed = self.private_ranges()
+        script = f"flush set inet {t} private_deny\nflush set inet {t} private_allow\n"
+        if denied:
+            script += f"add element inet {t} private_deny {{ {', '.join(denied)} }}\n"
+        if allowed:
+            script += f"add element inet {t} private_allow {{ {', '.join(allowed)} }}\n"
+        _nft.host_run(script)
 
     def _host_rulesets(self) -> dict[str, str]:
         br, t, sub = self.names.bridge, self.names.nft_table, self.subnet
@@ -195,6 +215,8 @@ table inet {t} {{
   set allow_dst {{ type ipv4_addr . ipv4_addr; flags timeout; }}
   set allow_net {{ type ipv4_addr . ipv4_addr . inet_service; flags interval; }}
   set sni_match {{ type ipv4_addr; }}
+  set private_deny {{ type ipv4_addr; flags interval; }}
+  set private_allow {{ type ipv4_addr; flags interval; }}
   chain prerouting {{
     type nat hook prerouting priority -100; policy accept;
     iifname "{br}" ip saddr @sni_match ip saddr . ip daddr @allow_dst tcp dport {{ 80, 443 }} \\
@@ -214,6 +236,8 @@ table inet {t} {{
     type filter hook forward priority -10; policy accept;
     iifname "{br}" oifname "{br}" drop
     iifname "{br}" ip daddr {{ {forbidden} }} drop
+    iifname "{br}" ip saddr @egress ip daddr @private_allow ip daddr != {sub} accept
+    iifname "{br}" ip saddr @egress ip daddr @private_deny reject with icmpx type admin-prohibited
     iifname "{br}" ip saddr @egress ip daddr != {sub} accept
     iifname "{br}" meta l4proto tcp ip saddr . ip daddr @allow_dst accept
     iifname "{br}" ip saddr . ip daddr . tcp dport @allow_net accept

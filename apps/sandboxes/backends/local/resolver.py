@@ -516,12 +516,16 @@ def system_upstream(resolv_conf: Path = Path("/etc/resolv.conf")) -> str:
 
 
 def pid_alive(pid_file: Path) -> bool:
+    """The resolver of pid_file runs: its pid with the same kernel start time, and not a
+    zombie (a resolver that died stays one until the process that started it, any web
+    or worker process, reaps it; it serves nothing)."""
     try:
         pid, start = pid_file.read_text().split()
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return False
-    return stat.rsplit(")", 1)[1].split()[19] == start
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] not in ("Z", "X") and fields[19] == start
 
 
 def start(

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from apps.sandboxes.backends import registry_policy
 from apps.sandboxes.backends.base import Endpoint, SandboxSpec
 from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, wait_healthy
 
@@ -55,6 +56,10 @@ def searchable(path: Path) -> Path:
 SEARCHABLE_ROOT = Path("/tmp/hedgerow-tests")
 
 
+# the tests' stand-in outsides: test_local_network.py's and egress_internet.py's
+TEST_INTERNETS = ("10.214.0.0/16", "10.216.0.0/16")
+
+
 def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBackendConfig:
     return LocalBackendConfig(
         state_dir=searchable(tmp) / "state",
@@ -63,6 +68,11 @@ def make_config(tmp: Path, instance: str, isolation: str = "auto") -> LocalBacke
         isolation=isolation,
         # not the machine-wide store: a test's pulls, leases and collection stay its own
         image_store=searchable(tmp) / "images",
+        # the test registries are listed in the settings (images/tests/fixtures.py)
+        registry_policy=registry_policy,
+        # the tests' stand-in internets are private ranges: listed as an operator
+        # lists one, so egress "all" reaches them (docs/egress.md)
+        egress_private_allow=TEST_INTERNETS,
     )
 
 

@@ -1,7 +1,8 @@
 """A stand-in for 'the internet' for the egress tests: a netns of the test's own.
 
 A veth from the host into a namespace holding several addresses (``.2``, ``.3``,
-``.4`` of a private /24, and one link-local address routed to it by a /32), TCP
+``.4`` of a private /24, one link-local address and one address of another private
+range, each routed to it by a /32), TCP
 listeners on them, and (``dns=True``) an authoritative DNS server for a test zone.
 Nothing leaves the machine.
 """
@@ -28,6 +29,7 @@ class Internet:
     c: str  # .4: wild targets (x.wild.test)
     link_local: str  # 169.254.x.1: a "metadata" address the host reaches
     ports: tuple[int, ...]
+    private: str = ""  # 172.31.216.x: a private range the operator did not list
 
 
 def _ip(*args: str) -> None:
@@ -49,7 +51,15 @@ def internet(ports: tuple[int, ...] = (8080, 8081)) -> Iterator[Internet]:
     third = _free_third()
     tag = f"hre{os.getpid() % 100000}"
     net = f"10.216.{third}"
-    inet = Internet(f"{net}.1", f"{net}.2", f"{net}.3", f"{net}.4", f"169.254.216.{third}", ports)
+    inet = Internet(
+        f"{net}.1",
+        f"{net}.2",
+        f"{net}.3",
+        f"{net}.4",
+        f"169.254.216.{third}",
+        ports,
+        f"172.31.216.{third}",
+    )
     _ip("netns", "add", tag)
     server = None
     try:
@@ -59,10 +69,16 @@ def internet(ports: tuple[int, ...] = (8080, 8081)) -> Iterator[Internet]:
         for addr in (inet.a, inet.b, inet.c):
             _ip("-n", tag, "addr", "add", f"{addr}/24", "dev", f"{tag}b")
         _ip("-n", tag, "addr", "add", f"{inet.link_local}/32", "dev", f"{tag}b")
+        _ip("-n", tag, "addr", "add", f"{inet.private}/32", "dev", f"{tag}b")
         _ip("-n", tag, "link", "set", f"{tag}b", "up")
         _ip("-n", tag, "route", "add", "default", "via", inet.host_ip)
         _ip("route", "add", f"{inet.link_local}/32", "dev", f"{tag}a")
-        listen = [f"{a}:{p}" for a in (inet.a, inet.b, inet.c, inet.link_local) for p in ports]
+        _ip("route", "add", f"{inet.private}/32", "dev", f"{tag}a")
+        listen = [
+            f"{a}:{p}"
+            for a in (inet.a, inet.b, inet.c, inet.link_local, inet.private)
+            for p in ports
+        ]
         server = subprocess.Popen(
             ["ip", "netns", "exec", tag, sys.executable, str(SERVER), net, *listen],
             stdout=subprocess.PIPE,
@@ -79,5 +95,6 @@ def internet(ports: tuple[int, ...] = (8080, 8081)) -> Iterator[Internet]:
             server.kill()
             server.wait()
         subprocess.run(["ip", "route", "del", f"{inet.link_local}/32"], capture_output=True)
+        subprocess.run(["ip", "route", "del", f"{inet.private}/32"], capture_output=True)
         subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True)
         subprocess.run(["ip", "netns", "del", tag], capture_output=True)

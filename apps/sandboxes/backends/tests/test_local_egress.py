@@ -54,6 +54,27 @@ def test_link_local_addresses_are_refused_under_every_policy(
     assert got[f"{net.link_local}:8080"] != "open", got
 
 
+def test_all_refuses_private_ranges_the_operator_did_not_list(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    """egress "all" reaches public addresses and the private ranges the operator listed
+    (the test internet's 10.216/16, make_config), never another private range; an
+    allowlist reaches a private address only by listing it."""
+    denied, allowed = backend.network.private_ranges()
+    assert "172.16.0.0/12" in denied and "10.216.0.0/16" in allowed
+    everything = parse_egress("all")
+    sb = sandbox_factory(network_access=True, egress=everything)
+    got = probe(sb, [f"{net.private}:8080", f"{net.a}:8080"])
+    assert got[f"{net.a}:8080"] == "open", got  # routed, and the listed range passes
+    # refused at once (admin-prohibited), not a hang
+    assert got[f"{net.private}:8080"] in ("EHOSTUNREACH", "ECONNREFUSED", "EACCES"), got
+    listed = parse_egress({"allow": [f"{net.private}/32:8080"]})
+    sb2 = sandbox_factory(network_access=True, egress=listed)
+    got = probe(sb2, [f"{net.private}:8080", f"{net.private}:8081"])
+    assert got[f"{net.private}:8080"] == "open", got
+    assert got[f"{net.private}:8081"] != "open", got
+
+
 def test_a_live_policy_change_takes_effect_for_new_connections(
     sandbox_factory: Callable[..., Sandbox], backend: LocalBackend, net: Internet
 ) -> None:

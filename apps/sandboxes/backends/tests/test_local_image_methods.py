@@ -55,7 +55,7 @@ def test_typed_errors_name_the_image_and_cause(registry: Registry, local: LocalB
     cases = {
         missing: "image_not_found",
         "Not A Reference!": "image_reference_invalid",
-        "127.0.0.1:1/methods/bb:v1": "registry_unreachable",
+        "127.0.0.1:1/methods/bb:v1": "registry_forbidden",  # loopback, not listed
     }
     for ref, code in cases.items():
         with pytest.raises(ImageUnavailable) as err:

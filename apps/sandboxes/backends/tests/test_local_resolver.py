@@ -272,3 +272,33 @@ def test_answers_naming_denied_or_host_addresses_open_nothing(
     assert {e["name"] for e in entries} == {"evil.test", "hostaddr.test"}
     assert all("forbidden_answer" in e["flags"] and e["answer"] == [] for e in entries), entries
     assert not [e for e in backend.network._elements("allow_dst") if e.startswith(sb.endpoint.host)]
+
+
+def test_the_watcher_restarts_a_killed_resolver_and_dns_works_again(
+    make: Callable[[Any], Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    import signal
+
+    from apps.sandboxes.backends.local import resolver
+
+    sb = make({"allow": ["allowed.test"]})
+    assert lookup(sb, ["allowed.test:8080"])["allowed.test:8080"] == f"open {net.a}"
+    pid_file = backend.config.state_dir / "resolver.pid"
+    old_pid = int(pid_file.read_text().split()[0])
+    os.kill(old_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while resolver.pid_alive(pid_file) and time.monotonic() < deadline:
+        time.sleep(0.05)  # waiting for the kill to land, with a deadline
+    assert not resolver.pid_alive(pid_file)
+    # dead: the sandbox's lookups fail now (nothing answers on the gateway)
+    assert raw(sb, backend.network.gateway, "allowed.test") == ["none"]
+    restarts = backend.resolver_restarts
+    deadline = time.monotonic() + 30
+    while not resolver.pid_alive(pid_file):
+        assert time.monotonic() < deadline, "the watcher did not restart the resolver"
+        list(backend.watch(timeout_s=0.5))  # the watcher's passes
+    assert backend.resolver_restarts == restarts + 1
+    assert int(pid_file.read_text().split()[0]) != old_pid
+    got = lookup(sb, ["allowed.test:8081", "blocked.test:8080"])
+    assert got["allowed.test:8081"] == f"open {net.a}", got
+    assert got["blocked.test:8080"] == "resolve:-2", got

@@ -3,6 +3,7 @@
 Plain Python (no Django), like the rest of the local backend. See docs/images.md.
 """
 
+from .egress import RegistryPolicy
 from .errors import (
     DigestMismatch,
     DiskExhausted,
@@ -12,6 +13,7 @@ from .errors import (
     InvalidArchive,
     InvalidReference,
     LayerRefused,
+    RegistryForbidden,
     RegistryUnauthorized,
     RegistryUnreachable,
     UnsupportedPlatform,
@@ -37,6 +39,8 @@ __all__ = [
     "LayerInfo",
     "LayerRefused",
     "Reference",
+    "RegistryForbidden",
+    "RegistryPolicy",
     "RegistryUnauthorized",
     "RegistryUnreachable",
     "UnsupportedPlatform",

@@ -7,7 +7,6 @@ same string means the same image on every machine.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -80,12 +79,3 @@ def parse(text: str) -> Reference:
     if tag is None and digest is None:
         tag = "latest"
     return Reference(registry, path, tag, digest)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,22 +84,44 @@ def _message(stderr: str) -> str:
 
 
 def classify(ref: str, stderr: str) -> errors.ImageError:
+    """The typed error for skopeo's failure: the tenant's message is the code's fixed
+    text (skopeo's names internal addresses and ports), skopeo's own is ``detail``."""
     msg = _message(stderr)
     for pattern, cls in _CLASSIFY:
         if pattern.search(msg):
-            return cls(ref, msg)
-    return errors.ImageStoreError(ref, msg)
+            return cls(ref, errors.PUBLIC_MESSAGES[cls.code], detail=msg)
+    return errors.ImageStoreError(ref, errors.PUBLIC_MESSAGES["image_store_error"], detail=msg)
+
+
+_PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 class Skopeo:
     def __init__(self, binary: str = "skopeo", retry_times: int = 3) -> None:
         self.binary = binary
         self.retry_times = retry_times
+        # the registry egress proxy's URL (proxy.py), set by the store: every
+        # connection skopeo opens to a registry goes through it
+        self.proxy: Callable[[], str] | None = None
+
+    def _env(self) -> dict[str, str] | None:
+        if self.proxy is None:
+            return None
+        url = self.proxy()
+        env = {
+            k: v for k, v in os.environ.items() if k not in _PROXY_VARS and k.lower() != "no_proxy"
+        }
+        env.update(HTTPS_PROXY=url, HTTP_PROXY=url, https_proxy=url, http_proxy=url)
+        return env
 
     def _run(self, ref: str, args: list[str]) -> bytes:
         try:
             out = subprocess.run(
-                [self.binary, *args], capture_output=True, timeout=TIMEOUT_S, check=False
+                [self.binary, *args],
+                capture_output=True,
+                timeout=TIMEOUT_S,
+                check=False,
+                env=self._env(),
             )
         except FileNotFoundError as e:
             raise errors.ImageStoreError(ref, f"{self.binary} is not installed") from e
@@ -143,4 +165,6 @@ class Skopeo:
             raise
         except errors.ImageError as e:
             # no registry is involved: whatever skopeo says is about the archive
-            raise errors.InvalidArchive(ref, e.message) from e
+            raise errors.InvalidArchive(
+                ref, errors.PUBLIC_MESSAGES["image_archive_invalid"], detail=e.detail
+            ) from e

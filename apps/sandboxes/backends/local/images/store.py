@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from . import errors
-from .reference import Reference, is_loopback, parse
+from .egress import RegistryPolicy
+from .proxy import EgressProxy
+from .reference import Reference, parse
 from .skopeo import Credentials, Skopeo, authfile
 from .unpack import unpack_layer
 
@@ -166,15 +168,23 @@ class ImageStore:
         *,
         os_name: str = "linux",
         architecture: str = "amd64",
-        insecure_registries: tuple[str, ...] = (),
+        policy: RegistryPolicy | Callable[[], RegistryPolicy] | None = None,
         min_free_bytes: int = 0,
         skopeo: Skopeo | None = None,
     ) -> None:
+        """policy: the registry egress policy (egress.py), or a function returning the
+        current one (asked at every pull and resolve). None: the default policy —
+        public registries only, none over plain HTTP."""
         self.root = root
         self.platform = (os_name, architecture)
-        self.insecure = set(insecure_registries)
+        self._policy = policy if policy is not None else RegistryPolicy()
         self.min_free_bytes = min_free_bytes
         self.skopeo = skopeo or Skopeo()
+        # every connection skopeo opens (redirects and token realms included) is
+        # checked again where it is made, to the address checked (proxy.py)
+        self.proxy = EgressProxy(lambda: self.policy)
+        if self.skopeo.proxy is None:
+            self.skopeo.proxy = lambda: self.proxy.url
         # test seam: called with "blobs_fetched" between download and store
         self.fault_hook: Callable[[str], None] | None = None
         self.blobs = root / "blobs" / "sha256"
@@ -199,9 +209,22 @@ class ImageStore:
 
     # ---- queries -------------------------------------------------------------------
 
+    @property
+    def policy(self) -> RegistryPolicy:
+        return self._policy if isinstance(self._policy, RegistryPolicy) else self._policy()
+
     def is_insecure(self, ref: Reference) -> bool:
-        """Plain HTTP (and unverified TLS) only for listed registries and loopback."""
-        return ref.registry in self.insecure or is_loopback(ref.host)
+        """Plain HTTP (and unverified TLS) only for the policy's ``insecure`` list."""
+        return self.policy.plain_http(ref)
+
+    def _egress(self, ref: Reference) -> bool:
+        """Checks the registry against the egress policy now (resolving its name again)
+        and returns whether it may be reached over plain HTTP. Called before every
+        skopeo call that contacts a registry: a name that rebinds between the resolve
+        and the fetch is refused at the fetch."""
+        policy = self.policy
+        policy.check(ref)
+        return policy.plain_http(ref)
 
     def get(self, digest: str) -> ImageRecord | None:
         path = self.images_dir / f"{_hex(digest)}.json"
@@ -248,9 +271,8 @@ class ImageStore:
         the pull and the sandbox's mount; ``release(holder)`` drops it."""
         ref = parse(reference)
         emit = progress or (lambda _e: None)
-        insecure = self.is_insecure(ref)
         with authfile(self.tmp, ref.registry, credentials) as auth:
-            digest, index_digest, raw, doc = self._resolve(ref, auth, insecure)
+            digest, index_digest, raw, doc = self._resolve(ref, auth)
             emit({"phase": "resolved", "digest": digest})
             with (
                 _flock(self.locks / "collect.lock", fcntl.LOCK_SH),
@@ -259,7 +281,7 @@ class ImageStore:
                 rec = self.get(digest)
                 if rec is None or not all(self.layer_path(x.digest).is_dir() for x in rec.layers):
                     try:
-                        rec = self._fetch(ref, digest, index_digest, raw, doc, auth, insecure, emit)
+                        rec = self._fetch(ref, digest, index_digest, raw, doc, auth, emit)
                     except errors.ImageError:
                         # a refused pull keeps nothing to resume (verified blobs and
                         # layers it stored are swept by the next collect); a crash
@@ -299,13 +321,11 @@ class ImageStore:
         registry with these credentials (the layers are not fetched): proves access."""
         ref = parse(reference)
         with authfile(self.tmp, ref.registry, credentials) as auth:
-            return self._resolve(ref, auth, self.is_insecure(ref))[0]
+            return self._resolve(ref, auth)[0]
 
-    def _resolve(
-        self, ref: Reference, auth: Path, insecure: bool
-    ) -> tuple[str, str | None, bytes, dict[str, Any]]:
+    def _resolve(self, ref: Reference, auth: Path) -> tuple[str, str | None, bytes, dict[str, Any]]:
         """(manifest digest, index digest or None, manifest bytes, manifest JSON)."""
-        raw = self.skopeo.manifest(ref, ref.transport, auth, insecure)
+        raw = self.skopeo.manifest(ref, ref.transport, auth, self._egress(ref))
         top_digest = "sha256:" + hashlib.sha256(raw).hexdigest()
         if ref.digest and top_digest != ref.digest:
             raise errors.DigestMismatch(str(ref), f"registry served {top_digest} for {ref.digest}")
@@ -314,7 +334,7 @@ class ImageStore:
         if self._media_type(doc) in INDEX_TYPES:
             index_digest = top_digest
             digest = self._choose(ref, doc)
-            raw = self.skopeo.manifest(ref, ref.with_digest(digest), auth, insecure)
+            raw = self.skopeo.manifest(ref, ref.with_digest(digest), auth, self._egress(ref))
             if "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
                 raise errors.DigestMismatch(str(ref), f"registry served other bytes for {digest}")
             doc = self._json(ref, raw)
@@ -446,7 +466,6 @@ class ImageStore:
         raw: bytes,
         manifest: dict[str, Any],
         auth: Path,
-        insecure: bool,
         emit: Progress,
     ) -> ImageRecord:
         config_desc = manifest["config"]
@@ -465,7 +484,7 @@ class ImageStore:
         self._guard_disk(ref, missing, layer_descs)
         total = sum(int(d.get("size", 0)) for d in wanted)
         with _progress(stage_blobs, total, len(layer_descs), emit):
-            self.skopeo.copy(ref, digest, stage, auth, insecure)
+            self.skopeo.copy(ref, digest, stage, auth, self._egress(ref))
         emit({"phase": "fetched", "layers": len(layer_descs), "bytes": total, "total": total})
         if self.fault_hook:
             self.fault_hook("blobs_fetched")

@@ -4,6 +4,12 @@ A real registry on loopback: Debian's docker-registry (the reference server).
 
 One per test session with htpasswd auth and one without, each in a tmp dir on a free
 loopback port, stopped after. Its access log is kept so tests can count blob GETs.
+
+The registry egress policy refuses loopback registries (docs/security.md "Registry
+egress"), so a registry must be listed the way an operator lists one: the root
+conftest's ``registry`` and ``open_registry`` list these servers in the setting
+``HEDGEROW_INSECURE_REGISTRIES`` (Django, which this package must not import); the
+store's own tests pass ``listed_policy``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from apps.sandboxes.backends.local.images.egress import RegistryPolicy
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry, start
 from apps.sandboxes.backends.local.images.tests.swe import push_swe_image
 
@@ -20,7 +27,7 @@ __all__ = ["PASSWORD", "USER", "Registry", "SweImage"]
 
 
 @pytest.fixture(scope="session")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+def registry_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """A registry that requires htpasswd (basic) auth."""
     proc, reg = start(tmp_path_factory.mktemp("registry-auth"), auth=True)
     try:
@@ -31,7 +38,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 
 @pytest.fixture(scope="session")
-def open_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+def open_registry_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """An anonymous registry (no auth), like a public one."""
     proc, reg = start(tmp_path_factory.mktemp("registry-open"), auth=False)
     try:
@@ -39,6 +46,12 @@ def open_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def listed_policy(registry_server: Registry, open_registry_server: Registry) -> RegistryPolicy:
+    """The egress policy an operator would configure for these registries."""
+    return RegistryPolicy.of(insecure=[registry_server.host, open_registry_server.host])
 
 
 @dataclass(frozen=True)

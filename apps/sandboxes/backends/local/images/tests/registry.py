@@ -52,13 +52,16 @@ class Registry:
         return self.root / "docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def start(tmp: Path, auth: bool) -> tuple[subprocess.Popen[bytes], Registry]:
+def start(
+    tmp: Path, auth: bool, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen[bytes], Registry]:
+    """A registry on a free port of ``host`` (a local address; loopback by default)."""
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "config.yml"
     auth_block = ""
@@ -69,12 +72,12 @@ def start(tmp: Path, auth: bool) -> tuple[subprocess.Popen[bytes], Registry]:
         (tmp / "htpasswd").write_text(htpasswd)
         auth_block = f"auth:\n  htpasswd: {{realm: test, path: {tmp / 'htpasswd'}}}\n"
     for _ in range(5):
-        port = _free_port()
+        port = _free_port(host)
         config.write_text(
             "version: 0.1\nlog: {level: warn, accesslog: {disabled: false}}\n"
             f"storage:\n  filesystem: {{rootdirectory: {tmp / 'data'}}}\n"
             "  delete: {enabled: true}\n"
-            f"http: {{addr: '127.0.0.1:{port}', secret: test-only}}\n" + auth_block
+            f"http: {{addr: '{host}:{port}', secret: test-only}}\n" + auth_block
         )
         log = tmp / f"registry-{port}.log"
         proc = subprocess.Popen(
@@ -85,7 +88,7 @@ def start(tmp: Path, auth: bool) -> tuple[subprocess.Popen[bytes], Registry]:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+                urllib.request.urlopen(f"http://{host}:{port}/v2/", timeout=1)
                 break
             except urllib.error.HTTPError:
                 break  # 401: up, and asking for credentials
@@ -93,5 +96,5 @@ def start(tmp: Path, auth: bool) -> tuple[subprocess.Popen[bytes], Registry]:
                 time.sleep(0.05)
         if proc.poll() is None:
             creds = f"{USER}:{PASSWORD}" if auth else None
-            return proc, Registry(f"127.0.0.1:{port}", tmp / "data", log, creds)
+            return proc, Registry(f"{host}:{port}", tmp / "data", log, creds)
     raise RuntimeError(f"docker-registry did not start: {log.read_text()}")

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from apps.sandboxes.backends.local.images import Credentials, ImageRecord, ImageStore
+from apps.sandboxes.backends.local.images import (
+    Credentials,
+    ImageRecord,
+    ImageStore,
+    RegistryPolicy,
+)
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
 from apps.sandboxes.backends.local.images.tests.rootfs import Root
@@ -67,7 +72,7 @@ def image(
     lay = Layout(tmp / "layout")
     lay.tag("v1", lay.image([busybox_layer(), base, top]))
     lay.push("v1", f"{registry.host}/t/overlay:v1", registry.creds)
-    store = ImageStore(tmp / "store")
+    store = ImageStore(tmp / "store", policy=RegistryPolicy.of(insecure=[registry.host]))
     rec = store.pull(f"{registry.host}/t/overlay:v1", credentials=Credentials(USER, PASSWORD))
     return store, rec
 

@@ -1,4 +1,4 @@
-"""Reference parsing and the insecure-registry rule (no registry needed)."""
+"""Reference parsing and the plain-HTTP rule (no registry needed)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from apps.sandboxes.backends.local.images import (
     ImageStore,
     ImageStoreError,
     InvalidReference,
+    RegistryPolicy,
     parse,
 )
 
@@ -44,16 +45,20 @@ def test_bad_references_refused(text):
     assert e.value.code == "image_reference_invalid"
 
 
-def test_plain_http_only_for_listed_registries_and_loopback(tmp_path: Path):
-    store = ImageStore(tmp_path, insecure_registries=("registry.lan:5000",))
-    insecure = [
-        "registry.lan:5000/a",
+def test_plain_http_only_for_registries_listed_insecure_not_even_loopback(tmp_path: Path):
+    store = ImageStore(
+        tmp_path, policy=RegistryPolicy.of(insecure=["registry.lan:5000", "lan2.internal"])
+    )
+    insecure = ["registry.lan:5000/a", "lan2.internal:5000/a", "lan2.internal/a"]
+    secure = [
+        "registry.lan/a",
+        "registry.lan:5001/a",
+        "docker.io/library/a",
+        "ghcr.io/o/a",
         "127.0.0.1:5000/a",
-        "127.9.9.9/a",
         "localhost:5000/a",
         "[::1]:5000/a",
     ]
-    secure = ["registry.lan/a", "registry.lan:5001/a", "docker.io/library/a", "ghcr.io/o/a"]
     assert [store.is_insecure(parse(r)) for r in insecure] == [True] * len(insecure)
     assert [store.is_insecure(parse(r)) for r in secure] == [False] * len(secure)
 

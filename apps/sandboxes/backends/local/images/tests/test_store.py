@@ -20,10 +20,12 @@ from apps.sandboxes.backends.local.images import (
     ImageNotFound,
     ImageStore,
     LayerRefused,
+    RegistryPolicy,
     RegistryUnauthorized,
     RegistryUnreachable,
     UnsupportedPlatform,
 )
+from apps.sandboxes.backends.local.images.errors import PUBLIC_MESSAGES
 from apps.sandboxes.backends.local.images.skopeo import Skopeo
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
@@ -45,8 +47,8 @@ def push(registry: Registry, tmp: Path, repo: str, layers, config=None, tag="v1"
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ImageStore:
-    return ImageStore(tmp_path / "store")
+def store(tmp_path: Path, listed_policy: RegistryPolicy) -> ImageStore:
+    return ImageStore(tmp_path / "store", policy=listed_policy)
 
 
 def test_pull_busybox_stores_blobs_by_digest_and_unpacks_layers(registry, store, tmp_path):
@@ -202,9 +204,12 @@ def test_path_through_a_symlink_of_the_layer_refused(registry, store, tmp_path):
 def test_auth_required_and_wrong_password_refused(registry, store, tmp_path):
     push(registry, tmp_path, "t/private", [BB])
     ref = f"{registry.host}/t/private:v1"
-    with pytest.raises(RegistryUnauthorized, match="authentication required") as e:
+    with pytest.raises(RegistryUnauthorized) as e:
         store.pull(ref)
     assert e.value.code == "registry_unauthorized"
+    # skopeo's words are the operator's (detail), the tenant's message is fixed
+    assert "authentication required" in e.value.detail
+    assert e.value.message == PUBLIC_MESSAGES["registry_unauthorized"]
     with pytest.raises(RegistryUnauthorized):
         store.pull(ref, credentials=Credentials(USER, "wrong"))
     assert list(store.images_dir.iterdir()) == []
@@ -226,14 +231,17 @@ def test_anonymous_registry_pull(open_registry, store, tmp_path):
 
 
 def test_unknown_image_and_unreachable_registry_typed(registry, store):
-    with pytest.raises(ImageNotFound, match="manifest unknown") as e:
+    with pytest.raises(ImageNotFound) as e:
         store.pull(f"{registry.host}/t/no-such-image:v1", credentials=CREDS)
-    assert e.value.code == "image_not_found"
-    # a loopback port nobody listens on; no retries (skopeo backs off between them)
-    quick = ImageStore(store.root, skopeo=Skopeo(retry_times=0))
-    with pytest.raises(RegistryUnreachable, match="connection refused") as e2:
+    assert e.value.code == "image_not_found" and "manifest unknown" in e.value.detail
+    # a loopback port nobody listens on (listed: the egress policy lets it be asked);
+    # no retries (skopeo backs off between them)
+    listed = RegistryPolicy.of(insecure=["127.0.0.1:1"])
+    quick = ImageStore(store.root, policy=listed, skopeo=Skopeo(retry_times=0))
+    with pytest.raises(RegistryUnreachable) as e2:
         quick.pull("127.0.0.1:1/t/x:v1")
-    assert e2.value.code == "registry_unreachable"
+    assert e2.value.code == "registry_unreachable" and "connection refused" in e2.value.detail
+    assert e2.value.message == PUBLIC_MESSAGES["registry_unreachable"]
 
 
 def test_tampered_blob_refused_and_not_stored(registry, store, tmp_path):
@@ -315,7 +323,7 @@ def test_pull_resumes_after_a_crash_without_fetching_layers_again(registry, stor
     assert list(store.images_dir.iterdir()) == []
     assert [registry.blob_gets("t/resume", d) for d in digests] == [1, 1]
 
-    resumed = ImageStore(store.root)  # a new process after the crash
+    resumed = ImageStore(store.root, policy=store.policy)  # a new process after the crash
     rec = resumed.pull(ref, credentials=CREDS)
     # the layers in the crashed pull's staging layout are verified and kept, not
     # fetched again (skopeo re-reads the small config blob of every copy)
@@ -323,9 +331,9 @@ def test_pull_resumes_after_a_crash_without_fetching_layers_again(registry, stor
     assert (resumed.lower_dirs(rec)[0] / "r").read_bytes() == b"r"
 
 
-def test_disk_guard_refuses_pull_before_writing(registry, tmp_path):
+def test_disk_guard_refuses_pull_before_writing(registry, tmp_path, listed_policy):
     push(registry, tmp_path, "t/big", [BB])
-    store = ImageStore(tmp_path / "store", min_free_bytes=1 << 62)
+    store = ImageStore(tmp_path / "store", policy=listed_policy, min_free_bytes=1 << 62)
     with pytest.raises(DiskExhausted) as e:
         store.pull(f"{registry.host}/t/big:v1", credentials=CREDS)
     assert e.value.code == "disk_exhausted"

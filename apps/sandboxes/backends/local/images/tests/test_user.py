@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from apps.sandboxes.backends.local.images import Credentials, ImageStore
+from apps.sandboxes.backends.local.images import Credentials, ImageStore, RegistryPolicy
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, busybox_layer, layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER
 from apps.sandboxes.backends.local.images.user import ImageUserUnknown, read_merged, resolve_user
@@ -34,7 +34,7 @@ def lowers(registry, tmp_path_factory):
     lay = Layout(tmp / "layout")
     lay.tag("v1", lay.image([busybox_layer(), top], {"User": "dev"}))
     lay.push("v1", f"{registry.host}/t/users:v1", registry.creds)
-    store = ImageStore(tmp / "store")
+    store = ImageStore(tmp / "store", policy=RegistryPolicy.of(insecure=[registry.host]))
     rec = store.pull(f"{registry.host}/t/users:v1", credentials=Credentials(USER, PASSWORD))
     assert rec.config.user == "dev"
     return store.lower_dirs(rec)

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from apps.sandboxes.backends.local.images import Credentials, ImageRecord, ImageStore
+from apps.sandboxes.backends.local.images import (
+    Credentials,
+    ImageRecord,
+    ImageStore,
+    RegistryPolicy,
+)
 from apps.sandboxes.backends.local.images.tests.ocibuild import E, Layout, layer, userland_layer
 from apps.sandboxes.backends.local.images.tests.registry import PASSWORD, USER, Registry
 from apps.sandboxes.backends.local.images.tests.rootfs import Root
@@ -44,7 +49,7 @@ def userland(
     }
     lay.tag("v1", lay.image([(path.read_bytes(), diff_id), testbed], config))
     lay.push("v1", f"{registry.host}/t/userland:v1", registry.creds)
-    store = ImageStore(tmp / "store")
+    store = ImageStore(tmp / "store", policy=RegistryPolicy.of(insecure=[registry.host]))
     rec = store.pull(f"{registry.host}/t/userland:v1", credentials=Credentials(USER, PASSWORD))
     return store, rec
 
