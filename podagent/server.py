@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from . import VERSION, archive, files
 from .body import BodyReader
 from .errors import ApiError, bad_request
-from .exec_api import ExecService, parse_exec
+from .exec_api import ExecService, parse_exec, send_stdin
 from .log import JsonLog
 from .operations import Registry
 
@@ -422,13 +422,18 @@ class Handler(BaseHTTPRequestHandler):
             rest = path[len("/operations/") :]
             if rest.endswith("/cancel") and "/" not in rest[: -len("/cancel")]:
                 return {"POST": Handler.op_cancel}
+            if rest.endswith("/stdin") and "/" not in rest[: -len("/stdin")]:
+                return {"POST": Handler.op_stdin}
             if rest and "/" not in rest:
                 return {"GET": Handler.op_get}
         return None
 
     def op_id_from_path(self) -> str:
         rest = unquote(urlsplit(self.path).path)[len("/operations/") :]
-        return rest[: -len("/cancel")] if rest.endswith("/cancel") else rest
+        for suffix in ("/cancel", "/stdin"):
+            if rest.endswith(suffix):
+                return rest[: -len(suffix)]
+        return rest
 
     # --- endpoints ----------------------------------------------------------
     def health(self) -> None:
@@ -489,6 +494,12 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"operation_id": op.op_id, "status": "running"})
         else:
             self.send_json(200, result)
+
+    def op_stdin(self) -> None:
+        op = self.server.state.registry.get(self.op_id_from_path())
+        if op is None:
+            raise ApiError(404, "not_found", "unknown operation")
+        self.send_json(200, send_stdin(op, self.read_json()))
 
     def file_put(self) -> None:
         path = files.check_path(self.param("path"))
