@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .errors import ApiError, bad_request
 from .operations import Frame, Operation, Registry
-from .runner import ExecSpec, StdinClosed, StdinFeed, StdinFull, run
+from .runner import ExecSpec, StdinClosed, StdinFeed, StdinFull, StdinOffset, run
 
 OP_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 MAX_WINDOW = 64 * 1024 * 1024
@@ -225,7 +225,8 @@ STDIN_WAIT_S = 10.0  # how long a sender waits for room in a full stdin buffer
 
 
 def send_stdin(op: Operation, body: Any) -> Dict[str, Any]:
-    """``POST /operations/{id}/stdin``: ``{"data": base64, "eof": bool, "wait": s}`` →
+    """``POST /operations/{id}/stdin``: ``{"data": base64, "eof": bool, "wait": s,
+    "offset": n}`` →
     input for a running command started with ``stdin_open``; ``eof`` closes its stdin
     once the data is written; ``wait`` (default and at most 10 s) is how long to wait
     for room when the buffer is full. 409 ``stdin_closed`` when it takes no input
@@ -245,15 +246,24 @@ def send_stdin(op: Operation, body: Any) -> Dict[str, Any]:
         raise bad_request("eof must be a boolean", "eof")
     wait = _number(body, "wait", STDIN_WAIT_S)
     assert wait is not None
+    offset = _int(body, "offset", None)
     feed = op.control.stdin
     if feed is None:
         raise ApiError(409, "stdin_closed", "this command was not started with stdin_open", "stdin")
-    if op.result is not None:
+    if op.result is not None and (data or not eof):  # closing again is still fine
         raise ApiError(409, "stdin_closed", "the command has ended", "stdin")
     try:
-        waiting = feed.send(data, eof, min(wait, STDIN_WAIT_S))
+        waiting, received = feed.send(data, eof, min(wait, STDIN_WAIT_S), offset)
+    except StdinOffset as exc:
+        raise ApiError(409, "stdin_offset", str(exc), "offset") from None
     except StdinClosed as exc:
         raise ApiError(409, "stdin_closed", str(exc), "stdin") from None
     except StdinFull as exc:
         raise ApiError(429, "stdin_full", str(exc), "stdin") from None
-    return {"operation_id": op.op_id, "accepted": len(data), "buffered": waiting, "eof": eof}
+    return {
+        "operation_id": op.op_id,
+        "accepted": len(data),
+        "buffered": waiting,
+        "offset": received,
+        "eof": eof,
+    }

@@ -7,14 +7,16 @@ costs no extra threads, sleeps or polling.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import hashlib
 import os
 import select
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import limits
 from .output import StreamCapture
@@ -69,6 +71,15 @@ class StdinFull(Exception):
     """STDIN_MAX_BYTES are waiting for the command to read them."""
 
 
+class StdinOffset(Exception):
+    """The sender's offset is not where the input stands (a gap, or an overlap that is
+    not a resend of what was accepted)."""
+
+    def __init__(self, expected: int) -> None:
+        super().__init__(f"the input stands at offset {expected}")
+        self.expected = expected
+
+
 class StdinFeed:
     """A running command's stdin, kept open for input sent while it runs
     (``POST /operations/{id}/stdin``). Bounded: at most STDIN_MAX_BYTES wait to be read;
@@ -85,13 +96,30 @@ class StdinFeed:
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
         self.written = 0
+        self.received = len(initial)  # bytes accepted in all: the next offset
+        # (offset, sha256) of the last writes: a resend is recognised by both, so a
+        # stale writer's new bytes are never mistaken for a resend and dropped.
+        self.accepted: Deque[Tuple[int, bytes]] = collections.deque(maxlen=64)
 
-    def send(self, data: bytes, eof: bool, timeout: float) -> int:
-        """Queues ``data`` (and EOF after it); returns the bytes waiting afterwards."""
+    def send(
+        self, data: bytes, eof: bool, timeout: float, offset: Optional[int] = None
+    ) -> "tuple[int, int]":
+        """Queues ``data`` (and EOF after it); returns (bytes waiting, the next offset).
+        With ``offset`` (where ``data`` starts in the whole input) a resend of one of the
+        last 64 writes (same offset, same bytes) is answered without being written
+        twice, so a sender may retry after a lost answer; anything else off the mark is
+        StdinOffset (nothing written: the sender may send again at the new offset)."""
         deadline = time.monotonic() + timeout
         with self.cond:
+            if offset is not None and offset != self.received:
+                if (offset, hashlib.sha256(data).digest()) in self.accepted:
+                    if eof and not (self.closed or self.eof):
+                        self.eof = True
+                        self._wake()
+                    return len(self.buf), self.received  # a resend: already have it
+                raise StdinOffset(self.received)
             if not data and eof and (self.closed or self.eof):
-                return len(self.buf)  # closing twice is closing
+                return len(self.buf), self.received  # closing twice is closing
             while True:
                 if self.closed or self.eof:
                     raise StdinClosed("the command's stdin is closed")
@@ -105,8 +133,10 @@ class StdinFeed:
                     )
                 self.cond.wait(left)
             self.buf += data
+            self.accepted.append((self.received, hashlib.sha256(data).digest()))
+            self.received += len(data)
             self.eof = eof
-            waiting = len(self.buf)
+            waiting = len(self.buf), self.received
         self._wake()
         return waiting
 

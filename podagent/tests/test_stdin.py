@@ -148,3 +148,34 @@ def test_a_command_that_closes_its_stdin_refuses_more_input(agent: Agent) -> Non
     thread.join(30)
     assert out(results[0]) == "closed\n"
     client.close()
+
+
+def test_an_offset_makes_a_resend_harmless_and_a_gap_an_error(agent: Agent) -> None:
+    client = agent.client()
+    op_id = new_op_id()
+    results: List[Dict[str, Any]] = []
+    thread = _background(
+        agent.client(), results, command="cat", operation_id=op_id, stdin="YWI=", stdin_open=True
+    )  # "ab" up front: the input stands at offset 2
+    _wait_running(client, op_id)
+
+    def send(data: bytes, offset: int, eof: bool = False) -> Any:
+        body = {"data": base64.b64encode(data).decode(), "offset": offset, "eof": eof}
+        status, answer, _ = client.request("POST", f"/operations/{op_id}/stdin", body)
+        return status, answer
+
+    status, answer = send(b"cd", 2)
+    assert status == 200 and answer["offset"] == 4
+    status, answer = send(b"cd", 2)  # the answer was lost; the sender retries
+    assert status == 200 and answer["offset"] == 4
+    status, answer = send(b"xy", 7)  # a gap
+    assert status == 409 and answer["error"]["code"] == "stdin_offset"
+    status, answer = send(b"dXY", 3)  # overlaps and goes on: not a plain resend
+    assert status == 409 and answer["error"]["code"] == "stdin_offset"
+    status, answer = send(b"zz", 2)  # a stale writer's new bytes: not a resend either
+    assert status == 409 and answer["error"]["code"] == "stdin_offset"
+    status, answer = send(b"ef", 4, eof=True)
+    assert status == 200 and answer["offset"] == 6
+    thread.join(30)
+    assert out(results[0]) == "abcdef"
+    client.close()
