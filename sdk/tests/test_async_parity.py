@@ -19,6 +19,7 @@ from hedgerow import (
 )
 from hedgerow.episode import AsyncEpisode, Episode
 from hedgerow.images import AsyncImages, Images
+from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
 
 from apps.billing.models import ApiKey
 
@@ -28,6 +29,7 @@ PAIRS = [
     (CommandHandle, AsyncCommandHandle),
     (Images, AsyncImages),
     (Episode, AsyncEpisode),
+    (Sandboxes, AsyncSandboxes),
 ]
 # Names that differ by design: asyncio's own conventions.
 RENAMED = {"close": "aclose"}

@@ -9,6 +9,7 @@ import inspect
 import hedgerow
 import pytest
 from hedgerow.images import AsyncImages, Images
+from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
 
 CLASSES = [
     hedgerow.Client,
@@ -19,6 +20,8 @@ CLASSES = [
     hedgerow.AsyncCommandHandle,
     Images,
     AsyncImages,
+    Sandboxes,
+    AsyncSandboxes,
 ]
 
 

@@ -52,6 +52,11 @@ urlpatterns = [
         views.OperationCancelView.as_view(),
         name="operation-cancel",
     ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/stdin",
+        views.OperationStdinView.as_view(),
+        name="operation-stdin",
+    ),
     path("sandboxes/<str:sandbox_id>/files", files.FilesView.as_view(), name="sandbox-files"),
     path(
         "sandboxes/<str:sandbox_id>/files/list",

@@ -213,6 +213,8 @@ def request_record(request: ExecRequest) -> tuple[str, str]:
     (a test holds both to the dataclass's own)."""
     data = {name: getattr(request, name) for name in _REQUEST_FIELDS}
     hashed = {name: value for name, value in data.items() if name != "output_window"}
+    if not hashed["stdin_open"]:
+        del hashed["stdin_open"]  # as ExecRequest.fingerprint
     fingerprint = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()
     return json.dumps(data), fingerprint
 
