@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -20,6 +21,7 @@ from apps.e2b.models import SandboxEnv
 from apps.e2b.tokens import envd_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.selectors import page_limit, sandbox_keyset_page
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
     sandbox_create,
@@ -210,21 +212,58 @@ def metadata_filter(raw: str | None) -> dict[str, str]:
     return {unquote(k): unquote(v) for k, v in pairs}
 
 
+DEFAULT_LIST_LIMIT = 100  # E2B's page size when the SDK sends none
+
+
 def e2b_sandbox_list(
-    *, principal: Principal, metadata: str | None, state: str | None
-) -> list[Sandbox]:
+    *,
+    principal: Principal,
+    metadata: str | None,
+    state: str | None,
+    limit: str | None = None,
+    next_token: str | None = None,
+    order: str | None = None,
+    template: str | None = None,
+    started_after: str | None = None,
+) -> tuple[list[Sandbox], str | None]:
+    """One page of the tenant's live sandboxes and the token of the next (None on the
+    last): keyset pages on (created_at, id), oldest first unless ``order=desc``, so a
+    sandbox created or killed while the SDK pages never repeats or hides another."""
     states = {s for s in (state or "running").split(",") if s}
     if not states <= {"running", "paused"}:
         raise ValidationFailed("state must be running and/or paused", field="state")
+    size = page_limit(limit, default=DEFAULT_LIST_LIMIT)
+    if order not in (None, "", "asc", "desc"):
+        raise ValidationFailed("order must be asc or desc", field="order")
     if "running" not in states:
-        return []  # nothing is ever paused here
+        return [], None  # nothing is ever paused here
     queryset = Sandbox.objects.for_tenant(principal.tenant).filter(
         state__in=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY)
     )
     wanted = metadata_filter(metadata)
     if wanted:
         queryset = queryset.filter(labels__contains=wanted)
-    return list(queryset.order_by("created_at")[:1000])
+    if template:
+        image = settings.HEDGEROW_E2B_BASE_IMAGE if template == "base" else template
+        queryset = queryset.filter(image=image)
+    if started_after:
+        try:
+            after = datetime.fromisoformat(started_after.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValidationFailed(
+                "startedAfter must be an ISO 8601 time", field="startedAfter"
+            ) from None
+        if after.tzinfo is None:
+            after = after.replace(tzinfo=UTC)
+        queryset = queryset.filter(created_at__gte=after)
+    try:
+        return sandbox_keyset_page(
+            queryset, cursor=next_token, limit=size, newest_first=order == "desc"
+        )
+    except ValidationFailed as exc:
+        raise ValidationFailed(
+            "nextToken is not a token this server gave", field="nextToken"
+        ) from exc
 
 
 def _iso(value: Any) -> str:
