@@ -165,16 +165,25 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
             data = connect.read_unary(request)
             channel = pty.pty_channel(sandbox=sandbox, selector=data.get("process"))
             if channel is None:
-                process.operation_for_pid(sandbox=sandbox, selector=data.get("process"))
-                raise ConnectError(
-                    "unimplemented", "stdin and resizing are served for PTY processes only"
-                )
+                operation = process.operation_for_pid(sandbox=sandbox, selector=data.get("process"))
+                if method == "Update":
+                    raise ConnectError("unimplemented", "resizing is served for PTY processes only")
+                process.process_send_input(operation=operation, data=data.get("input"))
+                return JsonResponse({})
             message = (
                 pty.pty_input(data.get("input"))
                 if method == "SendInput"
                 else pty.pty_resize(data.get("pty"))
             )
             pty.pty_publish(channel=channel, message=message)
+            return JsonResponse({})
+        if method == "CloseStdin":
+            _, sandbox = envd_sandbox(request, "write")
+            data = connect.read_unary(request)
+            if pty.pty_channel(sandbox=sandbox, selector=data.get("process")) is not None:
+                raise ConnectError("unimplemented", "a terminal's stdin cannot be closed")
+            operation = process.operation_for_pid(sandbox=sandbox, selector=data.get("process"))
+            process.process_send_input(operation=operation, data=None, eof=True)
             return JsonResponse({})
         raise ConnectError("unimplemented", f"process.Process/{method} is not supported yet")
     except ApiError as exc:

@@ -10,6 +10,8 @@ mapped to its operation in Redis per sandbox.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 import uuid
@@ -24,9 +26,13 @@ from apps.e2b.connect import ConnectError, envelope
 from apps.e2b.services import sandbox_env
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
-from apps.sandboxes.services.operations import ExecRequest, operation_cancel
+from apps.sandboxes.services.operations import (
+    ExecRequest,
+    operation_cancel,
+    operation_send_stdin,
+)
 from apps.sandboxes.services.streaming import frames_key, operation_exec_stream, operation_recover
-from controlplane.errors import ValidationFailed
+from controlplane.errors import Conflict, ValidationFailed
 
 # E2B's timeout 0 ("unbounded"): the longest command Hedgerow runs.
 UNBOUNDED_TIMEOUT_S = 86400.0
@@ -40,7 +46,11 @@ def pids_key(sandbox: Sandbox) -> str:
 
 
 def exec_request(
-    process: Any, *, timeout: float | None, base_env: dict[str, str] | None = None
+    process: Any,
+    *,
+    timeout: float | None,
+    base_env: dict[str, str] | None = None,
+    stdin_open: bool = False,
 ) -> ExecRequest:
     """envd's ProcessConfig → a Hedgerow exec request. The SDK's ``commands.run``
     sends ``/bin/bash -l -c <cmd>``: that is a login-shell command, as REST's."""
@@ -73,6 +83,7 @@ def exec_request(
         env={**(base_env or {}), **envs},
         timeout=timeout if timeout else UNBOUNDED_TIMEOUT_S,
         login_shell=login,
+        stdin_open=stdin_open,
     )
     request.check()
     return request
@@ -81,12 +92,15 @@ def exec_request(
 def process_start(
     *, principal: Principal, sandbox: Sandbox, data: dict[str, Any], timeout: float | None
 ) -> Operation:
-    """Starts the command (raises the exec service's typed errors before anything runs)."""
-    if data.get("stdin"):
-        raise ConnectError(
-            "unimplemented", "stdin for a running command is not supported yet (stdin=False)"
-        )
-    request = exec_request(data.get("process"), timeout=timeout, base_env=sandbox_env(sandbox))
+    """Starts the command (raises the exec service's typed errors before anything runs).
+    ``stdin: true`` keeps its stdin open for SendInput / CloseStdin (the agent's
+    ``stdin_open``); otherwise stdin is /dev/null, as envd's."""
+    stdin = data.get("stdin", False)
+    if not isinstance(stdin, bool):
+        raise ConnectError("invalid_argument", "stdin must be true or false")
+    request = exec_request(
+        data.get("process"), timeout=timeout, base_env=sandbox_env(sandbox), stdin_open=stdin
+    )
     operation, _ = operation_exec_stream(
         principal=principal,
         sandbox=sandbox,
@@ -235,3 +249,28 @@ def process_signal(*, sandbox: Sandbox, data: dict[str, Any]) -> None:
     operation = operation_for_pid(sandbox=sandbox, selector=data.get("process"))
     if not operation_cancel(operation=operation):
         raise ConnectError("not_found", "the process has already ended")
+
+
+def process_send_input(*, operation: Operation, data: Any, eof: bool = False) -> None:
+    """SendInput (``{"stdin": base64}``) or CloseStdin (``eof``) for a command started
+    with ``stdin: true``: Hedgerow's ``operation_send_stdin`` (in order, at most 1 MiB
+    unread, then resource_exhausted). A command that ended is not found, as envd."""
+    raw = b""
+    if not eof:
+        if not isinstance(data, dict) or not isinstance(data.get("stdin"), str):
+            raise ConnectError("invalid_argument", "input.stdin is required")
+        try:
+            raw = base64.b64decode(data["stdin"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ConnectError("invalid_argument", "input.stdin is not base64") from None
+        if not raw:
+            return
+    if operation.status != OperationStatus.RUNNING:
+        raise ConnectError("not_found", "the process has already ended")
+    try:
+        operation_send_stdin(operation=operation, data=raw, eof=eof)
+    except Conflict as exc:
+        operation.refresh_from_db()
+        if operation.status != OperationStatus.RUNNING or "ended" in exc.message:
+            raise ConnectError("not_found", "the process has already ended") from exc
+        raise ConnectError("failed_precondition", exc.message) from exc

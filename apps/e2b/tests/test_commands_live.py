@@ -6,7 +6,14 @@ import threading
 import time
 
 import pytest
-from e2b import CommandExitException, Sandbox, SandboxException, TimeoutException
+from e2b import (
+    CommandExitException,
+    CommandResult,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
 
 from apps.e2b.tests.live import opts, wait_all_deleted
 from apps.sandboxes.models import Operation
@@ -124,11 +131,43 @@ def test_it_runs_in_the_background_lists_reconnects_waits_and_kills(live, make_t
     wait_all_deleted(tenant)
 
 
-def test_it_refuses_what_it_does_not_serve_yet_with_a_typed_error(live, make_tenant):
+def test_it_sends_stdin_to_a_running_command_and_closes_it(live, make_tenant):
     tenant, secret = make_tenant()
     sbx = Sandbox.create(**opts(live, secret))
+    handle = sbx.commands.run(
+        'while read -r l; do echo "got:$l"; done; echo eof', background=True, stdin=True
+    )
+    sbx.commands.send_stdin(handle.pid, "one\ntw")
+    sbx.commands.send_stdin(handle.pid, b"o\n")
+    sbx.commands.close_stdin(handle.pid)
+    result = handle.wait()
+    assert (result.exit_code, result.stdout) == (0, "got:one\ngot:two\neof\n")
+    op = Operation.objects.get(sandbox__external_id=sbx.sandbox_id, request__stdin_open=True)
+    assert op.termination == "exited"
+    # The process has ended: envd's not found.
+    with pytest.raises(NotFoundException):
+        sbx.commands.send_stdin(handle.pid, "late\n")
+
+    # Without stdin=True the command's stdin is not open: a typed error, nothing sent.
+    plain = sbx.commands.run("sleep 30", background=True)
     with pytest.raises(SandboxException, match="stdin"):
-        sbx.commands.run("cat", stdin=True)
-    assert not Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).exists()
+        sbx.commands.send_stdin(plain.pid, "x")
+    assert sbx.commands.kill(plain.pid) is True
+
+    # A foreground run reads what another thread sends, until EOF.
+    done: list[CommandResult] = []
+    runner = threading.Thread(
+        target=lambda: done.append(sbx.commands.run("wc -c", stdin=True, timeout=60))
+    )
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not [p for p in sbx.commands.list() if "wc -c" in " ".join(p.args)]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = next(p.pid for p in sbx.commands.list() if "wc -c" in " ".join(p.args))
+    sbx.commands.send_stdin(pid, "x" * 5000)
+    sbx.commands.close_stdin(pid)
+    runner.join(60)
+    assert done and done[0].stdout.strip() == "5000"
     sbx.kill()
     wait_all_deleted(tenant)
