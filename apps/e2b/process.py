@@ -42,7 +42,12 @@ PID_TTL_S = 86400
 
 
 def pids_key(sandbox: Sandbox) -> str:
-    return f"{settings.REDIS_KEY_PREFIX}e2b:pids:{sandbox.pk.hex}:{sandbox.generation}"
+    return pids_key_of(sandbox.pk, sandbox.generation)
+
+
+def pids_key_of(sandbox_pk: uuid.UUID, generation: int) -> str:
+    """The Redis hash of pid → operation for one sandbox generation."""
+    return f"{settings.REDIS_KEY_PREFIX}e2b:pids:{sandbox_pk.hex}:{generation}"
 
 
 def exec_request(
@@ -126,8 +131,10 @@ def _event(kind: str, body: dict[str, Any]) -> bytes:
     return envelope({"event": {kind: body}})
 
 
-def _end(operation: Operation) -> tuple[bytes | None, ConnectError | None]:
-    """The last event of a finished command, or the stream's error."""
+def end_events(operation: Any) -> tuple[bytes | None, ConnectError | None]:
+    """The last event of a finished command, or the stream's error (``operation``: the
+    row, or anything with its ``termination``, ``exit_code``, ``signal``, ``error`` and
+    ``request``)."""
     reason = operation.termination
     if reason == "exited":
         code = int(operation.exit_code or 0)
@@ -189,7 +196,7 @@ def process_events(*, operation: Operation, sandbox: Sandbox) -> Iterator[bytes 
                         operation.refresh_from_db()
                         if not started:
                             yield _event("start", {"pid": 0})
-                        end, error = _end(operation)
+                        end, error = end_events(operation)
                         if end is not None:
                             yield end
                         if error is not None:
@@ -205,7 +212,7 @@ def process_events(*, operation: Operation, sandbox: Sandbox) -> Iterator[bytes 
                     # finished and its buffer expired: the row is the record
                     if not started:
                         yield _event("start", {"pid": 0})
-                    end, error = _end(operation)
+                    end, error = end_events(operation)
                     if end is not None:
                         yield end
                     if error is not None:

@@ -156,6 +156,8 @@ def e2b_sandbox_create(
                 code="idempotency_mismatch",
             )
     sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=settings.HEDGEROW_E2B_CREATE_WAIT_S)
+    if sandbox.state == State.READY:
+        sandbox_env(sandbox)  # cached now: the envd fast path serves its first command
     if sandbox.state != State.READY:
         state, message = sandbox.state, sandbox.status_message
         with transaction.atomic():
@@ -170,10 +172,30 @@ def e2b_sandbox_create(
     return sandbox
 
 
+# sandbox pk → its envVars. They are written once, in the create's transaction, and
+# never change, so a process keeps what it read (the envd fast path reads only this).
+_env_cache: dict[str, dict[str, str]] = {}
+ENV_CACHE_MAX = 10000
+
+
 def sandbox_env(sandbox: Sandbox) -> dict[str, str]:
     """The sandbox's envVars ({} when none were given)."""
+    cached = _env_cache.get(str(sandbox.pk))
+    if cached is not None:
+        return dict(cached)
     row = SandboxEnv.objects.filter(sandbox=sandbox).first()
-    return dict(row.env) if row is not None else {}
+    env = dict(row.env) if row is not None else {}
+    if sandbox.state == State.READY:  # its create has committed: the env is final
+        if len(_env_cache) >= ENV_CACHE_MAX:
+            _env_cache.clear()
+        _env_cache[str(sandbox.pk)] = env
+    return dict(env)
+
+
+def sandbox_env_cached(sandbox_pk: str) -> dict[str, str] | None:
+    """The envVars this process has read for the sandbox, or None."""
+    cached = _env_cache.get(sandbox_pk)
+    return None if cached is None else dict(cached)
 
 
 def e2b_sandbox_get(*, principal: Principal, sandbox_id: str) -> Sandbox:

@@ -171,3 +171,54 @@ def test_it_sends_stdin_to_a_running_command_and_closes_it(live, make_tenant):
     assert done and done[0].stdout.strip() == "5000"
     sbx.kill()
     wait_all_deleted(tenant)
+
+
+def test_commands_take_the_envd_fast_path_with_the_same_answers(live, make_tenant):
+    """``process.Process/Start`` answered on the event loop (apps/e2b/fastpath.py): the
+    same results, streaming, env, timeouts, reconnects and records as the regular
+    view. The fast path's access line names the operation it started (the regular
+    view's does not)."""
+    tenant, secret = make_tenant()
+
+    def fast_starts() -> int:
+        lines = live.web.log_path.read_text().splitlines()
+        return sum(
+            '"path": "/e2b/envd/process.Process/Start"' in line and '"operation_id": "e2b-' in line
+            for line in lines
+        )
+
+    before = fast_starts()
+    sbx = Sandbox.create(envs={"GREETING": "hi"}, **opts(live, secret))
+    result = sbx.commands.run("echo $GREETING; echo err >&2")
+    assert (result.stdout, result.stderr, result.exit_code) == ("hi\n", "err\n", 0)
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("echo out; exit 7")
+    assert (failed.value.exit_code, failed.value.stdout) == (7, "out\n")
+    seen: list[tuple[float, str]] = []
+    sbx.commands.run(
+        "echo one; sleep 1; echo two", on_stdout=lambda s: seen.append((time.monotonic(), s))
+    )
+    assert "".join(s for _, s in seen) == "one\ntwo\n"
+    assert seen[-1][0] - seen[0][0] >= 0.5  # "one" arrived while the command still ran
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 10", timeout=1)
+    handle = sbx.commands.run("echo started; sleep 300", background=True)
+    assert handle.pid in {p.pid for p in sbx.commands.list()}
+    handle.disconnect()
+    again = sbx.commands.connect(handle.pid)
+    assert sbx.commands.kill(handle.pid) is True
+    with pytest.raises(CommandExitException):
+        again.wait()
+    assert fast_starts() - before == 5
+    ops = Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).order_by("created_at")
+    assert [(o.termination, o.exit_code) for o in ops] == [
+        ("exited", 0),
+        ("exited", 7),
+        ("exited", 0),
+        ("timeout", None),
+        ("cancelled", None),
+    ]
+    assert all(o.operation_id.startswith("e2b-") and o.generation == 1 for o in ops)
+    assert ops[0].request["env"] == {"GREETING": "hi"}
+    sbx.kill()
+    wait_all_deleted(tenant)
