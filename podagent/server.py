@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import VERSION, archive, files
+from . import VERSION, archive, files, watch
 from .body import BodyReader
 from .errors import ApiError, bad_request
 from .exec_api import ExecService, parse_exec, send_stdin
@@ -44,6 +44,7 @@ class AgentState:
         self.log = log
         self.registry = Registry()
         self.execs = ExecService(self.registry)
+        self.watchers = watch.Watchers()
         self.started = time.monotonic()
         self.pty_slots = threading.BoundedSemaphore(max_pty)
 
@@ -426,6 +427,8 @@ class Handler(BaseHTTPRequestHandler):
                 return {"POST": Handler.op_stdin}
             if rest and "/" not in rest:
                 return {"GET": Handler.op_get}
+        if path.startswith("/watchers/") and "/" not in path[len("/watchers/") :]:
+            return {"GET": Handler.watcher_events, "DELETE": Handler.watcher_delete}
         return None
 
     def op_id_from_path(self) -> str:
@@ -494,6 +497,24 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"operation_id": op.op_id, "status": "running"})
         else:
             self.send_json(200, result)
+
+    def watcher_create(self) -> None:
+        path = files.check_path(self.param("path"))
+        recursive = self.param("recursive") in ("1", "true")
+        watcher = self.server.state.watchers.create(path, recursive)
+        self.send_json(200, watch.describe(watcher))
+
+    def _watcher_id(self) -> str:
+        return unquote(urlsplit(self.path).path)[len("/watchers/") :]
+
+    def watcher_events(self) -> None:
+        watcher = self.server.state.watchers.get(self._watcher_id())
+        events = watcher.events(watch.parse_wait(self.param("wait")))
+        self.send_json(200, {"watcher_id": watcher.id, "events": events})
+
+    def watcher_delete(self) -> None:
+        self.server.state.watchers.remove(self._watcher_id())
+        self.send_json(200, {"watcher_id": self._watcher_id(), "deleted": True})
 
     def op_stdin(self) -> None:
         op = self.server.state.registry.get(self.op_id_from_path())
@@ -590,4 +611,5 @@ ROUTES: Dict[str, Dict[str, Route]] = {
     "/files/rename": {"POST": Handler.file_rename},
     "/files/stat": {"GET": Handler.file_stat},
     "/pty": {"POST": Handler.pty},
+    "/watchers": {"POST": Handler.watcher_create},
 }
