@@ -11,7 +11,8 @@ so a watcher uses at most ~10 % of a core however big its tree. Unread watchers 
 after IDLE_S.
 
 What a look reports (E2B's event types): ``create``, ``remove``, ``write`` (a file's or
-symlink's size or mtime changed), ``chmod`` (its mode changed) and ``rename`` (an inode
+symlink's size or mtime changed, or another file took its name: an atomic write),
+``chmod`` (its mode changed) and ``rename`` (an inode
 left one name and appeared under another: ``rename`` for the old name, ``create`` for
 the new, as envd reports it). Names are relative to the watched directory. Changes
 between two looks are coalesced: a file created and removed in between is not seen.
@@ -81,7 +82,9 @@ def diff(old: Snapshot, new: Snapshot) -> List[Dict[str, str]]:
     events: List[Dict[str, str]] = []
     gone = {name: old[name] for name in old.keys() - new.keys()}
     born = {name: new[name] for name in new.keys() - old.keys()}
-    born_ids = {(e[0], e[1]) for e in born.values()}
+    # Where an inode arrived: a new name, or a name another inode held before.
+    arrived = [e for n, e in new.items() if n not in old or old[n][0] != e[0]]
+    born_ids = {(e[0], e[1]) for e in arrived}
     for name in sorted(gone):
         moved = (gone[name][0], gone[name][1]) in born_ids
         events.append({"name": name, "type": "rename" if moved else "remove"})
@@ -89,9 +92,16 @@ def diff(old: Snapshot, new: Snapshot) -> List[Dict[str, str]]:
         events.append({"name": name, "type": "create"})
     for name in sorted(old.keys() & new.keys()):
         before, after = old[name], new[name]
-        if before[0] != after[0] or before[1] != after[1]:
+        if before[1] != after[1] or (before[0] != after[0] and after[1] == "directory"):
             events.append({"name": name, "type": "remove"})  # replaced by another object
             events.append({"name": name, "type": "create"})
+            continue
+        if before[0] != after[0]:
+            # A file replaced by another under the same name (an atomic write: a new
+            # file renamed over it): its content changed.
+            events.append({"name": name, "type": "write"})
+            if before[4] != after[4]:
+                events.append({"name": name, "type": "chmod"})
             continue
         if after[1] != "directory" and (before[2], before[3]) != (after[2], after[3]):
             events.append({"name": name, "type": "write"})

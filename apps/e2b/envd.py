@@ -8,6 +8,7 @@ work is Hedgerow's exec and file services.
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO, Any, cast
@@ -291,10 +292,23 @@ def _written(path: str) -> dict[str, Any]:
 
 @csrf_exempt
 def filesystem_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
-    """``/filesystem.Filesystem/<method>``: the unary calls (watching is not served)."""
+    """``/filesystem.Filesystem/<method>``: the unary calls, and WatchDir's stream."""
     try:
         if request.method != "POST":
             raise ConnectError("unimplemented", f"{request.method} is not a Connect call")
+        if method == "WatchDir":
+            _, sandbox = envd_sandbox(request, "read")
+            data = connect.read_stream_request(request)
+            events = filesystem.watch_dir_events(sandbox=sandbox, data=data)
+            return _streaming(_first(events))
+        if method in ("CreateWatcher", "GetWatcherEvents", "RemoveWatcher"):
+            _, sandbox = envd_sandbox(request, "read")
+            data = connect.read_unary(request)
+            if method == "CreateWatcher":
+                return JsonResponse(filesystem.watcher_create(sandbox=sandbox, data=data))
+            if method == "GetWatcherEvents":
+                return JsonResponse(filesystem.watcher_events(sandbox=sandbox, data=data))
+            return JsonResponse(filesystem.watcher_remove(sandbox=sandbox, data=data))
         if method in ("Stat", "ListDir"):
             _, sandbox = envd_sandbox(request, "read")
             data = connect.read_unary(request)
@@ -324,4 +338,13 @@ def filesystem_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
             return JsonResponse(result)
         raise ConnectError("unimplemented", f"filesystem.Filesystem/{method} is not supported yet")
     except ApiError as exc:
+        if method == "WatchDir":
+            return _stream_error(exc)
         return connect.unary_error(exc)
+
+
+def _first(events: Iterator[bytes]) -> Iterator[bytes | ConnectError]:
+    """The stream with its first chunk produced before the response starts: a watcher
+    that cannot be created is the call's error, not a stream that starts then fails."""
+    first = next(events)
+    return itertools.chain([first], events)

@@ -53,6 +53,15 @@ def test_it_reports_creates_writes_chmods_renames_and_removes(agent: Agent) -> N
         {"name": "new.txt", "type": "chmod"},
         {"name": "sub/deep.txt", "type": "rename"},
     ]
+    # An atomic write (a new file renamed over the name) is a write of that name.
+    (root / "tmp.part").write_text("replaced")
+    watcher_events = _events(client, watcher["watcher_id"])
+    assert watcher_events == [{"name": "tmp.part", "type": "create"}]
+    os.replace(root / "tmp.part", root / "keep.txt")
+    assert _events(client, watcher["watcher_id"]) == [
+        {"name": "tmp.part", "type": "rename"},
+        {"name": "keep.txt", "type": "write"},
+    ]
     (root / "new.txt").unlink()
     assert _events(client, watcher["watcher_id"]) == [{"name": "new.txt", "type": "remove"}]
     status, _ = client.request("DELETE", f"/watchers/{watcher['watcher_id']}")[:2]

@@ -29,7 +29,9 @@ from hedgerow.errors import (
 from hedgerow.images import Image
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
+from hedgerow.sandboxes import SandboxPage
 from hedgerow.snapshots import AsyncSnapshot, Snapshot
+from hedgerow.watch import AsyncWatcher, FileEvent, Watcher
 
 __all__ = [
     "AgentUnreachable",
@@ -38,6 +40,7 @@ __all__ = [
     "AsyncCommandHandle",
     "AsyncSandbox",
     "AsyncSnapshot",
+    "AsyncWatcher",
     "AuthError",
     "BudgetExhausted",
     "Client",
@@ -46,6 +49,7 @@ __all__ = [
     "DiskExhausted",
     "ExecError",
     "ExecResult",
+    "FileEvent",
     "FileInfo",
     "FilePage",
     "HedgerowConnectionError",
@@ -61,6 +65,7 @@ __all__ = [
     "SandboxDeleted",
     "SandboxLost",
     "SandboxNotReady",
+    "SandboxPage",
     "SandboxTerminating",
     "ServerVersion",
     "Snapshot",
@@ -68,6 +73,7 @@ __all__ = [
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",
+    "Watcher",
     "WrittenFile",
     "__version__",
 ]

@@ -39,6 +39,7 @@ from hedgerow.snapshots import (
     snapshot_body,
     snapshot_id,
 )
+from hedgerow.watch import AsyncWatcher, watch_params
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
 Progress = Optional[Callable[[int], None]]
@@ -721,6 +722,13 @@ class AsyncSandbox:
             "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
         )
         return FileInfo.from_api(response.json())
+
+    async def watch(self, path: str, *, recursive: bool = False) -> AsyncWatcher:
+        """See ``Sandbox.watch``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+        )
+        return AsyncWatcher(self, response.json())
 
     async def exists(self, path: str) -> bool:
         """See ``Sandbox.exists``."""

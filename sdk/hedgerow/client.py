@@ -38,6 +38,7 @@ from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
 from hedgerow.sandboxes import LabelFilter, Sandboxes
 from hedgerow.snapshots import Snapshot, SnapshotRef, raise_if_failed, snapshot_body, snapshot_id
+from hedgerow.watch import Watcher, watch_params
 
 DEFAULT_URL = common.DEFAULT_URL
 FileData = Union[bytes, str, Iterator[bytes], IO[bytes]]
@@ -849,6 +850,20 @@ class Sandbox:
                 "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
             ).json()
         )
+
+    def watch(self, path: str, *, recursive: bool = False) -> Watcher:
+        """Starts watching a directory (``recursive``: its whole tree; default only
+        its entries) and returns a ``Watcher``: ``watcher.events(wait=S)`` returns what
+        changed since the last read (``FileEvent``: ``name`` relative to ``path``,
+        ``type`` create/remove/write/chmod/rename), waiting up to S seconds (≤ 60);
+        ``for event in watcher`` follows changes as they happen; ``stop()`` (or
+        leaving ``with``) ends it. At most 16 watchers per sandbox and 10000 entries
+        per tree (``ValidationError`` ``too_many_entries``); changes between two reads
+        are coalesced. ``NotFound`` when ``path`` does not exist."""
+        response = self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+        )
+        return Watcher(self, response.json())
 
     def exists(self, path: str) -> bool:
         """Whether anything (file, directory, symlink — even a broken one) is at

@@ -20,6 +20,7 @@ from hedgerow import (
 from hedgerow.episode import AsyncEpisode, Episode
 from hedgerow.images import AsyncImages, Images
 from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
+from hedgerow.watch import AsyncWatcher, Watcher
 
 from apps.billing.models import ApiKey
 
@@ -30,6 +31,7 @@ PAIRS = [
     (Images, AsyncImages),
     (Episode, AsyncEpisode),
     (Sandboxes, AsyncSandboxes),
+    (Watcher, AsyncWatcher),
 ]
 # Names that differ by design: asyncio's own conventions.
 RENAMED = {"close": "aclose"}

@@ -10,6 +10,7 @@ import hedgerow
 import pytest
 from hedgerow.images import AsyncImages, Images
 from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
+from hedgerow.watch import AsyncWatcher, Watcher
 
 CLASSES = [
     hedgerow.Client,
@@ -22,6 +23,8 @@ CLASSES = [
     AsyncImages,
     Sandboxes,
     AsyncSandboxes,
+    Watcher,
+    AsyncWatcher,
 ]
 
 

@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,5 +181,54 @@ def test_the_async_client_lists_pages_and_edits_labels(live, make_tenant):
             assert [sb.id for sb in await hr.list(labels={"k": "v"})] == [made[1].id]
             page = await hr.sandboxes.list_page(labels={"batch": "b"}, limit=1)
             assert page.count == 2 and page.next_cursor
+
+    asyncio.run(main())
+
+
+def test_it_watches_a_directory_through_sdk_and_rest(live, make_tenant):
+    tenant, secret = make_tenant()
+    _, outsider = make_tenant()
+    with Client(live.url, secret) as hr, hr.create_sandbox() as sandbox:
+        sandbox.mkdir("/workspace/w/sub")
+        with sandbox.watch("/workspace/w", recursive=True) as watcher:
+            assert watcher.id.startswith("w-") and watcher.events() == []
+            sandbox.write_file("/workspace/w/a.txt", b"a")
+            sandbox.write_file("/workspace/w/sub/b.txt", b"b")
+            got = watcher.events(wait=10)
+            assert {(e.type, e.name) for e in got} == {
+                ("create", "a.txt"),
+                ("create", "sub/b.txt"),
+            }
+            # A read waits for the next change (made by a command in the background).
+            sandbox.exec("sleep 0.5; echo more >> /workspace/w/a.txt", background=True)
+            started = time.monotonic()
+            assert [(e.type, e.name) for e in watcher.events(wait=20)] == [("write", "a.txt")]
+            assert time.monotonic() - started < 15
+            sandbox.rename("/workspace/w/sub/b.txt", "/workspace/w/c.txt")
+            sandbox.remove("/workspace/w/a.txt")
+            events = {(e.type, e.name) for e in watcher.events(wait=10)}
+            assert events == {("rename", "sub/b.txt"), ("create", "c.txt"), ("remove", "a.txt")}
+            # Another team cannot read it, even knowing its id.
+            with Client(live.url, outsider, cleanup=False) as stranger:
+                with pytest.raises(NotFound):
+                    stranger.request("GET", f"/sandboxes/{sandbox.id}/files/watch/{watcher.id}")
+            watcher_id = watcher.id
+        with pytest.raises(NotFound) as gone:
+            hr.request("GET", f"/sandboxes/{sandbox.id}/files/watch/{watcher_id}")
+        assert gone.value.code == "watcher_not_found"
+        with pytest.raises(NotFound):
+            sandbox.watch("/workspace/missing")
+
+    async def main() -> None:
+        async with AsyncClient(live.url, secret) as ahr:
+            asb = await ahr.create_sandbox()
+            try:
+                watcher = await asb.watch("/workspace")
+                await asb.write_file("/workspace/x.txt", b"x")
+                events = await watcher.events(wait=10)
+                assert [(e.type, e.name) for e in events] == [("create", "x.txt")]
+                await watcher.stop()
+            finally:
+                await asb.delete()
 
     asyncio.run(main())

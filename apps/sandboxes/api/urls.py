@@ -79,6 +79,16 @@ urlpatterns = [
         name="sandbox-files-rename",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/files/watch",
+        files.FileWatchView.as_view(),
+        name="sandbox-files-watch",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/watch/<str:watcher_id>",
+        files.FileWatcherView.as_view(),
+        name="sandbox-files-watcher",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/files/stat",
         files.FileStatView.as_view(),
         name="sandbox-files-stat",
