@@ -248,7 +248,7 @@ def _quiesce(timeout: float = 30.0) -> None:
 
 @pytest.fixture
 def make_tenant(db: Any) -> Callable[..., tuple[Any, str]]:
-    from apps.billing.services import api_key_create, tenant_create
+    from apps.tenancy.services import api_key_create, tenant_create
 
     counter = {"n": 0}
 

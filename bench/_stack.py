@@ -39,7 +39,7 @@ def private_stack(
     sys.path.insert(0, str(ROOT))
     import psycopg
 
-    from controlplane.env import db_conninfo
+    from apps.core.env import db_conninfo
 
     admin = psycopg.connect(db_conninfo("postgres"))
     admin.autocommit = True
@@ -50,7 +50,7 @@ def private_stack(
         import django
 
         django.setup()
-        from apps.billing.services import api_key_create, tenant_create
+        from apps.tenancy.services import api_key_create, tenant_create
         from conftest import Stack
 
         tenant = tenant_create(slug="bench")

@@ -86,7 +86,7 @@ class Statements:
         database, so pg_stat_activity is polled)."""
         import psycopg
 
-        from controlplane.env import db_conninfo
+        from apps.core.env import db_conninfo
 
         with psycopg.connect(db_conninfo("postgres"), autocommit=True) as conn:
             while self.running:
@@ -209,7 +209,7 @@ def main() -> int:
         if args.statements:
             import psycopg
 
-            from controlplane.env import db_conninfo
+            from apps.core.env import db_conninfo
 
             db = os.environ["HEDGEROW_DB_NAME"]
             with psycopg.connect(db_conninfo(db), autocommit=True) as conn:

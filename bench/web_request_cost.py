@@ -55,7 +55,7 @@ def _setup() -> tuple[str, str]:
     sys.path.insert(0, str(ROOT))
     import psycopg
 
-    from controlplane.env import db_conninfo
+    from apps.core.env import db_conninfo
 
     with psycopg.connect(db_conninfo("postgres"), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{db_name}"')
@@ -70,8 +70,8 @@ def _teardown(db_name: str) -> None:
     from django.conf import settings
     from django.db import connections
 
+    from apps.core.env import db_conninfo
     from apps.sandboxes.events import redis_client
-    from controlplane.env import db_conninfo
 
     connections.close_all()
     client = redis_client()
@@ -167,8 +167,8 @@ async def _run(args: Any) -> int:
     django.setup()
     from asgiref.sync import sync_to_async
 
-    from apps.billing.services import api_key_create, tenant_create
     from apps.sandboxes.models import Sandbox, State
+    from apps.tenancy.services import api_key_create, tenant_create
     from controlplane.asgi import application
 
     tenant = await sync_to_async(tenant_create)(slug="bench")

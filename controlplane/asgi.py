@@ -13,10 +13,10 @@ django_asgi_app = SyncChainASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from apps.core.logging import redact_server_logs  # noqa: E402
 from apps.e2b.fastpath import EnvdStartFastPath  # noqa: E402
 from apps.sandboxes.api.exec_fastpath import ExecFastPath  # noqa: E402
 from apps.sandboxes.services.stream_pump import remember_loop  # noqa: E402
-from controlplane.logging import redact_server_logs  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 from controlplane.webgc import web_gc_tune  # noqa: E402
 from controlplane.ws_auth import WebsocketAuthStack  # noqa: E402

@@ -6,7 +6,7 @@ import os
 from celery import Celery
 from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init
 
-from controlplane.logging import request_id_var
+from apps.core.logging import request_id_var
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 

@@ -7,7 +7,7 @@ few milliseconds earlier. Here a connection is checked only when its previous ch
 was at least ``RECHECK_AFTER_S`` ago — long enough that Postgres could have restarted
 or dropped it meanwhile (a connection never checked out yet is checked too). A
 connection that dies within that window still fails its request cleanly: the error is
-a typed 503 with ``Retry-After`` (``controlplane.errors``), and the pool discards the
+a typed 503 with ``Retry-After`` (``apps.core.errors``), and the pool discards the
 broken connection when it comes back.
 
 (The time is taken at checkout, not when the connection comes back: a ``reset``

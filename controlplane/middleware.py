@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from controlplane.logging import request_id_var
+from apps.core.logging import request_id_var
 
 access_log = logging.getLogger("hedgerow.access")
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -51,7 +51,7 @@ class RequestIdMiddleware:
 class InputGuardMiddleware:
     """NUL in the URL path or a query parameter is a typed 400 before any view runs:
     Postgres cannot hold it and the agent refuses it, so it used to be a 500 wherever a
-    filter or an id reached a query (controlplane/inputs.py has the JSON side)."""
+    filter or an id reached a query (apps/core/inputs.py has the JSON side)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response

@@ -1,4 +1,4 @@
-"""DRF's JSON parser through the shared checks of controlplane/inputs.py."""
+"""DRF's JSON parser through the shared checks of apps/core/inputs.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import parsers
 
-from controlplane.inputs import json_loads
+from apps.core.inputs import json_loads
 
 
 class JSONParser(parsers.JSONParser):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import (
+from apps.core.env import (
     env_bool,
     env_float,
     env_int,
@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "apps.tenancy",
     "apps.billing",
     "apps.sandboxes",
     "apps.trajectories",
@@ -101,6 +102,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "controlplane.context_processors.websocket_routes",
             ],
         },
     },
@@ -190,15 +192,15 @@ WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "apps.billing.auth.ApiKeyAuthentication",
-        "apps.billing.auth.TenantSessionAuthentication",
+        "apps.tenancy.auth.ApiKeyAuthentication",
+        "apps.tenancy.auth.TenantSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["apps.billing.permissions.HasTenantScope"],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.tenancy.permissions.HasTenantScope"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "controlplane.errors.exception_handler",
-    # JSON bodies: bounded depth, no lone surrogates (controlplane/inputs.py).
+    "EXCEPTION_HANDLER": "apps.core.errors.exception_handler",
+    # JSON bodies: bounded depth, no lone surrogates (apps/core/inputs.py).
     "DEFAULT_PARSER_CLASSES": [
         "controlplane.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
@@ -312,8 +314,8 @@ HEDGEROW_WS_REVALIDATE_S = env_float("HEDGEROW_WS_REVALIDATE_S", 3.0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "controlplane.logging.JsonFormatter"}},
-    "filters": {"request_id": {"()": "controlplane.logging.RequestIdFilter"}},
+    "formatters": {"json": {"()": "apps.core.logging.JsonFormatter"}},
+    "filters": {"request_id": {"()": "apps.core.logging.RequestIdFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

@@ -18,6 +18,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/version", VersionView.as_view(), name="version"),
     path("api/v1/", include("apps.sandboxes.api.urls")),
+    path("api/v1/", include("apps.tenancy.api.urls")),
     path("api/v1/", include("apps.billing.api.urls")),
     path("api/v1/", include("apps.trajectories.api.urls")),
     path("api/v1/", include("apps.images.api.urls")),
@@ -32,5 +33,5 @@ urlpatterns = [
 ]
 
 # JSON for API paths (unknown endpoint, unexpected failure), Django's pages elsewhere.
-handler404 = "controlplane.errors.not_found"
-handler500 = "controlplane.errors.server_error"
+handler404 = "apps.core.errors.not_found"
+handler500 = "apps.core.errors.server_error"

@@ -11,9 +11,9 @@ from channels.auth import AuthMiddlewareStack
 from django.conf import settings
 from rest_framework.exceptions import AuthenticationFailed
 
-from apps.billing.auth import extract_key, principal_for_key, principal_for_session
-from apps.billing.principal import Principal
-from controlplane.asyncdb import db_async
+from apps.core.asyncdb import db_async
+from apps.tenancy.auth import extract_key, principal_for_key, principal_for_session
+from apps.tenancy.principal import Principal
 
 Scope = dict[str, Any]
 

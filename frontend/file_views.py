@@ -8,11 +8,11 @@ import posixpath
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError
 from apps.sandboxes import selectors
 from apps.sandboxes.services import files
-from controlplane.errors import ApiError
-from frontend.access import page
+from apps.tenancy.pages import page
+from apps.tenancy.principal import Principal
 from frontend.views import files_listing
 
 

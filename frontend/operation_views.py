@@ -12,11 +12,11 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
-from apps.billing.principal import Principal
 from apps.sandboxes import selectors
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.models import Operation
-from frontend.access import page, render_page
+from apps.tenancy.pages import page, render_page
+from apps.tenancy.principal import Principal
 
 SHOWN_LINES = 2_000
 

@@ -16,12 +16,12 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
-from apps.billing import selectors, services
-from apps.billing.auth import principal_for_session
-from apps.billing.models import Role, Scope
-from apps.billing.principal import Principal
-from controlplane.errors import ApiError, NotFound
-from frontend.access import page, render_page
+from apps.core.errors import ApiError, NotFound
+from apps.tenancy import selectors, services
+from apps.tenancy.auth import principal_for_session
+from apps.tenancy.models import Role, Scope
+from apps.tenancy.pages import page, render_page
+from apps.tenancy.principal import Principal
 
 EXPIRY_CHOICES = [("", "Never"), ("7", "7 days"), ("30", "30 days"), ("90", "90 days")]
 

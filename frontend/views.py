@@ -13,15 +13,15 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.billing.principal import Principal
 from apps.billing.usage import cost_for_sandboxes, sandbox_cost
+from apps.core.errors import ApiError, NotFound
 from apps.sandboxes import selectors
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.models import LIVE_STATES, State
 from apps.sandboxes.services import files
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
-from controlplane.errors import ApiError, NotFound
-from frontend.access import is_htmx, page, render_page, websocket_paths
+from apps.tenancy.pages import is_htmx, page, render_page
+from apps.tenancy.principal import Principal
 from frontend.forms import sandbox_form_errors
 
 PAGE_SIZE = 50
@@ -250,12 +250,10 @@ def _detail_context(principal: Principal, sandbox_id: str) -> dict[str, Any]:
 def sandbox_detail(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
     context = _detail_context(principal, sandbox_id)
     sandbox = context["sandbox"]
-    paths = websocket_paths()
     context.update(
         # the file browser opens where the URL says (?path=…), so a reload keeps its place
         files_path=request.GET.get("path") or "/workspace",
         operations=list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20]),
-        pty_available=any("pty" in p for p in paths),
         nav_section="sandboxes",
     )
     return render_page(request, principal, "frontend/sandboxes/detail.html", context)

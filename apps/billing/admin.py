@@ -2,16 +2,14 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from apps.billing.models import (
-    ApiKey,
     ApiKeyLimits,
     DailyUsage,
-    Membership,
     PriceBook,
     PriceRate,
-    Tenant,
     TenantQuota,
     UsageRecord,
 )
+from apps.tenancy.models import ApiKey, Membership, Tenant
 
 
 class TenantQuotaInline(admin.StackedInline):  # type: ignore[type-arg]

@@ -17,7 +17,6 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.billing.quotas import (
     Ask,
     BudgetExhausted,
@@ -30,6 +29,7 @@ from apps.billing.quotas import (
     tenant_use,
 )
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
+from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 DRAIN_LOCK_KEY = 0x48455251  # "HERQ"

@@ -11,8 +11,8 @@ class BillingConfig(AppConfig):
         from django.db.models.signals import post_save
 
         from apps.billing.usage import on_sandbox_event
+        from apps.core.nav import NavItem, register_nav
         from apps.sandboxes.models import SandboxEvent
-        from frontend.nav import NavItem, register_nav
 
         register_nav(NavItem("Usage", "billing:usage", section="usage"), before="API keys")
 

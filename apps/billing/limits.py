@@ -26,8 +26,8 @@ from django.conf import settings
 
 from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.quotas import QuotaExceeded, limit_error
+from apps.core.errors import ApiError
 from apps.sandboxes.events import redis_client
-from controlplane.errors import ApiError
 
 CACHE_S = 5.0
 

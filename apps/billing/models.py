@@ -1,79 +1,12 @@
-"""Tenancy lives next to money: tenants, memberships and API keys."""
+"""Money: quotas and hot-path limits, price books, the usage ledger and its daily
+roll-up. Tenants, members and keys are ``apps.tenancy``."""
 
 from __future__ import annotations
 
-import uuid
-
-from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-
-class Tenant(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
-    created_at = models.DateTimeField(default=timezone.now)
-    is_active = models.BooleanField(default=True)
-
-    def __str__(self) -> str:
-        return self.slug
-
-
-class Role(models.TextChoices):
-    OWNER = "owner"
-    ADMIN = "admin"
-    MEMBER = "member"
-    VIEWER = "viewer"
-
-
-class Membership(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
-    )
-    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership_tenant_user")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.user_id}@{self.tenant_id}:{self.role}"
-
-
-class Scope(models.TextChoices):
-    READ = "read"
-    WRITE = "write"
-    ADMIN = "admin"
-
-
-class ApiKey(models.Model):
-    """A tenant key. Only a SHA-256 of the secret is stored; the secret is shown once."""
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=200)
-    prefix = models.CharField(max_length=16, db_index=True)
-    secret_hash = models.CharField(max_length=64, unique=True)
-    scopes = models.JSONField(default=list)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.name})"
-
-    @property
-    def is_active(self) -> bool:
-        now = timezone.now()
-        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+from apps.tenancy.models import ApiKey, Tenant
 
 
 class TenantQuota(models.Model):

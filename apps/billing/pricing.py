@@ -11,7 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.db import IntegrityError, transaction
 
 from apps.billing.models import CapacityType, PriceBook, PriceRate
-from controlplane.errors import ServiceUnavailable
+from apps.core.errors import ServiceUnavailable
 
 CENT = Decimal("0.01")
 HOUR = Decimal(3600)

@@ -20,12 +20,13 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Sum
 
-from apps.billing.models import ApiKey, ApiKeyLimits, Tenant, TenantQuota
+from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.pricing import money
 from apps.billing.usage import tenant_month_cost
+from apps.core.dbrows import instance_from_row, select_list
+from apps.core.errors import ApiError
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
-from controlplane.dbrows import instance_from_row, select_list
-from controlplane.errors import ApiError
+from apps.tenancy.models import ApiKey, Tenant
 
 # Any constant unique to this lock; pg advisory locks are per database.
 CLUSTER_LOCK_KEY = 0x48454447  # "HEDG"

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from apps.billing.models import DailyUsage, PriceBook, Tenant, TenantQuota, UsageRecord
+from apps.billing.models import DailyUsage, PriceBook, TenantQuota, UsageRecord
 from apps.billing.pricing import (
     HOUR,
     money,
@@ -21,6 +21,7 @@ from apps.billing.pricing import (
     reference_books,
 )
 from apps.billing.usage import Totals, month_start, record_window, records_overlapping
+from apps.tenancy.models import Tenant
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:

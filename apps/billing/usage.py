@@ -34,12 +34,13 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
-from apps.billing.models import CapacityType, PriceBook, PriceRate, Tenant, UsageRecord
+from apps.billing.models import CapacityType, PriceBook, PriceRate, UsageRecord
 from apps.billing.pricing import HOUR, gibs, hourly_rate, price_book_in_force, price_rate
 from apps.billing.pricing import seconds_of as _seconds_of
 from apps.billing.pricing import vcpus as _vcpus
+from apps.core.dbrows import instance_from_row, select_list
 from apps.sandboxes.models import FINAL_STATES, Sandbox, SandboxEvent, State
-from controlplane.dbrows import instance_from_row, select_list
+from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 WARM_POOL_REASON = "warm_pool"  # apps.sandboxes.services.warm_pool.CLAIM_REASON

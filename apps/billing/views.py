@@ -12,11 +12,11 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from apps.billing.api.usage_views import cost_report_csv, parse_window, window_end_date
-from apps.billing.principal import Principal
 from apps.billing.quotas import quota_usage
 from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, current_price_book, tenant_report
-from controlplane.errors import ValidationFailed
-from frontend.access import page, render_page, staff_page
+from apps.core.errors import ValidationFailed
+from apps.tenancy.pages import page, render_page, staff_page
+from apps.tenancy.principal import Principal
 
 QUOTA_LABELS = [
     ("concurrent_sandboxes", "Concurrent sandboxes", ""),

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from controlplane.errors import ApiError
+from apps.core.errors import ApiError
 
 END_STREAM = 0x02
 COMPRESSED = 0x01

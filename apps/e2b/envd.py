@@ -21,13 +21,13 @@ from django.http.multipartparser import MultiPartParser
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError
 from apps.e2b import connect, filesystem, process, pty
 from apps.e2b.connect import ConnectError
 from apps.e2b.tokens import envd_principal
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services import files
-from controlplane.errors import ApiError
+from apps.tenancy.principal import Principal
 
 Handler = Callable[..., Any]
 # E2B's proxy answers a sandbox that is gone with this (the SDK reads "was not found").

@@ -37,7 +37,8 @@ from django.core import signing
 from django.db import close_old_connections
 from django.http.request import split_domain_port, validate_host
 
-from apps.billing.auth import principal_cached_for_key_id, principal_refresh_for_key_id
+from apps.core.errors import ApiError
+from apps.core.logging import request_id_var
 from apps.e2b import connect
 from apps.e2b.process import KEEPALIVE_S, end_events, exec_request, pids_key_of
 from apps.e2b.services import sandbox_env_cached
@@ -50,8 +51,7 @@ from apps.sandboxes.services.exec_async import (
     single_flight,
 )
 from apps.sandboxes.services.replay import frames_key
-from controlplane.errors import ApiError
-from controlplane.logging import request_id_var
+from apps.tenancy.auth import principal_cached_for_key_id, principal_refresh_for_key_id
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError
 from apps.e2b.connect import ConnectError, envelope
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services import file_watch, files
 from apps.sandboxes.services.operations import ExecRequest, operation_exec
-from controlplane.errors import ApiError
+from apps.tenancy.principal import Principal
 
 MAX_DEPTH = 8
 _TYPES = {

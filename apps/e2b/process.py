@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from apps.billing.principal import Principal
+from apps.core.errors import Conflict, ValidationFailed
 from apps.e2b.connect import ConnectError, envelope
 from apps.e2b.services import sandbox_env
 from apps.sandboxes.events import redis_client
@@ -32,7 +32,7 @@ from apps.sandboxes.services.operations import (
     operation_send_stdin,
 )
 from apps.sandboxes.services.streaming import frames_key, operation_exec_stream, operation_recover
-from controlplane.errors import Conflict, ValidationFailed
+from apps.tenancy.principal import Principal
 
 # E2B's timeout 0 ("unbounded"): the longest command Hedgerow runs.
 UNBOUNDED_TIMEOUT_S = 86400.0

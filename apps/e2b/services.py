@@ -16,7 +16,8 @@ from urllib.parse import parse_qsl, unquote
 from django.conf import settings
 from django.db import transaction
 
-from apps.billing.principal import Principal
+from apps.core import jsonsafe
+from apps.core.errors import ApiError, Conflict, NotFound, ValidationFailed
 from apps.e2b.models import SandboxEnv
 from apps.e2b.tokens import envd_token
 from apps.sandboxes.backends import get_backend
@@ -30,8 +31,7 @@ from apps.sandboxes.services.lifecycle import (
     validate_labels,
 )
 from apps.sandboxes.services.waiting import sandbox_wait_settled
-from controlplane import jsonsafe
-from controlplane.errors import ApiError, Conflict, NotFound, ValidationFailed
+from apps.tenancy.principal import Principal
 
 # What the answers say envd is: the SDK turns features on by this version (stdin,
 # close_stdin and the default user from 0.5.2 on, octet-stream uploads from 0.5.7;

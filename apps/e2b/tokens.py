@@ -13,9 +13,9 @@ from typing import Any
 
 from django.core import signing
 
-from apps.billing.auth import AuthFailed, principal_for_key_id
-from apps.billing.principal import Principal
-from controlplane.errors import ApiError
+from apps.core.errors import ApiError
+from apps.tenancy.auth import AuthFailed, principal_for_key_id
+from apps.tenancy.principal import Principal
 
 SALT = "hedgerow.e2b.envd-access-token"
 

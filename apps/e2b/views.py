@@ -15,11 +15,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.exceptions import AuthenticationFailed
 
-from apps.billing.auth import principal_for_key
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError
+from apps.core.inputs import json_loads
 from apps.e2b import services
-from controlplane.errors import ApiError
-from controlplane.inputs import json_loads
+from apps.tenancy.auth import principal_for_key
+from apps.tenancy.principal import Principal
 
 MAX_BODY = 256 * 1024
 Handler = Callable[..., Any]

@@ -9,6 +9,6 @@ class ImagesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from frontend.nav import NavItem, register_nav
+        from apps.core.nav import NavItem, register_nav
 
         register_nav(NavItem("Images", "images:list", section="images"), before="Usage")

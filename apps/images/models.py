@@ -7,7 +7,7 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from apps.billing.models import Tenant
+from apps.tenancy.models import Tenant
 
 
 class RegistryCredentialQuerySet(models.QuerySet["RegistryCredential"]):

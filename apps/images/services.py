@@ -33,7 +33,7 @@ from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquer
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from apps.billing.models import Tenant
+from apps.core.errors import ApiError, Conflict, NotFound, ValidationFailed
 from apps.images import crypto
 from apps.images.models import Image, ImageStatus, RegistryCredential
 from apps.sandboxes.backends import get_backend
@@ -46,7 +46,7 @@ from apps.sandboxes.backends.base import (
 )
 from apps.sandboxes.backends.local.images import ImageError
 from apps.sandboxes.backends.local.images import parse as parse_reference
-from controlplane.errors import ApiError, Conflict, NotFound, ValidationFailed
+from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError
 from apps.images import services
 from apps.images.models import ImageStatus, RegistryCredential
-from controlplane.errors import ApiError
-from frontend.access import page, render_page
+from apps.tenancy.pages import page, render_page
+from apps.tenancy.principal import Principal
 
 
 def _images_context(principal: Principal) -> dict[str, Any]:

@@ -23,9 +23,6 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from rest_framework.exceptions import AuthenticationFailed
 
-from apps.billing.auth import principal_for_key
-from apps.billing.principal import Principal
-from apps.billing.revalidate import Lost, watch_principal
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.pty import (
     SIGNALS,
@@ -36,6 +33,9 @@ from apps.sandboxes.services.pty import (
     pty_sandbox_limit,
     pty_tenant_limit,
 )
+from apps.tenancy.auth import principal_for_key
+from apps.tenancy.principal import Principal
+from apps.tenancy.revalidate import Lost, watch_principal
 
 log = logging.getLogger(__name__)
 

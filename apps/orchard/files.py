@@ -9,12 +9,12 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError, ValidationFailed
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services import files
 from apps.sandboxes.services.patching import sandbox_apply_patch
-from controlplane.errors import ApiError, ValidationFailed
+from apps.tenancy.principal import Principal
 
 # Base64 in a JSON body is held in memory on both sides; bigger files go through
 # Hedgerow's streamed /api/v1 files endpoints.

@@ -17,8 +17,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.billing.models import Tenant
-from apps.billing.principal import Principal
+from apps.core.errors import NotFound, ValidationFailed
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
@@ -29,7 +28,8 @@ from apps.sandboxes.services.streaming import (
     operation_exec_stream,
     operation_recover,
 )
-from controlplane.errors import NotFound, ValidationFailed
+from apps.tenancy.models import Tenant
+from apps.tenancy.principal import Principal
 
 MAX_EXEC_TIMEOUT_S = 86400.0
 TIMEOUT_EXIT_CODE = 124  # what `timeout(1)` and Orchard clients expect for a timeout

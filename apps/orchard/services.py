@@ -13,8 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Sum
 
-from apps.billing.models import Tenant, TenantQuota
-from apps.billing.principal import Principal
+from apps.billing.models import TenantQuota
+from apps.core.errors import ApiError, ValidationFailed
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import (
@@ -23,7 +23,8 @@ from apps.sandboxes.services.lifecycle import (
     sandbox_create,
     validate_external_id,
 )
-from controlplane.errors import ApiError, ValidationFailed
+from apps.tenancy.models import Tenant
+from apps.tenancy.principal import Principal
 
 DEFAULT_CPU_MILLIS = 1000
 DEFAULT_MEMORY_MIB = 1024

@@ -16,15 +16,15 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.exceptions import AuthenticationFailed
 
-from apps.billing.auth import principal_for_key
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError, NotFound
+from apps.core.inputs import json_loads
 from apps.orchard import files, jobs, services
 from apps.sandboxes import selectors
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_delete, sandbox_heartbeat
 from apps.sandboxes.services.waiting import sandbox_wait_settled
-from controlplane.errors import ApiError, NotFound
-from controlplane.inputs import json_loads
+from apps.tenancy.auth import principal_for_key
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from controlplane.logging import request_id_var
+from apps.core.logging import request_id_var
 
 
 class AgentUnreachable(Exception):

@@ -7,8 +7,8 @@ class SandboxesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core.nav import NavItem, register_nav
         from apps.sandboxes.services.warm_pool import warm_pool_targets
-        from frontend.nav import NavItem, register_nav
 
         # A malformed HEDGEROW_WARM_POOL stops the process now, not at the first create.
         warm_pool_targets()

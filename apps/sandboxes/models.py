@@ -8,7 +8,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.billing.models import Tenant
+from apps.tenancy.models import Tenant
 
 
 class State(models.TextChoices):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import AuditRun, ReconcileRun, Sandbox, SandboxEvent
 from apps.sandboxes.services.audit import TERMS
+from apps.tenancy.models import Tenant
 
 HISTORY = 50
 

@@ -11,10 +11,10 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q, QuerySet
 
-from apps.billing.models import Tenant
+from apps.core.dbrows import instance_from_row, select_list
+from apps.core.errors import NotFound, ValidationFailed
 from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, SnapshotState
-from controlplane.dbrows import instance_from_row, select_list
-from controlplane.errors import NotFound, ValidationFailed
+from apps.tenancy.models import Tenant
 
 
 def sandbox_list(

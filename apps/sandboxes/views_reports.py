@@ -11,12 +11,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from apps.billing.principal import Principal
 from apps.sandboxes import reports
 from apps.sandboxes.metrics import render_metrics
 from apps.sandboxes.services.audit import audit_run
 from apps.sandboxes.services.reconcile import sandbox_reconcile
-from frontend.access import page, render_page, staff_page
+from apps.tenancy.pages import page, render_page, staff_page
+from apps.tenancy.principal import Principal
 
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 

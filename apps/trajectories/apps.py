@@ -7,6 +7,6 @@ class TrajectoriesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from frontend.nav import NavItem, register_nav
+        from apps.core.nav import NavItem, register_nav
 
         register_nav(NavItem("Trajectories", "trajectories:list", section="trajectories"))

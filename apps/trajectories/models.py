@@ -14,8 +14,8 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import Operation, Sandbox
+from apps.tenancy.models import Tenant
 
 
 class FailureClass(models.TextChoices):
@@ -158,6 +158,15 @@ class Episode(models.Model):
     branch_snapshot = models.ForeignKey(
         "sandboxes.Snapshot", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Provenance (apps/trajectories/provenance.py): what the client supplied, the
+    # components (each a value or "unknown") and the keys derived from them.
+    task_hash = models.CharField(max_length=200, blank=True)
+    policy_checkpoint = models.CharField(max_length=200, blank=True)
+    harness_commit = models.CharField(max_length=200, blank=True)
+    verifier_commit = models.CharField(max_length=200, blank=True)
+    provenance = models.JSONField(default=dict, blank=True)
+    provenance_key = models.CharField(max_length=80, blank=True)
+    provenance_origin = models.CharField(max_length=80, blank=True)
 
     objects = EpisodeQuerySet.as_manager()
 
@@ -170,6 +179,8 @@ class Episode(models.Model):
         indexes = [
             models.Index(fields=["tenant", "task_id"], name="episode_tenant_task"),
             models.Index(fields=["tenant", "started_at"], name="episode_tenant_started"),
+            models.Index(fields=["tenant", "provenance_key"], name="episode_tenant_prov_key"),
+            models.Index(fields=["tenant", "provenance_origin"], name="episode_tenant_prov_origin"),
         ]
 
     def __str__(self) -> str:
@@ -251,3 +262,160 @@ class EpisodeRelabel(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+
+# -- secrets taken out of the data (apps/trajectories/redaction.py) --------------------
+
+
+class EpisodeSecret(models.Model):
+    """One distinct secret found in an episode and the placeholder that replaced it.
+    The value is Fernet-encrypted (``apps/core/crypto.py``: key outside the
+    database); ``fingerprint`` (keyed HMAC) finds the same secret again without
+    decrypting. Readable only by tenant admins, every read audited (SecretAccess)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    episode = models.ForeignKey(Episode, on_delete=models.CASCADE, related_name="secrets")
+    kind = models.CharField(max_length=40)
+    placeholder = models.CharField(max_length=80)
+    fingerprint = models.CharField(max_length=64)
+    value_encrypted = models.TextField()
+    first_path = models.CharField(max_length=300, blank=True)  # where it was first seen
+    occurrences = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["episode", "fingerprint"], name="uniq_episode_secret_fingerprint"
+            ),
+            models.UniqueConstraint(
+                fields=["episode", "placeholder"], name="uniq_episode_secret_placeholder"
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "kind"], name="episode_secret_tenant_kind")]
+
+
+class SecretAccess(models.Model):
+    """Append-only audit: who read which episode's secret values, when."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    episode_ref = models.CharField(max_length=64)  # the episode id (kept after a deletion)
+    actor = models.CharField(max_length=128)
+    placeholders = models.JSONField(default=list)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["tenant", "at"], name="secret_access_tenant_at")]
+
+
+# -- lineage: raw events → normalized steps → segments → packed samples -----------------
+
+
+class RawEvent(models.Model):
+    """What the harness sent, as received (after secret redaction), append-only:
+    the open, each step batch, the close, an imported line."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    episode = models.ForeignKey(Episode, on_delete=models.CASCADE, related_name="raw_events")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16)  # open | steps | close | import
+    body = models.JSONField()
+    sha256 = models.CharField(max_length=64)  # of the stored body's canonical JSON
+    produced = models.JSONField(default=list, blank=True)  # step indexes it wrote
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["episode", "seq"], name="uniq_raw_event_episode_seq")
+        ]
+
+
+class LayerKind(models.TextChoices):
+    NORMALIZED = "normalized"  # steps, with the parser and schema version
+    SEGMENTS = "segments"  # step ranges with selection reason, evidence, reward
+    PACKED = "packed"  # samples, with the tokenizer and chat template
+
+
+class LineageLayer(models.Model):
+    """One version of one derived layer of an episode, append-only: a new parser
+    version is a new layer, the old one stays. ``source`` is the layer it was derived
+    from (none for a normalized layer: its items name raw events)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    episode = models.ForeignKey(Episode, on_delete=models.CASCADE, related_name="layers")
+    kind = models.CharField(max_length=16, choices=LayerKind.choices)
+    version = models.PositiveIntegerField()  # per (episode, kind): 1, 2, …
+    source = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="derived"
+    )
+    producer = models.CharField(max_length=200)  # parser / segmenter / packer name
+    producer_version = models.CharField(max_length=100)
+    schema_version = models.CharField(max_length=100, blank=True)
+    # packed: {"tokenizer": id, "chat_template": id, …}, as the client supplied them
+    params = models.JSONField(default=dict, blank=True)
+    created_by = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["kind", "version"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["episode", "kind", "version"], name="uniq_layer_episode_kind_version"
+            )
+        ]
+
+
+class LayerItem(models.Model):
+    """One normalized step, segment or packed sample. ``sources`` names what it came
+    from in the layer below: raw event seqs (normalized), a step range ``[first,
+    last]`` of the source layer (segments), segment positions (packed)."""
+
+    layer = models.ForeignKey(LineageLayer, on_delete=models.CASCADE, related_name="items")
+    position = models.PositiveIntegerField()
+    sources = models.JSONField(default=list)
+    data = models.JSONField(null=True, blank=True)
+    selection_reason = models.CharField(max_length=200, blank=True)  # segments
+    evidence = models.JSONField(default=dict, blank=True)  # segments
+    reward = models.FloatField(null=True, blank=True)  # segments
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [
+            models.UniqueConstraint(fields=["layer", "position"], name="uniq_layer_item_position")
+        ]
+
+
+class LineageExport(models.Model):
+    """An export that was handed out: which episodes it held (a deletion lists it)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=32, default="episodes.jsonl")
+    actor = models.CharField(max_length=128, blank=True)
+    filters = models.JSONField(default=dict, blank=True)
+    episode_ids = models.JSONField(default=list)  # client-visible episode ids
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+
+class Tombstone(models.Model):
+    """What a deletion request removed (episodes with their provenance keys, raw events,
+    layers and items) and what it affects (exports, and whatever the registered
+    dependents — datasets, analyses — reported). The data itself is gone."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    request = models.JSONField(default=dict)  # {"task_id": …} | {"episode_ids": …} | …
+    reason = models.TextField()
+    actor = models.CharField(max_length=128)
+    removed = models.JSONField(default=dict)
+    affects = models.JSONField(default=list)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at"]

@@ -12,8 +12,10 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
-from apps.billing.models import Tenant
+from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.sandboxes.models import SandboxEvent
+from apps.tenancy.models import Tenant
+from apps.trajectories import provenance
 from apps.trajectories.cost import episodes_total_cost
 from apps.trajectories.models import (
     INVALID_CLASSES,
@@ -23,7 +25,6 @@ from apps.trajectories.models import (
     Step,
 )
 from apps.trajectories.services.attribution import DETECTION_GRACE
-from controlplane.errors import Conflict, NotFound, ValidationFailed
 
 # Query parameter → model field, for exact-match filters (comma = any of).
 EXACT_FILTERS = {
@@ -38,6 +39,27 @@ EXACT_FILTERS = {
     "attempt": "attempt_id",
 }
 FILTER_PARAMS = (*EXACT_FILTERS, "since", "until", "label", "relabeled")
+# ``provenance.<component>=value[,value]`` filters on one provenance component
+# (apps/trajectories/provenance.py); ``provenance_key`` / ``provenance_origin`` exactly.
+PROVENANCE_PREFIX = "provenance."
+PROVENANCE_KEYS = {"provenance_key": "provenance_key", "provenance_origin": "provenance_origin"}
+
+
+def filter_params(params: Any) -> dict[str, str]:
+    """The list filters in a query string: the fixed ones and every
+    ``provenance.<component>`` (an unknown component is a 400)."""
+    chosen = {k: params[k] for k in (*FILTER_PARAMS, *PROVENANCE_KEYS) if k in params}
+    for name in params:
+        if name.startswith(PROVENANCE_PREFIX):
+            component = name[len(PROVENANCE_PREFIX) :]
+            if component not in provenance.COMPONENTS:
+                raise ValidationFailed(
+                    f"unknown provenance component {component!r}; one of "
+                    f"{', '.join(provenance.COMPONENTS)}",
+                    field=name,
+                )
+            chosen[name] = params[name]
+    return chosen
 
 
 def _when(value: str, name: str) -> datetime:
@@ -74,7 +96,53 @@ def episode_list(*, tenant: Tenant, filters: dict[str, str] | None = None) -> Qu
         elif param == "relabeled":
             has = value.lower() in ("1", "true", "yes")
             qs = qs.filter(relabels__isnull=not has).distinct()
+        elif param in PROVENANCE_KEYS:
+            qs = qs.filter(**{f"{PROVENANCE_KEYS[param]}__in": value.split(",")})
+        elif param.startswith(PROVENANCE_PREFIX):
+            component = param[len(PROVENANCE_PREFIX) :]
+            qs = qs.filter(**{f"provenance__{component}__in": value.split(",")})
     return qs
+
+
+def episode_provenance_groups(
+    *, episodes: QuerySet[Episode], group_by: list[str]
+) -> list[dict[str, Any]]:
+    """Episodes grouped by provenance components (``origin`` = every component but the
+    attempt): per group the components' values, episodes, closed, valid, successes."""
+    names = list(provenance.ORIGIN_COMPONENTS) if group_by == ["origin"] else group_by
+    for name in names:
+        if name not in provenance.COMPONENTS:
+            raise ValidationFailed(
+                "group_by is 'origin' or provenance components "
+                f"({', '.join(provenance.COMPONENTS)})",
+                field="group_by",
+            )
+    if not names:
+        raise ValidationFailed("group_by needs at least one component", field="group_by")
+    paths = {name: f"provenance__{name}" for name in names}
+    closed = Q(status=EpisodeStatus.CLOSED)
+    rows = (
+        episodes.order_by()
+        .values(*paths.values())
+        .annotate(
+            episodes=Count("pk"),
+            closed=Count("pk", filter=closed),
+            valid=Count("pk", filter=closed & ~Q(failure_class__in=list(INVALID_CLASSES))),
+            successes=Count("pk", filter=closed & Q(failure_class=FailureClass.SUCCESS)),
+        )
+    )
+    groups: list[dict[str, Any]] = [
+        {
+            "components": {name: row[path] or provenance.UNKNOWN for name, path in paths.items()},
+            "episodes": int(row["episodes"]),
+            "closed": int(row["closed"]),
+            "valid": int(row["valid"]),
+            "successes": int(row["successes"]),
+        }
+        for row in rows
+    ]
+    groups.sort(key=lambda g: (-int(g["episodes"]), [str(g["components"][n]) for n in names]))
+    return groups
 
 
 def episode_get(*, tenant: Tenant, episode_id: str) -> Episode:

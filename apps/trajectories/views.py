@@ -10,12 +10,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError
+from apps.tenancy.pages import page, render_page
+from apps.tenancy.principal import Principal
 from apps.trajectories import selectors
 from apps.trajectories.models import INVALID_CLASSES, EpisodeStatus, FailureClass
 from apps.trajectories.services.episodes import episode_relabel
-from controlplane.errors import ApiError
-from frontend.access import page, render_page
 
 PAGE_SIZE = 100
 CLASS_ORDER = [c.value for c in FailureClass]

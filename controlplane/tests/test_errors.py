@@ -6,7 +6,7 @@ import pytest
 import redis
 from django.db import OperationalError
 
-from apps.billing.models import ApiKey
+from apps.tenancy.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.errors import _first_error
+from apps.core.errors import _first_error
 
 
 class _Item(serializers.Serializer[dict[str, object]]):

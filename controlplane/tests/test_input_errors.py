@@ -1,7 +1,7 @@
 """Bad input at the edge is a typed 4xx in the endpoint's error shape, never a 500
 (issue 14, finding 13): NUL in query parameters and URL ids, lone surrogates and
 deep nesting in JSON bodies, integers past their column. One table, every endpoint
-family; the checks live in controlplane/inputs.py and the middleware."""
+family; the checks live in apps/core/inputs.py and the middleware."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from controlplane.env import env_ints
+from apps.core.env import env_ints
 from controlplane.webgc import web_gc_tune
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ def make_user(db: Any) -> Callable[..., Any]:
     """A Django user with a role in each given tenant; the password is the username."""
     from django.contrib.auth.models import User
 
-    from apps.billing.services import membership_set_role
+    from apps.tenancy.services import membership_set_role
 
     def make(username: str, *memberships: tuple[Any, str]) -> Any:
         user = User.objects.create_user(username=username, password=username)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from apps.billing.services import membership_set_role
 from apps.sandboxes.tests.factories import make_sandbox
+from apps.tenancy.services import membership_set_role
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from apps.billing.models import Membership
+from apps.tenancy.models import Membership
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from apps.billing.models import Membership
 from apps.sandboxes.models import Sandbox
+from apps.tenancy.models import Membership
 
 pytestmark = pytest.mark.django_db
 
@@ -151,7 +151,7 @@ def test_issuing_a_key_redirects_and_shows_the_secret_once(make_tenant, make_use
     """Post/redirect/get: the POST answers a redirect (a reload cannot mint a second
     key), the next GET shows the secret, the one after does not; it is never in the
     redirect's URL."""
-    from apps.billing.models import ApiKey
+    from apps.tenancy.models import ApiKey
 
     tenant, _ = make_tenant()
     client = _signed_in(make_user, "prg", (tenant, "owner"))

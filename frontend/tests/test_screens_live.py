@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, ViewportSize, expect
 
-from apps.billing.services import api_key_create, api_key_revoke, tenant_create
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
+from apps.tenancy.services import api_key_create, api_key_revoke, tenant_create
 from frontend.tests.browser import (
     Console,
     axe_violations,

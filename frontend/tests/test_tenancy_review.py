@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from apps.billing.models import ApiKey, Membership
 from apps.sandboxes.models import AuditRun, SandboxEvent, State
 from apps.sandboxes.tests.factories import make_sandbox
+from apps.tenancy.models import ApiKey, Membership
 
 pytestmark = pytest.mark.django_db
 

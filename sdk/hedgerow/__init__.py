@@ -4,6 +4,7 @@ from hedgerow._common import VERSION as __version__
 from hedgerow.aio import AsyncClient, AsyncSandbox
 from hedgerow.client import Client, Sandbox
 from hedgerow.commands import AsyncCommandHandle, CommandHandle
+from hedgerow.episode import content_hash
 from hedgerow.errors import (
     AgentUnreachable,
     AuthError,
@@ -76,4 +77,5 @@ __all__ = [
     "Watcher",
     "WrittenFile",
     "__version__",
+    "content_hash",
 ]

@@ -614,7 +614,9 @@ class AsyncSandbox:
 
     def episode(self, *, task_id: str, **fields: Any) -> AsyncEpisode:
         """A recorded episode in this sandbox: ``async with sandbox.episode(task_id=...)
-        as ep:``. Execs awaited inside the block become steps (see hedgerow.episode)."""
+        as ep:``. Execs awaited inside the block become steps (see hedgerow.episode).
+        Provenance: ``task_hash`` (``hedgerow.content_hash(task)``), ``policy_checkpoint``,
+        ``harness_commit``, ``verifier_commit``, ``sampling``, ``attempt_id``."""
         return AsyncEpisode(self._client, [self], task_id=task_id, **fields)
 
     # -- live output (hedgerow/streaming.py) ---------------------------------------

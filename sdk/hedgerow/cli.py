@@ -4,7 +4,7 @@
     hedgerow sandbox create [--count N] · ls · get ID · rm ID... · exec ID -- CMD...
     hedgerow sandbox shell ID · cp SRC DST (ID:/path on either side)
     hedgerow image pull REF · ls · rm ID... · import PATH --reference REF
-    hedgerow ops get|wait|kill SANDBOX OP · keys ls|create|revoke · trajectories import|export
+    hedgerow ops get|wait|kill SANDBOX OP · keys ls|create|revoke · trajectories import|export|scan
     hedgerow bench exec|create
 
 ``--json`` prints machine-readable output. ``sandbox exec`` exits with the command's
@@ -531,8 +531,54 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scan_text(report: Dict[str, Any], where: str) -> str:
+    kinds = report.get("by_kind") or {}
+    if not kinds:
+        return f"no secrets found in {where}"
+    lines = [f"{'KIND':<22} {'SECRETS':>8} {'OCCURRENCES':>12}  WHERE"]
+    for kind, entry in kinds.items():
+        paths = entry.get("paths")
+        shown = ", ".join(paths[:3]) + (" …" if len(paths) > 3 else "") if paths else ""
+        lines.append(
+            f"{kind:<22} {entry.get('secrets', 0):>8} {entry.get('occurrences', 0):>12}  {shown}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_trajectories_scan(args: argparse.Namespace) -> int:
+    """A file: what redaction would replace in it, by kind (nothing is stored; exit 1 when
+    anything was found, so a pipeline can refuse to publish it). No file: what redaction
+    replaced in the team's stored episodes (matching ``--filter``s)."""
+    hr = _client(args)
+    if args.file:
+        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+        response = hr._http.post(
+            "/episodes/scan",
+            content=data,
+            headers={"Content-Type": "application/x-ndjson"},
+            timeout=600,
+        )
+        where = "stdin" if args.file == "-" else args.file
+    else:
+        params: Dict[str, str] = {}
+        for item in args.filter or []:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise HedgerowError(f"--filter takes key=value (got {item!r})", code="usage")
+            params[key] = value
+        response = hr._http.get("/episodes/secrets/report", params=params, timeout=600)
+        where = "the stored episodes"
+    if response.status_code >= 400:
+        raise HedgerowError(response.text[:500], code="scan_failed")
+    report = response.json()
+    _out(args, report, lambda: _scan_text(report, where))
+    return 1 if args.file and report.get("secrets") else 0
+
+
 def cmd_trajectories(args: argparse.Namespace) -> int:
     hr = _client(args)
+    if args.traj_cmd == "scan":
+        return cmd_trajectories_scan(args)
     if args.traj_cmd == "export":
         out = open(args.output, "wb") if args.output else sys.stdout.buffer  # noqa: SIM115
         count = 0
@@ -895,6 +941,15 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("file")
     imp.add_argument("--dry-run", action="store_true", help="validate only")
     imp.set_defaults(func=cmd_trajectories)
+    scan = command(traj, "scan", "report secrets by kind: in a JSONL file, or stored ones")
+    scan.add_argument("file", nargs="?", help="JSONL file to scan ('-' = stdin); exit 1 if any")
+    scan.add_argument(
+        "--filter",
+        action="append",
+        metavar="KEY=VALUE",
+        help="without a file: episode filters, e.g. task=t-1 or provenance.policy=ckpt-a",
+    )
+    scan.set_defaults(func=cmd_trajectories)
 
     bench = command(sub, "bench", "latency benchmarks through the API").add_subparsers(
         dest="bench_cmd", required=True, metavar="SUBCOMMAND"

@@ -703,7 +703,9 @@ class Sandbox:
     # -- trajectories hook ------------------------------------------------------------
     def episode(self, *, task_id: str, **fields: Any) -> Episode:
         """A recorded episode in this sandbox: ``with sandbox.episode(task_id=...) as ep:``.
-        Execs made inside the block become steps (see hedgerow.episode)."""
+        Execs made inside the block become steps (see hedgerow.episode). Provenance:
+        ``task_hash`` (``hedgerow.content_hash(task)``), ``policy_checkpoint``,
+        ``harness_commit``, ``verifier_commit``, ``sampling``, ``attempt_id``."""
         return Episode(self._client, [self], task_id=task_id, **fields)
 
     # -- files ------------------------------------------------------------------

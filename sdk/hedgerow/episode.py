@@ -9,11 +9,20 @@
 
 The control plane links exec steps to its own operation records and decides the
 failure class from its own ledger when the episode closes.
+
+Provenance (docs/trajectories.md, "Provenance keys"): supply what the server cannot know
+and the episode's key is derived from it (missing parts are ``unknown``)::
+
+    sb.episode(task_id="fix-bug-12", task_hash=hedgerow.content_hash(task_spec),
+               policy_checkpoint="run-7/step-1200", harness_commit="3f2a9c1",
+               verifier_commit="b71e0d4", sampling={"temperature": 0.7}, attempt_id="a-3")
 """
 
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import json
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -55,6 +64,21 @@ def _sandbox_gone(exc: BaseException) -> bool:
 _current_async: contextvars.ContextVar[AsyncEpisode | None] = contextvars.ContextVar(
     "hedgerow_async_episode", default=None
 )
+
+
+def content_hash(content: Any) -> str:
+    """``sha256:<hex>`` of a task's content, for ``sb.episode(task_hash=…)``: bytes as
+    given, a str as UTF-8, anything else as canonical JSON (sorted keys, no spaces), so
+    the same task hashes the same wherever it is recorded."""
+    if isinstance(content, bytes):
+        raw = content
+    elif isinstance(content, str):
+        raw = content.encode()
+    else:
+        raw = json.dumps(
+            content, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode()
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def current_episode() -> Episode | None:

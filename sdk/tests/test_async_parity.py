@@ -22,7 +22,7 @@ from hedgerow.images import AsyncImages, Images
 from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
 from hedgerow.watch import AsyncWatcher, Watcher
 
-from apps.billing.models import ApiKey
+from apps.tenancy.models import ApiKey
 
 PAIRS = [
     (Client, AsyncClient),

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from apps.billing.models import ApiKey
 from apps.orchard.tests.live import wait_all_deleted
 from apps.sandboxes.models import Sandbox, State
+from apps.tenancy.models import ApiKey
 
 pytestmark = pytest.mark.timeout(240)
 SDK_DIR = Path(__file__).resolve().parents[1]

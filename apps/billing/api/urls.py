@@ -1,10 +1,8 @@
 from django.urls import path
 
-from apps.billing.api import usage_views, views
+from apps.billing.api import usage_views
 
 urlpatterns = [
-    path("keys", views.ApiKeyListCreateView.as_view(), name="apikey-list"),
-    path("keys/<str:key_id>", views.ApiKeyDetailView.as_view(), name="apikey-detail"),
     path("quota", usage_views.QuotaView.as_view(), name="quota"),
     path("usage", usage_views.UsageView.as_view(), name="usage"),
     path("price-books", usage_views.PriceBookListView.as_view(), name="price-books"),

@@ -17,11 +17,12 @@ from rest_framework.views import APIView
 
 from apps.billing import services
 from apps.billing.api.serializers import PriceBookSerializer, TenantQuotaSerializer
-from apps.billing.models import PriceBook, Tenant
-from apps.billing.permissions import principal_of
+from apps.billing.models import PriceBook
 from apps.billing.quotas import quota_get, quota_usage
 from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, tenant_report
-from controlplane.errors import NotFound, ValidationFailed
+from apps.core.errors import NotFound, ValidationFailed
+from apps.tenancy.models import Tenant
+from apps.tenancy.permissions import principal_of
 
 WINDOW_PARAMS = [
     OpenApiParameter("start", str, description="ISO date/time (default: 30 days ago)"),

@@ -10,11 +10,12 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
-from apps.billing.models import ApiKey, ApiKeyLimits, TenantQuota
+from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.quotas import quota_get
+from apps.core.errors import ApiError
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
 from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create
-from controlplane.errors import ApiError
+from apps.tenancy.models import ApiKey
 
 pytestmark = pytest.mark.timeout(120)
 

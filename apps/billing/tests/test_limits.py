@@ -17,9 +17,10 @@ from apps.billing.limits import (
     upload_admit,
     upload_record,
 )
-from apps.billing.models import ApiKey, ApiKeyLimits, TenantQuota
+from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.quotas import quota_get
-from controlplane.errors import ApiError
+from apps.core.errors import ApiError
+from apps.tenancy.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ from django.test import Client
 
 from apps.billing.models import TenantQuota
 from apps.billing.quotas import quota_get
-from apps.billing.services import membership_set_role
 from apps.billing.tests.test_costs import T0, book, ledger_sandbox  # noqa: F401 - fixture
+from apps.tenancy.services import membership_set_role
 
 pytestmark = pytest.mark.django_db
 

@@ -15,8 +15,8 @@ from playwright.sync_api import expect
 from apps.billing.models import TenantQuota
 from apps.billing.quotas import quota_get
 from apps.billing.reports import tenant_report
-from apps.billing.services import membership_set_role
 from apps.billing.tests.test_costs import ledger_sandbox
+from apps.tenancy.services import membership_set_role
 from frontend.tests.browser import ROOT, Console, chromium, new_page, screenshot, sign_in
 
 pytestmark = [

@@ -16,9 +16,9 @@ from apps.billing.admission_queue import (
 )
 from apps.billing.models import TenantQuota
 from apps.billing.quotas import quota_get
+from apps.core.errors import ApiError
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
 from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create, sandbox_transition
-from controlplane.errors import ApiError
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit enqueues must run
 

@@ -10,8 +10,9 @@ from decimal import Decimal
 import pytest
 from django.db import connection, transaction
 
-from apps.billing.models import ApiKey, ApiKeyLimits, TenantQuota
+from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.quotas import quota_get, quota_lock_for
+from apps.tenancy.models import ApiKey
 
 
 def _fields(quota: TenantQuota) -> dict[str, object]:

@@ -10,10 +10,11 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from apps.billing.models import ApiKey, Membership, TenantQuota
+from apps.billing.models import TenantQuota
 from apps.billing.quotas import quota_get
 from apps.billing.tests.test_costs import T0, book, ledger_sandbox  # noqa: F401 - fixture
 from apps.sandboxes.models import Sandbox
+from apps.tenancy.models import ApiKey, Membership
 
 pytestmark = pytest.mark.django_db
 
@@ -121,7 +122,7 @@ def test_it_refuses_a_team_session_write_without_its_csrf_token(make_tenant, no_
 
 
 def test_it_shuts_a_disabled_team_out_of_the_api_and_the_pages(make_tenant, api_client):
-    from apps.billing.auth import forget_cached_keys
+    from apps.tenancy.auth import forget_cached_keys
 
     tenant, secret = make_tenant()
     member = User.objects.create_user("member", password="pw")

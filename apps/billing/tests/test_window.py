@@ -13,8 +13,8 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from apps.billing.api.usage_views import parse_window, window_end_date
-from apps.billing.services import membership_set_role
 from apps.billing.tests.test_costs import T0, book, ledger_sandbox  # noqa: F401 - fixture
+from apps.tenancy.services import membership_set_role
 
 pytestmark = pytest.mark.django_db
 

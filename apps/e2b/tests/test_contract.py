@@ -8,9 +8,9 @@ import urllib.parse
 
 from django.test import RequestFactory
 
+from apps.core.errors import server_error
 from apps.e2b import connect
 from apps.e2b.services import metadata_filter
-from controlplane.errors import server_error
 
 
 def test_it_answers_an_unexpected_error_under_e2b_with_e2bs_json_shape():

@@ -9,13 +9,13 @@ import pytest
 from django.db import transaction
 from e2b import AuthenticationException, Sandbox, SandboxNotRunningException
 
-from apps.billing.auth import KEY_CACHE_TTL_S
-from apps.billing.models import ApiKey
-from apps.billing.services import api_key_revoke
 from apps.e2b.tests.live import opts, wait_all_deleted
 from apps.sandboxes.models import Operation
 from apps.sandboxes.models import Sandbox as Row
 from apps.sandboxes.services.lifecycle import sandbox_delete
+from apps.tenancy.auth import KEY_CACHE_TTL_S
+from apps.tenancy.models import ApiKey
+from apps.tenancy.services import api_key_revoke
 
 pytestmark = pytest.mark.timeout(240)
 

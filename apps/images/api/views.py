@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
+from apps.core.errors import ApiError
 from apps.images import services
 from apps.images.api.serializers import (
     ImageImportSerializer,
@@ -21,7 +21,7 @@ from apps.images.api.serializers import (
 )
 from apps.images.models import Image, ImageStatus
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES, ErrorSerializer
-from controlplane.errors import ApiError
+from apps.tenancy.permissions import principal_of
 
 IMAGE_ERRORS = {
     **ERROR_RESPONSES,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from apps.core.asyncdb import db_async
 from apps.images.models import Image
 from apps.images.services import ProgressWriter
 from apps.sandboxes.tests.wscomm import WebsocketCommunicator
 from controlplane.asgi import application
-from controlplane.asyncdb import db_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

@@ -85,7 +85,7 @@ def test_it_answers_an_outsider_404_on_every_endpoint_and_changes_nothing(
 )
 def test_it_refuses_every_orchard_write_to_a_read_only_key(make_tenant, method, path, body):
     tenant, _ = make_tenant()
-    from apps.billing.services import api_key_create
+    from apps.tenancy.services import api_key_create
 
     read_only = api_key_create(tenant=tenant, name="ro", scopes=["read"]).secret
     sandbox = make_sandbox(tenant, external_id="sb-owned")

@@ -11,10 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
+from apps.core.errors import ValidationFailed
 from apps.sandboxes import reports
 from apps.sandboxes.services.audit import AuditSlice, audit_run
-from controlplane.errors import ValidationFailed
+from apps.tenancy.permissions import principal_of
 
 
 def _when(request: Request, name: str) -> datetime | None:

@@ -27,15 +27,15 @@ from typing import Any
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
-from apps.billing.auth import principal_cached, principal_refresh
-from apps.billing.principal import Principal
-from apps.billing.services import hash_secret
+from apps.core.errors import ApiError, _internal_error_body
+from apps.core.inputs import json_loads
+from apps.core.logging import request_id_var
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.services.exec_async import iso, operation_exec_async, single_flight
 from apps.sandboxes.services.operations import ExecRequest
-from controlplane.errors import ApiError, _internal_error_body
-from controlplane.inputs import json_loads
-from controlplane.logging import request_id_var
+from apps.tenancy.auth import principal_cached, principal_refresh
+from apps.tenancy.principal import Principal
+from apps.tenancy.secrets import hash_secret
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

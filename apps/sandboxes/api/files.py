@@ -10,10 +10,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.services import file_watch, files
+from apps.tenancy.permissions import principal_of
 
 PATH_PARAM = OpenApiParameter("path", str, required=True, description="absolute path")
 

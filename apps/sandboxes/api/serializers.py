@@ -8,6 +8,8 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from apps.core import jsonsafe
+from apps.core.errors import ValidationFailed
 from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import (
@@ -17,8 +19,6 @@ from apps.sandboxes.services.lifecycle import (
     validate_labels,
 )
 from apps.sandboxes.services.operations import ExecRequest
-from controlplane import jsonsafe
-from controlplane.errors import ValidationFailed
 
 
 def _field_error(exc: ValidationFailed) -> serializers.ValidationError:

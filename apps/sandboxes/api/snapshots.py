@@ -11,7 +11,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.api.serializers import (
@@ -27,6 +26,7 @@ from apps.sandboxes.services.snapshots import (
     snapshot_delete,
     snapshot_fork,
 )
+from apps.tenancy.permissions import principal_of
 
 
 class SandboxSnapshotsView(APIView):

@@ -12,8 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
-from apps.billing.principal import Principal
+from apps.core.errors import ApiError, ValidationFailed
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.api.serializers import (
@@ -42,7 +41,8 @@ from apps.sandboxes.services.operations import (
 from apps.sandboxes.services.patching import sandbox_apply_patch
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
 from apps.sandboxes.services.waiting import sandbox_wait_settled
-from controlplane.errors import ApiError, ValidationFailed
+from apps.tenancy.permissions import principal_of
+from apps.tenancy.principal import Principal
 
 # One long-lived renderer for single sandboxes (see SandboxSerializer.render).
 _sandbox_renderer = SandboxSerializer()

@@ -12,8 +12,8 @@ from typing import Any
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from apps.billing.principal import Principal
-from apps.billing.revalidate import Lost, watch_principal
+from apps.tenancy.principal import Principal
+from apps.tenancy.revalidate import Lost, watch_principal
 
 log = logging.getLogger(__name__)
 

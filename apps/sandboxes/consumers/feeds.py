@@ -14,7 +14,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from apps.billing.principal import Principal
+from apps.core.asyncdb import db_async
 from apps.sandboxes import selectors
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.streaming import (
@@ -23,7 +23,7 @@ from apps.sandboxes.services.streaming import (
     operation_recover,
     pump_alive,
 )
-from controlplane.asyncdb import db_async
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 

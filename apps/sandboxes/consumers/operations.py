@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs
 
+from apps.core.errors import NotFound
 from apps.sandboxes.consumers.base import BadFrame, HedgerowConsumer
 from apps.sandboxes.consumers.feeds import (
     OperationFeed,
@@ -13,7 +14,6 @@ from apps.sandboxes.consumers.feeds import (
     start_feed,
 )
 from apps.sandboxes.events import tenant_group
-from controlplane.errors import NotFound
 
 MAX_SUBSCRIPTIONS = 64
 

@@ -8,7 +8,8 @@ import binascii
 import contextlib
 from typing import Any
 
-from apps.billing.principal import Principal
+from apps.core.asyncdb import db_async
+from apps.core.errors import ApiError
 from apps.sandboxes import selectors
 from apps.sandboxes.consumers.base import BadFrame, HedgerowConsumer
 from apps.sandboxes.consumers.feeds import new_redis
@@ -23,8 +24,7 @@ from apps.sandboxes.services.pty import (
     pty_sandbox_limit,
     pty_tenant_limit,
 )
-from controlplane.asyncdb import db_async
-from controlplane.errors import ApiError
+from apps.tenancy.principal import Principal
 
 INIT_TIMEOUT_S = 10.0
 MAX_STDIN_FRAME = 64 * 1024

@@ -48,7 +48,6 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.models import (
@@ -68,6 +67,7 @@ from apps.sandboxes.services.reconcile import (
     leak_reclaim,
 )
 from apps.sandboxes.services.warm_pool import warm_pool_member_ids
+from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from apps.core.errors import ApiError
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import DiskExhausted
-from controlplane.errors import ApiError
 
 INSUFFICIENT_STORAGE = 507
 

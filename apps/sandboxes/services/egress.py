@@ -8,12 +8,12 @@ from typing import Any
 
 from django.db import transaction
 
-from apps.billing.models import Tenant
+from apps.core.errors import Conflict, ValidationFailed
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.backends.egress import NONE, EgressPolicy, parse_egress, uncovered
 from apps.sandboxes.models import Sandbox, State
-from controlplane.errors import Conflict, ValidationFailed
+from apps.tenancy.models import Tenant
 
 MAX_DNS_LOG = 1000
 

@@ -46,12 +46,11 @@ from apps.billing.limits import (
     hot_limits,
     hot_limits_cached,
 )
-from apps.billing.principal import Principal
+from apps.core.pg_async import PgPool, Statement
+from apps.core.redis_async import Batches, ReplyError, batches_for_url
 from apps.sandboxes.agent_async import agent_exec
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus
-from apps.sandboxes.pg_async import PgPool, Statement
-from apps.sandboxes.redis_async import Batches, ReplyError, batches_for_url
 from apps.sandboxes.services.operations import (
     ExecRequest,
     _agent_timeout,
@@ -59,6 +58,7 @@ from apps.sandboxes.services.operations import (
     result_fields,
 )
 from apps.sandboxes.services.streaming import PUMP_TTL_S, _PumpJob, pump_key, pumps
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 
@@ -67,26 +67,71 @@ FALLBACK: Final = None
 # hundreds of concurrent execs.
 DB_POOL_MAX = 8
 
-# Written out (tests check them against the models' db_table names). Parameters are
-# sent as text (apps/sandboxes/pg_async.py), so each carries its type.
-_START_SQL = """
+# The start statement's INSERT is built from ``Operation``'s own metadata: the fast
+# path sets the columns in ``_START_PARAMS`` and every other column gets the model's
+# default, so a column added to the model is written here too (or, with no default,
+# fails at import with its name instead of at the first exec). Parameters are sent as
+# text (apps/core/pg_async.py), so each carries its type.
+_START_PARAMS: Final = {
+    "id": "$3::uuid",
+    "tenant_id": "$1::uuid",
+    "sandbox_id": "s.id",
+    "operation_id": "$4::text",
+    "kind": "'exec'",
+    "generation": "s.generation",
+    "request": "$5::jsonb",
+    "request_hash": "$6::text",
+    "status": "'running'",
+    "actor": "$7::text",
+    "created_at": "$8::timestamptz",
+}
+
+
+def _sql_default(field: Any) -> str:
+    """A column's default as a SQL literal (what Django would have inserted)."""
+    if field.has_default():
+        value = field.get_default()
+        if callable(getattr(field, "default", None)) and not isinstance(value, dict | list):
+            raise ValueError(f"Operation.{field.name}: a per-row default needs a fast-path value")
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, dict | list):
+            return "'" + json.dumps(value).replace("'", "''") + "'::jsonb"
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, str):
+            return "'" + value.replace("'", "''") + "'"
+        raise ValueError(f"Operation.{field.name}: no SQL literal for default {value!r}")
+    if field.null:
+        return "NULL"
+    if field.blank and field.get_internal_type() in ("CharField", "TextField"):
+        return "''"  # Django's default for a blank text column
+    raise ValueError(f"Operation.{field.name} has no default: give the fast path a value for it")
+
+
+def build_start_insert(fields: list[Any], table: str) -> str:
+    """``INSERT … SELECT`` for every concrete column of ``fields``."""
+    columns = [f.column for f in fields]
+    values = [_START_PARAMS.get(f.column) or _sql_default(f) for f in fields]
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)})\n"  # noqa: S608 - model metadata only
+        f"  SELECT {', '.join(values)}\n"
+        "  FROM s WHERE $9::bigint IS NULL OR s.generation = $9::bigint\n"
+        "  ON CONFLICT (sandbox_id, operation_id) DO NOTHING\n"
+        "  RETURNING id"
+    )
+
+
+_START_SQL = f"""
 WITH s AS (
   SELECT id, generation, endpoint_host, endpoint_port FROM sandboxes_sandbox
   WHERE tenant_id = $1::uuid AND external_id = $2::text AND state = 'ready'
 ), ins AS (
-  INSERT INTO sandboxes_operation (id, tenant_id, sandbox_id, operation_id, kind,
-    generation, request, request_hash, status, termination, exit_code, signal, stdout,
-    stderr, usage, children_remained, error, actor, created_at, finished_at)
-  SELECT $3::uuid, $1::uuid, s.id, $4::text, 'exec', s.generation, $5::jsonb,
-    $6::text, 'running', '', NULL, NULL, '{}'::jsonb, '{}'::jsonb, '{}'::jsonb,
-    false, NULL, $7::text, $8::timestamptz, NULL
-  FROM s WHERE $9::bigint IS NULL OR s.generation = $9::bigint
-  ON CONFLICT (sandbox_id, operation_id) DO NOTHING
-  RETURNING id
+  {build_start_insert(list(Operation._meta.concrete_fields), Operation._meta.db_table)}
 )
 SELECT s.id, s.generation, s.endpoint_host, s.endpoint_port, (SELECT count(*) FROM ins)
 FROM s
-"""
+"""  # noqa: S608 - built from model metadata, no input
 _FINISH_SQL = """
 UPDATE sandboxes_operation SET status = $2::text, termination = $3::text,
   exit_code = $4::integer, signal = $5::integer, stdout = $6::jsonb, stderr = $7::jsonb,

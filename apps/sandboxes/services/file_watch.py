@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from apps.core.errors import ApiError, NotFound, ValidationFailed
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services.files import _check_path
 from apps.sandboxes.services.operations import AgentUnavailable, agent_for, ensure_ready
-from controlplane.errors import ApiError, NotFound, ValidationFailed
 
 WATCHER_ID = re.compile(r"w-[0-9a-f]{32}\Z")
 MAX_WAIT_S = 60.0

@@ -9,11 +9,11 @@ import httpx
 from asgiref.sync import sync_to_async
 
 from apps.billing.limits import upload_admit, upload_record
+from apps.core.errors import ApiError
+from apps.core.inputs import check_text
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services.operations import AgentUnavailable, agent_for, ensure_ready
-from controlplane.errors import ApiError
-from controlplane.inputs import check_text
 
 CHUNK = 256 * 1024
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from django.db import transaction
 
+from apps.core.errors import Conflict, ValidationFailed
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_record_event, validate_labels
-from controlplane.errors import Conflict, ValidationFailed
 
 
 def labels_patch_parse(patch: Any) -> dict[str, str | None]:

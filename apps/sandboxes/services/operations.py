@@ -20,11 +20,11 @@ from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from apps.billing.limits import exec_admit_operation
-from apps.billing.principal import Principal
+from apps.core import jsonsafe
+from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, SandboxEvent, State
-from controlplane import jsonsafe
-from controlplane.errors import ApiError, Conflict, ValidationFailed
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 

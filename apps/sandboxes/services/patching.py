@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
-from apps.billing.principal import Principal
 from apps.sandboxes.models import Operation, Sandbox
 from apps.sandboxes.services import files
 from apps.sandboxes.services.operations import ExecRequest, ensure_ready, operation_exec
+from apps.tenancy.principal import Principal
 
 # git apply works outside a repository too and handles renames and binary hunks;
 # patch(1) is the fallback. -p1 first (a/ b/ prefixes), then -p0. The file is removed.

@@ -21,9 +21,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from apps.billing.models import Tenant
 from apps.sandboxes.agent_client import agent_token
 from apps.sandboxes.models import Sandbox
+from apps.tenancy.models import Tenant
 
 PROTOCOL = "hedgerow-pty/1"
 _HEADER = struct.Struct(">cI")

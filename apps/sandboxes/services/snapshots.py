@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.billing.models import Tenant
+from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SnapshotFailed
@@ -42,7 +42,7 @@ from apps.sandboxes.services.lifecycle import (
     sandbox_record_event,
     sandbox_transition,
 )
-from controlplane.errors import ApiError, Conflict, ValidationFailed
+from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from apps.billing.limits import ExecLease, exec_admit_operation
-from apps.billing.principal import Principal
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, State
@@ -46,6 +45,7 @@ from apps.sandboxes.services.operations import (
     operation_start,
 )
 from apps.sandboxes.services.replay import frames_key as frames_key
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 

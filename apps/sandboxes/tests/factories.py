@@ -5,8 +5,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import Sandbox, State
+from apps.tenancy.models import Tenant
 
 
 def make_sandbox(tenant: Tenant, **fields: Any) -> Sandbox:

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from apps.billing.models import Tenant
 from apps.sandboxes.models import Sandbox, State
+from apps.tenancy.models import Tenant
 
 
 def api_client(live: Any, secret: str, prefix: str = "/api/v1") -> httpx.Client:

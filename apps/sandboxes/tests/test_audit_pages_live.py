@@ -10,13 +10,13 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from apps.billing.services import membership_set_role
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import SandboxSpec
 from apps.sandboxes.models import AuditRun, Sandbox, SandboxEvent, State
 from apps.sandboxes.services.audit import AuditSlice, audit_run
 from apps.sandboxes.services.lifecycle import sandbox_transition
 from apps.sandboxes.tests.factories import make_sandbox
+from apps.tenancy.services import membership_set_role
 from frontend.tests.browser import Console, chromium, new_page, screenshot, sign_in
 
 pytestmark = pytest.mark.timeout(180)

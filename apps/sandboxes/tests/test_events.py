@@ -120,6 +120,11 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
     assert reads == [State.REQUESTED, State.READY]
 
 
+def _subscribers(channel: str) -> int:
+    counts: list[tuple[Any, int]] = events.redis_client().pubsub_numsub(channel)  # type: ignore[assignment]
+    return sum(n for name, n in counts if name in (channel, channel.encode()))
+
+
 def test_it_keeps_one_subscriber_connection_per_thread_and_leaves_it_unsubscribed(
     transactional_db, make_tenant
 ):
@@ -137,7 +142,12 @@ def test_it_keeps_one_subscriber_connection_per_thread_and_leaves_it_unsubscribe
     events.redis_client().publish(events.sandbox_channel(str(first.id)), "late")
 
     def ready_soon() -> None:
-        time.sleep(0.3)
+        # once the waiter listens on the second sandbox's channel (a state, not a nap)
+        channel = events.sandbox_channel(str(second.id))
+        deadline = time.monotonic() + 30
+        while not _subscribers(channel):
+            assert time.monotonic() < deadline, "the waiter never subscribed"
+            time.sleep(0.01)
         Sandbox.objects.filter(pk=second.pk).update(state=State.READY, generation=1)
         events.redis_client().publish(
             events.sandbox_channel(str(second.id)), json.dumps({"state": State.READY})

@@ -20,21 +20,23 @@ import uvloop
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
-from apps.billing import auth, limits
-from apps.billing.auth import forget_cached_keys, principal_for_key
+from apps.billing import limits
 from apps.billing.limits import _key, hot_limits, limits_cache_clear
-from apps.billing.models import ApiKey, TenantQuota
-from apps.billing.services import hash_secret
+from apps.billing.models import TenantQuota
+from apps.core.redis_async import RedisBatches
 from apps.sandboxes.agent_async import pool_clear
 from apps.sandboxes.api.exec_fastpath import ExecFastPath, parse_exec_body, render_operation
 from apps.sandboxes.api.serializers import ExecSerializer, OperationSerializer
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
-from apps.sandboxes.redis_async import RedisBatches
 from apps.sandboxes.services import exec_async
 from apps.sandboxes.services.exec_async import clients_close, operation_fields
 from apps.sandboxes.services.streaming import pump_key, pumps
 from apps.sandboxes.tests.factories import make_sandbox
+from apps.tenancy import auth
+from apps.tenancy.auth import forget_cached_keys, principal_for_key
+from apps.tenancy.models import ApiKey
+from apps.tenancy.secrets import hash_secret
 
 OK_RESULT = {
     "termination": {"reason": "exited", "exit_code": 3, "signal": None, "message": None},
@@ -170,6 +172,56 @@ def test_it_writes_to_the_tables_the_models_name():
     assert f"FROM {Sandbox._meta.db_table}" in exec_async._START_SQL
     assert f"INSERT INTO {Operation._meta.db_table} " in exec_async._START_SQL
     assert f"UPDATE {Operation._meta.db_table} " in exec_async._FINISH_SQL
+
+
+def test_the_start_insert_writes_every_column_of_the_model():
+    # Built from Operation's metadata: every concrete column appears once, in the
+    # model's order, so a column added to the model cannot be silently left out.
+    columns = [f.column for f in Operation._meta.concrete_fields]
+    insert = exec_async._START_SQL.split(f"INSERT INTO {Operation._meta.db_table} (")[1]
+    assert insert.split(")", 1)[0].split(", ") == columns
+
+
+def test_a_fast_path_row_equals_what_the_orm_would_have_written(make_tenant: Any) -> None:
+    # The defaults the INSERT writes for the columns it does not set are the model's.
+    from django.db import connection
+
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.READY)
+    op_id = "00000000-0000-4000-8000-000000000001"
+    with connection.cursor() as cur:
+        sql = exec_async._START_SQL
+        for n in range(9, 0, -1):  # $n::type -> %s placeholders, in order below
+            sql = sql.replace(f"${n}", f"%(p{n})s")
+        cur.execute(
+            sql,
+            {
+                "p1": str(tenant.id),
+                "p2": sandbox.external_id,
+                "p3": op_id,
+                "p4": "op-1",
+                "p5": "{}",
+                "p6": "h",
+                "p7": "actor",
+                "p8": "2026-12-02T00:00:00Z",
+                "p9": None,
+            },
+        )
+    row = Operation.objects.get(pk=op_id)
+    orm = Operation(tenant=tenant, sandbox=sandbox, generation=sandbox.generation)
+    for field in Operation._meta.concrete_fields:
+        if field.column in exec_async._START_PARAMS:
+            continue
+        assert getattr(row, field.attname) == getattr(orm, field.attname), field.name
+
+
+def test_a_column_without_default_or_value_is_refused_by_name():
+    from django.db import models
+
+    field: models.CharField[str, str] = models.CharField(max_length=3)
+    field.set_attributes_from_name("new_column")
+    with pytest.raises(ValueError, match="new_column"):
+        exec_async.build_start_insert([field], "t")
 
 
 # -- the path itself, in process -------------------------------------------------------

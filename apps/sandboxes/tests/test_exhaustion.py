@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from apps.core.errors import ApiError
 from apps.sandboxes.agent_client import AgentError
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.operations import operation_agent_failed, result_fields
 from apps.sandboxes.tests.factories import make_sandbox
-from controlplane.errors import ApiError
 
 
 def _result(termination: dict[str, Any], **extra: Any) -> dict[str, Any]:

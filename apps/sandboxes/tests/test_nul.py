@@ -8,6 +8,7 @@ import base64
 
 import pytest
 
+from apps.core.errors import ValidationFailed
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.operations import (
     ExecRequest,
@@ -15,7 +16,6 @@ from apps.sandboxes.services.operations import (
     operation_record_result,
 )
 from apps.sandboxes.tests.factories import make_sandbox
-from controlplane.errors import ValidationFailed
 
 pytestmark = pytest.mark.django_db
 
@@ -68,8 +68,8 @@ def test_it_stores_a_failure_message_that_holds_a_nul(make_tenant):
     ],
 )
 def test_every_exec_path_refuses_a_nul_in_its_input(make_tenant, request_fields, field):
-    from apps.billing.principal import Principal
     from apps.sandboxes.services.operations import operation_start
+    from apps.tenancy.principal import Principal
 
     tenant, _ = make_tenant()
     sandbox = make_sandbox(tenant)

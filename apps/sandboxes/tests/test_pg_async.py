@@ -1,4 +1,4 @@
-"""The exec hot path's libpq pool (apps/sandboxes/pg_async.py) against the test
+"""The exec hot path's libpq pool (apps/core/pg_async.py) against the test
 database: statements, their errors, and connections that break, hang or run out."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import uvloop
 from django.db import connections
 
-from apps.sandboxes.pg_async import PgPool, Statement, text
+from apps.core.pg_async import PgPool, Statement, text
 
 ECHO = Statement(b"t_echo", b"SELECT $1::uuid, $2::text, $3::int, $4::timestamptz, $5::bigint")
 SLEEP = Statement(b"t_sleep", b"SELECT pg_sleep($1::float8)")
@@ -39,6 +39,14 @@ def _run(loop_kind: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         return loop.run_until_complete(fn())
     finally:
         loop.close()
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Waits on the event loop until ``condition`` holds; fails after ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
 
 
 def test_it_sends_parameters_in_postgres_text_format():
@@ -85,8 +93,8 @@ def test_it_replaces_a_connection_the_server_closed(db, loop_kind):
             assert pid is not None
             with psycopg.connect(_conninfo(), autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", [int(pid)])
-            await asyncio.sleep(0.2)  # the idle connection's reader sees the close
-            assert pool.idle == [] or not pool.idle[0].reusable()
+            # the idle connection's reader sees the close (a state, waited on)
+            await _until(lambda: pool.idle == [] or not pool.idle[0].reusable())
             assert (await pool.execute(PID, [])).get_value(0, 0) != pid
             assert pool.size == 1
         finally:
@@ -101,7 +109,7 @@ def test_it_drops_a_connection_left_mid_statement_and_waits_for_a_free_one(db, l
         pool = PgPool(_conninfo(), max_size=1, timeout=0.3)
         try:
             slow = asyncio.ensure_future(pool.execute(SLEEP, [5]))
-            await asyncio.sleep(0.1)
+            await _until(lambda: pool.size == 1 and pool.idle == [])  # checked out
             # The one connection is busy: a second caller waits, then gives up.
             with pytest.raises(psycopg.OperationalError, match="no Postgres connection free"):
                 await pool.execute(PID, [])

@@ -1,4 +1,4 @@
-"""The exec hot path's pipelined Redis client (apps/sandboxes/redis_async.py) against
+"""The exec hot path's pipelined Redis client (apps/core/redis_async.py) against
 the test Redis: what it sends is what redis-py sends, replies reach the caller that
 asked, and a broken connection fails its callers and is replaced."""
 
@@ -14,7 +14,7 @@ import uvloop
 from django.conf import settings
 from redis.asyncio.connection import Connection
 
-from apps.sandboxes.redis_async import (
+from apps.core.redis_async import (
     RedisBatches,
     RedisPyBatches,
     ReplyError,

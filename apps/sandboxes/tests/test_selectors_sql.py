@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from apps.core.errors import NotFound
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.selectors import sandbox_by_idempotency_key, sandbox_get, sandbox_refresh
 from apps.sandboxes.tests.factories import make_sandbox
-from controlplane.errors import NotFound
 
 pytestmark = pytest.mark.django_db
 

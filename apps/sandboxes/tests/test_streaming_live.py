@@ -110,9 +110,9 @@ def test_it_replays_everything_to_a_late_subscriber_and_a_replay_runs_once(live,
 
 def test_it_recovers_an_operation_whose_relay_died(live, make_tenant):
     """The web process that pumped the stream is gone: a GET asks the agent by id."""
-    from apps.billing.principal import Principal
     from apps.sandboxes.models import Sandbox
     from apps.sandboxes.services.operations import ExecRequest, operation_start
+    from apps.tenancy.principal import Principal
 
     tenant, secret = make_tenant()
     http = api_client(live, secret)

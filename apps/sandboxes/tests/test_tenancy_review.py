@@ -11,11 +11,11 @@ import httpx
 import pytest
 from django.test import Client
 
+from apps.core.asyncdb import db_async
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, SandboxEvent, State
 from apps.sandboxes.tests.factories import make_sandbox
 from apps.sandboxes.tests.wscomm import WebsocketCommunicator
 from controlplane.asgi import application
-from controlplane.asyncdb import db_async
 
 WRITES = [
     ("post", "/api/v1/sandboxes", {"image": "host"}),
@@ -294,7 +294,7 @@ def test_it_keeps_keys_and_agent_tokens_out_of_logs_argv_and_the_sandbox(live, m
 def test_it_redacts_keys_from_server_log_lines_and_json_logs():
     import logging
 
-    from controlplane.logging import JsonFormatter, RedactSecretsFilter
+    from apps.core.logging import JsonFormatter, RedactSecretsFilter
 
     key = "hr_" + "k" * 43
     record = logging.LogRecord(
@@ -317,7 +317,7 @@ async def test_it_refuses_a_viewers_session_a_terminal_and_an_outsiders_session_
 ):
     from django.contrib.auth.models import User
 
-    from apps.billing.models import Membership
+    from apps.tenancy.models import Membership
 
     def session_of(username: str, tenant: Any, role: str) -> bytes:
         user = User.objects.create_user(username, password="pw-" + username)

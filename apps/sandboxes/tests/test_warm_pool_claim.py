@@ -13,9 +13,10 @@ from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from apps.billing.models import Tenant, UsageRecord
+from apps.billing.models import UsageRecord
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
 from apps.sandboxes.services import warm_pool
+from apps.tenancy.models import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -10,11 +10,11 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django.test import Client
 
-from apps.billing.services import tenant_create
+from apps.core.asyncdb import db_async
 from apps.sandboxes.events import tenant_group
 from apps.sandboxes.tests.wscomm import WebsocketCommunicator
+from apps.tenancy.services import tenant_create
 from controlplane.asgi import application
-from controlplane.asyncdb import db_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

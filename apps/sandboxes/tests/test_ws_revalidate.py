@@ -16,11 +16,11 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
 
-from apps.billing.models import ApiKey, Membership, Role, Tenant
-from apps.billing.services import api_key_revoke, tenant_create
+from apps.core.asyncdb import db_async
 from apps.sandboxes.tests.wscomm import WebsocketCommunicator
+from apps.tenancy.models import ApiKey, Membership, Role, Tenant
+from apps.tenancy.services import api_key_revoke, tenant_create
 from controlplane.asgi import application
-from controlplane.asyncdb import db_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

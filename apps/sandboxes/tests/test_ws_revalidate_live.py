@@ -12,10 +12,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from apps.billing.models import ApiKey
-from apps.billing.services import api_key_create, api_key_revoke
 from apps.sandboxes.tests.live_api import api_client, ready_sandbox
 from apps.sandboxes.tests.test_streaming_live import _ws
+from apps.tenancy.models import ApiKey
+from apps.tenancy.services import api_key_create, api_key_revoke
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,7 +31,7 @@ def _two_keys(make_tenant: Any) -> tuple[str, str]:
 
 
 def _revoke(secret: str) -> float:
-    from apps.billing.services import hash_secret
+    from apps.tenancy.secrets import hash_secret
 
     api_key_revoke(key=ApiKey.objects.get(secret_hash=hash_secret(secret)))
     return time.monotonic()

@@ -40,6 +40,12 @@ class EpisodeOpenSerializer(serializers.Serializer):  # type: ignore[type-arg]
         child=serializers.CharField(max_length=63), required=False, max_length=64
     )
     started_at = serializers.DateTimeField(required=False)
+    task_hash = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, help_text="the task's content hash"
+    )
+    policy_checkpoint = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    harness_commit = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    verifier_commit = serializers.CharField(max_length=200, required=False, allow_blank=True)
     parent_episode_id = serializers.CharField(
         max_length=64, required=False, help_text="a branch: the episode it continues"
     )
@@ -225,6 +231,11 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "parent",
             "branch_step",
             "branch_snapshot",
+            "task_hash",
+            "policy_checkpoint",
+            "harness_commit",
+            "verifier_commit",
+            "provenance",
         ]
 
     parent = serializers.SerializerMethodField(  # type: ignore[assignment]
@@ -233,6 +244,18 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     branch_snapshot = serializers.SerializerMethodField(
         help_text="the snapshot the branch resumed from, else null"
     )
+
+    provenance = serializers.SerializerMethodField(
+        help_text="{key, origin, components}: the provenance key, the key without the "
+        "attempt, and each component (a value, `unknown` or `none`)"
+    )
+
+    def get_provenance(self, obj: Episode) -> dict[str, Any]:
+        return {
+            "key": obj.provenance_key,
+            "origin": obj.provenance_origin,
+            "components": obj.provenance,
+        }
 
     def get_parent(self, obj: Episode) -> str | None:
         return obj.parent.episode_id if obj.parent_id else None  # type: ignore[union-attr]

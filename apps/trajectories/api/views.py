@@ -10,8 +10,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing.permissions import principal_of
+from apps.core.errors import ApiError
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
+from apps.tenancy.permissions import principal_of
 from apps.trajectories import selectors
 from apps.trajectories.api.serializers import (
     EpisodeCloseSerializer,
@@ -33,7 +34,6 @@ from apps.trajectories.services.episodes import (
     step_append,
 )
 from apps.trajectories.services.transfer import episodes_export, episodes_import
-from controlplane.errors import ApiError
 
 FILTER_DOCS = [
     OpenApiParameter(name, str, description="comma = any of") for name in selectors.EXACT_FILTERS
@@ -42,13 +42,19 @@ FILTER_DOCS = [
     OpenApiParameter("until", str, description="ISO time, started before"),
     OpenApiParameter("label", str, description="key=value or key"),
     OpenApiParameter("relabeled", bool),
+    OpenApiParameter("provenance_key", str, description="comma = any of"),
+    OpenApiParameter("provenance_origin", str, description="comma = any of"),
+    OpenApiParameter(
+        "provenance.<component>",
+        str,
+        description="task, image, snapshot, policy, harness, verifier, sampling or attempt "
+        "(comma = any of; `unknown` matches a missing component)",
+    ),
 ]
 
 
 def _filters(request: Request) -> dict[str, str]:
-    return {
-        k: request.query_params[k] for k in selectors.FILTER_PARAMS if k in request.query_params
-    }
+    return selectors.filter_params(request.query_params)
 
 
 def _episode(request: Request, episode_id: str) -> Episode:
@@ -83,9 +89,32 @@ class EpisodeListCreateView(APIView):
             episode_id=data.get("episode_id"),
             started_at=data.get("started_at"),
             branch=serializer.branch(),
+            raw=request.data,
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(EpisodeSerializer(episode).data, status=code)
+
+
+class EpisodeProvenanceView(APIView):
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        parameters=[
+            OpenApiParameter(
+                "group_by",
+                str,
+                required=True,
+                description="comma-separated provenance components, or `origin`",
+            ),
+            *FILTER_DOCS,
+        ],
+        description="Episodes grouped by provenance components: per group the values, "
+        "episodes, closed, valid and successes.",
+    )
+    def get(self, request: Request) -> Response:
+        group_by = [g for g in request.query_params.get("group_by", "").split(",") if g]
+        qs = selectors.episode_list(tenant=principal_of(request).tenant, filters=_filters(request))
+        groups = selectors.episode_provenance_groups(episodes=qs, group_by=group_by)
+        return Response({"group_by": group_by, "groups": groups})
 
 
 class EpisodeStatsView(APIView):
@@ -107,9 +136,13 @@ class EpisodeExportView(APIView):
         description="JSONL, one `hedgerow.episode/v1` record per line (docs/trajectories.md).",
     )
     def get(self, request: Request) -> StreamingHttpResponse:
-        qs = selectors.episode_list(tenant=principal_of(request).tenant, filters=_filters(request))
+        principal = principal_of(request)
+        filters = _filters(request)
+        qs = selectors.episode_list(tenant=principal.tenant, filters=filters)
+        recorded_as = {"tenant": principal.tenant, "actor": principal.actor, "filters": filters}
         response = StreamingHttpResponse(
-            episodes_export(episodes=qs), content_type="application/x-ndjson"
+            episodes_export(episodes=qs, recorded_as=recorded_as),
+            content_type="application/x-ndjson",
         )
         response["Content-Disposition"] = 'attachment; filename="episodes.jsonl"'
         return response
@@ -192,7 +225,7 @@ class StepListAppendView(APIView):
         episode = _episode(request, episode_id)
         serializer = StepAppendSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        steps = step_append(episode=episode, steps=serializer.to_inputs())
+        steps = step_append(episode=episode, steps=serializer.to_inputs(), raw=request.data)
         return Response(
             {"results": StepSerializer(steps, many=True).data}, status=status.HTTP_201_CREATED
         )
@@ -231,7 +264,7 @@ class EpisodeCloseView(APIView):
         episode = _episode(request, episode_id)
         serializer = EpisodeCloseSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        episode = episode_close(episode=episode, result=serializer.to_result())
+        episode = episode_close(episode=episode, result=serializer.to_result(), raw=request.data)
         return Response(EpisodeSerializer(episode).data)
 
 
@@ -340,3 +373,248 @@ class EpisodeCounterfactualView(APIView):
                 minus=params.get("minus", "without"),
             )
         )
+
+
+# -- redaction: the admin's read (audited), the report, a dry-run scan ---------------
+
+
+class EpisodeSecretsView(APIView):
+    required_scope = "admin"
+
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        description="The episode's placeholder → secret mapping, decrypted. Tenant admins "
+        "only (`admin` scope); every read is written to the audit (`/episodes/secrets/"
+        "access`) before the values are returned.",
+    )
+    def get(self, request: Request, episode_id: str) -> Response:
+        from apps.trajectories.services.secrets import episode_secrets_reveal
+
+        principal = principal_of(request)
+        episode = _episode(request, episode_id)
+        rows = episode_secrets_reveal(episode=episode, actor=principal.actor)
+        response = Response({"episode_id": episode.episode_id, "results": rows})
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class SecretAccessView(APIView):
+    required_scope = "admin"
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        """Who read which episode's secrets, newest first (the audit)."""
+        from apps.trajectories.models import SecretAccess
+
+        rows = SecretAccess.objects.filter(tenant=principal_of(request).tenant)[:500]
+        return Response(
+            {
+                "results": [
+                    {
+                        "episode_id": r.episode_ref,
+                        "actor": r.actor,
+                        "placeholders": r.placeholders,
+                        "at": r.at,
+                    }
+                    for r in rows
+                ]
+            }
+        )
+
+
+class SecretsReportView(APIView):
+    @extend_schema(
+        responses={200: dict},
+        parameters=FILTER_DOCS,
+        description="What redaction found in the matching episodes, by kind: distinct "
+        "secrets, occurrences, episodes. No values.",
+    )
+    def get(self, request: Request) -> Response:
+        from apps.trajectories.services.secrets import secrets_report
+
+        tenant = principal_of(request).tenant
+        qs = selectors.episode_list(tenant=tenant, filters=_filters(request))
+        return Response(secrets_report(tenant=tenant, episodes=qs))
+
+
+class EpisodeScanView(APIView):
+    parser_classes = [RawBodyParser]
+    required_scope = "read"  # a dry run: it stores nothing
+
+    @extend_schema(
+        request={"application/x-ndjson": str},
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Scans a body (JSONL, one JSON value per line; a line that is not "
+        "JSON is scanned as text) for secrets and reports them by kind, with the paths "
+        "where they were found. Nothing is stored; no values are returned.",
+    )
+    def post(self, request: Request) -> Response:
+        from apps.trajectories.services.secrets import scan_lines
+
+        body = request.data if isinstance(request.data, bytes) else b""
+        return Response(scan_lines(body.splitlines()))
+
+
+# -- lineage --------------------------------------------------------------------------
+
+
+class EpisodeLineageView(APIView):
+    @extend_schema(responses={200: dict, **ERROR_RESPONSES})
+    def get(self, request: Request, episode_id: str) -> Response:
+        """The episode's raw events (without bodies) and every layer derived from them."""
+        from apps.trajectories.services import lineage
+
+        return Response(lineage.episode_lineage(episode=_episode(request, episode_id)))
+
+
+class EpisodeRawEventsView(APIView):
+    @extend_schema(responses={200: dict, **ERROR_RESPONSES})
+    def get(self, request: Request, episode_id: str) -> Response:
+        """What the harness sent, as received (secrets already replaced), in order."""
+        from apps.trajectories.models import RawEvent
+        from apps.trajectories.services import lineage
+
+        episode = _episode(request, episode_id)
+        events = RawEvent.objects.filter(episode=episode)
+        return Response({"results": [lineage.raw_event_record_dict(e) for e in events]})
+
+
+class LayerCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    kind = serializers.CharField(max_length=16)
+    producer = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    producer_version = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    schema_version = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    source_layer = serializers.CharField(max_length=64, required=False, allow_blank=True)
+    params = serializers.DictField(required=False)
+    items = serializers.ListField(child=serializers.JSONField(), required=False)
+    # the server's own parser (normalized only): {"parser", "parser_version"}
+    parser = serializers.CharField(max_length=200, required=False)
+    parser_version = serializers.CharField(max_length=100, required=False)
+
+
+class EpisodeLayersView(APIView):
+    @extend_schema(
+        request=LayerCreateSerializer,
+        responses={201: dict, **ERROR_RESPONSES},
+        description="Appends a layer: `normalized` (items name `raw_events`, or "
+        "`parser`+`parser_version` runs the server's parser), `segments` (from a "
+        "normalized `source_layer`; items `steps: [first, last]`, `reason`, `evidence`, "
+        "`reward`) or `packed` (from a segments layer; `params.tokenizer` and "
+        "`params.chat_template` required; items name `segments`). Layers are versioned "
+        "per kind; earlier ones stay.",
+    )
+    def post(self, request: Request, episode_id: str) -> Response:
+        from apps.trajectories.services import lineage
+
+        principal = principal_of(request)
+        episode = _episode(request, episode_id)
+        serializer = LayerCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        if "parser" in data:
+            if data["kind"] != "normalized":
+                raise ApiError("only a normalized layer has a parser", field="parser")
+            layer = lineage.normalize(
+                episode=episode,
+                actor=principal.actor,
+                parser=data["parser"],
+                parser_version=data.get("parser_version", ""),
+            )
+        else:
+            layer = lineage.layer_create(
+                episode=episode,
+                kind=data["kind"],
+                producer=data.get("producer", ""),
+                producer_version=data.get("producer_version", ""),
+                schema_version=data.get("schema_version", ""),
+                source_layer=data.get("source_layer") or None,
+                params=data.get("params") or {},
+                items=data.get("items") or [],
+                actor=principal.actor,
+            )
+        return Response(lineage.layer_summary(layer), status=status.HTTP_201_CREATED)
+
+
+class EpisodeLayerDetailView(APIView):
+    @extend_schema(responses={200: dict, **ERROR_RESPONSES})
+    def get(self, request: Request, episode_id: str, layer_id: str) -> Response:
+        """A layer and its items."""
+        from apps.trajectories.services import lineage
+
+        layer = lineage.layer_get(episode=_episode(request, episode_id), layer_id=layer_id)
+        return Response(
+            {
+                **lineage.layer_summary(layer),
+                "results": [lineage.item_record(i) for i in layer.items.select_related("layer")],
+            }
+        )
+
+
+class LayerItemTraceView(APIView):
+    @extend_schema(responses={200: dict, **ERROR_RESPONSES})
+    def get(self, request: Request, episode_id: str, layer_id: str, position: int) -> Response:
+        """From one item (a packed sample, a segment, a normalized step) down through
+        every layer it came from to the raw events."""
+        from apps.trajectories.services import lineage
+
+        episode = _episode(request, episode_id)
+        return Response(lineage.trace(episode=episode, layer_id=layer_id, position=position))
+
+
+class WithdrawalSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    task_id = serializers.CharField(max_length=200, required=False)
+    episode_ids = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, max_length=10000
+    )
+    label = serializers.CharField(  # type: ignore[assignment]
+        max_length=300, required=False, help_text="key=value"
+    )
+    reason = serializers.CharField(max_length=10000)
+
+
+class WithdrawalView(APIView):
+    required_scope = "admin"
+
+    @extend_schema(
+        request=WithdrawalSerializer,
+        responses={201: dict, **ERROR_RESPONSES},
+        description="A deletion request for a withdrawn task (`task_id`), a withdrawn "
+        "source (`label`: key=value) or `episode_ids`: every layer derived from their "
+        "raw events is found through the lineage, with the exports that held them and "
+        "what registered dependents (datasets, analyses) report; all of it is deleted "
+        "and a tombstone is left.",
+    )
+    def post(self, request: Request) -> Response:
+        from apps.trajectories.services import lineage
+
+        principal = principal_of(request)
+        serializer = WithdrawalSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        reason = data.pop("reason")
+        tombstone = lineage.withdraw(
+            tenant=principal.tenant, request=data, reason=reason, actor=principal.actor
+        )
+        return Response(_tombstone(tombstone), status=status.HTTP_201_CREATED)
+
+
+def _tombstone(t: Any) -> dict[str, Any]:
+    return {
+        "id": str(t.pk),
+        "request": t.request,
+        "reason": t.reason,
+        "actor": t.actor,
+        "removed": t.removed,
+        "affects": t.affects,
+        "at": t.at,
+    }
+
+
+class TombstoneListView(APIView):
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        """Deletions: what each removed and what it affects, newest first."""
+        from apps.trajectories.services import lineage
+
+        rows = lineage.tombstones(tenant=principal_of(request).tenant)[:500]
+        return Response({"results": [_tombstone(t) for t in rows]})

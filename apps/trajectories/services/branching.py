@@ -14,9 +14,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from apps.core.errors import ValidationFailed
 from apps.sandboxes.models import Sandbox, Snapshot, SnapshotState
 from apps.trajectories.models import Episode
-from controlplane.errors import ValidationFailed
 
 
 def _median(values: list[float]) -> float | None:

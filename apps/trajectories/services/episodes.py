@@ -3,7 +3,7 @@ relabel."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -12,8 +12,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.billing.models import Tenant
+from apps.core import jsonsafe
+from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.sandboxes.models import Operation, Sandbox
+from apps.tenancy.models import Tenant
+from apps.trajectories import provenance
 from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
 from apps.trajectories.models import (
     TERMINATION_REASONS,
@@ -26,11 +29,12 @@ from apps.trajectories.models import (
     StepKind,
     VerifierOutcome,
 )
+from apps.trajectories.services import lineage
 from apps.trajectories.services.attribution import DETECTION_GRACE, episode_attribution
 from apps.trajectories.services.junit import ReportInvalid, parse_junit
+from apps.trajectories.services.lineage import raw_event_record
+from apps.trajectories.services.secrets import EpisodeSecrets
 from apps.trajectories.services.step_schema import step_problem
-from controlplane import jsonsafe
-from controlplane.errors import Conflict, NotFound, ValidationFailed
 
 CONTROL_PLANE_VERSION = "hedgerow/1"
 # How far ahead of the server's clock a client's time may be before it is refused.
@@ -50,6 +54,7 @@ EPISODE_FIELDS = (
     "sampling",
     "labels",
     "versions",
+    *provenance.INPUT_FIELDS,
 )
 
 
@@ -113,6 +118,7 @@ def episode_open(
     episode_id: str | None = None,
     started_at: datetime | None = None,
     branch: dict[str, Any] | None = None,
+    raw: Any = None,
 ) -> tuple[Episode, bool]:
     """Records an ``open`` episode and attaches its sandboxes (current generations).
 
@@ -121,7 +127,9 @@ def episode_open(
     ``branch`` (``{"parent_episode_id", "step", "snapshot_id"}``): the episode continues
     another after its step ``step``, from a snapshot; all the tenant's (404), the step
     one the parent recorded (400). Without ``snapshot_id`` it is the snapshot the first
-    attached sandbox was restored from, if any.
+    attached sandbox was restored from, if any. Secrets in the metadata are replaced by
+    placeholders before anything is stored; ``raw`` (the request as received) is the
+    episode's first raw event.
     """
     if not fields.get("task_id"):
         raise ValidationFailed("task_id is required", field="task_id")
@@ -142,15 +150,25 @@ def episode_open(
             return _replayed(existing, clean), False
     try:
         with transaction.atomic():
-            episode = Episode.objects.create(
+            episode = Episode(
                 tenant=tenant,
                 created_by=actor,
                 started_at=started_at or timezone.now(),
                 **({"episode_id": episode_id} if episode_id else {}),
                 **clean,
             )
+            session = EpisodeSecrets(episode, load=False)
+            redact_episode(episode, session)
+            episode.save(force_insert=True)
+            raw_event_record(
+                episode=episode,
+                kind="open",
+                body=session.redact(raw if raw is not None else lineage.jsonable(fields), ""),
+            )
+            session.save()
             for sandbox in sandboxes:
                 episode_attach_sandbox(episode=episode, sandbox=sandbox)
+            provenance_refresh(episode=episode)
     except IntegrityError:
         existing = Episode.objects.for_tenant(tenant).filter(episode_id=episode_id).first()
         if existing is None:
@@ -219,7 +237,57 @@ def episode_attach_sandbox(
             image_digest=sandbox.image_digest
         )
         episode.image_digest = sandbox.image_digest
+        provenance_refresh(episode=episode)
     return link
+
+
+def provenance_components(episode: Episode) -> dict[str, str]:
+    """The episode's provenance components from its fields: the snapshot is the one a
+    branch resumed from, else the one its first sandbox was restored from (forked)."""
+    snapshot_id = episode.branch_snapshot_id
+    if snapshot_id is None:
+        first = (
+            EpisodeSandbox.objects.filter(episode=episode, sandbox__snapshot__isnull=False)
+            .values_list("sandbox__snapshot_id", flat=True)
+            .first()
+        )
+        snapshot_id = first
+    return provenance.components(
+        task_hash=episode.task_hash,
+        image_digest=episode.image_digest,
+        snapshot_id=str(snapshot_id) if snapshot_id else None,
+        policy_checkpoint=episode.policy_checkpoint,
+        policy_version=episode.policy_version,
+        harness_commit=episode.harness_commit,
+        verifier_commit=episode.verifier_commit,
+        verifier_version=episode.verifier_version,
+        sampling=episode.sampling,
+        attempt_id=episode.attempt_id,
+    )
+
+
+def provenance_set(*, episode: Episode, parts: dict[str, str]) -> None:
+    """Stores components and the keys derived from them (never a key the client sent)."""
+    episode.provenance = parts
+    episode.provenance_key = provenance.key_of(parts)
+    episode.provenance_origin = provenance.origin_of(parts)
+    Episode.objects.filter(pk=episode.pk).update(
+        provenance=episode.provenance,
+        provenance_key=episode.provenance_key,
+        provenance_origin=episode.provenance_origin,
+    )
+
+
+def provenance_refresh(*, episode: Episode) -> None:
+    """Recomputes the key when a component became known (the image digest when a
+    sandbox is attached, the verifier version at close). An imported episode keeps the
+    components it was exported with (its sandboxes and snapshots are another
+    installation's)."""
+    if episode.imported and episode.provenance:
+        return
+    parts = provenance_components(episode)
+    if parts != episode.provenance:
+        provenance_set(episode=episode, parts=parts)
 
 
 def _observation_of(op: Operation) -> dict[str, Any]:
@@ -236,7 +304,7 @@ def _observation_of(op: Operation) -> dict[str, Any]:
     }
 
 
-def step_append(*, episode: Episode, steps: list[StepInput]) -> list[Step]:
+def step_append(*, episode: Episode, steps: list[StepInput], raw: Any = None) -> list[Step]:
     """Appends steps in order to an open episode (409 ``episode_closed`` otherwise).
 
     An exec step names its ``sandbox_id`` and ``operation_id``: the control plane's
@@ -256,6 +324,7 @@ def step_append(*, episode: Episode, steps: list[StepInput]) -> list[Step]:
         last = locked.steps.aggregate(m=Max("index"))["m"]
         next_index = 0 if last is None else last + 1
         stored: list[Step] = []
+        session = EpisodeSecrets(locked)
         for item in steps:
             index = item.index if item.index is not None else next_index
             existing = locked.steps.filter(index=index).first()
@@ -264,8 +333,17 @@ def step_append(*, episode: Episode, steps: list[StepInput]) -> list[Step]:
                     stored.append(existing)
                     continue
                 raise Conflict(f"step {index} already exists", field="index", code="step_exists")
-            stored.append(_step_create(locked, index, item))
+            stored.append(_step_create(locked, index, item, session))
             next_index = max(next_index, index + 1)
+        if raw is None:
+            raw = {"steps": [lineage.jsonable(asdict(item)) for item in steps]}
+        raw_event_record(
+            episode=locked,
+            kind="steps",
+            body=session.redact(raw, ""),
+            produced=[step.index for step in stored],
+        )
+        session.save()
     return stored
 
 
@@ -288,7 +366,7 @@ def _step_check(item: StepInput, where: str) -> None:
         raise ValidationFailed(f"{where}.{field} {message}", field=f"{where}.{field}")
 
 
-def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
+def _step_create(episode: Episode, index: int, item: StepInput, session: EpisodeSecrets) -> Step:
     if item.kind not in StepKind.values:
         raise ValidationFailed(f"unknown step kind {item.kind!r}", field="kind")
     step = Step(
@@ -333,8 +411,58 @@ def _step_create(episode: Episode, index: int, item: StepInput) -> Step:
         )
     elif item.operation_id:
         raise ValidationFailed("operation_id needs sandbox_id", field="sandbox_id")
+    redact_step(step, session, f"steps[{index}]")
     step.save()
     return step
+
+
+# What redaction scans on an episode (identifiers such as task_id and attempt_id stay:
+# they are what a client looks episodes up by) and on a step (everything it carries).
+REDACTED_EPISODE_FIELDS = (
+    "task_version",
+    "image",
+    "initial_state",
+    "model",
+    "model_version",
+    "harness",
+    "harness_version",
+    "policy_version",
+    "sampling",
+    "labels",
+    "versions",
+    "reward_components",
+    "verifier_name",
+    "inference_error",
+    "failure_evidence",
+)
+REDACTED_STEP_FIELDS = (
+    "action",
+    "request",
+    "observation",
+    "shown",
+    "diff",
+    "model_call",
+    "verifier",
+)
+
+
+def redact_episode(episode: Episode, session: EpisodeSecrets) -> None:
+    """Replaces the secrets in the episode's scanned fields. A text field that no longer
+    fits once its secrets are placeholders is a 400 naming it (never a database error)."""
+    for name in REDACTED_EPISODE_FIELDS:
+        value = session.redact(getattr(episode, name), name)
+        limit = getattr(Episode._meta.get_field(name), "max_length", None)
+        if limit is not None and isinstance(value, str) and len(value) > limit:
+            raise ValidationFailed(
+                f"{name} is longer than {limit} characters once its secrets are replaced",
+                field=name,
+            )
+        setattr(episode, name, value)
+
+
+def redact_step(step: Step, session: EpisodeSecrets, where: str) -> None:
+    for name in REDACTED_STEP_FIELDS:
+        setattr(step, name, session.redact(getattr(step, name), f"{where}.{name}"))
 
 
 def _verifier_record(declared: dict[str, Any]) -> dict[str, Any]:
@@ -439,7 +567,7 @@ def _validate_result(result: EpisodeResult) -> None:
         )
 
 
-def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
+def episode_close(*, episode: Episode, result: EpisodeResult, raw: Any = None) -> Episode:
     """Closes an open episode (CAS open → closed), stores the outcome, resource
     totals and cost, and applies the decision procedure. Idempotent: closing a
     closed episode returns it unchanged. An impossible window (``ended_at`` before
@@ -456,22 +584,31 @@ def episode_close(*, episode: Episode, result: EpisodeResult) -> Episode:
                 code="invalid_window",
             )
     with transaction.atomic():
-        changed = Episode.objects.filter(pk=episode.pk, status=EpisodeStatus.OPEN).update(
+        locked = Episode.objects.select_for_update().get(pk=episode.pk)
+        if locked.status != EpisodeStatus.OPEN:
+            episode.refresh_from_db()
+            return episode
+        session = EpisodeSecrets(locked)
+        Episode.objects.filter(pk=episode.pk, status=EpisodeStatus.OPEN).update(
             status=EpisodeStatus.CLOSED,
             ended_at=result.ended_at or now,
             termination_reason=result.termination_reason,
             reward=result.reward,
-            reward_components=result.reward_components,
-            verifier_name=result.verifier_name,
+            reward_components=session.redact(result.reward_components, "reward_components"),
+            verifier_name=session.text(result.verifier_name, "verifier_name")[:200],
             verifier_version=result.verifier_version,
             verifier_outcome=result.verifier_outcome,
-            inference_error=result.inference_error,
+            inference_error=session.redact(result.inference_error, "inference_error"),
             client_cost=result.client_cost,
         )
+        if raw is None:
+            raw = lineage.jsonable(asdict(result))
+        raw_event_record(episode=locked, kind="close", body=session.redact(raw, ""))
+        session.save()
         episode.refresh_from_db()
-        if changed != 1:
-            return episode
+        provenance_refresh(episode=episode)  # the verifier's version is known now
         episode_attribute(episode=episode)
+        lineage.normalize(episode=episode, actor="close")
     return episode
 
 

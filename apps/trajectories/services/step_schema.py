@@ -15,7 +15,7 @@ import binascii
 import math
 from typing import Any
 
-from controlplane import jsonsafe
+from apps.core import jsonsafe
 
 STREAMS = ("stdout", "stderr")
 ENCODINGS = ("utf-8", "base64")

@@ -21,8 +21,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
-from apps.billing.models import Tenant
+from apps.core import jsonsafe
+from apps.core.errors import ApiError
+from apps.core.inputs import json_loads
 from apps.sandboxes.models import Operation, Sandbox, Snapshot
+from apps.tenancy.models import Tenant
+from apps.trajectories import provenance
 from apps.trajectories.models import (
     Episode,
     EpisodeRelabel,
@@ -33,11 +37,21 @@ from apps.trajectories.models import (
     StepKind,
     VerifierKind,
 )
-from apps.trajectories.services.episodes import episode_attribute
+from apps.trajectories.services.episodes import (
+    episode_attribute,
+    provenance_refresh,
+    provenance_set,
+    redact_episode,
+    redact_step,
+)
+from apps.trajectories.services.lineage import (
+    export_record,
+    normalize,
+    raw_event_record,
+    step_record,
+)
+from apps.trajectories.services.secrets import EpisodeSecrets
 from apps.trajectories.services.step_schema import step_problem
-from controlplane import jsonsafe
-from controlplane.errors import ApiError
-from controlplane.inputs import json_loads
 
 SCHEMA = "hedgerow.episode/v1"
 # Step.index is a PositiveIntegerField (Postgres integer).
@@ -56,6 +70,7 @@ _TEXT = (
     "policy_version",
     "attempt_id",
     "termination_reason",
+    *provenance.INPUT_FIELDS,
 )
 _OBJECTS = ("sampling", "labels", "reward_components", "versions", "resources")
 
@@ -65,6 +80,23 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def episode_to_record(episode: Episode) -> dict[str, Any]:
+    """The episode's ``hedgerow.episode/v1`` record, as every export writes it: secrets
+    replaced by the episode's placeholders. What was stored before redaction existed
+    (or slipped past it) is caught here; its new placeholders are stored then."""
+    record = _raw_record(episode)
+    session = EpisodeSecrets(episode)
+    redacted = session.redact(record, "")
+    if not session.redactor.found:
+        return dict(redacted)
+    with transaction.atomic():  # new secrets: take the row lock, then redact again
+        locked = Episode.objects.select_for_update().get(pk=episode.pk)
+        session = EpisodeSecrets(locked)
+        redacted = session.redact(record, "")
+        session.save(count_known=False)
+    return dict(redacted)
+
+
+def _raw_record(episode: Episode) -> dict[str, Any]:
     record: dict[str, Any] = {"schema": SCHEMA, "episode_id": episode.episode_id}
     record["status"] = episode.status
     for name in _TEXT:
@@ -110,7 +142,12 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
             }
             for link in episode.sandbox_links.all()
         ],
-        steps=[_step_record(step) for step in episode.steps.all()],
+        steps=[step_record(step) for step in episode.steps.all()],
+        provenance={
+            "key": episode.provenance_key,
+            "origin": episode.provenance_origin,
+            "components": episode.provenance,
+        },
     )
     if episode.parent_id is not None:  # a branch (docs/trajectories.md, "Branches")
         assert episode.parent is not None
@@ -122,33 +159,33 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
     return record
 
 
-def _step_record(step: Step) -> dict[str, Any]:
-    return {
-        "index": step.index,
-        "kind": step.kind,
-        "action": step.action,
-        "request": step.request,
-        "observation": step.observation,
-        "shown": step.shown,
-        "diff": step.diff,
-        "model_call": step.model_call,
-        "sandbox_id": step.sandbox_ref,
-        "generation": step.generation,
-        "operation_id": step.operation_id,
-        "started_at": _iso(step.started_at),
-        "ended_at": _iso(step.ended_at),
-        "duration_s": step.duration_s,
-        "verifier": step.verifier,
-    }
-
-
-def episodes_export(*, episodes: QuerySet[Episode]) -> Iterator[str]:
-    """One JSON line per episode (oldest first), streamed."""
+def episodes_export(
+    *,
+    episodes: QuerySet[Episode],
+    recorded_as: dict[str, Any] | None = None,
+) -> Iterator[str]:
+    """One JSON line per episode (oldest first), streamed, secrets redacted. With
+    ``recorded_as`` (``{"tenant", "actor", "filters"}``) the episodes handed out are
+    recorded as a LineageExport when the stream ends (or is cut), so a later deletion
+    request lists this export."""
     ordered = episodes.order_by("started_at", "created_at").prefetch_related(
         "steps", "relabels", "sandbox_links"
     )
-    for episode in ordered.iterator(chunk_size=200):
-        yield json.dumps(episode_to_record(episode), sort_keys=True, ensure_ascii=False) + "\n"
+    sent: list[str] = []
+    try:
+        for episode in ordered.iterator(chunk_size=200):
+            line = json.dumps(episode_to_record(episode), sort_keys=True, ensure_ascii=False)
+            sent.append(episode.episode_id)
+            yield line + "\n"
+    finally:
+        if recorded_as is not None and sent:
+            export_record(
+                tenant=recorded_as["tenant"],
+                episode_ids=sent,
+                actor=recorded_as.get("actor", ""),
+                filters=recorded_as.get("filters", {}),
+                kind="episodes.jsonl",
+            )
 
 
 class RecordError(Exception):
@@ -230,7 +267,9 @@ def _num(data: dict[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], list[Any]]:
+def _build(
+    tenant: Tenant, data: Any
+) -> tuple[Episode, list[Step], list[Any], list[Any], dict[str, str] | None]:
     """Validates one record and builds unsaved rows. Raises RecordError."""
     if not isinstance(data, dict):
         raise RecordError("", "a line must be a JSON object")
@@ -317,7 +356,10 @@ def _build(tenant: Tenant, data: Any) -> tuple[Episode, list[Step], list[Any], l
         )
         for r in failure.get("relabels") or []
     ]
-    return episode, steps, links, relabels
+    # The exporting installation's components (its image digests and snapshots); the
+    # keys are recomputed from them here, never taken from the line.
+    parts = provenance.clean_components(_obj(data, "provenance").get("components"))
+    return episode, steps, links, relabels, parts
 
 
 def _resolve_local(tenant: Tenant, links: list[EpisodeSandbox], steps: list[Step]) -> None:
@@ -388,12 +430,12 @@ def episodes_import(
             continue
         report.lines += 1
         try:
-            data = json_loads(text)  # bounded depth, no lone surrogates (controlplane/inputs.py)
+            data = json_loads(text)  # bounded depth, no lone surrogates (apps/core/inputs.py)
         except ApiError as exc:
             report.errors.append({"line": number, "field": exc.field, "message": exc.message})
             continue
         try:
-            episode, steps, links, relabels = _build(tenant, data)
+            episode, steps, links, relabels, parts = _build(tenant, data)
         except RecordError as exc:
             report.errors.append(
                 {"line": number, "field": exc.field or None, "message": exc.message}
@@ -412,13 +454,35 @@ def episodes_import(
         if dry_run:
             report.imported.append(episode.episode_id)
             continue
+        session = EpisodeSecrets(episode, load=False)
+        try:
+            redact_episode(episode, session)
+        except ApiError as exc:
+            report.errors.append({"line": number, "field": exc.field, "message": exc.message})
+            continue
+        for step in steps:
+            redact_step(step, session, f"steps[{step.index}]")
+        for relabel in relabels:
+            relabel.reason = session.text(relabel.reason, "failure.relabels.reason")
         try:
             with transaction.atomic():
                 episode.save()
+                raw_event_record(
+                    episode=episode,
+                    kind="import",
+                    body=session.redact(data, ""),
+                    produced=[step.index for step in steps],
+                )
+                session.save()
                 Step.objects.bulk_create(steps)
                 EpisodeSandbox.objects.bulk_create(links)
                 EpisodeRelabel.objects.bulk_create(relabels)
+                if parts is not None:
+                    provenance_set(episode=episode, parts=parts)
+                else:
+                    provenance_refresh(episode=episode)
                 episode_attribute(episode=episode)
+                normalize(episode=episode, actor="import")
         except IntegrityError as exc:
             report.errors.append({"line": number, "field": None, "message": str(exc)[:300]})
             continue

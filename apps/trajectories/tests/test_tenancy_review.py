@@ -116,7 +116,7 @@ def test_it_never_records_another_teams_operation_as_an_observation(make_tenant,
 )
 def test_it_refuses_episode_writes_to_a_read_only_key(make_tenant, api_client, method, path, body):
     tenant, secret = make_tenant()
-    from apps.billing.services import api_key_create
+    from apps.tenancy.services import api_key_create
 
     read_only = api_key_create(tenant=tenant, name="ro", scopes=["read"]).secret
     ep = _episode(api_client(secret))

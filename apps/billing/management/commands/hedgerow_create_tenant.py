@@ -6,8 +6,8 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from apps.billing.models import Tenant
-from apps.billing.services import api_key_create, membership_set_role, tenant_create
+from apps.tenancy.models import Tenant
+from apps.tenancy.services import api_key_create, membership_set_role, tenant_create
 
 
 class Command(BaseCommand):

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kubernetes import client
 
+from apps.core.env import env_bool
 from apps.sandboxes.backends.kubernetes import KubeApi, KubernetesBackend, KubernetesConfig
 from apps.sandboxes.backends.kubernetes.specs import build_namespace_policy, build_pod
-from controlplane.env import env_bool
 
 from .conftest import new_spec
 

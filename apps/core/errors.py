@@ -164,7 +164,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def _internal_error_body() -> dict[str, Any]:
-    from controlplane.logging import request_id_var
+    from apps.core.logging import request_id_var
 
     request_id = request_id_var.get()
     message = "internal error" + (f" (request id {request_id})" if request_id else "")

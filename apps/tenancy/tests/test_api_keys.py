@@ -5,8 +5,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.billing.models import ApiKey
-from apps.billing.services import api_key_create, hash_secret
+from apps.tenancy.models import ApiKey
+from apps.tenancy.secrets import hash_secret
+from apps.tenancy.services import api_key_create
 
 pytestmark = pytest.mark.django_db
 

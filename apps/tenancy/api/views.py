@@ -6,9 +6,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.billing import selectors, services
-from apps.billing.api.serializers import ApiKeyCreateSerializer, ApiKeySerializer
-from apps.billing.permissions import principal_of
+from apps.tenancy import selectors, services
+from apps.tenancy.api.serializers import ApiKeyCreateSerializer, ApiKeySerializer
+from apps.tenancy.permissions import principal_of
 
 
 class ApiKeyListCreateView(APIView):

@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import permissions
 from rest_framework.request import Request
 
-from apps.billing.principal import Principal
+from apps.tenancy.principal import Principal
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from controlplane.errors import ApiError
+from apps.core.errors import ApiError
 
 # Deeper than any real request (a step's observation or a label map is a few levels):
 # recursive validation and jsonb both stay far from their limits.

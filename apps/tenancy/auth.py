@@ -11,9 +11,9 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from apps.billing.models import ApiKey, Membership, Role
-from apps.billing.principal import Principal
-from apps.billing.services import hash_secret
+from apps.tenancy.models import ApiKey, Membership, Role
+from apps.tenancy.principal import Principal
+from apps.tenancy.secrets import hash_secret
 
 ROLE_SCOPES: dict[str, frozenset[str]] = {
     Role.VIEWER: frozenset({"read"}),

@@ -17,24 +17,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
 
-from apps.billing.auth import principal_for_session
-from apps.billing.principal import Principal
-from apps.billing.selectors import teams_of_user
-from controlplane.errors import NotFound
-from frontend.nav import NAV_ITEMS
+from apps.core.errors import NotFound
+from apps.core.nav import NAV_ITEMS
+from apps.tenancy.auth import principal_for_session
+from apps.tenancy.principal import Principal
+from apps.tenancy.selectors import teams_of_user
 
 View = Callable[..., HttpResponse]
-
-
-def websocket_paths() -> list[str]:
-    from controlplane.routing import websocket_urlpatterns
-
-    return [str(getattr(p, "pattern", "")) for p in websocket_urlpatterns]
-
-
-def realtime_url() -> str:
-    """The realtime socket's path, or "" while the server has none (pages then poll)."""
-    return "/ws/realtime" if any("ws/realtime" in p for p in websocket_paths()) else ""
 
 
 def staff_page(view: View) -> View:
@@ -106,7 +95,8 @@ def render_page(
     *,
     status: int = 200,
 ) -> HttpResponse:
-    """Renders a dashboard page with what base.html needs (team, role, nav, realtime)."""
+    """Renders a dashboard page with what base.html needs (team, role, nav; the
+    websocket paths come from ``controlplane.context_processors``)."""
     user = request.user
     teams = list(teams_of_user(user=user)) if user.is_authenticated else []
     base = {
@@ -117,7 +107,6 @@ def render_page(
         "can_admin": principal.has_scope("admin"),
         "teams": teams,
         "nav": nav_entries(principal),
-        "realtime_url": realtime_url(),
     }
     return render(request, template, {**base, **(context or {})}, status=status)
 

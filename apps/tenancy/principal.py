@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from django.contrib.auth.models import User
 
-from apps.billing.models import ApiKey, Tenant
+from apps.tenancy.models import ApiKey, Tenant
 
 
 @dataclass

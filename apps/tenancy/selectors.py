@@ -3,8 +3,8 @@ from __future__ import annotations
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
-from apps.billing.models import ApiKey, Membership, Tenant
-from controlplane.errors import NotFound
+from apps.core.errors import NotFound
+from apps.tenancy.models import ApiKey, Membership, Tenant
 
 
 def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:

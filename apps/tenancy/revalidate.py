@@ -27,10 +27,10 @@ from django.db import DatabaseError
 from django.db.models import Exists
 from django.utils import timezone
 
-from apps.billing.auth import ROLE_SCOPES
-from apps.billing.models import ApiKey, Membership
-from apps.billing.principal import Principal
-from controlplane.asyncdb import db_async
+from apps.core.asyncdb import db_async
+from apps.tenancy.auth import ROLE_SCOPES
+from apps.tenancy.models import ApiKey, Membership
+from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from controlplane.errors import ValidationFailed
+from apps.core.errors import ValidationFailed
 
 NUL = "\x00"
 

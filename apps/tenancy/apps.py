@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class TenancyConfig(AppConfig):
+    """Tenants, members, API keys, principals and authentication: the floor every
+    other app stands on. It imports no other app (the import contract says so)."""
+
+    name = "apps.tenancy"
+    label = "tenancy"
+    verbose_name = "Tenants, members and keys"
+    default_auto_field = "django.db.models.BigAutoField"
