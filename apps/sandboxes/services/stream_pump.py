@@ -9,6 +9,7 @@ and the channel layer's connections. Database writes run in worker threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -125,16 +126,18 @@ async def _append(
     operation_pk: str,
     frame: dict[str, Any],
     fields: dict[str, Any] | None = None,
+    *,
+    notify: bool = True,
 ) -> bool:
     data = json.dumps(frame, separators=(",", ":"))
     final = frame.get("type") == "exec.exit"
-    if not final:
+    if notify and not final:
         # A listener gets output before it is stored (the pump skips re-sent frames
         # by seq, so it never gets one twice); the end only once the row is final.
         _notify(operation_pk, (frame, fields))
     if not await replay.append_async(redis, operation_pk, int(frame["seq"]), data):
         return False  # already stored (a re-attach re-sends early frames)
-    if final:
+    if notify and final:
         _notify(operation_pk, (frame, fields))
     layer = get_channel_layer()
     if layer is not None:
@@ -177,6 +180,32 @@ async def _frames(http: httpx.AsyncClient, job: Any) -> Any:
 async def _pump(job: Any) -> None:
     pk = job.operation_pk
     http, redis = _clients()
+    on_loop = bool(getattr(job, "on_loop", False))
+    # A pump started on the loop (exec_async) hands each frame to its listener at once
+    # and stores it in the background, in order (each store waits for the one before),
+    # so the next frame is not held up by the replay buffer and the fan-out; the end
+    # goes to the listener once the row is final, then is stored after the rest.
+    stored: asyncio.Future[Any] | None = None
+
+    def store_later(frame: dict[str, Any]) -> None:
+        nonlocal stored
+        previous = stored
+
+        async def store() -> None:
+            if previous is not None:
+                await previous
+            await _append(redis, pk, frame, notify=False)
+
+        _notify(pk, (frame, None))
+        stored = asyncio.ensure_future(store())
+
+    async def drain() -> None:
+        """Frames handed over are stored before anything ends the operation (an end
+        stored first would make the buffer refuse them: ids must grow)."""
+        if stored is not None and not stored.done():
+            with contextlib.suppress(Exception):
+                await stored
+
     try:
         last = -1 if job.fresh else await _db(streaming.buffer_last_seq)(pk)
         for attempt in range(streaming.REATTACH_ATTEMPTS):
@@ -187,25 +216,35 @@ async def _pump(job: Any) -> None:
                         continue
                     if agent_frame.get("type") == "exit":
                         result = agent_frame.get("result") or {}
-                        fields = None
-                        if getattr(job, "on_loop", False):
+                        exit_frame = {"type": "exec.exit", "seq": seq}
+                        if on_loop:
                             from apps.sandboxes.services import exec_async
 
-                            fields = result_fields(result)
+                            fields: dict[str, Any] | None = result_fields(result)
+                            assert fields is not None
                             if not await exec_async.finish_fields(pk, fields):
                                 fields = None  # finished by someone else: read the row
+                            _notify(pk, (exit_frame, fields))
+                            if stored is not None:
+                                await stored
+                            await _append(redis, pk, exit_frame, notify=False)
                         else:
                             await _db(streaming.record_exit)(pk, result)
-                        await _append(redis, pk, {"type": "exec.exit", "seq": seq}, fields)
+                            await _append(redis, pk, exit_frame)
                         return
-                    await _append(redis, pk, streaming.client_frame(agent_frame))
+                    if on_loop:
+                        store_later(streaming.client_frame(agent_frame))
+                    else:
+                        await _append(redis, pk, streaming.client_frame(agent_frame))
                     last = seq
             except AgentError as exc:
+                await drain()
                 await _db(streaming.finish_failed)(pk, exc.code, exc.message, exc.kind)
                 return
             except httpx.TransportError as exc:
                 log.warning("agent stream broke; re-attaching", extra={"error": str(exc)})
                 await asyncio.sleep(0.2 * (attempt + 1))
+        await drain()
         await _db(streaming.finish_failed)(
             pk, "agent_unreachable", "the agent's stream broke repeatedly"
         )
@@ -213,8 +252,10 @@ async def _pump(job: Any) -> None:
         raise  # the web process is going away: recovery picks this operation up
     except Exception:
         log.exception("exec pump crashed", extra={"operation": pk})
+        await drain()
         await _db(streaming.finish_failed)(pk, "internal_error", "the stream relay failed")
     finally:
+        await drain()  # what was handed to the listener is stored too
         _notify(pk, (None, None))  # a listener still waiting: the end is in the row
         unlisten(pk)
         await _db(streaming.pumps.release)(pk)
