@@ -126,7 +126,7 @@ def _stream_error(exc: ApiError) -> StreamingHttpResponse:
 @csrf_exempt
 def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
     """``/process.Process/<method>``: Start and Connect stream, the rest are unary."""
-    streaming = method in ("Start", "Connect")
+    streaming = method in ("Start", "Connect", "StreamInput")
     try:
         if request.method != "POST":
             raise ConnectError("unimplemented", f"{request.method} is not a Connect call")
@@ -143,6 +143,11 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
                 principal=principal, sandbox=sandbox, data=data, timeout=connect.timeout_s(request)
             )
             return _streaming(process.process_events(operation=operation, sandbox=sandbox))
+        if method == "StreamInput":
+            _, sandbox = envd_sandbox(request, "write")
+            messages = connect.read_client_stream(request)
+            process.process_stream_input(sandbox=sandbox, messages=messages)
+            return _streaming(iter([connect.envelope({})]))
         if method == "Connect":
             _, sandbox = envd_sandbox(request, "read")
             data = connect.read_stream_request(request)

@@ -281,3 +281,19 @@ def process_send_input(*, operation: Operation, data: Any, eof: bool = False) ->
         if operation.status != OperationStatus.RUNNING or "ended" in exc.message:
             raise ConnectError("not_found", "the process has already ended") from exc
         raise ConnectError("failed_precondition", exc.message) from exc
+
+
+def process_stream_input(*, sandbox: Sandbox, messages: list[dict[str, Any]]) -> None:
+    """StreamInput (``commands.stream_input``): a start naming the process, then its
+    input in order. Django reads a request's whole body before the view runs, so the
+    input reaches the command once the client has sent all of it (in order)."""
+    if not messages or not isinstance(messages[0].get("start"), dict):
+        raise ConnectError("invalid_argument", "the stream must begin with a start event")
+    operation = operation_for_pid(sandbox=sandbox, selector=messages[0]["start"].get("process"))
+    for message in messages[1:]:
+        if "keepalive" in message:
+            continue
+        data = message.get("data")
+        if not isinstance(data, dict):
+            raise ConnectError("invalid_argument", "expected a data or keepalive event")
+        process_send_input(operation=operation, data=data.get("input"))

@@ -139,9 +139,13 @@ def test_it_sends_stdin_to_a_running_command_and_closes_it(live, make_tenant):
     )
     sbx.commands.send_stdin(handle.pid, "one\ntw")
     sbx.commands.send_stdin(handle.pid, b"o\n")
+    sbx.commands.stream_input(handle.pid, ["thr", b"ee\n", "four\n"])  # a client stream
     sbx.commands.close_stdin(handle.pid)
     result = handle.wait()
-    assert (result.exit_code, result.stdout) == (0, "got:one\ngot:two\neof\n")
+    assert (result.exit_code, result.stdout) == (
+        0,
+        "got:one\ngot:two\ngot:three\ngot:four\neof\n",
+    )
     op = Operation.objects.get(sandbox__external_id=sbx.sandbox_id, request__stdin_open=True)
     assert op.termination == "exited"
     # The process has ended: envd's not found.
