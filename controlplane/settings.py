@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "apps.sandboxes",
     "apps.trajectories",
     "apps.images",
+    "apps.datasets",
     "apps.orchard",
     "apps.e2b",
     "frontend",
@@ -442,6 +443,18 @@ CELERY_BEAT_SCHEDULE["warm-pool-refill"] = {
     "task": "apps.sandboxes.tasks.warm_pool_refill",
     "schedule": HEDGEROW_WARM_POOL_REFILL_S,
 }
+
+# --- Datasets and task difficulty (docs/datasets.md) ----------------------------------
+# The Beta prior of every (task, policy family) posterior, and the factor old counts are
+# multiplied by each time the family's policy version changes (1: never forget).
+# Changing the decay needs `manage.py datasets_rebuild_difficulty`.
+HEDGEROW_DIFFICULTY_ALPHA0 = env_float("HEDGEROW_DIFFICULTY_ALPHA0", 1.0)
+HEDGEROW_DIFFICULTY_BETA0 = env_float("HEDGEROW_DIFFICULTY_BETA0", 1.0)
+HEDGEROW_DIFFICULTY_DECAY = env_float("HEDGEROW_DIFFICULTY_DECAY", 0.5)
+if not (HEDGEROW_DIFFICULTY_ALPHA0 > 0 and HEDGEROW_DIFFICULTY_BETA0 > 0):
+    raise ImproperlyConfigured("HEDGEROW_DIFFICULTY_ALPHA0 and _BETA0 must be > 0")
+if not 0 < HEDGEROW_DIFFICULTY_DECAY <= 1:
+    raise ImproperlyConfigured("HEDGEROW_DIFFICULTY_DECAY must be in (0, 1]")
 
 # Workers log through LOGGING above (JSON, with the request id carried into tasks);
 # Celery must not replace the root handler with its own plain-text one.

@@ -20,6 +20,7 @@ urlpatterns = [
     path("api/v1/", include("apps.sandboxes.api.urls")),
     path("api/v1/", include("apps.tenancy.api.urls")),
     path("api/v1/", include("apps.billing.api.urls")),
+    path("api/v1/", include("apps.datasets.api.urls")),  # before trajectories: episodes/matrix
     path("api/v1/", include("apps.trajectories.api.urls")),
     path("api/v1/", include("apps.images.api.urls")),
     path("orchard/", include("apps.orchard.urls")),
@@ -27,6 +28,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("trajectories/", include("apps.trajectories.urls")),
+    path("datasets/", include("apps.datasets.urls")),
     path("billing/", include("apps.billing.urls")),
     path("images/", include("apps.images.urls")),
     path("", include("frontend.urls")),

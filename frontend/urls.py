@@ -1,6 +1,6 @@
 from django.urls import path
 
-from frontend import file_views, operation_views, team_views, views
+from frontend import file_views, operation_views, snapshot_views, team_views, views
 
 app_name = "frontend"
 
@@ -49,6 +49,10 @@ urlpatterns = [
         name="sandbox-file-exists",
     ),
     path("sandboxes/<str:sandbox_id>/delete", views.sandbox_delete_view, name="sandbox-delete"),
+    path("snapshots/<str:snapshot_id>/", snapshot_views.snapshot_detail, name="snapshot"),
+    path(
+        "snapshots/<str:snapshot_id>/fork", snapshot_views.snapshot_fork_view, name="snapshot-fork"
+    ),
     path("keys/", team_views.keys, name="keys"),
     path("keys/<str:key_id>/revoke", team_views.key_revoke, name="key-revoke"),
     path("members/", team_views.members, name="members"),

@@ -23,6 +23,7 @@ from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
 from apps.tenancy.pages import is_htmx, page, render_page
 from apps.tenancy.principal import Principal
 from frontend.forms import sandbox_form_errors
+from frontend.snapshot_views import sandbox_snapshots_context
 
 PAGE_SIZE = 50
 # at most this many sandboxes per bulk delete (one page's worth, twice over)
@@ -255,6 +256,7 @@ def sandbox_detail(request: HttpRequest, principal: Principal, sandbox_id: str) 
         files_path=request.GET.get("path") or "/workspace",
         operations=list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20]),
         nav_section="sandboxes",
+        **sandbox_snapshots_context(principal, sandbox),
     )
     return render_page(request, principal, "frontend/sandboxes/detail.html", context)
 

@@ -20,6 +20,7 @@ from .errors import ApiError, bad_request
 from .exec_api import ExecService, parse_exec, send_stdin
 from .log import JsonLog
 from .operations import Registry
+from .state import sandbox_state
 
 MAX_JSON_BODY = 8 * 1024 * 1024
 MAX_WAIT_S = 600.0
@@ -447,6 +448,12 @@ class Handler(BaseHTTPRequestHandler):
             "running_ops": state.registry.running(),
         })  # fmt: skip
 
+    def state_get(self) -> None:
+        """Listening ports, processes and environment (podagent/state.py): part of a
+        snapshot's fingerprint."""
+        own_port = self.server.server_address[1] if self.server.server_address else None
+        self.send_json(200, sandbox_state(own_port, self.server.state.base_env))
+
     def exec_(self) -> None:
         state = self.server.state
         req = parse_exec(self.read_json(), state.base_env, state.shell, state.workdir)
@@ -611,5 +618,6 @@ ROUTES: Dict[str, Dict[str, Route]] = {
     "/files/rename": {"POST": Handler.file_rename},
     "/files/stat": {"GET": Handler.file_stat},
     "/pty": {"POST": Handler.pty},
+    "/state": {"GET": Handler.state_get},
     "/watchers": {"POST": Handler.watcher_create},
 }

@@ -28,6 +28,11 @@ class TenantQuota(models.Model):
     max_upload_bytes = models.BigIntegerField(null=True, blank=True)
     upload_bytes_per_day = models.BigIntegerField(null=True, blank=True)
     max_pty_sessions = models.PositiveIntegerField(null=True, blank=True)
+    max_snapshot_bytes = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="total bytes of kept snapshots, paused sandboxes' state included",
+    )
     monthly_budget = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     queue_by_default = models.BooleanField(
         default=False, help_text="creates over a limit wait in the admission queue"
@@ -101,6 +106,8 @@ class PriceRate(models.Model):
     vcpu_hour = models.DecimalField(max_digits=20, decimal_places=12)
     gib_hour = models.DecimalField(max_digits=20, decimal_places=12)
     startup_fee = models.DecimalField(max_digits=20, decimal_places=12, default=0)
+    # stored state (snapshots, paused sandboxes' pauses): money per GiB-hour of bytes kept
+    storage_gib_hour = models.DecimalField(max_digits=20, decimal_places=12, default=0)
 
     class Meta:
         constraints = [
@@ -145,12 +152,48 @@ class UsageRecord(models.Model):
     price_book = models.ForeignKey(PriceBook, on_delete=models.PROTECT, related_name="+")
     hourly_rate = models.DecimalField(max_digits=24, decimal_places=12)
     startup_fee = models.DecimalField(max_digits=20, decimal_places=12)
+    # Intervals without compute (a paused sandbox: docs/snapshots.md), ``[[start, end]]``
+    # as ISO datetimes, ``end`` null while paused (then the record's end, or now). Not
+    # billed at ``hourly_rate``; the pause's state is billed as storage (StorageRecord).
+    pauses = models.JSONField(default=list, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "started_at"], name="usage_tenant_started")]
 
     def __str__(self) -> str:
         return f"usage of {self.sandbox_id}"
+
+
+class StorageRecord(models.Model):
+    """The storage ledger: one row per snapshot that was captured (a client's snapshot or
+    the state a paused sandbox keeps), from its capture to its deletion, priced per
+    GiB-hour by the book in force at the capture (never repriced).
+
+    cost inside a window = overlap_hours × size GiB × ``gib_hour``.
+    """
+
+    snapshot = models.OneToOneField(
+        "sandboxes.Snapshot", on_delete=models.PROTECT, related_name="storage"
+    )
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="storage_records", db_index=False
+    )
+    sandbox_id = models.UUIDField()  # the snapshot's sandbox (a pause bills its sandbox)
+    kind = models.CharField(max_length=16)  # the snapshot's: "snapshot" | "pause"
+    size_bytes = models.BigIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    price_book = models.ForeignKey(PriceBook, on_delete=models.PROTECT, related_name="+")
+    gib_hour = models.DecimalField(max_digits=20, decimal_places=12)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "started_at"], name="storage_tenant_started"),
+            models.Index(fields=["sandbox_id"], name="storage_sandbox"),
+        ]
+
+    def __str__(self) -> str:
+        return f"storage of {self.snapshot_id}"
 
 
 class DailyUsage(models.Model):

@@ -38,16 +38,21 @@ def gibs(memory_mib: int) -> Decimal:
 
 # The seed (migration 0003) again, for a database whose price books were emptied (a
 # test flush, a careless admin): an installation always has prices to bill with.
-DEFAULT_BOOKS: list[tuple[str, str, bool, list[tuple[str, str, str, str]]]] = [
+# Rows: capacity type, vCPU-hour, GiB-hour (memory), startup fee, storage GiB-hour.
+STORAGE_GIB_HOUR = "0.00014"  # stored state: ≈ $0.10 per GiB-month (migration 0006)
+DEFAULT_BOOKS: list[tuple[str, str, bool, list[tuple[str, str, str, str, str]]]] = [
     (
         "hedgerow",
         "Hedgerow default",
         False,
-        [("on_demand", "0.04", "0.005", "0.0005"), ("spot", "0.012", "0.0015", "0.0005")],
+        [
+            ("on_demand", "0.04", "0.005", "0.0005", STORAGE_GIB_HOUR),
+            ("spot", "0.012", "0.0015", "0.0005", STORAGE_GIB_HOUR),
+        ],
     ),
-    ("e2b", "E2B (list price)", True, [("on_demand", "0.0504", "0.0162", "0")]),
-    ("daytona", "Daytona (list price)", True, [("on_demand", "0.0504", "0.0162", "0")]),
-    ("modal", "Modal (list price)", True, [("on_demand", "0.070956", "0.024192", "0")]),
+    ("e2b", "E2B (list price)", True, [("on_demand", "0.0504", "0.0162", "0", "0")]),
+    ("daytona", "Daytona (list price)", True, [("on_demand", "0.0504", "0.0162", "0", "0")]),
+    ("modal", "Modal (list price)", True, [("on_demand", "0.070956", "0.024192", "0", "0")]),
 ]
 EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
 
@@ -63,13 +68,14 @@ def price_books_ensure() -> None:
                 book = PriceBook.objects.create(
                     slug=slug, name=name, version=1, is_reference=is_reference, effective_from=EPOCH
                 )
-                for capacity, vcpu_hour, gib_hour, fee in rates:
+                for capacity, vcpu_hour, gib_hour, fee, storage in rates:
                     PriceRate.objects.create(
                         price_book=book,
                         capacity_type=capacity,
                         vcpu_hour=Decimal(vcpu_hour),
                         gib_hour=Decimal(gib_hour),
                         startup_fee=Decimal(fee),
+                        storage_gib_hour=Decimal(storage),
                     )
         except IntegrityError:
             continue  # a concurrent caller made it

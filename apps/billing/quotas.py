@@ -301,6 +301,33 @@ def capacity_shortfall(
     return None
 
 
+def storage_shortfall(*, tenant: Tenant, adding: int = 0) -> ApiError | None:
+    """The storage quota (``max_snapshot_bytes``: kept snapshots, paused sandboxes'
+    state included) one more capture of ``adding`` bytes would break, or None. With
+    ``adding=0`` (before a capture, its size unknown): refused once the use reached the
+    limit. Locks the quota row: call inside a transaction."""
+    from apps.billing.storage import snapshot_bytes_in_use
+
+    quota = quota_lock(tenant=tenant)
+    limit = quota.max_snapshot_bytes
+    if limit is None:
+        return None
+    used = snapshot_bytes_in_use(tenant_id=tenant.pk)
+    if (adding == 0 and used >= limit) or (adding > 0 and used + adding > limit):
+        return limit_error(
+            QuotaExceeded,
+            limit="max_snapshot_bytes",
+            value=limit,
+            current=used,
+            message=f"this team keeps {used} bytes of snapshots and paused sandboxes' state "
+            f"of its {limit}"
+            + (f"; this capture adds {adding}" if adding else "")
+            + ": delete snapshots (or wait for their TTL) to make room",
+            retry=60,
+        )
+    return None
+
+
 def queued_count(*, tenant: Tenant) -> int:
     return Sandbox.objects.filter(tenant=tenant, state=State.QUEUED).count()
 
@@ -312,6 +339,7 @@ def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
         n=Count("pk"), cpu=Sum("cpu_millis"), mem=Sum("memory_mib")
     )
     from apps.billing.limits import limits_current
+    from apps.billing.storage import snapshot_bytes_in_use
 
     hot = limits_current(tenant_id=str(tenant.pk))
     spent = tenant_month_cost(tenant=tenant)
@@ -332,6 +360,10 @@ def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
         "monthly_budget": {
             "limit": str(budget) if budget is not None else None,
             "current": str(money(spent)),
+        },
+        "snapshot_bytes": {
+            "limit": quota.max_snapshot_bytes,
+            "current": snapshot_bytes_in_use(tenant_id=tenant.pk),
         },
         "queued": {"limit": quota.max_queued, "current": queued_count(tenant=tenant)},
         "queue_by_default": quota.queue_by_default,

@@ -20,6 +20,7 @@ from apps.billing.pricing import (
     price_rate,
     reference_books,
 )
+from apps.billing.storage import storage_totals, storage_window_cost
 from apps.billing.usage import Totals, month_start, record_window, records_overlapping
 from apps.tenancy.models import Tenant
 
@@ -97,6 +98,8 @@ class TenantReport:
     budget: Decimal | None = None
     month_cost: Decimal = Decimal(0)
     price_books: list[str] = field(default_factory=list)
+    # kept state (snapshots, pauses) in the window: {kind: {"gib_hours", "cost"}}
+    storage: dict[str, dict[str, Decimal]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         t = self.totals
@@ -114,6 +117,13 @@ class TenantReport:
                 "budget": str(self.budget) if self.budget is not None else None,
             },
             "price_books": self.price_books,
+            "storage": {
+                kind: {
+                    "gib_hours": str(v["gib_hours"].quantize(Decimal("0.0001"))),
+                    "cost": str(money(v["cost"])),
+                }
+                for kind, v in self.storage.items()
+            },
         }
 
 
@@ -156,6 +166,7 @@ def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantRe
     month_cost = Totals()
     for record in records_overlapping(start=month_start(now), end=None, tenant=tenant):
         month_cost.add(record, record_window(record, start=month_start(now), end=None, now=now))
+    month_storage = storage_window_cost(tenant=tenant, start=month_start(now), now=now)
     return TenantReport(
         tenant=tenant,
         start=start,
@@ -171,7 +182,8 @@ def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantRe
             at=end,
         ),
         budget=quota.monthly_budget if quota else None,
-        month_cost=month_cost.cost,
+        month_cost=month_cost.cost + month_storage,
+        storage=storage_totals(tenant=tenant, start=start, end=end),
         price_books=[str(b) for b in PriceBook.objects.filter(pk__in=books).order_by("slug")],
     )
 

@@ -7,7 +7,7 @@ from datetime import date, timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from apps.billing import admission_queue, reports, usage
+from apps.billing import admission_queue, reports, storage, usage
 
 
 @shared_task(soft_time_limit=120, time_limit=150)
@@ -24,7 +24,8 @@ def admission_sweep() -> dict[str, int]:
 
 @shared_task(soft_time_limit=300, time_limit=360)
 def usage_sweep() -> int:
-    return usage.usage_sweep()
+    """Repairs the usage ledger and the storage ledger (what a crashed worker missed)."""
+    return usage.usage_sweep() + storage.storage_sweep()
 
 
 @shared_task(soft_time_limit=600, time_limit=660)

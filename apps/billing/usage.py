@@ -209,11 +209,11 @@ _RATES = PriceRate._meta.db_table
 _OPEN_SQL = (
     f'INSERT INTO "{_RECORDS}" ("sandbox_id", "tenant_id", "image", "backend", "node", '  # noqa: S608
     '"labels", "capacity_type", "cpu_millis", "memory_mib", "started_at", "ended_at", '
-    '"end_state", "end_reason", "price_book_id", "hourly_rate", "startup_fee") '
+    '"end_state", "end_reason", "price_book_id", "hourly_rate", "startup_fee", "pauses") '
     'SELECT m."id", m."tenant_id", m."image", m."backend", m."node", m."labels", %s, '
     'm."cpu_millis", m."memory_mib", %s, NULL, \'\', \'\', r."price_book_id", '
     'm."cpu_millis"::numeric / 1000 * r."vcpu_hour" '
-    '+ m."memory_mib"::numeric / 1024 * r."gib_hour", r."startup_fee" '
+    '+ m."memory_mib"::numeric / 1024 * r."gib_hour", r."startup_fee", \'[]\'::jsonb '
     "FROM moved AS m CROSS JOIN LATERAL ("
     f'SELECT rate.* FROM "{_RATES}" AS rate WHERE rate."price_book_id" = ('
     f'SELECT b."id" FROM "{_BOOKS}" AS b WHERE NOT b."is_reference" '
@@ -353,6 +353,8 @@ def record_window(
     stop = record.ended_at or now
     hi = min(stop, end) if end else stop
     seconds = _seconds_of(hi - lo) if hi > lo else Decimal(0)
+    if seconds and record.pauses:
+        seconds -= paused_seconds(record, lo=lo, hi=hi, stop=stop)
     started_inside = (start is None or record.started_at >= start) and (
         end is None or record.started_at < end
     )
@@ -360,6 +362,57 @@ def record_window(
     if started_inside:
         cost += record.startup_fee
     return WindowUsage(seconds=seconds, cost=cost, started_inside=started_inside)
+
+
+def pause_intervals(record: UsageRecord, *, stop: datetime) -> list[tuple[datetime, datetime]]:
+    """The record's intervals without compute, an open one ending at ``stop`` (the
+    record's end, or now)."""
+    out = []
+    for begin, finish in record.pauses or []:
+        lo = datetime.fromisoformat(begin)
+        hi = min(datetime.fromisoformat(finish), stop) if finish else stop
+        if hi > lo:
+            out.append((lo, hi))
+    return out
+
+
+def paused_seconds(record: UsageRecord, *, lo: datetime, hi: datetime, stop: datetime) -> Decimal:
+    """Seconds of [lo, hi) the record's sandbox was paused (no compute held)."""
+    total = Decimal(0)
+    for p_lo, p_hi in pause_intervals(record, stop=stop):
+        a, b = max(p_lo, lo), min(p_hi, hi)
+        if b > a:
+            total += _seconds_of(b - a)
+    return total
+
+
+def usage_pause_begin(*, sandbox_id: uuid.UUID | str, at: datetime) -> bool:
+    """A paused sandbox released its compute at ``at``: from then on its usage record
+    accrues nothing (its state is billed as storage). Idempotent: a pause already open
+    is left alone. False when the sandbox has no record."""
+    with transaction.atomic():
+        record = UsageRecord.objects.select_for_update().filter(sandbox_id=sandbox_id).first()
+        if record is None:
+            return False
+        pauses = list(record.pauses or [])
+        if pauses and pauses[-1][1] is None:
+            return True
+        pauses.append([at.isoformat(), None])
+        UsageRecord.objects.filter(pk=record.pk).update(pauses=pauses)
+    return True
+
+
+def usage_pause_end(*, sandbox_id: uuid.UUID | str, at: datetime) -> bool:
+    """A paused sandbox was resumed at ``at`` (admitted again: it holds compute from
+    here): closes its open pause. False when none was open."""
+    with transaction.atomic():
+        record = UsageRecord.objects.select_for_update().filter(sandbox_id=sandbox_id).first()
+        if record is None or not record.pauses or record.pauses[-1][1] is not None:
+            return False
+        pauses = [list(p) for p in record.pauses]
+        pauses[-1][1] = max(at, datetime.fromisoformat(pauses[-1][0])).isoformat()
+        UsageRecord.objects.filter(pk=record.pk).update(pauses=pauses)
+    return True
 
 
 def records_overlapping(
@@ -431,7 +484,15 @@ def tenant_window_cost(*, tenant: Tenant, start: datetime, now: datetime | None 
             )
         ),
     )
-    return Decimal(row["running"] or 0) + Decimal(row["fees"] or 0)
+    paused = Decimal(0)
+    for record in records_overlapping(start=start, end=now, tenant=tenant).exclude(pauses=[]):
+        until = min(record.ended_at or now, now)
+        since = max(record.started_at, start)
+        paused += paused_seconds(record, lo=since, hi=until, stop=until) / HOUR * record.hourly_rate
+    from apps.billing.storage import storage_window_cost
+
+    storage = storage_window_cost(tenant=tenant, start=start, now=now)
+    return Decimal(row["running"] or 0) + Decimal(row["fees"] or 0) - paused + storage
 
 
 def tenant_month_cost(*, tenant: Tenant, at: datetime | None = None) -> Decimal:
@@ -445,7 +506,21 @@ def sandbox_cost(*, sandbox: Sandbox, now: datetime | None = None) -> Decimal | 
     record = UsageRecord.objects.filter(sandbox_id=sandbox.pk).first()
     if record is None:
         return None
-    return record_window(record, start=None, end=None, now=now or timezone.now()).cost
+    now = now or timezone.now()
+    cost = record_window(record, start=None, end=None, now=now).cost
+    if _was_paused(sandbox):
+        from apps.billing.storage import storage_cost_for_sandboxes
+
+        kept = storage_cost_for_sandboxes(sandbox_ids=[sandbox.pk], now=now)
+        cost += kept.get(sandbox.pk, Decimal(0))
+    return cost
+
+
+def _was_paused(sandbox: Sandbox) -> bool:
+    """Whether the sandbox may have kept a pause (its state billed as storage): paused
+    now, or provisioned more than once (a resume is a new generation). A sandbox
+    provisioned once never paused, so its cost needs no storage read."""
+    return sandbox.state == State.PAUSED or (sandbox.generation or 0) > 1
 
 
 def sandbox_window_cost(*, sandbox: Sandbox, start: datetime, end: datetime) -> Decimal:
@@ -511,12 +586,19 @@ def sandbox_billing(*, sandboxes: Iterable[Sandbox]) -> dict[uuid.UUID, SandboxB
     positions: dict[str, int] = {}
     if any(s.state == State.QUEUED for s in rows):
         positions = {pk: i + 1 for i, (pk, _) in enumerate(queue_order())}
+    paused = [s.pk for s in billable if _was_paused(s)]
+    storage: dict[uuid.UUID, Decimal] = {}
+    if paused:
+        from apps.billing.storage import storage_cost_for_sandboxes
+
+        storage = storage_cost_for_sandboxes(sandbox_ids=paused)
     out = {}
     for sandbox in rows:
         record = records.get(sandbox.pk)
         cost = None
         if record is not None:
             cost = record_window(record, start=None, end=None, now=now).cost
+            cost += storage.get(sandbox.pk, Decimal(0))
         position = positions.get(str(sandbox.pk)) if sandbox.state == State.QUEUED else None
         out[sandbox.pk] = SandboxBilling(queue_position=position, cost=cost)
     return out

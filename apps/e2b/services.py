@@ -320,7 +320,7 @@ def sandbox_listed_view(sandbox: Sandbox) -> dict[str, Any]:
         "cpuCount": max(1, math.ceil(sandbox.cpu_millis / 1000)),
         "memoryMB": sandbox.memory_mib,
         "diskSizeMB": 0,
-        "state": "running",
+        "state": "paused" if sandbox.state == State.PAUSED else "running",
         "metadata": dict(sandbox.labels or {}),
     }
 

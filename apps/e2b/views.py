@@ -17,7 +17,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from apps.core.errors import ApiError
 from apps.core.inputs import json_loads
-from apps.e2b import services
+from apps.e2b import pausing, services
 from apps.tenancy.auth import principal_for_key
 from apps.tenancy.principal import Principal
 
@@ -138,25 +138,41 @@ def sandbox_timeout(request: HttpRequest, principal: Principal, sandbox_id: str)
 
 @endpoint("POST")
 def sandbox_connect(request: HttpRequest, principal: Principal, sandbox_id: str) -> Any:
-    """Connecting to a running sandbox (extending its timeout when one is given);
-    a paused one cannot exist here."""
-    timeout = _body(request).get("timeout")
+    """Connecting to a sandbox (extending its timeout when one is given): a running one
+    at once (200), a paused one resumed from its files first (201; apps/e2b/pausing.py).
+    Also E2B's older ``POST /sandboxes/{id}/resume``."""
+    data = _body(request)
+    timeout = data.get("timeout")
+    resumed = pausing.e2b_sandbox_connect(principal=principal, sandbox_id=sandbox_id, data=data)
     sandbox = services.e2b_sandbox_get(principal=principal, sandbox_id=sandbox_id)
     if timeout is not None:
         services.e2b_sandbox_set_timeout(
             principal=principal, sandbox_id=sandbox_id, timeout=timeout
         )
-    return services.sandbox_created_view(sandbox, principal=principal)
+    view = services.sandbox_created_view(sandbox, principal=principal)
+    return JsonResponse(view, status=201) if resumed else view
+
+
+@endpoint("POST")
+def sandbox_pause(request: HttpRequest, principal: Principal, sandbox_id: str) -> Any:
+    """E2B's pause: a ``filesystem`` pause (files kept, compute released); 409 when
+    already paused, as E2B answers (the SDK then returns False)."""
+    paused = pausing.e2b_sandbox_pause(
+        principal=principal, sandbox_id=sandbox_id, data=_body(request)
+    )
+    if not paused:
+        raise ApiError("the sandbox is already paused", code="conflict", status_code=409)
+    return None
 
 
 @endpoint("POST")
 def not_yet(request: HttpRequest, principal: Principal, sandbox_id: str, **kwargs: Any) -> Any:
-    """Pause, resume, snapshots and forks: a typed 501 until Hedgerow has snapshots.
-    Another tenant's sandbox is still not found first."""
+    """E2B's snapshots and forks: a typed 501 (Hedgerow's own snapshot and fork API
+    is not wired to E2B's yet). Another tenant's sandbox is still not found first."""
     services.e2b_sandbox_get(principal=principal, sandbox_id=sandbox_id)
     raise ApiError(
-        "pause, resume, snapshots and forks need sandbox snapshots, which Hedgerow does "
-        "not have yet",
+        "E2B's snapshots and forks are not served here yet: use Hedgerow's snapshot and "
+        "fork API (docs/snapshots.md)",
         code="not_implemented",
         status_code=501,
     )

@@ -230,6 +230,12 @@ class AgentClient:
             return json.loads(data)
         raise AssertionError("unreachable")
 
+    def state(self, *, timeout: float = 10.0) -> dict[str, Any]:
+        """The sandbox's listening ports, processes and environment (``GET /state``,
+        podagent/state.py): part of a snapshot's fingerprint."""
+        result: dict[str, Any] = self._json_call("GET", "/state", None, timeout)
+        return result
+
     def operation(self, operation_id: str, *, wait: float = 0.0) -> dict[str, Any]:
         response = self.request(
             "GET", f"/operations/{operation_id}", params={"wait": wait}, timeout=wait + 10

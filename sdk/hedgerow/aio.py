@@ -414,11 +414,14 @@ class AsyncSandbox:
         manifest: Optional[Dict[str, Any]] = None,
         probes: Optional[List[Dict[str, Any]]] = None,
         ttl_seconds: Optional[int] = None,
+        volatile: Optional[List[str]] = None,
         wait: bool = True,
         timeout: float = 300.0,
     ) -> AsyncSnapshot:
         """See ``Sandbox.snapshot``."""
-        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        body = snapshot_body(
+            name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds, volatile=volatile
+        )
         response = await self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
         snap = AsyncSnapshot(self._client, response.json())
         if wait:

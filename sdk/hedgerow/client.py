@@ -482,14 +482,19 @@ class Sandbox:
         manifest: Optional[Dict[str, Any]] = None,
         probes: Optional[List[Dict[str, Any]]] = None,
         ttl_seconds: Optional[int] = None,
+        volatile: Optional[List[str]] = None,
         wait: bool = True,
         timeout: float = 300.0,
     ) -> Snapshot:
         """Captures this sandbox's filesystem state (docs/snapshots.md). ``manifest``:
         your cognitive state (messages, model, sampling, seeds); ``probes``: read-only
         commands ``[{"name", "command", "volatile"}]`` every restored child must answer
-        alike. ``wait=True`` returns it ``ready`` or raises ``SnapshotFailed``."""
-        body = snapshot_body(name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds)
+        alike; ``volatile``: runtime fingerprint parts shown but not compared
+        (``"ports"``, ``"port:N"``, ``"processes"``, ``"process:NAME"``, ``"env"``,
+        ``"env:NAME"``). ``wait=True`` returns it ``ready`` or raises ``SnapshotFailed``."""
+        body = snapshot_body(
+            name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds, volatile=volatile
+        )
         data = self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body).json()
         snap = Snapshot(self._client, data)
         if wait:

@@ -19,8 +19,15 @@ def snapshot_body(
     manifest: Optional[Dict[str, Any]],
     probes: Optional[List[Dict[str, Any]]],
     ttl_seconds: Optional[int],
+    volatile: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
-    optional = {"name": name, "manifest": manifest, "probes": probes, "ttl_seconds": ttl_seconds}
+    optional = {
+        "name": name,
+        "manifest": manifest,
+        "probes": probes,
+        "ttl_seconds": ttl_seconds,
+        "volatile": volatile,
+    }
     return {k: v for k, v in optional.items() if v is not None}
 
 

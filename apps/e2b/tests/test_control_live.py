@@ -122,8 +122,8 @@ def test_it_refuses_bad_input_and_keys_with_typed_errors_and_creates_nothing(liv
 
     sbx = Sandbox.create(**o)
     with pytest.raises(SandboxException) as paused:
-        sbx.pause()
-    assert paused.value.status_code == 501 and "snapshots" in str(paused.value)
+        sbx.pause()  # E2B's default keeps memory, which Hedgerow never captures
+    assert paused.value.status_code == 400 and "mode='filesystem'" in str(paused.value)
     assert Row.objects.get(external_id=sbx.sandbox_id).state == State.READY
     sbx.kill()
     wait_all_deleted(tenant)

@@ -451,6 +451,11 @@ class SnapshotCreateSerializer(serializers.Serializer):  # type: ignore[type-arg
         '"command", "volatile": false, "timeout": 30}]',
     )
     ttl_seconds = serializers.IntegerField(required=False)
+    volatile = serializers.JSONField(
+        required=False,
+        help_text="parts of the runtime fingerprint shown but never compared: "
+        '"ports", "port:N", "processes", "process:NAME", "env", "env:NAME"',
+    )
 
 
 class SnapshotForkSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -461,12 +466,17 @@ class SnapshotForkSerializer(serializers.Serializer):  # type: ignore[type-arg]
 class SnapshotSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     sandbox = serializers.CharField(source="sandbox.external_id", read_only=True)
     parent = serializers.SerializerMethodField()  # type: ignore[assignment]
+    storage_cost = serializers.SerializerMethodField(
+        help_text="USD so far for keeping its bytes (per GiB-hour, docs/billing.md); "
+        "null if never captured"
+    )
 
     class Meta:
         model = Snapshot
         fields = [
             "id",
             "name",
+            "kind",
             "state",
             "sandbox",
             "parent",
@@ -485,7 +495,14 @@ class SnapshotSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "created_at",
             "captured_at",
             "deleted_at",
+            "storage_cost",
         ]
 
     def get_parent(self, obj: Snapshot) -> str | None:
         return str(obj.parent_id) if obj.parent_id else None
+
+    def get_storage_cost(self, obj: Snapshot) -> str | None:
+        from apps.billing.storage import storage_cost_for_snapshots
+
+        cost = storage_cost_for_snapshots(snapshot_ids=[obj.pk]).get(obj.pk)
+        return None if cost is None else str(cost.quantize(Decimal("0.000001")))

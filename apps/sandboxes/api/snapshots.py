@@ -60,6 +60,7 @@ class SandboxSnapshotsView(APIView):
             manifest=data.get("manifest"),
             probes=data.get("probes"),
             ttl_seconds=data.get("ttl_seconds"),
+            volatile=data.get("volatile"),
         )
         return Response(SnapshotSerializer(snapshot).data, status=status.HTTP_202_ACCEPTED)
 

@@ -23,6 +23,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.billing.admission_queue import admission_decide
+from apps.billing.quotas import Ask, storage_shortfall
+from apps.billing.storage import storage_record_close, storage_record_open
+from apps.billing.usage import usage_pause_begin, usage_pause_end
 from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
@@ -36,6 +40,11 @@ from apps.sandboxes.models import (
     State,
 )
 from apps.sandboxes.selectors import sandbox_by_idempotency_key, snapshot_get
+from apps.sandboxes.services.fingerprint import (
+    runtime_diff,
+    runtime_fingerprint,
+    validate_volatile,
+)
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
     sandbox_create,
@@ -51,6 +60,7 @@ MAX_PROBE_OUTPUT = 64 << 10  # stdout kept per probe (its sha256 covers all of i
 MAX_MANIFEST_BYTES = 256 << 10
 MAX_FORK = 64
 PAUSE = "pause"  # Snapshot.kind of what ``sandbox_pause`` captures
+PAUSE_VOLATILE = ("ports", "processes")
 DEFAULT_TTL_S = 24 * 3600
 MAX_TTL_S = 30 * 24 * 3600
 QUIESCE_WAIT_S = 30.0  # in-flight operations must end within this before a capture
@@ -123,14 +133,14 @@ def snapshot_create(
     manifest: Any = None,
     probes: Any = None,
     ttl_seconds: int | None = None,
+    volatile: Any = None,
 ) -> Snapshot:
     """Records a ``capturing`` snapshot of a ``ready`` sandbox and enqueues its capture
     after commit. 409 ``sandbox_not_ready`` for any other state; bad probes or manifest
     are a 400 and nothing is recorded."""
-    from apps.sandboxes.tasks import capture_snapshot
-
     clean_probes = validate_probes(probes)
     clean_manifest = _validate_manifest(manifest)
+    clean_volatile = validate_volatile(volatile)
     ttl = DEFAULT_TTL_S if ttl_seconds is None else ttl_seconds
     if not 60 <= ttl <= MAX_TTL_S:
         raise ValidationFailed(f"ttl_seconds: 60 ≤ s ≤ {MAX_TTL_S}", field="ttl_seconds")
@@ -141,6 +151,41 @@ def snapshot_create(
             f"sandbox is {sandbox.state}: only a ready sandbox can be snapshotted",
             code="sandbox_not_ready",
         )
+    with transaction.atomic():
+        _check_storage(tenant)
+        return _record_capture(
+            tenant=tenant,
+            sandbox=sandbox,
+            actor=actor,
+            name=name,
+            manifest=clean_manifest,
+            probes=clean_probes,
+            ttl=ttl,
+            volatile=clean_volatile,
+        )
+
+
+def _check_storage(tenant: Tenant, adding: int = 0) -> None:
+    """The storage quota (kept snapshots and pauses): 429 ``quota_exceeded`` naming
+    ``max_snapshot_bytes``, nothing recorded."""
+    shortfall = storage_shortfall(tenant=tenant, adding=adding)
+    if shortfall is not None:
+        raise shortfall
+
+
+def _record_capture(
+    *,
+    tenant: Tenant,
+    sandbox: Sandbox,
+    actor: str,
+    name: str,
+    manifest: dict[str, Any],
+    probes: list[dict[str, Any]],
+    ttl: int,
+    volatile: list[str],
+) -> Snapshot:
+    from apps.sandboxes.tasks import capture_snapshot
+
     now = timezone.now()
     snapshot = Snapshot.objects.create(
         tenant=tenant,
@@ -151,8 +196,10 @@ def snapshot_create(
         image=sandbox.image,
         image_digest=sandbox.image_digest,
         generation=sandbox.generation,
-        manifest=clean_manifest,
-        probes=clean_probes,
+        manifest=manifest,
+        probes=probes,
+        # the client's volatile declarations, kept with the fingerprint they qualify
+        fingerprint={"volatile": volatile} if volatile else {},
         ttl_seconds=ttl,
         expires_at=now + timedelta(seconds=ttl),
         created_by=actor,
@@ -253,8 +300,18 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
             raise SnapshotFailed(f"sandbox is {sandbox.state}", code="sandbox_not_running")
         started = time.monotonic()
         _wait_quiet(sandbox)
-        probes = run_probes(_agent(sandbox), snapshot.probes)
+        client = _agent(sandbox)
+        probes = run_probes(client, snapshot.probes)
+        unreachable: AgentUnreachable | None = None
+        runtime: dict[str, Any] = {}
+        try:
+            runtime = read_runtime(client)
+        except AgentUnreachable as exc:
+            unreachable = exc  # a sandbox gone entirely is the backend's to name, below
         info = backend.snapshot(sandbox.id.hex, snapshot.id.hex)
+        if unreachable is not None:
+            backend.delete_snapshot(snapshot.id.hex)
+            raise unreachable
         wall = time.monotonic() - started
     except SnapshotFailed as exc:
         _fail(snapshot, exc.code, str(exc))
@@ -263,18 +320,53 @@ def snapshot_capture(*, snapshot_id: str) -> Snapshot | None:
     except BackendError as exc:
         _fail(snapshot, "snapshot_failed", str(exc))
     else:
-        moved = Snapshot.objects.filter(pk=snapshot.pk, state=SnapshotState.CAPTURING).update(
-            state=SnapshotState.READY,
-            fingerprint={"tree": info.fingerprint, "files": info.files, "probes": probes},
-            size_bytes=info.size_bytes,
-            capture_s=info.capture_s,
-            capture_wall_s=wall,
-            captured_at=timezone.now(),
-        )
+        # The storage quota is decided and the size recorded under the team's quota
+        # row lock, in one transaction: two captures finishing together are counted
+        # one after the other, never both against the same remaining room.
+        with transaction.atomic():
+            shortfall = storage_shortfall(tenant=snapshot.tenant, adding=max(1, info.size_bytes))
+            moved = 0
+            if shortfall is None:
+                moved = Snapshot.objects.filter(
+                    pk=snapshot.pk, state=SnapshotState.CAPTURING
+                ).update(
+                    state=SnapshotState.READY,
+                    fingerprint={
+                        "tree": info.fingerprint,
+                        "files": info.files,
+                        "probes": probes,
+                        **runtime,
+                        "volatile": (snapshot.fingerprint or {}).get("volatile", []),
+                    },
+                    size_bytes=info.size_bytes,
+                    capture_s=info.capture_s,
+                    capture_wall_s=wall,
+                    captured_at=timezone.now(),
+                )
+        if shortfall is not None:
+            backend.delete_snapshot(snapshot.id.hex)
+            _fail(snapshot, "quota_exceeded", shortfall.message)
+            return _after_capture(snapshot, sandbox, pausing)
         if not moved:  # deleted meanwhile: its backend copy must not outlive the row
             backend.delete_snapshot(snapshot.id.hex)
-        elif pausing:
-            _release_paused(sandbox)
+        else:
+            _open_storage(snapshot)
+            if pausing:
+                _release_paused(sandbox)
+    return _after_capture(snapshot, sandbox, pausing)
+
+
+def _open_storage(snapshot: Snapshot) -> None:
+    """Starts metering the kept bytes; a metering problem never fails a capture (the
+    periodic sweep opens what is missing)."""
+    snapshot.refresh_from_db()
+    try:
+        storage_record_open(snapshot=snapshot)
+    except Exception as exc:  # noqa: BLE001 - repaired by storage_sweep
+        log.warning("storage record failed: %s", exc, extra={"snapshot_id": str(snapshot.pk)})
+
+
+def _after_capture(snapshot: Snapshot, sandbox: Sandbox, pausing: bool) -> Snapshot:
     snapshot.refresh_from_db()
     if pausing and snapshot.state == SnapshotState.FAILED:
         # nothing was released: the sandbox runs on as it was
@@ -302,10 +394,11 @@ def snapshot_delete(*, snapshot: Snapshot, reason: str = "deleted") -> Snapshot:
         .exclude(state=SnapshotState.DELETED)
         .update(state=SnapshotState.DELETED, deleted_at=timezone.now(), deleted_reason=reason)
     )
+    snapshot.refresh_from_db()
     if moved:
         snapshot_id = str(snapshot.id)
+        storage_record_close(snapshot=snapshot)
         transaction.on_commit(lambda: destroy_snapshot.delay(snapshot_id))
-    snapshot.refresh_from_db()
     return snapshot
 
 
@@ -442,7 +535,25 @@ def snapshot_verify_child(*, sandbox: Sandbox, endpoint: Endpoint) -> list[dict[
     if failed:
         return failed
     actual = run_probes(client, snapshot.probes)
-    return probe_diff(snapshot.probes, snapshot.fingerprint.get("probes", {}), actual)
+    fingerprint = snapshot.fingerprint or {}
+    diff = probe_diff(snapshot.probes, fingerprint.get("probes", {}), actual)
+    if any(part in fingerprint for part in RUNTIME_PARTS):
+        diff += runtime_diff(fingerprint, read_runtime(client), fingerprint.get("volatile", []))
+    return diff
+
+
+RUNTIME_PARTS = ("ports", "processes", "env")
+
+
+def read_runtime(client: AgentClient) -> dict[str, Any]:
+    """The runtime fingerprint (ports, processes, environment) from the agent; empty
+    from an agent too old to answer ``/state`` (nothing of it is then compared)."""
+    try:
+        return runtime_fingerprint(client.state())
+    except AgentError as exc:
+        if exc.status == 404:
+            return {}
+        raise
 
 
 # ---- pause and resume --------------------------------------------------------------
@@ -456,6 +567,8 @@ def sandbox_pause(*, sandbox: Sandbox, actor: str) -> Sandbox:
     from apps.sandboxes.tasks import capture_snapshot
 
     with transaction.atomic():
+        if sandbox.state == State.READY:
+            _check_storage(sandbox.tenant)
         if not sandbox_transition(
             sandbox=sandbox,
             from_states=(State.READY,),
@@ -475,6 +588,8 @@ def sandbox_pause(*, sandbox: Sandbox, actor: str) -> Sandbox:
             parent_id=sandbox.snapshot_id,
             name="pause",
             kind=PAUSE,
+            # a pause restarts no services: what ran is shown, not compared at resume
+            fingerprint={"volatile": list(PAUSE_VOLATILE)},
             backend=sandbox.backend,
             image=sandbox.image,
             image_digest=sandbox.image_digest,
@@ -497,7 +612,10 @@ def _release_paused(sandbox: Sandbox) -> None:
     except BackendError as exc:  # the reconciler finds what is left
         sandbox_record_event(sandbox=sandbox, event="destroy_error", message=str(exc))
         return
-    sandbox_record_event(sandbox=sandbox, event="compute_released", reason="paused")
+    event = sandbox_record_event(sandbox=sandbox, event="compute_released", reason="paused")
+    # from here the sandbox holds no CPU or memory: its usage record stops accruing and
+    # its pause's bytes are billed as storage (docs/billing.md, "Paused sandboxes")
+    usage_pause_begin(sandbox_id=sandbox.pk, at=event.at)
 
 
 def _pause_snapshot(sandbox: Sandbox) -> Snapshot | None:
@@ -522,6 +640,16 @@ def sandbox_resume(*, sandbox: Sandbox, actor: str) -> Sandbox:
     if snapshot is None or snapshot.state != SnapshotState.READY:
         raise Conflict("the pause is still being captured", code="sandbox_pausing")
     with transaction.atomic():
+        # it takes CPU and memory again: admitted like a create (429/403 naming the
+        # limit, and it stays paused), never queued
+        ask = Ask(
+            cpu_millis=sandbox.cpu_millis,
+            memory_mib=sandbox.memory_mib,
+            ttl_seconds=sandbox.ttl_seconds,
+            actor=actor,
+        )
+        admission_decide(tenant=sandbox.tenant, ask=ask, queue=False)
+        now = timezone.now()
         if not sandbox_transition(
             sandbox=sandbox,
             from_states=(State.PAUSED,),
@@ -529,9 +657,10 @@ def sandbox_resume(*, sandbox: Sandbox, actor: str) -> Sandbox:
             reason="resumed",
             actor=actor,
             snapshot_id=snapshot.id,
-            admitted_at=timezone.now(),
+            admitted_at=now,
         ):
             raise Conflict(f"sandbox is {sandbox.state}, not paused", code="sandbox_not_paused")
+        usage_pause_end(sandbox_id=sandbox.pk, at=now)
         sandbox_id = str(sandbox.id)
         transaction.on_commit(lambda: provision_sandbox.delay(sandbox_id))
     return sandbox
