@@ -14,6 +14,7 @@ django_asgi_app = SyncChainASGIHandler()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from apps.core.logging import redact_server_logs  # noqa: E402
+from apps.e2b.fastpath import EnvdStartFastPath  # noqa: E402
 from apps.sandboxes.api.exec_fastpath import ExecFastPath  # noqa: E402
 from apps.sandboxes.services.stream_pump import remember_loop  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
@@ -25,8 +26,9 @@ redact_server_logs()
 
 router = ProtocolTypeRouter(
     {
-        # Plain REST execs skip Django's thread hop (docs/benchmarks.md).
-        "http": ExecFastPath(django_asgi_app),
+        # Plain REST execs and E2B command starts skip Django's thread hop
+        # (docs/benchmarks.md).
+        "http": ExecFastPath(EnvdStartFastPath(django_asgi_app)),
         "websocket": WebsocketAuthStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .errors import ApiError, bad_request
 from .operations import Frame, Operation, Registry
-from .runner import ExecSpec, run
+from .runner import ExecSpec, StdinClosed, StdinFeed, StdinFull, StdinOffset, run
 
 OP_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 MAX_WINDOW = 64 * 1024 * 1024
@@ -89,6 +89,9 @@ def parse_exec(body: Any, base_env: Dict[str, str], shell: str, workdir: str) ->
             stdin = base64.b64decode(stdin_raw, validate=True)
         except (binascii.Error, ValueError):
             raise bad_request("stdin is not valid base64", "stdin") from None
+    stdin_open = body.get("stdin_open", False)
+    if not isinstance(stdin_open, bool):
+        raise bad_request("stdin_open must be a boolean", "stdin_open")
     timeout = _number(body, "timeout", None)
     kill_grace = _number(body, "kill_grace", 2.0)
     window = _int(body, "output_window", DEFAULT_WINDOW)
@@ -100,10 +103,13 @@ def parse_exec(body: Any, base_env: Dict[str, str], shell: str, workdir: str) ->
         raise bad_request("stream must be a boolean", "stream")
     full_env = dict(base_env)
     full_env.update(env)
-    identity = json.dumps(
-        [command, cwd, env, stdin_raw, login_shell], sort_keys=True, separators=(",", ":")
+    fields: List[Any] = [command, cwd, env, stdin_raw, login_shell]
+    if stdin_open:
+        fields.append("stdin_open")
+    identity = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    spec = ExecSpec(
+        argv, cwd, full_env, stdin, timeout, kill_grace or 0.0, window, limit, stdin_open
     )
-    spec = ExecSpec(argv, cwd, full_env, stdin, timeout, kill_grace or 0.0, window, limit)
     return ExecRequest(op_id, spec, stream, hashlib.sha256(identity.encode()).hexdigest())
 
 
@@ -131,6 +137,9 @@ class ExecService:
                     400, "cwd_not_found", f"cwd {req.spec.cwd} is not a directory", "cwd"
                 )
             op, created = self.registry.claim(req.op_id, req.fingerprint, req.spec.kill_grace)
+            if created and req.spec.stdin_open:
+                # Before the command starts, so input sent at once is never refused.
+                op.control.stdin = StdinFeed(req.spec.stdin or b"")
         else:
             created = False
         if not created and op.fingerprint != req.fingerprint:
@@ -210,3 +219,51 @@ class ExecService:
                     return
         finally:
             op.detach()
+
+
+STDIN_WAIT_S = 10.0  # how long a sender waits for room in a full stdin buffer
+
+
+def send_stdin(op: Operation, body: Any) -> Dict[str, Any]:
+    """``POST /operations/{id}/stdin``: ``{"data": base64, "eof": bool, "wait": s,
+    "offset": n}`` →
+    input for a running command started with ``stdin_open``; ``eof`` closes its stdin
+    once the data is written; ``wait`` (default and at most 10 s) is how long to wait
+    for room when the buffer is full. 409 ``stdin_closed`` when it takes no input
+    (never opened, closed, ended), 429 ``stdin_full`` when the command has not read
+    what it was sent."""
+    if not isinstance(body, dict):
+        raise bad_request("body must be a JSON object")
+    raw = body.get("data", "")
+    if not isinstance(raw, str):
+        raise bad_request("data must be base64", "data")
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request("data is not valid base64", "data") from None
+    eof = body.get("eof", False)
+    if not isinstance(eof, bool):
+        raise bad_request("eof must be a boolean", "eof")
+    wait = _number(body, "wait", STDIN_WAIT_S)
+    assert wait is not None
+    offset = _int(body, "offset", None)
+    feed = op.control.stdin
+    if feed is None:
+        raise ApiError(409, "stdin_closed", "this command was not started with stdin_open", "stdin")
+    if op.result is not None and (data or not eof):  # closing again is still fine
+        raise ApiError(409, "stdin_closed", "the command has ended", "stdin")
+    try:
+        waiting, received = feed.send(data, eof, min(wait, STDIN_WAIT_S), offset)
+    except StdinOffset as exc:
+        raise ApiError(409, "stdin_offset", str(exc), "offset") from None
+    except StdinClosed as exc:
+        raise ApiError(409, "stdin_closed", str(exc), "stdin") from None
+    except StdinFull as exc:
+        raise ApiError(429, "stdin_full", str(exc), "stdin") from None
+    return {
+        "operation_id": op.op_id,
+        "accepted": len(data),
+        "buffered": waiting,
+        "offset": received,
+        "eof": eof,
+    }

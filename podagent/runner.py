@@ -7,14 +7,16 @@ costs no extra threads, sleeps or polling.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import hashlib
 import os
 import select
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import limits
 from .output import StreamCapture
@@ -30,7 +32,9 @@ StartSink = Callable[[Optional[int]], None]
 
 
 class ExecSpec:
-    __slots__ = ("argv", "cwd", "env", "kill_grace", "limit", "stdin", "timeout", "window")
+    __slots__ = (
+        "argv", "cwd", "env", "kill_grace", "limit", "stdin", "stdin_open", "timeout", "window",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -42,8 +46,10 @@ class ExecSpec:
         kill_grace: float,
         window: int,
         limit: Optional[int],
+        stdin_open: bool = False,
     ) -> None:
         self.argv = argv
+        self.stdin_open = stdin_open
         self.cwd = cwd
         self.env = env
         self.stdin = stdin
@@ -53,14 +59,130 @@ class ExecSpec:
         self.limit = limit
 
 
+STDIN_MAX_BYTES = 1024 * 1024  # input accepted but not yet read by the command
+
+
+class StdinClosed(Exception):
+    """The command's stdin takes no more input: never opened, closed (EOF sent), the
+    command stopped reading it, or the command ended."""
+
+
+class StdinFull(Exception):
+    """STDIN_MAX_BYTES are waiting for the command to read them."""
+
+
+class StdinOffset(Exception):
+    """The sender's offset is not where the input stands (a gap, or an overlap that is
+    not a resend of what was accepted)."""
+
+    def __init__(self, expected: int) -> None:
+        super().__init__(f"the input stands at offset {expected}")
+        self.expected = expected
+
+
+class StdinFeed:
+    """A running command's stdin, kept open for input sent while it runs
+    (``POST /operations/{id}/stdin``). Bounded: at most STDIN_MAX_BYTES wait to be read;
+    a sender waits for room up to its timeout, then gets StdinFull. The runner's poll
+    loop does the writing (woken through a pipe), so a command that does not read never
+    blocks a request thread for longer than its timeout."""
+
+    def __init__(self, initial: bytes) -> None:
+        self.cond = threading.Condition()
+        self.buf = bytearray(initial)
+        self.eof = False  # EOF asked for: close once the buffer is written
+        self.closed = False  # the pipe is closed: nothing more is accepted
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.written = 0
+        self.received = len(initial)  # bytes accepted in all: the next offset
+        # (offset, sha256) of the last writes: a resend is recognised by both, so a
+        # stale writer's new bytes are never mistaken for a resend and dropped.
+        self.accepted: Deque[Tuple[int, bytes]] = collections.deque(maxlen=64)
+
+    def send(
+        self, data: bytes, eof: bool, timeout: float, offset: Optional[int] = None
+    ) -> "tuple[int, int]":
+        """Queues ``data`` (and EOF after it); returns (bytes waiting, the next offset).
+        With ``offset`` (where ``data`` starts in the whole input) a resend of one of the
+        last 64 writes (same offset, same bytes) is answered without being written
+        twice, so a sender may retry after a lost answer; anything else off the mark is
+        StdinOffset (nothing written: the sender may send again at the new offset)."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            if offset is not None and offset != self.received:
+                if (offset, hashlib.sha256(data).digest()) in self.accepted:
+                    if eof and not (self.closed or self.eof):
+                        self.eof = True
+                        self._wake()
+                    return len(self.buf), self.received  # a resend: already have it
+                raise StdinOffset(self.received)
+            if not data and eof and (self.closed or self.eof):
+                return len(self.buf), self.received  # closing twice is closing
+            while True:
+                if self.closed or self.eof:
+                    raise StdinClosed("the command's stdin is closed")
+                if len(self.buf) + len(data) <= STDIN_MAX_BYTES:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StdinFull(
+                        f"{len(self.buf)} bytes of input are still waiting for the command "
+                        f"to read them (at most {STDIN_MAX_BYTES})"
+                    )
+                self.cond.wait(left)
+            self.buf += data
+            self.accepted.append((self.received, hashlib.sha256(data).digest()))
+            self.received += len(data)
+            self.eof = eof
+            waiting = len(self.buf), self.received
+        self._wake()
+        return waiting
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # already woken (the pipe is full) or finished
+
+    def peek(self, size: int) -> bytes:
+        with self.cond:
+            return bytes(self.buf[:size])
+
+    def consumed(self, count: int) -> None:
+        with self.cond:
+            del self.buf[:count]
+            self.written += count
+            self.cond.notify_all()
+
+    def pending(self) -> "tuple[bool, bool]":
+        """(bytes waiting, EOF due now)."""
+        with self.cond:
+            return bool(self.buf), self.eof and not self.buf
+
+    def close(self) -> None:
+        """The pipe is gone (EOF sent, or the command stopped reading, or ended)."""
+        with self.cond:
+            self.closed = True
+            self.buf.clear()
+            self.cond.notify_all()
+
+    def release(self) -> None:
+        self.close()
+        for fd in (self.wake_r, self.wake_w):
+            _close(fd)
+
+
 class Control:
-    """Shared between the running exec and a concurrent cancel request."""
+    """Shared between the running exec and concurrent cancel and stdin requests."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pid: Optional[int] = None
         self.cancelled = False
         self.finished = False
+        self.stdin: Optional[StdinFeed] = None  # an open stdin (``stdin_open``)
 
     def cancel(self, grace: float, done: threading.Event) -> None:
         """SIGTERM the session, SIGKILL after grace unless the run finished."""
@@ -133,7 +255,8 @@ def run(
     err_r, err_w = os.pipe()
     in_r: Optional[int] = None
     in_w: Optional[int] = None
-    if spec.stdin:
+    feed = control.stdin  # set when the request kept stdin open (ExecService.claim)
+    if spec.stdin or feed is not None:
         in_r, in_w = os.pipe()
     cgroups = limits.CGROUPS
     watch = cgroups.begin()
@@ -152,6 +275,8 @@ def run(
         cgroups.exhausted(watch, {})  # ends the watch; the refusal is named below
         for fd in (out_r, err_r, in_w):
             _close(fd)
+        if feed is not None:
+            feed.release()
         on_start(None)
         failed: Dict[str, Any] = {
             "termination": _termination("agent_error", None, f"cannot start command: {exc}"),
@@ -188,10 +313,36 @@ def run(
     poller.register(out_r, select.POLLIN)
     poller.register(err_r, select.POLLIN)
     pending = memoryview(spec.stdin or b"")
+    in_polled = False  # in_w registered for POLLOUT (an open stdin: only with input)
+
+    def feed_stdin() -> None:
+        """Open stdin: poll for room while input waits; close the pipe at EOF."""
+        nonlocal in_w, in_polled
+        assert feed is not None
+        if in_w is None:
+            return
+        has_data, eof_now = feed.pending()
+        if has_data and not in_polled:
+            poller.register(in_w, select.POLLOUT)
+            in_polled = True
+        elif not has_data:
+            if in_polled:
+                poller.unregister(in_w)
+                in_polled = False
+            if eof_now:
+                os.close(in_w)
+                in_w = None
+                feed.close()
+
     if in_w is not None:
         os.set_blocking(in_w, False)
-        poller.register(in_w, select.POLLOUT)
         tags[in_w] = "stdin"
+        if feed is None:
+            poller.register(in_w, select.POLLOUT)
+        else:
+            poller.register(feed.wake_r, select.POLLIN)
+            tags[feed.wake_r] = "wake"
+            feed_stdin()
     pidfd: Optional[int] = None
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is not None:
@@ -261,6 +412,22 @@ def run(
                 if tag == "exit":
                     poller.unregister(fd)
                     reap(os.WNOHANG)
+                elif tag == "wake":
+                    with contextlib.suppress(OSError):
+                        os.read(fd, 4096)
+                    feed_stdin()
+                elif tag == "stdin" and feed is not None:
+                    try:
+                        wrote = os.write(fd, feed.peek(READ_SIZE))
+                    except OSError:  # EPIPE: the command closed its stdin
+                        poller.unregister(fd)
+                        in_polled = False
+                        os.close(fd)
+                        in_w = None
+                        feed.close()
+                    else:
+                        feed.consumed(wrote)
+                        feed_stdin()
                 elif tag == "stdin":
                     try:
                         pending = pending[os.write(fd, pending[:READ_SIZE]) :]
@@ -291,6 +458,8 @@ def run(
     finally:
         for fd in (in_w, out_r, err_r, pidfd):
             _close(fd)
+        if feed is not None:
+            feed.release()
         with control.lock:
             control.finished = True
             cancelled = control.cancelled

@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import VERSION, archive, files
+from . import VERSION, archive, files, watch
 from .body import BodyReader
 from .errors import ApiError, bad_request
-from .exec_api import ExecService, parse_exec
+from .exec_api import ExecService, parse_exec, send_stdin
 from .log import JsonLog
 from .operations import Registry
 from .state import sandbox_state
@@ -45,6 +45,7 @@ class AgentState:
         self.log = log
         self.registry = Registry()
         self.execs = ExecService(self.registry)
+        self.watchers = watch.Watchers()
         self.started = time.monotonic()
         self.pty_slots = threading.BoundedSemaphore(max_pty)
 
@@ -423,13 +424,20 @@ class Handler(BaseHTTPRequestHandler):
             rest = path[len("/operations/") :]
             if rest.endswith("/cancel") and "/" not in rest[: -len("/cancel")]:
                 return {"POST": Handler.op_cancel}
+            if rest.endswith("/stdin") and "/" not in rest[: -len("/stdin")]:
+                return {"POST": Handler.op_stdin}
             if rest and "/" not in rest:
                 return {"GET": Handler.op_get}
+        if path.startswith("/watchers/") and "/" not in path[len("/watchers/") :]:
+            return {"GET": Handler.watcher_events, "DELETE": Handler.watcher_delete}
         return None
 
     def op_id_from_path(self) -> str:
         rest = unquote(urlsplit(self.path).path)[len("/operations/") :]
-        return rest[: -len("/cancel")] if rest.endswith("/cancel") else rest
+        for suffix in ("/cancel", "/stdin"):
+            if rest.endswith(suffix):
+                return rest[: -len(suffix)]
+        return rest
 
     # --- endpoints ----------------------------------------------------------
     def health(self) -> None:
@@ -496,6 +504,30 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"operation_id": op.op_id, "status": "running"})
         else:
             self.send_json(200, result)
+
+    def watcher_create(self) -> None:
+        path = files.check_path(self.param("path"))
+        recursive = self.param("recursive") in ("1", "true")
+        watcher = self.server.state.watchers.create(path, recursive)
+        self.send_json(200, watch.describe(watcher))
+
+    def _watcher_id(self) -> str:
+        return unquote(urlsplit(self.path).path)[len("/watchers/") :]
+
+    def watcher_events(self) -> None:
+        watcher = self.server.state.watchers.get(self._watcher_id())
+        events = watcher.events(watch.parse_wait(self.param("wait")))
+        self.send_json(200, {"watcher_id": watcher.id, "events": events})
+
+    def watcher_delete(self) -> None:
+        self.server.state.watchers.remove(self._watcher_id())
+        self.send_json(200, {"watcher_id": self._watcher_id(), "deleted": True})
+
+    def op_stdin(self) -> None:
+        op = self.server.state.registry.get(self.op_id_from_path())
+        if op is None:
+            raise ApiError(404, "not_found", "unknown operation")
+        self.send_json(200, send_stdin(op, self.read_json()))
 
     def file_put(self) -> None:
         path = files.check_path(self.param("path"))
@@ -587,4 +619,5 @@ ROUTES: Dict[str, Dict[str, Route]] = {
     "/files/stat": {"GET": Handler.file_stat},
     "/pty": {"POST": Handler.pty},
     "/state": {"GET": Handler.state_get},
+    "/watchers": {"POST": Handler.watcher_create},
 }

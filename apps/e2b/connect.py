@@ -93,6 +93,30 @@ def read_unary(request: HttpRequest) -> dict[str, Any]:
     return _decode(raw)
 
 
+def read_client_stream(request: HttpRequest) -> list[dict[str, Any]]:
+    """Every message of a client-streaming call's body (envelopes back to back; Django
+    has the whole body before the view runs, so they are all here)."""
+    raw = request.read(MAX_MESSAGE + 6)
+    if len(raw) > MAX_MESSAGE + 5:
+        raise ConnectError("resource_exhausted", "the stream is too large")
+    messages: list[dict[str, Any]] = []
+    offset = 0
+    while offset < len(raw):
+        if len(raw) - offset < 5:
+            raise ConnectError("invalid_argument", "a truncated Connect envelope")
+        flags, length = struct.unpack(">BI", raw[offset : offset + 5])
+        if flags & COMPRESSED:
+            raise ConnectError("unimplemented", "compressed messages are not accepted")
+        body = raw[offset + 5 : offset + 5 + length]
+        if len(body) != length:
+            raise ConnectError("invalid_argument", "the envelope's length does not match")
+        offset += 5 + length
+        if flags & END_STREAM:
+            break
+        messages.append(_decode(body))
+    return messages
+
+
 def read_stream_request(request: HttpRequest) -> dict[str, Any]:
     """The one message of a server-streaming call's request body (an envelope)."""
     raw = request.read(MAX_MESSAGE + 6)

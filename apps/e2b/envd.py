@@ -8,6 +8,7 @@ work is Hedgerow's exec and file services.
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO, Any, cast
@@ -125,7 +126,7 @@ def _stream_error(exc: ApiError) -> StreamingHttpResponse:
 @csrf_exempt
 def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
     """``/process.Process/<method>``: Start and Connect stream, the rest are unary."""
-    streaming = method in ("Start", "Connect")
+    streaming = method in ("Start", "Connect", "StreamInput")
     try:
         if request.method != "POST":
             raise ConnectError("unimplemented", f"{request.method} is not a Connect call")
@@ -142,6 +143,11 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
                 principal=principal, sandbox=sandbox, data=data, timeout=connect.timeout_s(request)
             )
             return _streaming(process.process_events(operation=operation, sandbox=sandbox))
+        if method == "StreamInput":
+            _, sandbox = envd_sandbox(request, "write")
+            messages = connect.read_client_stream(request)
+            process.process_stream_input(sandbox=sandbox, messages=messages)
+            return _streaming(iter([connect.envelope({})]))
         if method == "Connect":
             _, sandbox = envd_sandbox(request, "read")
             data = connect.read_stream_request(request)
@@ -165,16 +171,25 @@ def process_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
             data = connect.read_unary(request)
             channel = pty.pty_channel(sandbox=sandbox, selector=data.get("process"))
             if channel is None:
-                process.operation_for_pid(sandbox=sandbox, selector=data.get("process"))
-                raise ConnectError(
-                    "unimplemented", "stdin and resizing are served for PTY processes only"
-                )
+                operation = process.operation_for_pid(sandbox=sandbox, selector=data.get("process"))
+                if method == "Update":
+                    raise ConnectError("unimplemented", "resizing is served for PTY processes only")
+                process.process_send_input(operation=operation, data=data.get("input"))
+                return JsonResponse({})
             message = (
                 pty.pty_input(data.get("input"))
                 if method == "SendInput"
                 else pty.pty_resize(data.get("pty"))
             )
             pty.pty_publish(channel=channel, message=message)
+            return JsonResponse({})
+        if method == "CloseStdin":
+            _, sandbox = envd_sandbox(request, "write")
+            data = connect.read_unary(request)
+            if pty.pty_channel(sandbox=sandbox, selector=data.get("process")) is not None:
+                raise ConnectError("unimplemented", "a terminal's stdin cannot be closed")
+            operation = process.operation_for_pid(sandbox=sandbox, selector=data.get("process"))
+            process.process_send_input(operation=operation, data=None, eof=True)
             return JsonResponse({})
         raise ConnectError("unimplemented", f"process.Process/{method} is not supported yet")
     except ApiError as exc:
@@ -282,10 +297,23 @@ def _written(path: str) -> dict[str, Any]:
 
 @csrf_exempt
 def filesystem_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
-    """``/filesystem.Filesystem/<method>``: the unary calls (watching is not served)."""
+    """``/filesystem.Filesystem/<method>``: the unary calls, and WatchDir's stream."""
     try:
         if request.method != "POST":
             raise ConnectError("unimplemented", f"{request.method} is not a Connect call")
+        if method == "WatchDir":
+            _, sandbox = envd_sandbox(request, "read")
+            data = connect.read_stream_request(request)
+            events = filesystem.watch_dir_events(sandbox=sandbox, data=data)
+            return _streaming(_first(events))
+        if method in ("CreateWatcher", "GetWatcherEvents", "RemoveWatcher"):
+            _, sandbox = envd_sandbox(request, "read")
+            data = connect.read_unary(request)
+            if method == "CreateWatcher":
+                return JsonResponse(filesystem.watcher_create(sandbox=sandbox, data=data))
+            if method == "GetWatcherEvents":
+                return JsonResponse(filesystem.watcher_events(sandbox=sandbox, data=data))
+            return JsonResponse(filesystem.watcher_remove(sandbox=sandbox, data=data))
         if method in ("Stat", "ListDir"):
             _, sandbox = envd_sandbox(request, "read")
             data = connect.read_unary(request)
@@ -315,4 +343,13 @@ def filesystem_rpc(request: HttpRequest, method: str) -> HttpResponseBase:
             return JsonResponse(result)
         raise ConnectError("unimplemented", f"filesystem.Filesystem/{method} is not supported yet")
     except ApiError as exc:
+        if method == "WatchDir":
+            return _stream_error(exc)
         return connect.unary_error(exc)
+
+
+def _first(events: Iterator[bytes]) -> Iterator[bytes | ConnectError]:
+    """The stream with its first chunk produced before the response starts: a watcher
+    that cannot be created is the call's error, not a stream that starts then fails."""
+    first = next(events)
+    return itertools.chain([first], events)

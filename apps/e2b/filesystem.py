@@ -8,6 +8,7 @@ so each is an operation row like any other command.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import stat as stat_module
 import uuid
@@ -15,9 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from apps.core.errors import ApiError
-from apps.e2b.connect import ConnectError
+from apps.e2b.connect import ConnectError, envelope
 from apps.sandboxes.models import Sandbox
-from apps.sandboxes.services import files
+from apps.sandboxes.services import file_watch, files
 from apps.sandboxes.services.operations import ExecRequest, operation_exec
 from apps.tenancy.principal import Principal
 
@@ -150,3 +151,95 @@ def remove(*, principal: Principal, sandbox: Sandbox, path: Any) -> dict[str, An
         raise ConnectError("not_found", f"path {target!r} does not exist")
     _run(principal, sandbox, ["rm", "-rf", "--", target])
     return {}
+
+
+# Directory watching: Hedgerow's watchers (apps/sandboxes/services/file_watch.py).
+_EVENTS = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+WATCH_POLL_S = 15.0  # one agent read while a WatchDir stream is quiet (then a keepalive)
+
+
+def _watch_args(data: dict[str, Any]) -> tuple[str, bool]:
+    if data.get("includeEntry"):
+        raise ConnectError("unimplemented", "watch events with entry info are not served")
+    recursive = data.get("recursive", False)
+    if not isinstance(recursive, bool):
+        raise ConnectError("invalid_argument", "recursive must be true or false")
+    return path_of(data.get("path")), recursive
+
+
+def _fs_error(exc: ApiError) -> ConnectError:
+    if exc.status_code == 404:
+        return ConnectError("not_found", exc.message)
+    if exc.status_code == 429:
+        return ConnectError("resource_exhausted", exc.message)
+    if exc.status_code == 400:
+        return ConnectError("invalid_argument", exc.message)
+    return ConnectError("internal", exc.message)
+
+
+def event_of(event: dict[str, Any]) -> dict[str, Any]:
+    return {"name": event["name"], "type": _EVENTS.get(event["type"], "EVENT_TYPE_UNSPECIFIED")}
+
+
+def watcher_create(*, sandbox: Sandbox, data: dict[str, Any]) -> dict[str, Any]:
+    """CreateWatcher: ``{"watcherId"}``; GetWatcherEvents reads what changed since."""
+    path, recursive = _watch_args(data)
+    try:
+        created = file_watch.watcher_create(sandbox=sandbox, path=path, recursive=recursive)
+    except ApiError as exc:
+        raise _fs_error(exc) from exc
+    return {"watcherId": created["watcher_id"]}
+
+
+def watcher_events(*, sandbox: Sandbox, data: dict[str, Any]) -> dict[str, Any]:
+    """GetWatcherEvents: what changed since the last call (envd answers at once)."""
+    try:
+        body = file_watch.watcher_events(
+            sandbox=sandbox, watcher_id=str(data.get("watcherId") or ""), wait=0
+        )
+    except ApiError as exc:
+        raise _fs_error(exc) from exc
+    return {"events": [event_of(e) for e in body.get("events") or []]}
+
+
+def watcher_remove(*, sandbox: Sandbox, data: dict[str, Any]) -> dict[str, Any]:
+    try:
+        file_watch.watcher_delete(sandbox=sandbox, watcher_id=str(data.get("watcherId") or ""))
+    except ApiError as exc:
+        raise _fs_error(exc) from exc
+    return {}
+
+
+def watch_dir_events(*, sandbox: Sandbox, data: dict[str, Any]) -> Iterator[bytes]:
+    """WatchDir (the async SDK's stream): start once the watcher exists, then each
+    change as the agent reports it, keepalives in silences; the watcher is removed when
+    the stream ends (the client stops, or its timeout passes)."""
+    path, recursive = _watch_args(data)
+    try:
+        created = file_watch.watcher_create(sandbox=sandbox, path=path, recursive=recursive)
+    except ApiError as exc:
+        raise _fs_error(exc) from exc
+    watcher_id = created["watcher_id"]
+    try:
+        yield envelope({"start": {}})
+        while True:
+            try:
+                body = file_watch.watcher_events(
+                    sandbox=sandbox, watcher_id=watcher_id, wait=WATCH_POLL_S
+                )
+            except ApiError as exc:
+                raise _fs_error(exc) from exc
+            events = body.get("events") or []
+            for event in events:
+                yield envelope({"filesystem": event_of(event)})
+            if not events:
+                yield envelope({"keepalive": {}})
+    finally:
+        with contextlib.suppress(ApiError):
+            file_watch.watcher_delete(sandbox=sandbox, watcher_id=watcher_id)

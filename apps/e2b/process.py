@@ -10,6 +10,8 @@ mapped to its operation in Redis per sandbox.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 import uuid
@@ -19,12 +21,16 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from apps.core.errors import ValidationFailed
+from apps.core.errors import Conflict, ValidationFailed
 from apps.e2b.connect import ConnectError, envelope
 from apps.e2b.services import sandbox_env
 from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
-from apps.sandboxes.services.operations import ExecRequest, operation_cancel
+from apps.sandboxes.services.operations import (
+    ExecRequest,
+    operation_cancel,
+    operation_send_stdin,
+)
 from apps.sandboxes.services.streaming import frames_key, operation_exec_stream, operation_recover
 from apps.tenancy.principal import Principal
 
@@ -36,11 +42,20 @@ PID_TTL_S = 86400
 
 
 def pids_key(sandbox: Sandbox) -> str:
-    return f"{settings.REDIS_KEY_PREFIX}e2b:pids:{sandbox.pk.hex}:{sandbox.generation}"
+    return pids_key_of(sandbox.pk, sandbox.generation)
+
+
+def pids_key_of(sandbox_pk: uuid.UUID, generation: int) -> str:
+    """The Redis hash of pid → operation for one sandbox generation."""
+    return f"{settings.REDIS_KEY_PREFIX}e2b:pids:{sandbox_pk.hex}:{generation}"
 
 
 def exec_request(
-    process: Any, *, timeout: float | None, base_env: dict[str, str] | None = None
+    process: Any,
+    *,
+    timeout: float | None,
+    base_env: dict[str, str] | None = None,
+    stdin_open: bool = False,
 ) -> ExecRequest:
     """envd's ProcessConfig → a Hedgerow exec request. The SDK's ``commands.run``
     sends ``/bin/bash -l -c <cmd>``: that is a login-shell command, as REST's."""
@@ -73,6 +88,7 @@ def exec_request(
         env={**(base_env or {}), **envs},
         timeout=timeout if timeout else UNBOUNDED_TIMEOUT_S,
         login_shell=login,
+        stdin_open=stdin_open,
     )
     request.check()
     return request
@@ -81,12 +97,15 @@ def exec_request(
 def process_start(
     *, principal: Principal, sandbox: Sandbox, data: dict[str, Any], timeout: float | None
 ) -> Operation:
-    """Starts the command (raises the exec service's typed errors before anything runs)."""
-    if data.get("stdin"):
-        raise ConnectError(
-            "unimplemented", "stdin for a running command is not supported yet (stdin=False)"
-        )
-    request = exec_request(data.get("process"), timeout=timeout, base_env=sandbox_env(sandbox))
+    """Starts the command (raises the exec service's typed errors before anything runs).
+    ``stdin: true`` keeps its stdin open for SendInput / CloseStdin (the agent's
+    ``stdin_open``); otherwise stdin is /dev/null, as envd's."""
+    stdin = data.get("stdin", False)
+    if not isinstance(stdin, bool):
+        raise ConnectError("invalid_argument", "stdin must be true or false")
+    request = exec_request(
+        data.get("process"), timeout=timeout, base_env=sandbox_env(sandbox), stdin_open=stdin
+    )
     operation, _ = operation_exec_stream(
         principal=principal,
         sandbox=sandbox,
@@ -112,8 +131,10 @@ def _event(kind: str, body: dict[str, Any]) -> bytes:
     return envelope({"event": {kind: body}})
 
 
-def _end(operation: Operation) -> tuple[bytes | None, ConnectError | None]:
-    """The last event of a finished command, or the stream's error."""
+def end_events(operation: Any) -> tuple[bytes | None, ConnectError | None]:
+    """The last event of a finished command, or the stream's error (``operation``: the
+    row, or anything with its ``termination``, ``exit_code``, ``signal``, ``error`` and
+    ``request``)."""
     reason = operation.termination
     if reason == "exited":
         code = int(operation.exit_code or 0)
@@ -175,7 +196,7 @@ def process_events(*, operation: Operation, sandbox: Sandbox) -> Iterator[bytes 
                         operation.refresh_from_db()
                         if not started:
                             yield _event("start", {"pid": 0})
-                        end, error = _end(operation)
+                        end, error = end_events(operation)
                         if end is not None:
                             yield end
                         if error is not None:
@@ -191,7 +212,7 @@ def process_events(*, operation: Operation, sandbox: Sandbox) -> Iterator[bytes 
                     # finished and its buffer expired: the row is the record
                     if not started:
                         yield _event("start", {"pid": 0})
-                    end, error = _end(operation)
+                    end, error = end_events(operation)
                     if end is not None:
                         yield end
                     if error is not None:
@@ -235,3 +256,44 @@ def process_signal(*, sandbox: Sandbox, data: dict[str, Any]) -> None:
     operation = operation_for_pid(sandbox=sandbox, selector=data.get("process"))
     if not operation_cancel(operation=operation):
         raise ConnectError("not_found", "the process has already ended")
+
+
+def process_send_input(*, operation: Operation, data: Any, eof: bool = False) -> None:
+    """SendInput (``{"stdin": base64}``) or CloseStdin (``eof``) for a command started
+    with ``stdin: true``: Hedgerow's ``operation_send_stdin`` (in order, at most 1 MiB
+    unread, then resource_exhausted). A command that ended is not found, as envd."""
+    raw = b""
+    if not eof:
+        if not isinstance(data, dict) or not isinstance(data.get("stdin"), str):
+            raise ConnectError("invalid_argument", "input.stdin is required")
+        try:
+            raw = base64.b64decode(data["stdin"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ConnectError("invalid_argument", "input.stdin is not base64") from None
+        if not raw:
+            return
+    if operation.status != OperationStatus.RUNNING:
+        raise ConnectError("not_found", "the process has already ended")
+    try:
+        operation_send_stdin(operation=operation, data=raw, eof=eof)
+    except Conflict as exc:
+        operation.refresh_from_db()
+        if operation.status != OperationStatus.RUNNING or "ended" in exc.message:
+            raise ConnectError("not_found", "the process has already ended") from exc
+        raise ConnectError("failed_precondition", exc.message) from exc
+
+
+def process_stream_input(*, sandbox: Sandbox, messages: list[dict[str, Any]]) -> None:
+    """StreamInput (``commands.stream_input``): a start naming the process, then its
+    input in order. Django reads a request's whole body before the view runs, so the
+    input reaches the command once the client has sent all of it (in order)."""
+    if not messages or not isinstance(messages[0].get("start"), dict):
+        raise ConnectError("invalid_argument", "the stream must begin with a start event")
+    operation = operation_for_pid(sandbox=sandbox, selector=messages[0]["start"].get("process"))
+    for message in messages[1:]:
+        if "keepalive" in message:
+            continue
+        data = message.get("data")
+        if not isinstance(data, dict):
+            raise ConnectError("invalid_argument", "expected a data or keepalive event")
+        process_send_input(operation=operation, data=data.get("input"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -23,6 +24,7 @@ from apps.e2b.tokens import envd_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.exec_env import ENV_REDACTED
 from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.selectors import page_limit, sandbox_keyset_page
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
     sandbox_create,
@@ -160,6 +162,8 @@ def e2b_sandbox_create(
                 code="idempotency_mismatch",
             )
     sandbox = sandbox_wait_settled(sandbox=sandbox, timeout_s=settings.HEDGEROW_E2B_CREATE_WAIT_S)
+    if sandbox.state == State.READY:
+        sandbox_env(sandbox)  # cached now: the envd fast path serves its first command
     if sandbox.state != State.READY:
         state, message = sandbox.state, sandbox.status_message
         with transaction.atomic():
@@ -174,13 +178,32 @@ def e2b_sandbox_create(
     return sandbox
 
 
+# sandbox pk → its envVars. They are written once, in the create's transaction, and
+# never change, so a process keeps what it read (the envd fast path reads only this).
+_env_cache: dict[str, dict[str, str]] = {}
+ENV_CACHE_MAX = 10000
+
+
 def sandbox_env(sandbox: Sandbox) -> dict[str, str]:
     """The sandbox's envVars ({} when none were given)."""
+    cached = _env_cache.get(str(sandbox.pk))
+    if cached is not None:
+        return dict(cached)
     row = SandboxEnv.objects.filter(sandbox=sandbox).first()
-    if row is None or not row.env_sealed:
-        return {}
-    env: dict[str, str] = json.loads(crypto.decrypt(row.env_sealed))
-    return env
+    env: dict[str, str] = (
+        json.loads(crypto.decrypt(row.env_sealed)) if row is not None and row.env_sealed else {}
+    )
+    if sandbox.state == State.READY:  # its create has committed: the env is final
+        if len(_env_cache) >= ENV_CACHE_MAX:
+            _env_cache.clear()
+        _env_cache[str(sandbox.pk)] = env
+    return dict(env)
+
+
+def sandbox_env_cached(sandbox_pk: str) -> dict[str, str] | None:
+    """The envVars this process has read for the sandbox, or None."""
+    cached = _env_cache.get(sandbox_pk)
+    return None if cached is None else dict(cached)
 
 
 def e2b_sandbox_get(*, principal: Principal, sandbox_id: str) -> Sandbox:
@@ -219,21 +242,58 @@ def metadata_filter(raw: str | None) -> dict[str, str]:
     return {unquote(k): unquote(v) for k, v in pairs}
 
 
+DEFAULT_LIST_LIMIT = 100  # E2B's page size when the SDK sends none
+
+
 def e2b_sandbox_list(
-    *, principal: Principal, metadata: str | None, state: str | None
-) -> list[Sandbox]:
+    *,
+    principal: Principal,
+    metadata: str | None,
+    state: str | None,
+    limit: str | None = None,
+    next_token: str | None = None,
+    order: str | None = None,
+    template: str | None = None,
+    started_after: str | None = None,
+) -> tuple[list[Sandbox], str | None]:
+    """One page of the tenant's live sandboxes and the token of the next (None on the
+    last): keyset pages on (created_at, id), oldest first unless ``order=desc``, so a
+    sandbox created or killed while the SDK pages never repeats or hides another."""
     states = {s for s in (state or "running").split(",") if s}
     if not states <= {"running", "paused"}:
         raise ValidationFailed("state must be running and/or paused", field="state")
+    size = page_limit(limit, default=DEFAULT_LIST_LIMIT)
+    if order not in (None, "", "asc", "desc"):
+        raise ValidationFailed("order must be asc or desc", field="order")
     if "running" not in states:
-        return []  # nothing is ever paused here
+        return [], None  # nothing is ever paused here
     queryset = Sandbox.objects.for_tenant(principal.tenant).filter(
         state__in=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY)
     )
     wanted = metadata_filter(metadata)
     if wanted:
         queryset = queryset.filter(labels__contains=wanted)
-    return list(queryset.order_by("created_at")[:1000])
+    if template:
+        image = settings.HEDGEROW_E2B_BASE_IMAGE if template == "base" else template
+        queryset = queryset.filter(image=image)
+    if started_after:
+        try:
+            after = datetime.fromisoformat(started_after.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValidationFailed(
+                "startedAfter must be an ISO 8601 time", field="startedAfter"
+            ) from None
+        if after.tzinfo is None:
+            after = after.replace(tzinfo=UTC)
+        queryset = queryset.filter(created_at__gte=after)
+    try:
+        return sandbox_keyset_page(
+            queryset, cursor=next_token, limit=size, newest_first=order == "desc"
+        )
+    except ValidationFailed as exc:
+        raise ValidationFailed(
+            "nextToken is not a token this server gave", field="nextToken"
+        ) from exc
 
 
 def _iso(value: Any) -> str:

@@ -97,12 +97,20 @@ def endpoint(*methods: str) -> Callable[[Handler], Handler]:
 def sandboxes(request: HttpRequest, principal: Principal) -> Any:
     """GET /v2/sandboxes (list) and POST /v2/sandboxes (create)."""
     if request.method == "GET":
-        found = services.e2b_sandbox_list(
+        found, next_token = services.e2b_sandbox_list(
             principal=principal,
             metadata=request.GET.get("metadata"),
             state=request.GET.get("state"),
+            limit=request.GET.get("limit"),
+            next_token=request.GET.get("nextToken"),
+            order=request.GET.get("order"),
+            template=request.GET.get("template"),
+            started_after=request.GET.get("startedAfter"),
         )
-        return [services.sandbox_listed_view(sandbox) for sandbox in found]
+        listed = JsonResponse([services.sandbox_listed_view(s) for s in found], safe=False)
+        if next_token is not None:
+            listed["X-Next-Token"] = next_token  # the SDK's paginator reads it
+        return listed
     sandbox = services.e2b_sandbox_create(
         principal=principal,
         data=_body(request),

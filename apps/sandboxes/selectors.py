@@ -12,20 +12,70 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from apps.core.dbrows import instance_from_row, select_list
-from apps.core.errors import NotFound
+from apps.core.errors import NotFound, ValidationFailed
 from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, SnapshotState
 from apps.tenancy.models import Tenant
 
 
 def sandbox_list(
-    *, tenant: Tenant, state: str | None = None, image: str | None = None
+    *,
+    tenant: Tenant,
+    state: str | None = None,
+    image: str | None = None,
+    labels: list[str] | None = None,
 ) -> QuerySet[Sandbox]:
-    qs = Sandbox.objects.for_tenant(tenant).order_by("-created_at")
+    """The tenant's sandboxes, newest first (ties broken by id, so pages are stable).
+    ``labels``: each ``key=value`` must match, a bare ``key`` must be present."""
+    qs = Sandbox.objects.for_tenant(tenant).order_by("-created_at", "-id")
     if state:
         qs = qs.filter(state__in=state.split(","))
     if image:
         qs = qs.filter(image=image)
+    for selector in labels or ():
+        key, eq, value = selector.partition("=")
+        if not key:
+            raise ValidationFailed(
+                f"label filter {selector!r} is not key=value or key", field="label"
+            )
+        qs = qs.filter(labels__contains={key: value}) if eq else qs.filter(labels__has_key=key)
     return qs
+
+
+MAX_PAGE = 1000
+
+
+def page_limit(raw: str | None, *, default: int, field: str = "limit") -> int:
+    """A page size from a query parameter: 1…MAX_PAGE, else a typed 400."""
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+        raise ValidationFailed(f"{field} must be an integer from 1 to {MAX_PAGE}", field=field)
+    return int(raw)
+
+
+def sandbox_keyset_page(
+    qs: QuerySet[Sandbox], *, cursor: str | None, limit: int, newest_first: bool = True
+) -> tuple[list[Sandbox], str | None]:
+    """One keyset page of ``qs`` ordered by (created_at, id), newest or oldest first:
+    the sandboxes after ``cursor`` and the cursor of the next page (None on the last).
+    Keyset, not offset: a sandbox created or deleted between two pages neither repeats
+    nor hides another. A cursor is opaque; a malformed one is a 400 (the API's callers
+    must learn their cursor is wrong, unlike the dashboard's, which starts over)."""
+    op = "lt" if newest_first else "gt"
+    qs = qs.order_by(*(("-created_at", "-id") if newest_first else ("created_at", "id")))
+    if cursor:
+        after = _decode_cursor(cursor)
+        if after is None or after[0].tzinfo is None:
+            raise ValidationFailed("cursor is not a cursor this server gave", field="cursor")
+        created_at, pk = after
+        qs = qs.filter(
+            Q(**{f"created_at__{op}": created_at}) | Q(created_at=created_at, **{f"id__{op}": pk})
+        )
+    rows = list(qs[: limit + 1])
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, _encode_cursor(rows[-1].created_at, rows[-1].pk)
 
 
 def sandbox_get(*, tenant: Tenant | None, sandbox_id: str) -> Sandbox:

@@ -74,6 +74,10 @@ def _principal_cached_by_digest(digest: str) -> Principal:
     if len(_key_cache) >= KEY_CACHE_MAX:
         _key_cache.clear()
     _key_cache[digest] = (principal, time.monotonic())
+    if principal.api_key is not None:  # a token naming this key finds it without a read
+        if len(_key_digests) >= KEY_CACHE_MAX:
+            _key_digests.clear()
+        _key_digests[str(principal.api_key.pk)] = digest
     return principal
 
 
@@ -81,7 +85,29 @@ def principal_cached(secret: str) -> Principal | None:
     """The cached principal for a secret without touching the database, or None (not
     cached, stale, or expired). For the async exec fast path, which sends a miss to the
     regular path: that refreshes this same cache, with the same rules as above."""
-    cached = _key_cache.get(hash_secret(secret))
+    return _principal_cached_digest(hash_secret(secret))
+
+
+def principal_cached_for_key_id(key_id: str) -> Principal | None:
+    """``principal_cached`` for a key named by id (a signed token: the E2B envd fast
+    path), or None when this process has not cached it fresh."""
+    digest = _key_digests.get(key_id)
+    return None if digest is None else _principal_cached_digest(digest)
+
+
+def principal_refresh_for_key_id(key_id: str) -> Principal | None:
+    """``principal_refresh`` for a key named by id: looked up again if this process knew
+    the key, else None (the regular path answers)."""
+    if key_id not in _key_digests:
+        return None
+    try:
+        return principal_for_key_id(key_id)
+    except AuthFailed:
+        return None
+
+
+def _principal_cached_digest(digest: str) -> Principal | None:
+    cached = _key_cache.get(digest)
     if cached is None:
         return None
     principal, at = cached

@@ -30,7 +30,9 @@ from hedgerow.errors import (
 from hedgerow.images import Image
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
+from hedgerow.sandboxes import SandboxPage
 from hedgerow.snapshots import AsyncSnapshot, Snapshot
+from hedgerow.watch import AsyncWatcher, FileEvent, Watcher
 
 __all__ = [
     "AgentUnreachable",
@@ -39,6 +41,7 @@ __all__ = [
     "AsyncCommandHandle",
     "AsyncSandbox",
     "AsyncSnapshot",
+    "AsyncWatcher",
     "AuthError",
     "BudgetExhausted",
     "Client",
@@ -47,6 +50,7 @@ __all__ = [
     "DiskExhausted",
     "ExecError",
     "ExecResult",
+    "FileEvent",
     "FileInfo",
     "FilePage",
     "HedgerowConnectionError",
@@ -62,6 +66,7 @@ __all__ = [
     "SandboxDeleted",
     "SandboxLost",
     "SandboxNotReady",
+    "SandboxPage",
     "SandboxTerminating",
     "ServerVersion",
     "Snapshot",
@@ -69,6 +74,7 @@ __all__ = [
     "StreamInfo",
     "ValidationError",
     "WaitTimeout",
+    "Watcher",
     "WrittenFile",
     "__version__",
     "content_hash",

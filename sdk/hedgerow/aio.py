@@ -31,6 +31,7 @@ from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import AsyncImages
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
+from hedgerow.sandboxes import AsyncSandboxes, LabelFilter
 from hedgerow.snapshots import (
     AsyncSnapshot,
     SnapshotRef,
@@ -38,6 +39,7 @@ from hedgerow.snapshots import (
     snapshot_body,
     snapshot_id,
 )
+from hedgerow.watch import AsyncWatcher, watch_params
 
 AsyncFileData = Union[bytes, str, Iterator[bytes], AsyncIterator[bytes]]
 Progress = Optional[Callable[[int], None]]
@@ -76,6 +78,7 @@ class AsyncClient:
             limits=httpx.Limits(max_connections=max_connections),
         )
         self.images = AsyncImages(self)  # pull / list / get / remove / import_
+        self.sandboxes = AsyncSandboxes(self)  # list (every page, filtered) / list_page
 
     async def request(
         self, method: str, path: str, *, retry: bool = True, **kwargs: Any
@@ -285,17 +288,20 @@ class AsyncClient:
         return children
 
     async def list(
-        self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
+        self,
+        *,
+        state: Optional[str] = None,
+        image: Optional[str] = None,
+        labels: LabelFilter = None,
+        limit: int = 50,
     ) -> List[AsyncSandbox]:
-        """Sandboxes of the team, newest first: at most ``limit`` (default 50), filtered by
-        ``state`` (e.g. ``ready``) and ``image``."""
-        params: Dict[str, Any] = {"limit": limit}
-        if state:
-            params["state"] = state
-        if image:
-            params["image"] = image
-        body = (await self.request("GET", "/sandboxes", params=params)).json()
-        return [AsyncSandbox(self, item) for item in body["results"]]
+        """See ``Client.list``."""
+        return [
+            sandbox
+            async for sandbox in self.sandboxes.list(
+                state=state, image=image, labels=labels, limit=limit, page_size=min(limit, 1000)
+            )
+        ]
 
     async def delete(self, sandbox_id: str) -> None:
         """Deletes a sandbox (idempotent: deleting a deleted sandbox succeeds)."""
@@ -423,6 +429,18 @@ class AsyncSandbox:
         raise_if_failed(snap.data)
         return snap
 
+    @property
+    def labels(self) -> Dict[str, str]:
+        """As of the last read: the sandbox's labels (``update_labels`` changes them)."""
+        return dict(self.data.get("labels") or {})
+
+    async def update_labels(self, changes: Dict[str, Optional[str]]) -> Dict[str, str]:
+        """See ``Sandbox.update_labels``."""
+        self.data = (
+            await self._client.request("PATCH", f"/sandboxes/{self.id}", json={"labels": changes})
+        ).json()
+        return self.labels
+
     async def set_timeout(self, seconds: int) -> AsyncSandbox:
         """See ``Sandbox.set_timeout``."""
         response = await self._client.request(
@@ -470,6 +488,7 @@ class AsyncSandbox:
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         background: Literal[False] = False,
+        stdin_open: bool = False,
     ) -> ExecResult: ...
 
     @overload
@@ -486,6 +505,7 @@ class AsyncSandbox:
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         background: Literal[True],
+        stdin_open: bool = False,
     ) -> AsyncCommandHandle: ...
 
     async def exec(
@@ -501,13 +521,18 @@ class AsyncSandbox:
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         background: bool = False,
+        stdin_open: bool = False,
     ) -> Union[ExecResult, AsyncCommandHandle]:
         """See ``Sandbox.exec`` (``background=True`` returns an ``AsyncCommandHandle``)."""
         if background:
             return await self._start_background(
                 command, cwd=cwd, env=env, timeout=timeout, stdin=stdin,
-                login_shell=login_shell, operation_id=operation_id,
+                login_shell=login_shell, operation_id=operation_id, stdin_open=stdin_open,
             )  # fmt: skip
+        if stdin_open:
+            raise ValueError(
+                "stdin_open=True needs background=True (send input through its handle)"
+            )
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -562,7 +587,7 @@ class AsyncSandbox:
     async def _start_background(
         self, command: Command, *, cwd: Optional[str], env: Optional[Dict[str, str]],
         timeout: Optional[float], stdin: Optional[bytes], login_shell: bool,
-        operation_id: Optional[str],
+        operation_id: Optional[str], stdin_open: bool = False,
     ) -> AsyncCommandHandle:  # fmt: skip
         body = common.exec_body(
             command,
@@ -576,7 +601,9 @@ class AsyncSandbox:
         episode = current_async_episode()
         try:
             response = await self._client.request(
-                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+                "POST",
+                f"/sandboxes/{self.id}/exec",
+                json={**body, "stream": True, **({"stdin_open": True} if stdin_open else {})},
             )
         except HedgerowError as exc:
             if episode is not None:
@@ -584,7 +611,9 @@ class AsyncSandbox:
             raise
         if episode is not None:
             episode.record_exec(self, body["operation_id"], command)
-        return AsyncCommandHandle(self, response.json())
+        handle = AsyncCommandHandle(self, response.json())
+        handle._stdin_offset = len(stdin or b"")  # input is counted from the up-front bytes
+        return handle
 
     def episode(self, *, task_id: str, **fields: Any) -> AsyncEpisode:
         """A recorded episode in this sandbox: ``async with sandbox.episode(task_id=...)
@@ -698,6 +727,13 @@ class AsyncSandbox:
             "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
         )
         return FileInfo.from_api(response.json())
+
+    async def watch(self, path: str, *, recursive: bool = False) -> AsyncWatcher:
+        """See ``Sandbox.watch``."""
+        response = await self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+        )
+        return AsyncWatcher(self, response.json())
 
     async def exists(self, path: str) -> bool:
         """See ``Sandbox.exists``."""

@@ -123,9 +123,18 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 # -- sandboxes ----------------------------------------------------------------------
 def cmd_sandbox_ls(args: argparse.Namespace) -> int:
-    sandboxes = _client(args).list(state=args.state, limit=args.limit)
+    sandboxes = _client(args).list(
+        state=args.state, labels=dict(args.label or []) or None, limit=args.limit
+    )
     rows = [s.data for s in sandboxes]
     _out(args, rows, lambda: "\n".join([_HEADER, *(_row(r) for r in rows)]))
+    return 0
+
+
+def cmd_sandbox_label(args: argparse.Namespace) -> int:
+    sandbox = Sandbox(_client(args), {"id": args.id})  # one PATCH, no read first
+    labels = sandbox.update_labels(dict(args.changes))
+    _out(args, labels, lambda: "\n".join(f"{k}={v}" for k, v in sorted(labels.items())))
     return 0
 
 
@@ -250,6 +259,9 @@ def cmd_sandbox_exec(args: argparse.Namespace) -> int:
     if len(command) == 1:
         command = command[0]  # one word: a shell string ("ls -l | wc -l")
     stdin = sys.stdin.buffer.read() if args.stdin else None
+    if args.stdin_open and not args.background:
+        print("hedgerow sandbox exec: --stdin-open needs --background", file=sys.stderr)
+        return 2
     sandbox = Sandbox(_client(args), {"id": args.id, "state": "ready"})
 
     def write(stream: Any) -> Callable[[str], None]:
@@ -262,7 +274,7 @@ def cmd_sandbox_exec(args: argparse.Namespace) -> int:
     if args.background:
         handle = sandbox.exec(
             command, cwd=args.cwd, timeout=args.timeout, stdin=stdin,
-            env=dict(args.env or []), background=True,
+            env=dict(args.env or []), background=True, stdin_open=args.stdin_open,
         )  # fmt: skip
         _out(args, handle.data, lambda: handle.id)
         return 0
@@ -464,6 +476,23 @@ def cmd_ops_get(args: argparse.Namespace) -> int:
         lambda: f"{result.operation_id}: {result.status} {result.termination} "
         f"exit={result.exit_code}\n{result.stdout}{result.stderr}",
     )
+    return 0
+
+
+def cmd_ops_stdin(args: argparse.Namespace) -> int:
+    """``ops stdin``: this process's stdin, sent as it arrives (``tail -f log | hedgerow
+    ops stdin SB OP``), to a command started with ``--stdin-open``; ``--eof`` closes the
+    command's stdin once ours ends."""
+    handle = Sandbox(_client(args), {"id": args.sandbox}).command(args.op)
+    sent = 0
+    if args.text is not None:
+        sent += handle.send_stdin(args.text)
+    else:
+        while chunk := os.read(sys.stdin.fileno(), 65536):
+            sent += handle.send_stdin(chunk)
+    if args.eof:
+        handle.close_stdin()
+    _out(args, {"operation_id": args.op, "sent": sent, "eof": args.eof}, lambda: "")
     return 0
 
 
@@ -676,6 +705,23 @@ def _pair(value: str) -> tuple[str, str]:
     return key, val
 
 
+def _label_filter(value: str) -> tuple[str, Optional[str]]:
+    key, sep, val = value.partition("=")
+    if not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE or KEY, got {value!r}")
+    return key, (val if sep else None)
+
+
+def _label_change(value: str) -> tuple[str, Optional[str]]:
+    """KEY=VALUE sets a label, KEY- removes it (as kubectl label)."""
+    key, sep, val = value.partition("=")
+    if sep and key:
+        return key, val
+    if not sep and len(value) > 1 and value.endswith("-"):
+        return value[:-1], None
+    raise argparse.ArgumentTypeError(f"expected KEY=VALUE (set) or KEY- (remove), got {value!r}")
+
+
 def _global_options(*, top: bool) -> argparse.ArgumentParser:
     """--url/--key/--json, accepted before or after any subcommand. Only the top level
     has defaults, so an option given earlier is not reset by a later parser."""
@@ -732,7 +778,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"live (default), all, or a comma list of: {', '.join(STATES)}",
     )
     ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    ls.add_argument(
+        "--label",
+        action="append",
+        type=_label_filter,
+        metavar="KEY=VALUE|KEY",
+        help="only sandboxes with this label value (or, KEY alone, this label); repeatable",
+    )
     ls.set_defaults(func=cmd_sandbox_ls)
+    label = command(sandbox, "label", "change labels: label ID KEY=VALUE (set) KEY- (remove)...")
+    label.add_argument("id", metavar="ID")
+    label.add_argument("changes", nargs="+", type=_label_change, metavar="KEY=VALUE|KEY-")
+    label.set_defaults(func=cmd_sandbox_label)
     create = command(sandbox, "create", "create sandboxes, printing each id as it is created")
     create.add_argument("--image", default="host", help="image name (default: host)")
     create.add_argument("--cpu", help="cores: 1, 0.5 or 500m (default 1)")
@@ -775,6 +832,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--background",
         action="store_true",
         help="start it and print its operation id at once (then: ops get|wait|kill)",
+    )
+    run.add_argument(
+        "--stdin-open",
+        action="store_true",
+        help="with --background: keep its stdin open for `ops stdin` (EOF: ops stdin --eof)",
     )
     run.add_argument("command", nargs="*", help="the command, after --")
     run.set_defaults(func=cmd_sandbox_exec)
@@ -844,6 +906,14 @@ def build_parser() -> argparse.ArgumentParser:
     op_wait.add_argument("op")
     op_wait.add_argument("--timeout", type=float, help="seconds (default: no limit)")
     op_wait.set_defaults(func=cmd_ops_end)
+    op_stdin = command(
+        ops, "stdin", "send this process's stdin (or --text) to a command's open stdin"
+    )
+    op_stdin.add_argument("sandbox")
+    op_stdin.add_argument("op")
+    op_stdin.add_argument("--text", help="send this text instead of reading stdin")
+    op_stdin.add_argument("--eof", action="store_true", help="then close the command's stdin")
+    op_stdin.set_defaults(func=cmd_ops_stdin)
     op_kill = command(ops, "kill", "kill a running exec (SIGTERM, SIGKILL after 2 s)")
     op_kill.add_argument("sandbox")
     op_kill.add_argument("op")

@@ -36,7 +36,9 @@ from hedgerow.errors import HedgerowError, NotFound, error_from_response
 from hedgerow.images import Images
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
+from hedgerow.sandboxes import LabelFilter, Sandboxes
 from hedgerow.snapshots import Snapshot, SnapshotRef, raise_if_failed, snapshot_body, snapshot_id
+from hedgerow.watch import Watcher, watch_params
 
 DEFAULT_URL = common.DEFAULT_URL
 FileData = Union[bytes, str, Iterator[bytes], IO[bytes]]
@@ -81,6 +83,7 @@ class Client:
             trust_env=False,
         )
         self.images = Images(self)  # pull / list / get / remove / import_
+        self.sandboxes = Sandboxes(self)  # list (every page, filtered) / list_page
 
     # -- plumbing ---------------------------------------------------------------
     def request(
@@ -322,17 +325,22 @@ class Client:
         return children
 
     def list(
-        self, *, state: Optional[str] = None, image: Optional[str] = None, limit: int = 50
+        self,
+        *,
+        state: Optional[str] = None,
+        image: Optional[str] = None,
+        labels: LabelFilter = None,
+        limit: int = 50,
     ) -> List[Sandbox]:
-        """Sandboxes of the team, newest first: at most ``limit`` (default 50), filtered by
-        ``state`` (e.g. ``ready``) and ``image``."""
-        params: Dict[str, Any] = {"limit": limit}
-        if state:
-            params["state"] = state
-        if image:
-            params["image"] = image
-        body = self.request("GET", "/sandboxes", params=params).json()
-        return [Sandbox(self, item) for item in body["results"]]
+        """Sandboxes of the team, newest first: at most ``limit`` (default 50; more than
+        one page is fetched page by page), filtered by ``state`` (e.g. ``ready``, or a
+        comma list), ``image`` and ``labels`` (``{key: value}``, or ``{key: None}`` for
+        "has the label"). ``client.sandboxes.list()`` iterates without a limit."""
+        return builtins.list(
+            self.sandboxes.list(
+                state=state, image=image, labels=labels, limit=limit, page_size=min(limit, 1000)
+            )
+        )
 
     def delete(self, sandbox_id: str) -> None:
         """Deletes a sandbox (idempotent: deleting a deleted sandbox succeeds)."""
@@ -494,6 +502,21 @@ class Sandbox:
         raise_if_failed(snap.data)
         return snap
 
+    @property
+    def labels(self) -> Dict[str, str]:
+        """As of the last read: the sandbox's labels (``update_labels`` changes them)."""
+        return dict(self.data.get("labels") or {})
+
+    def update_labels(self, changes: Dict[str, Optional[str]]) -> Dict[str, str]:
+        """Changes the sandbox's labels and returns them all: ``{key: "value"}`` sets a
+        label, ``{key: None}`` removes it, labels not named are kept (at most 32 labels,
+        values ≤ 253 characters; ``ValidationError`` otherwise, changing nothing).
+        Allowed in any state but the ended ones (``Conflict`` for a deleted sandbox)."""
+        self.data = self._client.request(
+            "PATCH", f"/sandboxes/{self.id}", json={"labels": changes}
+        ).json()
+        return self.labels
+
     def set_timeout(self, seconds: int) -> Sandbox:
         """Sets the remaining lifetime: the server deletes the sandbox ``seconds`` from
         now (longer or shorter than its TTL so far; at most the server's maximum TTL,
@@ -544,6 +567,7 @@ class Sandbox:
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         background: Literal[False] = False,
+        stdin_open: bool = False,
     ) -> ExecResult: ...
 
     @overload
@@ -560,6 +584,7 @@ class Sandbox:
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         background: Literal[True],
+        stdin_open: bool = False,
     ) -> CommandHandle: ...
 
     def exec(
@@ -575,24 +600,32 @@ class Sandbox:
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         background: bool = False,
+        stdin_open: bool = False,
     ) -> Union[ExecResult, CommandHandle]:
         """Runs a command and returns its typed result (``exit_code`` / ``signal`` /
         ``timed_out``, output with truncation info, timings).
 
         ``timeout``: seconds before the command is killed (server default 600 s).
-        ``stdin``: bytes given to it whole. ``cwd`` defaults to the sandbox's workdir
-        (``/workspace``). The operation id (one is generated) makes retries safe: the
-        command never runs twice. ``on_stdout`` / ``on_stderr`` receive the output
-        (live when streaming is available).
+        ``stdin``: bytes given to it whole (then EOF, unless ``stdin_open``). ``cwd``
+        defaults to the sandbox's workdir (``/workspace``). The operation id (one is
+        generated) makes retries safe: the command never runs twice. ``on_stdout`` /
+        ``on_stderr`` receive the output (live when streaming is available).
 
         ``background=True`` returns a ``CommandHandle`` as soon as the command has
         started: ``wait()``, ``kill()``, ``output()`` (iterate its frames live), and
-        ``sandbox.command(handle.id)`` picks it up again later, from any process."""
+        ``sandbox.command(handle.id)`` picks it up again later, from any process. With
+        ``stdin_open=True`` (background only) its stdin stays open after ``stdin``:
+        ``handle.send_stdin(data)`` writes to it while it runs, ``handle.close_stdin()``
+        sends EOF."""
         if background:
             return self._start_background(
                 command, cwd=cwd, env=env, timeout=timeout, stdin=stdin,
-                login_shell=login_shell, operation_id=operation_id,
+                login_shell=login_shell, operation_id=operation_id, stdin_open=stdin_open,
             )  # fmt: skip
+        if stdin_open:
+            raise ValueError(
+                "stdin_open=True needs background=True (send input through its handle)"
+            )
         body = common.exec_body(
             command,
             cwd=cwd,
@@ -644,7 +677,7 @@ class Sandbox:
     def _start_background(
         self, command: Command, *, cwd: Optional[str], env: Optional[Dict[str, str]],
         timeout: Optional[float], stdin: Optional[bytes], login_shell: bool,
-        operation_id: Optional[str],
+        operation_id: Optional[str], stdin_open: bool = False,
     ) -> CommandHandle:  # fmt: skip
         body = common.exec_body(
             command,
@@ -658,7 +691,9 @@ class Sandbox:
         episode = current_episode()
         try:
             data = self._client.request(
-                "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
+                "POST",
+                f"/sandboxes/{self.id}/exec",
+                json={**body, "stream": True, **({"stdin_open": True} if stdin_open else {})},
             ).json()
         except HedgerowError as exc:
             if episode is not None:
@@ -666,7 +701,9 @@ class Sandbox:
             raise
         if episode is not None:
             episode.record_exec(self, body["operation_id"], command)
-        return CommandHandle(self, data)
+        handle = CommandHandle(self, data)
+        handle._stdin_offset = len(stdin or b"")  # input is counted from the up-front bytes
+        return handle
 
     # -- trajectories hook ------------------------------------------------------------
     def episode(self, *, task_id: str, **fields: Any) -> Episode:
@@ -820,6 +857,20 @@ class Sandbox:
                 "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
             ).json()
         )
+
+    def watch(self, path: str, *, recursive: bool = False) -> Watcher:
+        """Starts watching a directory (``recursive``: its whole tree; default only
+        its entries) and returns a ``Watcher``: ``watcher.events(wait=S)`` returns what
+        changed since the last read (``FileEvent``: ``name`` relative to ``path``,
+        ``type`` create/remove/write/chmod/rename), waiting up to S seconds (≤ 60);
+        ``for event in watcher`` follows changes as they happen; ``stop()`` (or
+        leaving ``with``) ends it. At most 16 watchers per sandbox and 10000 entries
+        per tree (``ValidationError`` ``too_many_entries``); changes between two reads
+        are coalesced. ``NotFound`` when ``path`` does not exist."""
+        response = self._client.request(
+            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+        )
+        return Watcher(self, response.json())
 
     def exists(self, path: str) -> bool:
         """Whether anything (file, directory, symlink — even a broken one) is at

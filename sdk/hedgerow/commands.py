@@ -6,11 +6,12 @@ process or another one."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Optional, Union
 
 from hedgerow import streaming
-from hedgerow.errors import WaitTimeout
+from hedgerow.errors import Conflict, WaitTimeout
 from hedgerow.results import ExecResult
 
 if TYPE_CHECKING:
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
 # then at most once a second.
 POLL_FIRST_S = 0.05
 POLL_MAX_S = 1.0
+
+
+STDIN_CHUNK = 1024 * 1024  # the server's largest write
+
+
+def stdin_body(chunk: bytes, *, eof: bool, offset: Optional[int]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"data": base64.b64encode(chunk).decode("ascii"), "eof": eof}
+    if offset is not None:
+        body["offset"] = offset
+    return body
 
 
 def _next_poll(interval: float) -> float:
@@ -42,6 +53,10 @@ class CommandHandle:
     def __init__(self, sandbox: Sandbox, data: Dict[str, Any]) -> None:
         self.sandbox = sandbox
         self.data = data
+        # Where the command's input stands (None: not known yet, e.g. a handle picked
+        # up by id; learned from the first answer). Sent with each write, it makes a
+        # retried write safe: the agent never writes the same bytes twice.
+        self._stdin_offset: Optional[int] = None
 
     @property
     def id(self) -> str:
@@ -84,6 +99,44 @@ class CommandHandle:
         self.data = self.sandbox._client.request("POST", path).json()
         return self.wait()
 
+    def send_stdin(self, data: Union[bytes, str], *, eof: bool = False) -> int:
+        """Writes ``data`` (bytes, or text sent as UTF-8) to the command's stdin, in
+        order, and returns how many bytes were taken; ``eof=True`` closes its stdin
+        after them. Needs ``exec(..., background=True, stdin_open=True)``. Up to 1 MiB
+        the command has not read yet is held for it; past that the call waits and
+        retries (429 ``stdin_full``, then ``QuotaExceeded`` after the retries).
+        ``Conflict`` (``stdin_closed``) when the command takes no more input: EOF was
+        sent, it closed its stdin, or it ended. Writes larger than 1 MiB go in 1 MiB
+        calls. Retries never write twice (each carries its offset)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        path = f"/sandboxes/{self.sandbox.id}/operations/{self.id}/stdin"
+        chunks = [raw[i : i + STDIN_CHUNK] for i in range(0, len(raw), STDIN_CHUNK)] or [b""]
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            body = stdin_body(chunk, eof=eof and last, offset=self._stdin_offset)
+            try:
+                answer = self.sandbox._client.request(
+                    "POST", path, json=body, retry=self._stdin_offset is not None
+                ).json()
+            except Conflict as exc:
+                if exc.code != "stdin_offset":
+                    raise
+                # Another writer moved the input on; this chunk was not written. Send
+                # it where the input stands now (learned from the answer).
+                body.pop("offset")
+                answer = self.sandbox._client.request("POST", path, json=body, retry=False).json()
+            self._stdin_offset = int(answer["offset"])
+        return len(raw)
+
+    def close_stdin(self) -> None:
+        """Closes the command's stdin (EOF) once what was sent is written. Closing
+        again, or closing the stdin of a command that ended, does nothing."""
+        try:
+            self.send_stdin(b"", eof=True)
+        except Conflict as exc:
+            if exc.code != "stdin_closed":
+                raise
+
     def output(self, *, after_seq: int = -1) -> Iterator[streaming.Frame]:
         """The command's frames (start, stdout, stderr, exit) from the beginning (or
         after ``after_seq``) as they are produced, over a websocket that resumes where
@@ -107,6 +160,7 @@ class AsyncCommandHandle:
     def __init__(self, sandbox: AsyncSandbox, data: Dict[str, Any]) -> None:
         self.sandbox = sandbox
         self.data = data
+        self._stdin_offset: Optional[int] = None  # see CommandHandle
 
     @property
     def id(self) -> str:
@@ -145,6 +199,34 @@ class AsyncCommandHandle:
         path = f"/sandboxes/{self.sandbox.id}/operations/{self.id}/cancel"
         self.data = (await self.sandbox._client.request("POST", path)).json()
         return await self.wait()
+
+    async def send_stdin(self, data: Union[bytes, str], *, eof: bool = False) -> int:
+        """See ``CommandHandle.send_stdin``."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        path = f"/sandboxes/{self.sandbox.id}/operations/{self.id}/stdin"
+        chunks = [raw[i : i + STDIN_CHUNK] for i in range(0, len(raw), STDIN_CHUNK)] or [b""]
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            body = stdin_body(chunk, eof=eof and last, offset=self._stdin_offset)
+            try:
+                response = await self.sandbox._client.request(
+                    "POST", path, json=body, retry=self._stdin_offset is not None
+                )
+            except Conflict as exc:
+                if exc.code != "stdin_offset":
+                    raise
+                body.pop("offset")  # see CommandHandle.send_stdin
+                response = await self.sandbox._client.request("POST", path, json=body, retry=False)
+            self._stdin_offset = int(response.json()["offset"])
+        return len(raw)
+
+    async def close_stdin(self) -> None:
+        """See ``CommandHandle.close_stdin``."""
+        try:
+            await self.send_stdin(b"", eof=True)
+        except Conflict as exc:
+            if exc.code != "stdin_closed":
+                raise
 
     def output(self, *, after_seq: int = -1) -> AsyncIterator[streaming.Frame]:
         """See ``CommandHandle.output``."""

@@ -19,6 +19,8 @@ from hedgerow import (
 )
 from hedgerow.episode import AsyncEpisode, Episode
 from hedgerow.images import AsyncImages, Images
+from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
+from hedgerow.watch import AsyncWatcher, Watcher
 
 from apps.tenancy.models import ApiKey
 
@@ -28,6 +30,8 @@ PAIRS = [
     (CommandHandle, AsyncCommandHandle),
     (Images, AsyncImages),
     (Episode, AsyncEpisode),
+    (Sandboxes, AsyncSandboxes),
+    (Watcher, AsyncWatcher),
 ]
 # Names that differ by design: asyncio's own conventions.
 RENAMED = {"close": "aclose"}

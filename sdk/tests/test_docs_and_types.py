@@ -9,6 +9,8 @@ import inspect
 import hedgerow
 import pytest
 from hedgerow.images import AsyncImages, Images
+from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
+from hedgerow.watch import AsyncWatcher, Watcher
 
 CLASSES = [
     hedgerow.Client,
@@ -19,6 +21,10 @@ CLASSES = [
     hedgerow.AsyncCommandHandle,
     Images,
     AsyncImages,
+    Sandboxes,
+    AsyncSandboxes,
+    Watcher,
+    AsyncWatcher,
 ]
 
 

@@ -6,7 +6,14 @@ import threading
 import time
 
 import pytest
-from e2b import CommandExitException, Sandbox, SandboxException, TimeoutException
+from e2b import (
+    CommandExitException,
+    CommandResult,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
 
 from apps.e2b.tests.live import opts, wait_all_deleted
 from apps.sandboxes.models import Operation
@@ -124,11 +131,98 @@ def test_it_runs_in_the_background_lists_reconnects_waits_and_kills(live, make_t
     wait_all_deleted(tenant)
 
 
-def test_it_refuses_what_it_does_not_serve_yet_with_a_typed_error(live, make_tenant):
+def test_it_sends_stdin_to_a_running_command_and_closes_it(live, make_tenant):
     tenant, secret = make_tenant()
     sbx = Sandbox.create(**opts(live, secret))
+    handle = sbx.commands.run(
+        'while read -r l; do echo "got:$l"; done; echo eof', background=True, stdin=True
+    )
+    sbx.commands.send_stdin(handle.pid, "one\ntw")
+    sbx.commands.send_stdin(handle.pid, b"o\n")
+    sbx.commands.stream_input(handle.pid, ["thr", b"ee\n", "four\n"])  # a client stream
+    sbx.commands.close_stdin(handle.pid)
+    result = handle.wait()
+    assert (result.exit_code, result.stdout) == (
+        0,
+        "got:one\ngot:two\ngot:three\ngot:four\neof\n",
+    )
+    op = Operation.objects.get(sandbox__external_id=sbx.sandbox_id, request__stdin_open=True)
+    assert op.termination == "exited"
+    # The process has ended: envd's not found.
+    with pytest.raises(NotFoundException):
+        sbx.commands.send_stdin(handle.pid, "late\n")
+
+    # Without stdin=True the command's stdin is not open: a typed error, nothing sent.
+    plain = sbx.commands.run("sleep 30", background=True)
     with pytest.raises(SandboxException, match="stdin"):
-        sbx.commands.run("cat", stdin=True)
-    assert not Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).exists()
+        sbx.commands.send_stdin(plain.pid, "x")
+    assert sbx.commands.kill(plain.pid) is True
+
+    # A foreground run reads what another thread sends, until EOF.
+    done: list[CommandResult] = []
+    runner = threading.Thread(
+        target=lambda: done.append(sbx.commands.run("wc -c", stdin=True, timeout=60))
+    )
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not [p for p in sbx.commands.list() if "wc -c" in " ".join(p.args)]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = next(p.pid for p in sbx.commands.list() if "wc -c" in " ".join(p.args))
+    sbx.commands.send_stdin(pid, "x" * 5000)
+    sbx.commands.close_stdin(pid)
+    runner.join(60)
+    assert done and done[0].stdout.strip() == "5000"
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
+def test_commands_take_the_envd_fast_path_with_the_same_answers(live, make_tenant):
+    """``process.Process/Start`` answered on the event loop (apps/e2b/fastpath.py): the
+    same results, streaming, env, timeouts, reconnects and records as the regular
+    view. The fast path's access line names the operation it started (the regular
+    view's does not)."""
+    tenant, secret = make_tenant()
+
+    def fast_starts() -> int:
+        lines = live.web.log_path.read_text().splitlines()
+        return sum(
+            '"path": "/e2b/envd/process.Process/Start"' in line and '"operation_id": "e2b-' in line
+            for line in lines
+        )
+
+    before = fast_starts()
+    sbx = Sandbox.create(envs={"GREETING": "hi"}, **opts(live, secret))
+    result = sbx.commands.run("echo $GREETING; echo err >&2")
+    assert (result.stdout, result.stderr, result.exit_code) == ("hi\n", "err\n", 0)
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("echo out; exit 7")
+    assert (failed.value.exit_code, failed.value.stdout) == (7, "out\n")
+    seen: list[tuple[float, str]] = []
+    sbx.commands.run(
+        "echo one; sleep 1; echo two", on_stdout=lambda s: seen.append((time.monotonic(), s))
+    )
+    assert "".join(s for _, s in seen) == "one\ntwo\n"
+    assert seen[-1][0] - seen[0][0] >= 0.5  # "one" arrived while the command still ran
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 10", timeout=1)
+    handle = sbx.commands.run("echo started; sleep 300", background=True)
+    assert handle.pid in {p.pid for p in sbx.commands.list()}
+    handle.disconnect()
+    again = sbx.commands.connect(handle.pid)
+    assert sbx.commands.kill(handle.pid) is True
+    with pytest.raises(CommandExitException):
+        again.wait()
+    assert fast_starts() - before == 5
+    ops = Operation.objects.filter(sandbox__external_id=sbx.sandbox_id).order_by("created_at")
+    assert [(o.termination, o.exit_code) for o in ops] == [
+        ("exited", 0),
+        ("exited", 7),
+        ("exited", 0),
+        ("timeout", None),
+        ("cancelled", None),
+    ]
+    assert all(o.operation_id.startswith("e2b-") and o.generation == 1 for o in ops)
+    assert ops[0].request["env"] == {"GREETING": "hi"}
     sbx.kill()
     wait_all_deleted(tenant)

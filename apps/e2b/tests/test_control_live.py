@@ -141,3 +141,46 @@ def test_it_answers_a_retried_create_with_the_same_sandbox(live, make_tenant):
     assert changed.value.status_code == 409
     first.kill()
     wait_all_deleted(tenant)
+
+
+def test_it_pages_sandbox_lists_with_next_tokens_and_filters(live, make_tenant):
+    tenant, secret = make_tenant()
+    o = opts(live, secret)
+    made = [Sandbox.create(metadata={"batch": "p"}, **o) for _ in range(3)]
+    extra = Sandbox.create(metadata={"batch": "q"}, **o)
+    query = SandboxQuery(metadata={"batch": "p"})
+
+    paginator = Sandbox.list(query=query, limit=2, **o)
+    first = paginator.next_items()
+    assert paginator.has_next and paginator.next_token
+    second = paginator.next_items()
+    assert not paginator.has_next
+    # Oldest first, each once, across pages.
+    assert [s.sandbox_id for s in first + second] == [s.sandbox_id for s in made]
+
+    # A sandbox killed between pages neither repeats nor hides another.
+    paginator = Sandbox.list(query=query, limit=1, **o)
+    assert [s.sandbox_id for s in paginator.next_items()] == [made[0].sandbox_id]
+    made[1].kill()
+    assert [s.sandbox_id for s in paginator.next_items()] == [made[2].sandbox_id]
+    assert not paginator.has_next
+
+    newest = Sandbox.list(limit=1, order="desc", **o).next_items()
+    assert [s.sandbox_id for s in newest] == [extra.sandbox_id]
+    templated = Sandbox.list(query=SandboxQuery(template="base"), **o).next_items()
+    assert {s.sandbox_id for s in templated} == {
+        made[0].sandbox_id,
+        made[2].sandbox_id,
+        extra.sandbox_id,
+    }
+    assert Sandbox.list(query=SandboxQuery(template="nope"), **o).next_items() == []
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    assert Sandbox.list(query=SandboxQuery(started_after=later), **o).next_items() == []
+
+    # A token this server did not give is a typed error, not a 5xx.
+    forged = Sandbox.list(limit=1, next_token="not-a-token", **o)
+    with pytest.raises(SandboxException, match="nextToken"):
+        forged.next_items()
+    for sandbox in (made[0], made[2], extra):
+        sandbox.kill()
+    wait_all_deleted(tenant)

@@ -79,3 +79,54 @@ def test_it_streams_a_50_mb_file_both_ways(live, make_tenant):
     assert bytes(sbx.files.read("/workspace/big.bin", format="bytes")) == data
     sbx.kill()
     wait_all_deleted(tenant)
+
+
+def test_it_watches_a_directory_through_the_sync_and_async_sdk(live, make_tenant):
+    import asyncio
+    import time
+
+    from e2b import AsyncSandbox, FilesystemEventType, NotFoundException
+
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    sbx.files.make_dir("/workspace/w/sub")
+    handle = sbx.files.watch_dir("/workspace/w", recursive=True)
+    assert handle.get_new_events() == []
+    sbx.files.write("/workspace/w/a.txt", "a")
+    sbx.files.write("/workspace/w/sub/b.txt", "b")
+    seen = {(e.type, e.name) for e in handle.get_new_events()}
+    assert seen == {
+        (FilesystemEventType.CREATE, "a.txt"),
+        (FilesystemEventType.CREATE, "sub/b.txt"),
+    }
+    sbx.files.write("/workspace/w/a.txt", "longer")
+    sbx.files.rename("/workspace/w/sub/b.txt", "/workspace/w/c.txt")
+    seen = {(e.type, e.name) for e in handle.get_new_events()}
+    assert seen == {
+        (FilesystemEventType.WRITE, "a.txt"),
+        (FilesystemEventType.RENAME, "sub/b.txt"),
+        (FilesystemEventType.CREATE, "c.txt"),
+    }
+    handle.stop()
+    with pytest.raises(Exception):  # noqa: B017 - the SDK's own "already stopped"
+        handle.get_new_events()
+    with pytest.raises(NotFoundException):
+        sbx.files.watch_dir("/workspace/nope")
+
+    async def watch_async() -> list[tuple[object, str]]:
+        asbx = await AsyncSandbox.connect(sbx.sandbox_id, **opts(live, secret))
+        got: list[tuple[object, str]] = []
+        watcher = await asbx.files.watch_dir(
+            "/workspace/w", on_event=lambda e: got.append((e.type, e.name)), timeout=60
+        )
+        await asbx.files.write("/workspace/w/new.txt", "n")
+        deadline = time.monotonic() + 30
+        while not got:
+            assert time.monotonic() < deadline, "no event reached on_event"
+            await asyncio.sleep(0.05)
+        await watcher.stop()
+        return got
+
+    assert asyncio.run(watch_async()) == [(FilesystemEventType.CREATE, "new.txt")]
+    sbx.kill()
+    wait_all_deleted(tenant)

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
-from apps.sandboxes.services import files
+from apps.sandboxes.services import file_watch, files
 from apps.tenancy.permissions import principal_of
 
 PATH_PARAM = OpenApiParameter("path", str, required=True, description="absolute path")
@@ -199,3 +199,52 @@ class FileStatView(APIView):
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         return Response(files.file_stat(sandbox=sandbox, path=request.query_params.get("path")))
+
+
+class FileWatchView(APIView):
+    @extend_schema(
+        parameters=[
+            PATH_PARAM,
+            OpenApiParameter("recursive", bool, description="watch the whole tree"),
+        ],
+        request=None,
+        responses={200: dict, **ERROR_RESPONSES},
+        description="Starts watching a directory: `{watcher_id, path, recursive, entries}`. "
+        "Read its events with GET …/files/watch/{watcher_id}?wait=S. At most 16 watchers "
+        "per sandbox (429 `too_many_watchers`) and 10000 entries each (400 "
+        "`too_many_entries`); docs/agent-protocol.md, Directory watchers.",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        recursive = request.query_params.get("recursive", "") in ("1", "true")
+        return Response(
+            file_watch.watcher_create(
+                sandbox=sandbox, path=request.query_params.get("path"), recursive=recursive
+            )
+        )
+
+
+class FileWatcherView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("wait", float, description="seconds to wait, ≤ 60")],
+        responses={200: dict, **ERROR_RESPONSES},
+        description="What changed under the watched directory since the last read "
+        "(`events`: `{name, type}` with type create, remove, write, chmod or rename; "
+        "names relative to it), waiting up to `wait` seconds for a change. 404 "
+        "`watcher_not_found` for an unknown or expired watcher.",
+    )
+    def get(self, request: Request, sandbox_id: str, watcher_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(
+            file_watch.watcher_events(
+                sandbox=sandbox, watcher_id=watcher_id, wait=request.query_params.get("wait")
+            )
+        )
+
+    @extend_schema(request=None, responses={200: dict, **ERROR_RESPONSES})
+    def delete(self, request: Request, sandbox_id: str, watcher_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(file_watch.watcher_delete(sandbox=sandbox, watcher_id=watcher_id))

@@ -160,9 +160,14 @@ class SandboxCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
 
 
 class SandboxPatchSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    """The schema of PATCH /sandboxes/{id}: only the egress policy changes."""
+    """The schema of PATCH /sandboxes/{id}: the labels and the egress policy change."""
 
-    egress = serializers.JSONField(help_text="'none', 'all' or {\"allow\": [...]}")
+    egress = serializers.JSONField(required=False, help_text="'none', 'all' or {\"allow\": [...]}")
+    labels = serializers.DictField(
+        child=serializers.CharField(allow_null=True),
+        required=False,
+        help_text="merge patch: key → string sets it, key → null removes it",
+    )
 
 
 _BILLING_ATTR = "_hedgerow_render_billing"
@@ -299,6 +304,11 @@ class ExecSerializer(serializers.Serializer):  # type: ignore[type-arg]
         min_value=0.01, max_value=86400, required=False, allow_null=True
     )
     stdin = serializers.CharField(required=False, allow_null=True, help_text="base64 bytes")
+    stdin_open = serializers.BooleanField(
+        default=False,
+        help_text="keep the command's stdin open for POST …/operations/{id}/stdin (after "
+        "`stdin`, if given) until EOF is sent",
+    )
     login_shell = serializers.BooleanField(default=False)
     output_window = serializers.IntegerField(
         min_value=256, max_value=64 * 1024 * 1024, required=False
@@ -350,6 +360,7 @@ class ExecSerializer(serializers.Serializer):  # type: ignore[type-arg]
             login_shell=data["login_shell"],
             output_window=data.get("output_window"),
             output_limit=data.get("output_limit"),
+            stdin_open=data["stdin_open"],
         )
 
 

@@ -52,6 +52,11 @@ urlpatterns = [
         views.OperationCancelView.as_view(),
         name="operation-cancel",
     ),
+    path(
+        "sandboxes/<str:sandbox_id>/operations/<str:operation_id>/stdin",
+        views.OperationStdinView.as_view(),
+        name="operation-stdin",
+    ),
     path("sandboxes/<str:sandbox_id>/files", files.FilesView.as_view(), name="sandbox-files"),
     path(
         "sandboxes/<str:sandbox_id>/files/list",
@@ -72,6 +77,16 @@ urlpatterns = [
         "sandboxes/<str:sandbox_id>/files/rename",
         files.FileRenameView.as_view(),
         name="sandbox-files-rename",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/watch",
+        files.FileWatchView.as_view(),
+        name="sandbox-files-watch",
+    ),
+    path(
+        "sandboxes/<str:sandbox_id>/files/watch/<str:watcher_id>",
+        files.FileWatcherView.as_view(),
+        name="sandbox-files-watcher",
     ),
     path(
         "sandboxes/<str:sandbox_id>/files/stat",

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from typing import Any
 
@@ -24,13 +26,18 @@ from apps.sandboxes.api.serializers import (
 )
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services.egress import MAX_DNS_LOG, sandbox_dns_log, sandbox_set_egress
+from apps.sandboxes.services.labels import labels_patch_check, sandbox_patch_labels
 from apps.sandboxes.services.lifecycle import (
     sandbox_create,
     sandbox_delete,
     sandbox_heartbeat,
     sandbox_set_expiry,
 )
-from apps.sandboxes.services.operations import operation_cancel, operation_exec
+from apps.sandboxes.services.operations import (
+    operation_cancel,
+    operation_exec,
+    operation_send_stdin,
+)
 from apps.sandboxes.services.patching import sandbox_apply_patch
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
 from apps.sandboxes.services.waiting import sandbox_wait_settled
@@ -51,18 +58,54 @@ class SandboxListCreateView(APIView):
         parameters=[
             OpenApiParameter("state", str, description="comma-separated states"),
             OpenApiParameter("image", str),
+            OpenApiParameter(
+                "label",
+                str,
+                many=True,
+                description="repeatable: key=value (that label has that value) or key (the "
+                "label is present); all must match",
+            ),
+            OpenApiParameter("limit", int, description="page size, 1-1000 (default 50)"),
+            OpenApiParameter("cursor", str, description="next_cursor of the previous page"),
+            OpenApiParameter("offset", int, description="legacy offset paging (no cursor)"),
         ],
+        description="The team's sandboxes, newest first, one page at a time: `results`, "
+        "`count` (all that match), `next_cursor` (null on the last page) and `next` (its "
+        "URL). Cursor pages are keyset pages on (created_at, id): stable while sandboxes "
+        "come and go. `offset` selects the older limit/offset paging.",
     )
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
+        params = request.query_params
         qs = selectors.sandbox_list(
             tenant=principal.tenant,
-            state=request.query_params.get("state"),
-            image=request.query_params.get("image"),
+            state=params.get("state"),
+            image=params.get("image"),
+            labels=params.getlist("label"),
         )
-        paginator = LimitOffsetPagination()
-        page = paginator.paginate_queryset(qs, request, view=self)
-        return paginator.get_paginated_response(SandboxSerializer(page, many=True).data)
+        if "offset" in params and "cursor" not in params:
+            paginator = LimitOffsetPagination()
+            page = paginator.paginate_queryset(qs, request, view=self)
+            return paginator.get_paginated_response(SandboxSerializer(page, many=True).data)
+        limit = selectors.page_limit(params.get("limit"), default=50)
+        rows, next_cursor = selectors.sandbox_keyset_page(
+            qs, cursor=params.get("cursor"), limit=limit
+        )
+        next_url = None
+        if next_cursor is not None:
+            query = params.copy()
+            query["cursor"] = next_cursor
+            query.pop("offset", None)
+            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return Response(
+            {
+                "count": qs.count(),
+                "next": next_url,
+                "previous": None,
+                "next_cursor": next_cursor,
+                "results": SandboxSerializer(rows, many=True).data,
+            }
+        )
 
     @extend_schema(
         request=SandboxCreateSerializer,
@@ -106,26 +149,39 @@ class SandboxDetailView(APIView):
     @extend_schema(
         request=SandboxPatchSerializer,
         responses={200: SandboxSerializer, **ERROR_RESPONSES},
-        description="Changes a ready sandbox's `egress` policy (docs/egress.md): new "
-        "connections follow it at once; recorded in the ledger as `egress_changed`.",
+        description="Changes a sandbox's `labels` and/or a ready sandbox's `egress` policy. "
+        "`labels` is a merge patch: a key with a string value is set, a key with null is "
+        "removed, other keys are kept (create's label rules apply to the result; ledger "
+        "event `labels_changed`; a deleted, failed or lost sandbox is a 409). `egress` "
+        "(docs/egress.md): new connections follow it at once; ledger event "
+        "`egress_changed`. Both are checked before either is applied.",
     )
     def patch(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         if not isinstance(request.data, dict):
             raise ValidationFailed("a JSON object is expected")
-        unknown = sorted(set(request.data) - {"egress"})
+        unknown = sorted(set(request.data) - {"egress", "labels"})
         if unknown:
             raise ValidationFailed(
-                f"only egress can be changed, not {', '.join(map(str, unknown))}",
+                f"only egress and labels can be changed, not {', '.join(map(str, unknown))}",
                 field=str(unknown[0]),
                 code="not_patchable",
             )
-        if "egress" not in request.data:
-            raise ValidationFailed("egress is required", field="egress")
-        sandbox = sandbox_set_egress(
-            sandbox=sandbox, egress=request.data["egress"], actor=principal.actor
-        )
+        if not request.data:
+            raise ValidationFailed("egress or labels is required", field="labels")
+        if "labels" in request.data:
+            # Checked whole before anything changes: a bad label patch leaves the
+            # egress as it was too.
+            labels_patch_check(sandbox=sandbox, patch=request.data["labels"])
+        if "egress" in request.data:
+            sandbox = sandbox_set_egress(
+                sandbox=sandbox, egress=request.data["egress"], actor=principal.actor
+            )
+        if "labels" in request.data:
+            sandbox = sandbox_patch_labels(
+                sandbox=sandbox, patch=request.data["labels"], actor=principal.actor
+            )
         return Response(_render_sandbox(sandbox))
 
 
@@ -335,6 +391,68 @@ class OperationCancelView(APIView):
             OperationSerializer(operation).data,
             status=status.HTTP_202_ACCEPTED if running else status.HTTP_200_OK,
         )
+
+
+class OperationStdinView(APIView):
+    @extend_schema(
+        request=inline_serializer(
+            "OperationStdin",
+            {
+                "data": serializers.CharField(required=False, help_text="base64 bytes"),
+                "text": serializers.CharField(required=False, help_text="UTF-8 text"),
+                "eof": serializers.BooleanField(required=False, default=False),
+                "offset": serializers.IntegerField(
+                    required=False, help_text="where data starts in the whole input"
+                ),
+            },
+        ),
+        responses={200: None, **ERROR_RESPONSES},
+        description="Input for a running command started with `stdin_open: true`, in "
+        "order: `data` (base64) or `text`, at most 1 MiB a call; `eof: true` closes its "
+        "stdin after it; `offset` (optional) is where the data starts in the command's "
+        "whole input: a resend of accepted bytes is not written twice (safe retries), "
+        "another mismatch is 409 `stdin_offset`. Answers `{operation_id, accepted, "
+        "buffered, offset, eof}` (`offset`: where the input stands now). 409 "
+        "`stdin_closed` when the command takes no input (not started with `stdin_open`, "
+        "EOF sent, it closed its stdin, or it ended); 429 `stdin_full` with `Retry-After` "
+        "when it has not read 1 MiB it was sent. Another team's operation is a 404.",
+    )
+    def post(self, request: Request, sandbox_id: str, operation_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        operation = selectors.operation_get(
+            tenant=principal.tenant, sandbox=sandbox, operation_id=operation_id
+        )
+        body = request.data
+        if not isinstance(body, dict):
+            raise ValidationFailed("a JSON object is expected")
+        unknown = sorted(set(body) - {"data", "text", "eof", "offset"})
+        if unknown:
+            raise ValidationFailed(f"unknown field {unknown[0]!r}", field=str(unknown[0]))
+        if "data" in body and "text" in body:
+            raise ValidationFailed("give data or text, not both", field="text")
+        eof = body.get("eof", False)
+        if not isinstance(eof, bool):
+            raise ValidationFailed("eof must be true or false", field="eof")
+        data = b""
+        if "text" in body:
+            if not isinstance(body["text"], str):
+                raise ValidationFailed("text must be a string", field="text")
+            data = body["text"].encode()
+        elif "data" in body:
+            try:
+                data = base64.b64decode(str(body["data"]), validate=True)
+            except (binascii.Error, ValueError):
+                raise ValidationFailed("data must be base64", field="data") from None
+        if not data and not eof:
+            raise ValidationFailed("nothing to send: give data, text or eof", field="data")
+        offset = body.get("offset")
+        if offset is not None and (
+            isinstance(offset, bool) or not isinstance(offset, int) or offset < 0
+        ):
+            raise ValidationFailed("offset must be a non-negative integer", field="offset")
+        answer = operation_send_stdin(operation=operation, data=data, eof=eof, offset=offset)
+        return Response(answer)
 
 
 class ApplyPatchView(APIView):

@@ -39,12 +39,18 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from apps.billing.limits import ExecAdmitPlan, exec_admit_plan, hot_limits, hot_limits_cached
+from apps.billing.limits import (
+    ExecAdmitPlan,
+    ExecLease,
+    exec_admit_plan,
+    hot_limits,
+    hot_limits_cached,
+)
 from apps.core.pg_async import PgPool, Statement
 from apps.core.redis_async import Batches, ReplyError, batches_for_url
 from apps.sandboxes import exec_env
 from apps.sandboxes.agent_async import agent_exec
-from apps.sandboxes.agent_client import AgentError, AgentUnreachable, agent_token
+from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.operations import (
     ExecRequest,
@@ -52,7 +58,7 @@ from apps.sandboxes.services.operations import (
     operation_agent_failed,
     result_fields,
 )
-from apps.sandboxes.services.streaming import PUMP_TTL_S, pump_key, pumps
+from apps.sandboxes.services.streaming import PUMP_TTL_S, _PumpJob, pump_key, pumps
 from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
@@ -259,6 +265,8 @@ def request_record(request: ExecRequest) -> tuple[str, str]:
     (a test holds both to the dataclass's own)."""
     data = {name: getattr(request, name) for name in _REQUEST_FIELDS}
     hashed = {name: value for name, value in data.items() if name != "output_window"}
+    if not hashed["stdin_open"]:
+        del hashed["stdin_open"]  # as ExecRequest.fingerprint
     fingerprint = exec_env.request_fingerprint(hashed)
     return json.dumps(exec_env.request_record_fields(data)), fingerprint
 
@@ -267,19 +275,36 @@ def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-async def operation_exec_async(
+@dataclasses.dataclass(frozen=True)
+class _Begun:
+    """A ``running`` Operation row inserted and its exec admitted (lease taken)."""
+
+    db: PgPool
+    client: Batches
+    plan: ExecAdmitPlan
+    pk: uuid.UUID
+    operation_id: str
+    created_at: datetime
+    sandbox_pk: uuid.UUID
+    generation: int
+    host: str
+    port: int
+    timeout: float
+    key_id: str | None
+
+
+async def _begin(
     *,
     principal: Principal,
     sandbox_external_id: str,
     request: ExecRequest,
     operation_id: str | None,
     expected_generation: int | None,
-    request_id: str,
-) -> dict[str, Any] | None:
-    """``operation_exec`` for the plain case, on the event loop. Returns the finished
-    operation's fields for ``render_operation`` (the same record the regular path
-    stores), or ``FALLBACK`` (None) with nothing changed: the caller must then run the
-    regular path. Raises ``ApiError`` for an agent failure, exactly as that path does."""
+) -> _Begun | None:
+    """Admission and the row, concurrently, in one round trip of waiting: the common
+    start of every exec on the event loop. ``FALLBACK`` (None) with nothing changed
+    when the regular path must answer (refused, missing, not ready, stale generation,
+    a replay, Redis or Postgres trouble)."""
     tenant_id = str(principal.tenant.pk)
     limits = hot_limits_cached(tenant_id)
     if limits is None:
@@ -339,15 +364,51 @@ async def operation_exec_async(
             await _forget(db, pk)
         return FALLBACK
     assert isinstance(row, tuple)
-    pumps.track(str(pk))
     sandbox_pk, generation, host, port, _inserted = row
+    return _Begun(
+        db, client, plan, pk, op_id, created_at, sandbox_pk, generation, host, int(port),
+        timeout, key_id,
+    )  # fmt: skip
+
+
+async def _undo(begun: _Begun) -> None:
+    """Gives back what ``_begin`` took, for a start that will not run after all."""
+    await _release(begun.client, begun.plan)
+    await _forget(begun.db, begun.pk)
+
+
+async def operation_exec_async(
+    *,
+    principal: Principal,
+    sandbox_external_id: str,
+    request: ExecRequest,
+    operation_id: str | None,
+    expected_generation: int | None,
+    request_id: str,
+) -> dict[str, Any] | None:
+    """``operation_exec`` for the plain case, on the event loop. Returns the finished
+    operation's fields for ``render_operation`` (the same record the regular path
+    stores), or ``FALLBACK`` (None) with nothing changed: the caller must then run the
+    regular path. Raises ``ApiError`` for an agent failure, exactly as that path does."""
+    begun = await _begin(
+        principal=principal,
+        sandbox_external_id=sandbox_external_id,
+        request=request,
+        operation_id=operation_id,
+        expected_generation=expected_generation,
+    )
+    if begun is None:
+        return FALLBACK
+    db, client, plan, pk = begun.db, begun.client, begun.plan, begun.pk
+    op_id, timeout = begun.operation_id, begun.timeout
+    pumps.track(str(pk))
     released = False
     try:
         try:
             result = await agent_exec(
-                host,
-                int(port),
-                _token(sandbox_pk.hex, generation),
+                begun.host,
+                begun.port,
+                _token(begun.sandbox_pk.hex, begun.generation),
                 request.agent_body(op_id),
                 timeout=timeout,
                 request_id=request_id,
@@ -374,11 +435,78 @@ async def operation_exec_async(
     fields.update(
         operation_id=op_id,
         sandbox_external_id=sandbox_external_id,
-        generation=generation,
+        generation=begun.generation,
         kind="exec",
-        created_at=created_at,
+        created_at=begun.created_at,
     )
     return fields
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamStarted:
+    """A streamed command started on this loop: its relay (``stream_pump``) runs as a
+    task here and hands its frames to ``frames`` as it stores them (``stream_pump.
+    listen``); the replay buffer has them too, for reconnects and other readers."""
+
+    operation_pk: str
+    operation_id: str
+    sandbox_pk: uuid.UUID
+    generation: int
+    frames: asyncio.Queue[Any]
+
+
+async def operation_exec_stream_async(
+    *,
+    principal: Principal,
+    sandbox_external_id: str,
+    request: ExecRequest,
+    operation_id: str | None,
+    sandbox_pk: uuid.UUID | None = None,
+) -> StreamStarted | None:
+    """``operation_exec_stream`` for the plain case, on the event loop: the same start
+    as ``operation_exec_async`` (admission, the ``running`` row), then the relay task
+    that ``operation_exec_stream`` would start, with this caller listening to it. The
+    relay records the end as the regular path does, whether or not anyone listens.
+    ``sandbox_pk``: the sandbox must be this one (a token that names it), else
+    ``FALLBACK``. Returns ``FALLBACK`` (None) with nothing changed when the regular path
+    must answer."""
+    from apps.sandboxes.services import stream_pump  # imports this module's callers
+
+    begun = await _begin(
+        principal=principal,
+        sandbox_external_id=sandbox_external_id,
+        request=request,
+        operation_id=operation_id,
+        expected_generation=None,
+    )
+    if begun is None:
+        return FALLBACK
+    if sandbox_pk is not None and begun.sandbox_pk != sandbox_pk:
+        await _undo(begun)
+        return FALLBACK
+    pk = str(begun.pk)
+    pumps.track(pk)
+    frames = stream_pump.listen(pk)
+    job = _PumpJob(
+        operation_pk=pk,
+        agent=AgentClient(begun.host, begun.port, _token(begun.sandbox_pk.hex, begun.generation)),
+        body=request.agent_body(begun.operation_id),
+        timeout=begun.timeout,
+        lease=ExecLease(
+            tenant_id=str(principal.tenant.pk), api_key_id=begun.key_id, lease=begun.plan.lease
+        ),
+        fresh=True,
+        on_loop=True,
+    )
+    stream_pump.start_here(job)
+    return StreamStarted(pk, begun.operation_id, begun.sandbox_pk, begun.generation, frames)
+
+
+async def finish_fields(operation_pk: str, fields: dict[str, Any]) -> bool:
+    """Records an agent's result on a ``running`` row (compare-and-set), as
+    ``operation_record_result`` does, through this loop's Postgres pool."""
+    db, _client = await _clients.get()
+    return await _finish(db, uuid.UUID(operation_pk), fields)
 
 
 async def _finish(db: PgPool, pk: uuid.UUID, fields: dict[str, Any]) -> bool:

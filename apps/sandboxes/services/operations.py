@@ -6,6 +6,7 @@ result (or attaches to the running command) and never runs the command twice.
 
 from __future__ import annotations
 
+import base64
 import logging
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -18,7 +19,7 @@ from django.utils import timezone
 
 from apps.billing.limits import exec_admit_operation
 from apps.core import jsonsafe
-from apps.core.errors import ApiError, Conflict
+from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.sandboxes import exec_env
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, SandboxEvent, State
@@ -47,9 +48,13 @@ class ExecRequest:
     output_window: int | None = None
     output_limit: int | None = None
     kill_grace: float | None = None
+    # stdin stays a pipe fed by POST …/operations/{id}/stdin while the command runs
+    stdin_open: bool = False
 
     def fingerprint(self) -> str:
         data = {k: v for k, v in asdict(self).items() if k not in ("output_window",)}
+        if not data["stdin_open"]:
+            del data["stdin_open"]  # fingerprints of requests made before it existed
         return exec_env.request_fingerprint(data)
 
     def agent_body(self, operation_id: str) -> dict[str, Any]:
@@ -69,6 +74,8 @@ class ExecRequest:
             body["output_limit"] = self.output_limit
         if self.kill_grace is not None:
             body["kill_grace"] = self.kill_grace
+        if self.stdin_open:
+            body["stdin_open"] = True
         return body
 
     def check(self) -> None:
@@ -405,3 +412,67 @@ def operation_cancel(*, operation: Operation) -> bool:
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     return True
+
+
+# One call's input: the agent takes JSON bodies of up to 8 MiB, and holds at most 1 MiB
+# a command has not read; a bigger write is several calls.
+MAX_STDIN_CHUNK = 1024 * 1024
+
+
+def operation_send_stdin(
+    *, operation: Operation, data: bytes, eof: bool, offset: int | None = None
+) -> dict[str, Any]:
+    """Input for a running command started with ``stdin_open``, in order; ``eof`` closes
+    its stdin after ``data``. 409 ``stdin_closed`` when it takes no input (not started
+    with ``stdin_open``, EOF already sent, it closed its stdin, or it ended); 429
+    ``stdin_full`` (``Retry-After``) when it has not read what it was sent (the agent
+    holds at most 1 MiB); a sandbox that is not ready is a 409 like any exec.
+    ``offset``: where ``data`` starts in the command's whole input; a resend of what was
+    accepted is not written twice (safe retries), any other mismatch is 409
+    ``stdin_offset``."""
+    if len(data) > MAX_STDIN_CHUNK:
+        raise ValidationFailed(
+            f"at most {MAX_STDIN_CHUNK} bytes of input per call", field="data", code="too_large"
+        )
+    if not (operation.request or {}).get("stdin_open"):
+        raise Conflict(
+            "this command was not started with stdin_open", code="stdin_closed", field="stdin"
+        )
+    if operation.status != OperationStatus.RUNNING:
+        raise Conflict(
+            f"the command has ended ({operation.status})", code="stdin_closed", field="stdin"
+        )
+    sandbox = operation.sandbox
+    ensure_ready(sandbox, operation.generation)
+    try:
+        response = agent_for(sandbox).request(
+            "POST",
+            f"/operations/{quote(operation.operation_id, safe='')}/stdin",
+            json_body={
+                "data": base64.b64encode(data).decode("ascii"),
+                "eof": eof,
+                **({"offset": offset} if offset is not None else {}),
+            },
+            timeout=30.0,
+        )
+    except AgentError as exc:
+        if exc.code == "stdin_offset":
+            raise Conflict(exc.message, code="stdin_offset", field="offset") from exc
+        if exc.status == 404 or exc.code == "stdin_closed":
+            message = exc.message if exc.status != 404 else "the command has ended"
+            raise Conflict(message, code="stdin_closed", field="stdin") from exc
+        if exc.code == "stdin_full":
+            raise ApiError(
+                exc.message, code="stdin_full", status_code=429, headers={"Retry-After": "1"}
+            ) from exc
+        raise ApiError(exc.message, code=exc.code, status_code=502) from exc
+    except AgentUnreachable as exc:
+        raise AgentUnavailable(str(exc)) from exc
+    answer: dict[str, Any] = response.json()
+    return {
+        "operation_id": operation.operation_id,
+        "accepted": int(answer.get("accepted") or 0),
+        "buffered": int(answer.get("buffered") or 0),
+        "offset": int(answer.get("offset") or 0),
+        "eof": bool(answer.get("eof")),
+    }

@@ -179,6 +179,8 @@ class _PumpJob:
     timeout: float
     lease: ExecLease | None = None  # quotas (billing): the exec slot, freed when it ends
     fresh: bool = False  # a brand-new operation: its buffer is known to be empty
+    # started on the event loop (exec_async): the end is recorded through its pool
+    on_loop: bool = False
 
 
 def operation_exec_stream(
