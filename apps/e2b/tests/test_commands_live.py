@@ -223,6 +223,7 @@ def test_commands_take_the_envd_fast_path_with_the_same_answers(live, make_tenan
         ("cancelled", None),
     ]
     assert all(o.operation_id.startswith("e2b-") and o.generation == 1 for o in ops)
-    assert ops[0].request["env"] == {"GREETING": "hi"}
+    assert ops[0].request["env"] == {"GREETING": "[redacted]"}  # the value is sealed at rest
+    assert ops[0].request["env_sealed"]  # the values live only in the encrypted token
     sbx.kill()
     wait_all_deleted(tenant)
