@@ -27,7 +27,7 @@ import logging
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,6 +37,7 @@ from django.core import signing
 from django.db import close_old_connections
 from django.http.request import split_domain_port, validate_host
 
+from apps.core.asgi_body import Receive, Scope, Send, read_body, replay
 from apps.core.errors import ApiError
 from apps.core.logging import request_id_var
 from apps.e2b import connect
@@ -53,10 +54,6 @@ from apps.sandboxes.services.exec_async import (
 from apps.sandboxes.services.replay import frames_key
 from apps.tenancy.auth import principal_cached_for_key_id, principal_refresh_for_key_id
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[..., Awaitable[None]]
 
 log = logging.getLogger(__name__)
@@ -89,12 +86,12 @@ class EnvdStartFastPath:
         ):
             await self.app(scope, receive, send)
             return
-        body, complete = await _read_body(receive)
+        body, complete = await read_body(receive, MAX_BODY)
         started = time.perf_counter()
         request_id = uuid.uuid4().hex
         begun = await _start(scope, body) if complete else None
         if begun is None:
-            await self.app(scope, _replay(body, complete, receive), send)
+            await self.app(scope, replay(body, complete, receive), send)
             return
         stream, timeout = begun
         token = request_id_var.set(request_id)
@@ -115,35 +112,6 @@ class EnvdStartFastPath:
             stream_pump.unlisten(stream.operation_pk)
             request_id_var.reset(token)
         _log_access(200, request_id, started, stream.operation_id)
-
-
-async def _read_body(receive: Receive) -> tuple[bytes, bool]:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks), False
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks), True
-        if size > MAX_BODY:
-            return b"".join(chunks), False
-
-
-def _replay(body: bytes, complete: bool, receive: Receive) -> Receive:
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": not complete}
-        return await receive()
-
-    return replayed
 
 
 async def _start(scope: Scope, body: bytes) -> tuple[StreamStarted, float | None] | None:

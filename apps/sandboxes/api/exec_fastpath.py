@@ -21,12 +21,13 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from apps.core.asgi_body import Receive, Scope, Send, read_body, replay
 from apps.core.errors import ApiError, _internal_error_body
 from apps.core.inputs import json_loads
 from apps.core.logging import request_id_var
@@ -37,10 +38,6 @@ from apps.tenancy.auth import principal_cached, principal_refresh
 from apps.tenancy.principal import Principal
 from apps.tenancy.secrets import hash_secret
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[..., Awaitable[None]]
 
 access_log = logging.getLogger("hedgerow.access")
@@ -83,7 +80,7 @@ class ExecFastPath:
         if match is None or not settings.HEDGEROW_EXEC_FAST_PATH:
             await self.app(scope, receive, send)
             return
-        body, complete = await _read_body(receive)
+        body, complete = await read_body(receive, MAX_BODY)
         if complete:
             started = time.perf_counter()
             answer = await _answer(scope, match.group(1), body)
@@ -92,38 +89,7 @@ class ExecFastPath:
                 await _send(send, status, payload, request_id, extra_headers)
                 _log_access(scope["path"], status, request_id, started)
                 return
-        await self.app(scope, _replay(body, complete, receive), send)
-
-
-async def _read_body(receive: Receive) -> tuple[bytes, bool]:
-    """The body, and whether it is complete (False: over MAX_BODY, rest unread)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks), False  # disconnected: Django deals with it
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks), True
-        if size > MAX_BODY:
-            return b"".join(chunks), False
-
-
-def _replay(body: bytes, complete: bool, receive: Receive) -> Receive:
-    """A ``receive`` that yields what was already read, then the rest of the stream."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": not complete}
-        return await receive()
-
-    return replayed
+        await self.app(scope, replay(body, complete, receive), send)
 
 
 _Answer = tuple[int, bytes, str, dict[str, str]]
