@@ -17,11 +17,12 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from apps.billing.models import CapacityType, StorageRecord
 from apps.billing.pricing import HOUR, price_book_in_force, price_rate, seconds_of
+from apps.billing.usage import overlapping
 from apps.sandboxes.models import Snapshot, SnapshotState
 from apps.tenancy.models import Tenant
 
@@ -97,14 +98,7 @@ def record_storage_window(
 def storage_overlapping(
     *, start: datetime | None, end: datetime | None, tenant: Tenant | None = None
 ) -> QuerySet[StorageRecord]:
-    qs = StorageRecord.objects.all()
-    if tenant is not None:
-        qs = qs.filter(tenant=tenant)
-    if end is not None:
-        qs = qs.filter(started_at__lt=end)
-    if start is not None:
-        qs = qs.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
-    return qs
+    return overlapping(StorageRecord.objects.all(), start=start, end=end, tenant=tenant)
 
 
 def storage_window_cost(*, tenant: Tenant, start: datetime, now: datetime | None = None) -> Decimal:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection, transaction
 from django.db.models import (
@@ -25,6 +25,7 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     Func,
+    Model,
     Q,
     QuerySet,
     Sum,
@@ -415,10 +416,14 @@ def usage_pause_end(*, sandbox_id: uuid.UUID | str, at: datetime) -> bool:
     return True
 
 
-def records_overlapping(
-    *, start: datetime | None, end: datetime | None, tenant: Tenant | None = None
-) -> QuerySet[UsageRecord]:
-    qs = UsageRecord.objects.all()
+M = TypeVar("M", bound=Model)
+
+
+def overlapping(
+    qs: QuerySet[M], *, start: datetime | None, end: datetime | None, tenant: Tenant | None = None
+) -> QuerySet[M]:
+    """Rows of an interval ledger (``started_at``/``ended_at``; open rows have no end)
+    that overlap ``[start, end)``; either bound may be open."""
     if tenant is not None:
         qs = qs.filter(tenant=tenant)
     if end is not None:
@@ -426,6 +431,12 @@ def records_overlapping(
     if start is not None:
         qs = qs.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
     return qs
+
+
+def records_overlapping(
+    *, start: datetime | None, end: datetime | None, tenant: Tenant | None = None
+) -> QuerySet[UsageRecord]:
+    return overlapping(UsageRecord.objects.all(), start=start, end=end, tenant=tenant)
 
 
 @dataclass

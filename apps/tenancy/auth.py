@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +10,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from apps.core.ids import is_uuid
 from apps.tenancy.models import ApiKey, Membership, Role
 from apps.tenancy.principal import Principal
 from apps.tenancy.secrets import hash_secret
@@ -138,7 +138,7 @@ def principal_for_key_id(key_id: str) -> Principal:
     """The principal of the key with this id, with every check a secret gets (revoked,
     expired, team disabled). For a signed token that names a key rather than carrying
     its secret (the E2B envd access token, apps/e2b/tokens.py)."""
-    if not _is_uuid(key_id):
+    if not is_uuid(key_id):
         raise AuthFailed("invalid API key")
     digest = _key_digests.get(key_id)
     if digest is None:
@@ -182,14 +182,6 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="hedgerow"'
 
 
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
-
-
 def principal_for_session(user: Any, tenant_id: str | None) -> Principal | None:
     """The principal of a signed-in user acting for the session's current team."""
     if user is None or not user.is_authenticated:
@@ -198,7 +190,7 @@ def principal_for_session(user: Any, tenant_id: str | None) -> Principal | None:
         user=user, tenant__is_active=True
     )
     chosen = None
-    if tenant_id and _is_uuid(tenant_id):  # anything else names no team (never a 500)
+    if tenant_id and is_uuid(tenant_id):  # anything else names no team (never a 500)
         chosen = memberships.filter(tenant_id=tenant_id).first()
     if chosen is None:
         chosen = memberships.order_by("created_at").first()

@@ -4,6 +4,7 @@ from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from apps.core.errors import NotFound
+from apps.core.ids import is_uuid
 from apps.tenancy.models import ApiKey, Membership, Tenant
 
 
@@ -12,20 +13,10 @@ def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
 
 
 def api_key_get(*, tenant: Tenant, key_id: str) -> ApiKey:
-    key = ApiKey.objects.filter(tenant=tenant, pk=key_id).first() if _is_uuid(key_id) else None
+    key = ApiKey.objects.filter(tenant=tenant, pk=key_id).first() if is_uuid(key_id) else None
     if key is None:
         raise NotFound(f"no API key {key_id!r}", code="api_key_not_found")
     return key
-
-
-def _is_uuid(value: str) -> bool:
-    import uuid
-
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
 
 
 def membership_list(*, tenant: Tenant) -> QuerySet[Membership]:
