@@ -38,7 +38,7 @@ k8s-smoke:
 	@scripts/k8s_smoke.sh
 
 k8s-manifests:
-	kubectl kustomize deploy/overlays/example >/dev/null
+	.venv/bin/kubectl kustomize deploy/overlays/example >/dev/null
 
 agent-bundle:
 	scripts/build_agent_bundle.sh .state/agent-bundle

@@ -34,7 +34,7 @@ if [ -z "${HEDGEROW_SKIP_STATIC:-}" ]; then
   # offline: kustomize build only (apply --dry-run needs a cluster); the schema and
   # RBAC/policy checks run in apps/sandboxes/backends/kubernetes/tests/test_manifests.py
   echo "== kubectl kustomize"; for d in deploy/base deploy/overlays/*/; do
-    kubectl kustomize "$d" >/dev/null; done
+    .venv/bin/kubectl kustomize "$d" >/dev/null; done
 fi
 # Kernel state (bridges, nft tables, subnet claims) outlives killed runs; remove what
 # provably dead runs left so the finite subnet pool never runs out.
