@@ -8,10 +8,10 @@ from typing import Any
 
 from django.db import transaction
 
+from apps.core.egress import NONE, EgressPolicy, parse_egress, uncovered
 from apps.core.errors import Conflict, ValidationFailed
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError
-from apps.sandboxes.backends.egress import NONE, EgressPolicy, parse_egress, uncovered
 from apps.sandboxes.models import Sandbox, State
 from apps.tenancy.models import Tenant
 

@@ -17,8 +17,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
+from apps.core.egress import EgressError, EgressPolicy, parse_egress
 from apps.core.errors import Conflict, ValidationFailed
-from apps.sandboxes.backends.egress import EgressError, EgressPolicy, parse_egress
 from apps.sandboxes.events import publish_sandbox_state
 from apps.sandboxes.models import LIVE_STATES, Sandbox, SandboxEvent, State
 from apps.sandboxes.selectors import sandbox_by_idempotency_key

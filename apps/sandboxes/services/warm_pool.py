@@ -41,10 +41,11 @@ from django.db.models import Count
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_client import agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, SandboxSpec
-from apps.sandboxes.events import publish_sandbox_state, redis_client
+from apps.sandboxes.events import publish_sandbox_state
 from apps.sandboxes.models import Sandbox, SandboxEvent, State, WarmMember, WarmMemberState
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import LEDGER_COLUMNS, MOVED_ROW_COLUMNS
