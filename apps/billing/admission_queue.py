@@ -17,14 +17,12 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from apps.billing.errors import BudgetExhausted, QuotaExceeded, limit_error
 from apps.billing.quotas import (
     Ask,
-    BudgetExhausted,
-    QuotaExceeded,
     capacity_shortfall,
     check_budget,
     check_request_fits,
-    limit_error,
     quota_lock_for,
     tenant_use,
 )

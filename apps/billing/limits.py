@@ -24,8 +24,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from apps.billing.errors import QuotaExceeded, limit_error
 from apps.billing.models import ApiKeyLimits, TenantQuota
-from apps.billing.quotas import QuotaExceeded, limit_error
 from apps.core.errors import ApiError
 from apps.core.redis_sync import redis_client
 

@@ -20,8 +20,11 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Sum
 
+from apps.billing.errors import BudgetExhausted, QuotaExceeded, QuotaForbidden, limit_error
+from apps.billing.limits import limits_current
 from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.pricing import money
+from apps.billing.storage import snapshot_bytes_in_use
 from apps.billing.usage import tenant_month_cost
 from apps.core.dbrows import instance_from_row, select_list
 from apps.core.errors import ApiError
@@ -30,36 +33,6 @@ from apps.tenancy.models import ApiKey, Tenant
 
 # Any constant unique to this lock; pg advisory locks are per database.
 CLUSTER_LOCK_KEY = 0x48454447  # "HEDG"
-
-
-class QuotaExceeded(ApiError):
-    """Over a limit that frees up by itself (429 + Retry-After)."""
-
-    status_code = 429
-    code = "quota_exceeded"
-
-
-class QuotaForbidden(ApiError):
-    """Over a limit that waiting will not fix (the request itself is too big)."""
-
-    status_code = 403
-    code = "quota_exceeded"
-
-
-class BudgetExhausted(ApiError):
-    status_code = 403
-    code = "budget_exhausted"
-
-
-def limit_error(
-    cls: type[ApiError], *, limit: str, value: Any, current: Any, message: str, retry: int = 5
-) -> ApiError:
-    headers = {"Retry-After": str(retry)} if cls.status_code == 429 else None
-    return cls(
-        message,
-        headers=headers,
-        extra={"limit": limit, "value": value, "current": current},
-    )
 
 
 def quota_get(*, tenant: Tenant) -> TenantQuota:
@@ -306,8 +279,6 @@ def storage_shortfall(*, tenant: Tenant, adding: int = 0) -> ApiError | None:
     state included) one more capture of ``adding`` bytes would break, or None. With
     ``adding=0`` (before a capture, its size unknown): refused once the use reached the
     limit. Locks the quota row: call inside a transaction."""
-    from apps.billing.storage import snapshot_bytes_in_use
-
     quota = quota_lock(tenant=tenant)
     limit = quota.max_snapshot_bytes
     if limit is None:
@@ -338,9 +309,6 @@ def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
     use = Sandbox.objects.filter(tenant=tenant, state__in=LIVE_STATES).aggregate(
         n=Count("pk"), cpu=Sum("cpu_millis"), mem=Sum("memory_mib")
     )
-    from apps.billing.limits import limits_current
-    from apps.billing.storage import snapshot_bytes_in_use
-
     hot = limits_current(tenant_id=str(tenant.pk))
     spent = tenant_month_cost(tenant=tenant)
     budget: Decimal | None = quota.monthly_budget

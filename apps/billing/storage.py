@@ -20,9 +20,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
+from apps.billing.intervals import overlapping
 from apps.billing.models import CapacityType, StorageRecord
 from apps.billing.pricing import HOUR, price_book_in_force, price_rate, seconds_of
-from apps.billing.usage import overlapping
 from apps.sandboxes.models import Snapshot, SnapshotState
 from apps.tenancy.models import Tenant
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import (
@@ -25,8 +25,6 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     Func,
-    Model,
-    Q,
     QuerySet,
     Sum,
     Value,
@@ -35,10 +33,12 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
+from apps.billing.intervals import overlapping
 from apps.billing.models import CapacityType, PriceBook, PriceRate, UsageRecord
 from apps.billing.pricing import HOUR, gibs, hourly_rate, price_book_in_force, price_rate
 from apps.billing.pricing import seconds_of as _seconds_of
 from apps.billing.pricing import vcpus as _vcpus
+from apps.billing.storage import storage_cost_for_sandboxes, storage_window_cost
 from apps.core.dbrows import instance_from_row, select_list
 from apps.sandboxes.models import FINAL_STATES, Sandbox, SandboxEvent, State
 from apps.tenancy.models import Tenant
@@ -416,23 +416,6 @@ def usage_pause_end(*, sandbox_id: uuid.UUID | str, at: datetime) -> bool:
     return True
 
 
-M = TypeVar("M", bound=Model)
-
-
-def overlapping(
-    qs: QuerySet[M], *, start: datetime | None, end: datetime | None, tenant: Tenant | None = None
-) -> QuerySet[M]:
-    """Rows of an interval ledger (``started_at``/``ended_at``; open rows have no end)
-    that overlap ``[start, end)``; either bound may be open."""
-    if tenant is not None:
-        qs = qs.filter(tenant=tenant)
-    if end is not None:
-        qs = qs.filter(started_at__lt=end)
-    if start is not None:
-        qs = qs.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
-    return qs
-
-
 def records_overlapping(
     *, start: datetime | None, end: datetime | None, tenant: Tenant | None = None
 ) -> QuerySet[UsageRecord]:
@@ -500,8 +483,6 @@ def tenant_window_cost(*, tenant: Tenant, start: datetime, now: datetime | None 
         until = min(record.ended_at or now, now)
         since = max(record.started_at, start)
         paused += paused_seconds(record, lo=since, hi=until, stop=until) / HOUR * record.hourly_rate
-    from apps.billing.storage import storage_window_cost
-
     storage = storage_window_cost(tenant=tenant, start=start, now=now)
     return Decimal(row["running"] or 0) + Decimal(row["fees"] or 0) - paused + storage
 
@@ -520,8 +501,6 @@ def sandbox_cost(*, sandbox: Sandbox, now: datetime | None = None) -> Decimal | 
     now = now or timezone.now()
     cost = record_window(record, start=None, end=None, now=now).cost
     if _was_paused(sandbox):
-        from apps.billing.storage import storage_cost_for_sandboxes
-
         kept = storage_cost_for_sandboxes(sandbox_ids=[sandbox.pk], now=now)
         cost += kept.get(sandbox.pk, Decimal(0))
     return cost
@@ -600,8 +579,6 @@ def sandbox_billing(*, sandboxes: Iterable[Sandbox]) -> dict[uuid.UUID, SandboxB
     paused = [s.pk for s in billable if _was_paused(s)]
     storage: dict[uuid.UUID, Decimal] = {}
     if paused:
-        from apps.billing.storage import storage_cost_for_sandboxes
-
         storage = storage_cost_for_sandboxes(sandbox_ids=paused)
     out = {}
     for sandbox in rows:

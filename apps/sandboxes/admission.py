@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from apps.billing.admission_queue import admission_decide
-from apps.billing.quotas import Ask, QuotaExceeded
+from apps.billing.errors import QuotaExceeded
+from apps.billing.quotas import Ask
 from apps.tenancy.models import Tenant
 
 if TYPE_CHECKING:
