@@ -18,6 +18,7 @@ WORKDIR /src
 COPY scripts/build_agent_bundle.sh scripts/
 COPY bundle/ bundle/
 COPY podagent/ podagent/
+COPY zygote/ zygote/
 RUN scripts/build_agent_bundle.sh --python /usr/local/bin/python3 /opt/hedgerow/agent-bundle
 
 # --- the control plane

@@ -43,7 +43,7 @@ def main() -> None:
 
     django.setup()
     from apps.billing import limits
-    from apps.sandboxes.events import redis_client
+    from apps.core.redis_sync import redis_client
 
     tenant_id = str(uuid.uuid4())
     limits._cache[tenant_id] = (

@@ -71,7 +71,7 @@ def _teardown(db_name: str) -> None:
     from django.db import connections
 
     from apps.core.env import db_conninfo
-    from apps.sandboxes.events import redis_client
+    from apps.core.redis_sync import redis_client
 
     connections.close_all()
     client = redis_client()
@@ -215,7 +215,8 @@ async def _run(args: Any) -> int:
 
     def become_ready(i: int) -> None:
         # What the worker does for a waiter: publish provisioning, commit ready, publish.
-        from apps.sandboxes.events import redis_client, sandbox_channel
+        from apps.core.redis_sync import redis_client
+        from apps.sandboxes.events import sandbox_channel
 
         channel = sandbox_channel(uuids[ids[i]])
         redis_client().publish(channel, json.dumps({"state": State.PROVISIONING}))

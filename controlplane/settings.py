@@ -450,18 +450,18 @@ HEDGEROW_K8S_AGENT_INGRESS_CIDRS = env_list("HEDGEROW_K8S_AGENT_INGRESS_CIDRS", 
 # watcher's; true: every worker and web process runs a pod informer of its own
 HEDGEROW_K8S_INFORMER_EVERYWHERE = env_bool("HEDGEROW_K8S_INFORMER_EVERYWHERE", False)
 
-# --- Quotas, admission queue and metering (apps/billing) ----------------------------
+# --- Quotas, admission queue and metering (apps/billing, apps/sandboxes/admission) ---
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.
 HEDGEROW_QUEUE_TIMEOUT_S = env_int("HEDGEROW_QUEUE_TIMEOUT_S", 3600)
 # Backstop for the drain that runs on every sandbox end (a drain racing another can skip).
 HEDGEROW_ADMISSION_SWEEP_S = env_float("HEDGEROW_ADMISSION_SWEEP_S", 5.0)
 HEDGEROW_USAGE_ROLLUP_S = env_float("HEDGEROW_USAGE_ROLLUP_S", 600.0)
 CELERY_BEAT_SCHEDULE["admission-sweep"] = {
-    "task": "apps.billing.tasks.admission_sweep",
+    "task": "apps.sandboxes.tasks.admission_sweep",
     "schedule": HEDGEROW_ADMISSION_SWEEP_S,
 }
 CELERY_BEAT_SCHEDULE["usage-sweep"] = {
-    "task": "apps.billing.tasks.usage_sweep",
+    "task": "apps.sandboxes.tasks.usage_sweep",
     "schedule": 60.0,
 }
 CELERY_BEAT_SCHEDULE["usage-rollup"] = {

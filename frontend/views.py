@@ -13,12 +13,16 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.billing.usage import cost_for_sandboxes, sandbox_cost
+from apps.billing.usage import cost_for_sandboxes
 from apps.core.errors import ApiError, NotFound
+from apps.images.models import Image, ImageStatus
 from apps.sandboxes import selectors
 from apps.sandboxes.backends import get_backend
+from apps.sandboxes.backends.base import BackendError
+from apps.sandboxes.metering.usage import sandbox_cost
 from apps.sandboxes.models import LIVE_STATES, State
 from apps.sandboxes.services import files
+from apps.sandboxes.services.egress import sandbox_dns_log
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
 from apps.tenancy.pages import is_htmx, page, render_page
 from apps.tenancy.principal import Principal
@@ -103,7 +107,6 @@ def _images(principal: Principal) -> list[str]:
     """What the create form offers: the backend's built-in names (``host``, legacy
     imported root filesystems) and the team's own ready images — never the machine's
     whole image store, which holds other teams' images too."""
-    from apps.images.models import Image, ImageStatus
 
     builtin = {image.name for image in get_backend().images() if "/" not in image.name}
     mine = Image.objects.for_tenant(principal.tenant).filter(status=ImageStatus.READY)
@@ -268,8 +271,6 @@ DNS_PAGE_ENTRIES = 100  # the last ones, on the sandbox page (the API has up to 
 def _dns_entries(sandbox: Any) -> list[dict[str, Any]] | None:
     """The sandbox's last DNS queries (issue 21), or None when its policy is not routed
     (no resolver serves it) and it has none: the page then shows no panel."""
-    from apps.sandboxes.backends.base import BackendError
-    from apps.sandboxes.services.egress import sandbox_dns_log
 
     try:
         entries = sandbox_dns_log(sandbox=sandbox)

@@ -24,10 +24,10 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from apps.billing.errors import QuotaExceeded, limit_error
 from apps.billing.models import ApiKeyLimits, TenantQuota
-from apps.billing.quotas import QuotaExceeded, limit_error
 from apps.core.errors import ApiError
-from apps.sandboxes.events import redis_client
+from apps.core.redis_sync import redis_client
 
 CACHE_S = 5.0
 

@@ -1,4 +1,11 @@
-"""Sandbox admission: per-tenant, per-key and cluster limits, enforced atomically.
+"""Sandbox admission's limits: per-tenant, per-key and cluster, enforced atomically.
+
+Billing owns the limits (the quota row and its lock, a key's limit, the checks that
+need no count: a request bigger than the quota, the budget) and the typed refusals
+(``errors.py``); the sandboxes app counts what they are compared with and acts on the
+answer (``apps.sandboxes.admission``). Billing never imports sandboxes: the quota
+report reads the use through a reader the sandboxes app registers
+(``register_use_reader``).
 
 Every admission decision runs inside the create (or queue-admit) transaction with the
 tenant's quota row locked (``select_for_update``), after the cluster lock when a
@@ -10,56 +17,26 @@ after a restart: the database is the counter.
 
 from __future__ import annotations
 
-import enum
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from django.db.models import Count, Sum
 
+from apps.billing.errors import BudgetExhausted, QuotaForbidden, limit_error
+from apps.billing.limits import limits_current
 from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.pricing import money
 from apps.billing.usage import tenant_month_cost
 from apps.core.dbrows import instance_from_row, select_list
-from apps.core.errors import ApiError
-from apps.sandboxes.models import LIVE_STATES, Sandbox, State
 from apps.tenancy.models import ApiKey, Tenant
 
 # Any constant unique to this lock; pg advisory locks are per database.
 CLUSTER_LOCK_KEY = 0x48454447  # "HEDG"
-
-
-class QuotaExceeded(ApiError):
-    """Over a limit that frees up by itself (429 + Retry-After)."""
-
-    status_code = 429
-    code = "quota_exceeded"
-
-
-class QuotaForbidden(ApiError):
-    """Over a limit that waiting will not fix (the request itself is too big)."""
-
-    status_code = 403
-    code = "quota_exceeded"
-
-
-class BudgetExhausted(ApiError):
-    status_code = 403
-    code = "budget_exhausted"
-
-
-def limit_error(
-    cls: type[ApiError], *, limit: str, value: Any, current: Any, message: str, retry: int = 5
-) -> ApiError:
-    headers = {"Retry-After": str(retry)} if cls.status_code == 429 else None
-    return cls(
-        message,
-        headers=headers,
-        extra={"limit": limit, "value": value, "current": current},
-    )
 
 
 def quota_get(*, tenant: Tenant) -> TenantQuota:
@@ -180,174 +157,57 @@ def check_budget(*, quota: TenantQuota) -> None:
         )
 
 
-def _key_limits(actor: str, tenant_id: Any) -> ApiKeyLimits | None:
+def key_sandbox_limit(*, actor: str, tenant_id: Any) -> int | None:
+    """The concurrent-sandbox limit of ``actor``'s API key (None: no limit, or not a key)."""
     if not actor.startswith("key:"):
         return None
-    return ApiKeyLimits.objects.filter(
+    limits = ApiKeyLimits.objects.filter(
         api_key__tenant_id=tenant_id, api_key__prefix=actor[4:]
     ).first()
+    return limits.max_concurrent_sandboxes if limits else None
 
 
 @dataclass(frozen=True)
-class TenantUse:
-    """A tenant's live sandboxes (count, cpu, memory) and how many wait in the queue."""
+class QuotaUse:
+    """What a tenant uses of the limits that count sandboxes and kept state."""
 
-    live: int
+    concurrent_sandboxes: int
     cpu_millis: int
     memory_mib: int
     queued: int
+    snapshot_bytes: int
 
 
-# Written out once: the ORM spent ~1.4 ms of CPU compiling this aggregate on every
-# create (py-spy, docs/benchmarks.md). A test holds it to the ORM's answer.
-_TENANT_USE_SQL = """SELECT COUNT(*) FILTER (WHERE state = ANY(%(live)s)),
-       SUM(cpu_millis) FILTER (WHERE state = ANY(%(live)s)),
-       SUM(memory_mib) FILTER (WHERE state = ANY(%(live)s)),
-       COUNT(*) FILTER (WHERE state = %(queued)s)
-  FROM sandboxes_sandbox
- WHERE tenant_id = %(tenant)s AND state = ANY(%(counted)s)
-"""
+_use_reader: Callable[[Tenant], QuotaUse] | None = None
 
 
-def tenant_use(*, tenant_id: Any) -> TenantUse:
-    """One statement; call with the quota row locked for a decision that must be exact."""
-    live = [str(s) for s in LIVE_STATES]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _TENANT_USE_SQL,
-            {
-                "live": live,
-                "queued": str(State.QUEUED),
-                "tenant": str(tenant_id),
-                "counted": [*live, str(State.QUEUED)],
-            },
-        )
-        n, cpu, mem, queued = cursor.fetchone()
-    return TenantUse(live=n or 0, cpu_millis=cpu or 0, memory_mib=mem or 0, queued=queued or 0)
+def register_use_reader(reader: Callable[[Tenant], QuotaUse]) -> None:
+    """The sandboxes app (a floor up) tells billing how to count a tenant's use; called
+    from its ``AppConfig.ready``. A registry, not an import: billing never imports it."""
+    global _use_reader
+    _use_reader = reader
 
 
-class _Unread(enum.Enum):
-    KEY_LIMIT = "read the key's limit here"
-
-
-def capacity_shortfall(
-    *,
-    quota: TenantQuota,
-    ask: Ask,
-    use: TenantUse | None = None,
-    key_max_sandboxes: int | None | _Unread = _Unread.KEY_LIMIT,
-) -> ApiError | None:
-    """The first limit one more sandbox would break right now, or None. Counts live
-    sandboxes from the database (or takes ``use``, read under the same lock); call with
-    the quota row locked. ``key_max_sandboxes``: the asking key's limit as
-    ``quota_lock_for`` read it (None: none); by default it is read here."""
-    cluster_cap = settings.HEDGEROW_MAX_LIVE_SANDBOXES
-    if cluster_cap:
-        live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
-        if live >= cluster_cap:
-            return limit_error(
-                QuotaExceeded,
-                limit="cluster_live_sandboxes",
-                value=cluster_cap,
-                current=live,
-                message=f"the cluster runs its maximum of {cluster_cap} live sandboxes",
-            )
-    if use is None:
-        use = tenant_use(tenant_id=quota.tenant_id)
-    count, cpu, mem = use.live, use.cpu_millis, use.memory_mib
-    if quota.max_concurrent_sandboxes is not None and count >= quota.max_concurrent_sandboxes:
-        return limit_error(
-            QuotaExceeded,
-            limit="max_concurrent_sandboxes",
-            value=quota.max_concurrent_sandboxes,
-            current=count,
-            message=f"this team runs its maximum of {quota.max_concurrent_sandboxes} "
-            "concurrent sandboxes",
-        )
-    if quota.max_cpu_millis is not None and cpu + ask.cpu_millis > quota.max_cpu_millis:
-        return limit_error(
-            QuotaExceeded,
-            limit="max_cpu_millis",
-            value=quota.max_cpu_millis,
-            current=cpu,
-            message=f"{ask.cpu_millis}m more cpu would exceed the team's {quota.max_cpu_millis}m "
-            f"({cpu}m in use)",
-        )
-    if quota.max_memory_mib is not None and mem + ask.memory_mib > quota.max_memory_mib:
-        return limit_error(
-            QuotaExceeded,
-            limit="max_memory_mib",
-            value=quota.max_memory_mib,
-            current=mem,
-            message=f"{ask.memory_mib}Mi more memory would exceed the team's "
-            f"{quota.max_memory_mib}Mi ({mem}Mi in use)",
-        )
-    if isinstance(key_max_sandboxes, _Unread):
-        key_limits = _key_limits(ask.actor, quota.tenant_id)
-        key_max_sandboxes = key_limits.max_concurrent_sandboxes if key_limits else None
-    if key_max_sandboxes is not None:
-        mine = Sandbox.objects.filter(
-            tenant_id=quota.tenant_id, state__in=LIVE_STATES, created_by=ask.actor
-        ).count()
-        if mine >= key_max_sandboxes:
-            return limit_error(
-                QuotaExceeded,
-                limit="key_max_concurrent_sandboxes",
-                value=key_max_sandboxes,
-                current=mine,
-                message=f"this API key runs its maximum of "
-                f"{key_max_sandboxes} concurrent sandboxes",
-            )
-    return None
-
-
-def storage_shortfall(*, tenant: Tenant, adding: int = 0) -> ApiError | None:
-    """The storage quota (``max_snapshot_bytes``: kept snapshots, paused sandboxes'
-    state included) one more capture of ``adding`` bytes would break, or None. With
-    ``adding=0`` (before a capture, its size unknown): refused once the use reached the
-    limit. Locks the quota row: call inside a transaction."""
-    from apps.billing.storage import snapshot_bytes_in_use
-
-    quota = quota_lock(tenant=tenant)
-    limit = quota.max_snapshot_bytes
-    if limit is None:
-        return None
-    used = snapshot_bytes_in_use(tenant_id=tenant.pk)
-    if (adding == 0 and used >= limit) or (adding > 0 and used + adding > limit):
-        return limit_error(
-            QuotaExceeded,
-            limit="max_snapshot_bytes",
-            value=limit,
-            current=used,
-            message=f"this team keeps {used} bytes of snapshots and paused sandboxes' state "
-            f"of its {limit}"
-            + (f"; this capture adds {adding}" if adding else "")
-            + ": delete snapshots (or wait for their TTL) to make room",
-            retry=60,
-        )
-    return None
-
-
-def queued_count(*, tenant: Tenant) -> int:
-    return Sandbox.objects.filter(tenant=tenant, state=State.QUEUED).count()
+def _quota_use(tenant: Tenant) -> QuotaUse:
+    if _use_reader is None:
+        raise ImproperlyConfigured("no quota use reader registered (apps.sandboxes installed?)")
+    return _use_reader(tenant)
 
 
 def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
     """Limits next to current use, for the API and the quota bars."""
     quota = quota_get(tenant=tenant)
-    use = Sandbox.objects.filter(tenant=tenant, state__in=LIVE_STATES).aggregate(
-        n=Count("pk"), cpu=Sum("cpu_millis"), mem=Sum("memory_mib")
-    )
-    from apps.billing.limits import limits_current
-    from apps.billing.storage import snapshot_bytes_in_use
-
+    use = _quota_use(tenant)
     hot = limits_current(tenant_id=str(tenant.pk))
     spent = tenant_month_cost(tenant=tenant)
     budget: Decimal | None = quota.monthly_budget
     return {
-        "concurrent_sandboxes": {"limit": quota.max_concurrent_sandboxes, "current": use["n"]},
-        "cpu_millis": {"limit": quota.max_cpu_millis, "current": use["cpu"] or 0},
-        "memory_mib": {"limit": quota.max_memory_mib, "current": use["mem"] or 0},
+        "concurrent_sandboxes": {
+            "limit": quota.max_concurrent_sandboxes,
+            "current": use.concurrent_sandboxes,
+        },
+        "cpu_millis": {"limit": quota.max_cpu_millis, "current": use.cpu_millis},
+        "memory_mib": {"limit": quota.max_memory_mib, "current": use.memory_mib},
         "lifetime_s": {"limit": quota.max_lifetime_s, "current": None},
         "concurrent_execs": {"limit": quota.max_concurrent_execs, "current": hot["execs"]},
         "exec_rate_per_s": {"limit": quota.exec_rate_per_s, "burst": quota.exec_burst},
@@ -363,8 +223,8 @@ def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
         },
         "snapshot_bytes": {
             "limit": quota.max_snapshot_bytes,
-            "current": snapshot_bytes_in_use(tenant_id=tenant.pk),
+            "current": use.snapshot_bytes,
         },
-        "queued": {"limit": quota.max_queued, "current": queued_count(tenant=tenant)},
+        "queued": {"limit": quota.max_queued, "current": use.queued},
         "queue_by_default": quota.queue_by_default,
     }

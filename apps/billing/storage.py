@@ -7,6 +7,9 @@ is the in-force book's on-demand ``storage_gib_hour`` at the capture, captured o
 record like a sandbox's hourly rate, so a later book never reprices kept bytes.
 
     cost = hours kept × size GiB × storage_gib_hour
+
+Records are opened and closed by the snapshots' metering
+(``apps/sandboxes/metering/storage.py``); this module prices them.
 """
 
 from __future__ import annotations
@@ -16,70 +19,15 @@ from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from apps.billing.models import CapacityType, StorageRecord
-from apps.billing.pricing import HOUR, price_book_in_force, price_rate, seconds_of
-from apps.billing.usage import overlapping
-from apps.sandboxes.models import Snapshot, SnapshotState
+from apps.billing.intervals import overlapping
+from apps.billing.models import StorageRecord
+from apps.billing.pricing import HOUR, seconds_of
 from apps.tenancy.models import Tenant
 
 GIB = Decimal(1 << 30)
-# Snapshots whose bytes are kept (or about to be): what the storage quota counts.
-KEPT_STATES = (SnapshotState.CAPTURING, SnapshotState.READY)
-
-
-def storage_record_open(*, snapshot: Snapshot) -> StorageRecord | None:
-    """Opens the snapshot's record at its capture (idempotent; None if it was never
-    captured). A snapshot already deleted gets its record closed at once."""
-    if snapshot.captured_at is None:
-        return None
-    record = StorageRecord.objects.filter(snapshot_id=snapshot.pk).first()
-    if record is None:
-        book = price_book_in_force(at=snapshot.captured_at)
-        rate = price_rate(book=book, capacity_type=CapacityType.ON_DEMAND)
-        try:
-            with transaction.atomic():
-                record = StorageRecord.objects.create(
-                    snapshot_id=snapshot.pk,
-                    tenant_id=snapshot.tenant_id,
-                    sandbox_id=snapshot.sandbox_id,
-                    kind=snapshot.kind,
-                    size_bytes=snapshot.size_bytes,
-                    started_at=snapshot.captured_at,
-                    price_book=book,
-                    gib_hour=rate.storage_gib_hour,
-                )
-        except IntegrityError:  # a concurrent caller opened it
-            record = StorageRecord.objects.get(snapshot_id=snapshot.pk)
-    if snapshot.state == SnapshotState.DELETED and record.ended_at is None:
-        storage_record_close(snapshot=snapshot)
-        record.refresh_from_db()
-    return record
-
-
-def storage_record_close(*, snapshot: Snapshot) -> None:
-    """Closes the snapshot's record at its deletion (idempotent; no record: nothing)."""
-    at = snapshot.deleted_at or timezone.now()
-    StorageRecord.objects.filter(snapshot_id=snapshot.pk, ended_at__isnull=True).update(ended_at=at)
-
-
-def storage_sweep(*, limit: int = 2000) -> int:
-    """Repairs what a crashed worker left: captured snapshots without a record, and
-    open records of deleted snapshots. Returns how many it synced."""
-    missing = Snapshot.objects.filter(captured_at__isnull=False, storage__isnull=True).exclude(
-        state=SnapshotState.FAILED
-    )[:limit]
-    stale = Snapshot.objects.filter(
-        state=SnapshotState.DELETED, storage__ended_at__isnull=True, storage__isnull=False
-    )[:limit]
-    synced = 0
-    for snapshot in [*missing, *stale]:
-        if storage_record_open(snapshot=snapshot) is not None:
-            synced += 1
-    return synced
 
 
 def record_storage_window(
@@ -149,12 +97,3 @@ def storage_cost_for_sandboxes(
         cost = record_storage_window(record, start=None, end=None, now=now)[1]
         out[record.sandbox_id] = out.get(record.sandbox_id, Decimal(0)) + cost
     return out
-
-
-def snapshot_bytes_in_use(*, tenant_id: uuid.UUID | str) -> int:
-    """Bytes of the tenant's kept snapshots (pauses included): the storage quota's use.
-    A capture still running counts 0 until its size is known."""
-    row = Snapshot.objects.filter(tenant_id=tenant_id, state__in=KEPT_STATES).aggregate(
-        n=Sum("size_bytes")
-    )
-    return int(row["n"] or 0)

@@ -1,4 +1,5 @@
-"""Billing's cold-path tasks: admission queue drain, usage ledger repair, roll-ups."""
+"""Billing's cold-path tasks: the daily usage roll-ups. (The admission queue's drain and
+the ledgers' repair sweep act on sandboxes: ``apps.sandboxes.tasks``.)"""
 
 from __future__ import annotations
 
@@ -7,25 +8,7 @@ from datetime import date, timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from apps.billing import admission_queue, reports, storage, usage
-
-
-@shared_task(soft_time_limit=120, time_limit=150)
-def admission_drain() -> int:
-    """Enqueued after commit whenever a sandbox ends, and by beat as a sweep."""
-    return admission_queue.admission_queue_drain()
-
-
-@shared_task(soft_time_limit=120, time_limit=150)
-def admission_sweep() -> dict[str, int]:
-    expired = admission_queue.admission_queue_expire()
-    return {"expired": expired, "admitted": admission_queue.admission_queue_drain()}
-
-
-@shared_task(soft_time_limit=300, time_limit=360)
-def usage_sweep() -> int:
-    """Repairs the usage ledger and the storage ledger (what a crashed worker missed)."""
-    return usage.usage_sweep() + storage.storage_sweep()
+from apps.billing import reports
 
 
 @shared_task(soft_time_limit=600, time_limit=660)

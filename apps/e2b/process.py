@@ -22,9 +22,9 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from apps.core.errors import Conflict, ValidationFailed
+from apps.core.redis_sync import redis_client
 from apps.e2b.connect import ConnectError, envelope
 from apps.e2b.services import sandbox_env
-from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
 from apps.sandboxes.services.operations import (
     ExecRequest,

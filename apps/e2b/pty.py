@@ -23,8 +23,8 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from apps.core.redis_sync import redis_client
 from apps.e2b.connect import ConnectError, end_stream, envelope
-from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Sandbox
 from apps.sandboxes.services.pty import (
     AgentEndpoint,

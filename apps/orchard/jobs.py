@@ -18,8 +18,8 @@ from typing import Any
 from django.conf import settings
 
 from apps.core.errors import NotFound, ValidationFailed
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.api.serializers import render_stream
-from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox
 from apps.sandboxes.services.operations import ExecRequest
 from apps.sandboxes.services.streaming import (

@@ -6,7 +6,6 @@ Always called after commit, so a listener never sees a state the database does n
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -20,14 +19,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.models import Sandbox
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
 
 
 def sandbox_channel(sandbox_id: str) -> str:

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from apps.sandboxes.events import redis_client
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.models import AuditRun, ReconcileRun, Sandbox, SandboxEvent, State
 from apps.sandboxes.services.audit import TERMS
 from apps.sandboxes.services.warm_pool import warm_pool_stats, warm_pool_targets

@@ -64,7 +64,7 @@ class Sandbox(models.Model):
     # Routed at all: true for egress "all" and for an allowlist (kept for the warm pool's
     # shapes and old clients; ``egress`` is the policy).
     network_access = models.BooleanField(default=False)
-    # The egress policy in canonical form (apps/sandboxes/backends/egress.py): "none",
+    # The egress policy in canonical form (apps/core/egress.py): "none",
     # "all" or {"allow": [...], "dns": "filtered"}.
     egress = models.JSONField(default=egress_default)
     labels = models.JSONField(default=dict, blank=True)

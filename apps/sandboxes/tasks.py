@@ -6,7 +6,10 @@ from typing import Any
 
 from celery import shared_task
 
+from apps.sandboxes.admission import queue as admission_queue
 from apps.sandboxes.backends.base import BackendError
+from apps.sandboxes.metering import storage as storage_metering
+from apps.sandboxes.metering import usage as usage_metering
 from apps.sandboxes.services import provisioning
 
 
@@ -133,3 +136,22 @@ def destroy_snapshot(self: Any, snapshot_id: str) -> None:
         snapshot_destroy(snapshot_id=snapshot_id)
     except BackendError as exc:
         raise self.retry(exc=exc, countdown=min(2**self.request.retries, 60)) from exc
+
+
+# -- admission queue and metering (billing decides and prices; these act on sandboxes)
+@shared_task(soft_time_limit=120, time_limit=150)
+def admission_drain() -> int:
+    """Enqueued after commit whenever a sandbox ends, and by beat as a sweep."""
+    return admission_queue.admission_queue_drain()
+
+
+@shared_task(soft_time_limit=120, time_limit=150)
+def admission_sweep() -> dict[str, int]:
+    expired = admission_queue.admission_queue_expire()
+    return {"expired": expired, "admitted": admission_queue.admission_queue_drain()}
+
+
+@shared_task(soft_time_limit=300, time_limit=360)
+def usage_sweep() -> int:
+    """Repairs the usage ledger and the storage ledger (what a crashed worker missed)."""
+    return usage_metering.usage_sweep() + storage_metering.storage_sweep()

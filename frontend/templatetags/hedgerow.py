@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+
+from apps.sandboxes.admission.queue import queue_position as _queue_position
 
 register = template.Library()
 
@@ -156,3 +159,9 @@ def money(value: Decimal | None) -> str:
     if value is None:
         return "—"
     return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
+
+
+@register.filter
+def queue_position(sandbox: Any) -> int | None:
+    """``{{ sandbox|queue_position }}``: its place in the admission queue, or None."""
+    return _queue_position(sandbox=sandbox)

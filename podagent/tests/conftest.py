@@ -1,7 +1,7 @@
 """Fixtures: the real agent on 127.0.0.1 with a free port.
 
 By default a subprocess (``python -m podagent``); with ``PODAGENT_TEST_LAUNCH=zygote``
-a fork of a real zygote (podagent/zygote.py, plain spawn: no sandbox), with the
+a fork of a real zygote (zygote/daemon.py, plain spawn: no sandbox), with the
 late-import guard on, so every test also proves the zygote preloads what it needs.
 """
 
@@ -35,7 +35,7 @@ def _zygote_call(request: Dict[str, Any]) -> Dict[str, Any]:
         sock_dir = Path(tempfile.mkdtemp(prefix="podagent-zygote-"))
         _zygote["socket"] = str(sock_dir / "zygote.sock")
         subprocess.run(
-            [sys.executable, "-E", "-s", "-S", "-m", "podagent.zygote", "--socket", _zygote["socket"]],  # noqa: E501
+            [sys.executable, "-E", "-s", "-S", "-m", "zygote", "--socket", _zygote["socket"]],
             cwd=str(REPO), check=True, timeout=60, env={"PATH": os.defpath},
         )  # fmt: skip
     with socket.socket(socket.AF_UNIX) as s:

@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.billing.models import PriceBook, PriceRate, TenantQuota
+from apps.core.egress import EgressError, parse_egress
 
 
 class TenantQuotaSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
@@ -36,8 +37,6 @@ class TenantQuotaSerializer(serializers.ModelSerializer):  # type: ignore[type-a
         read_only_fields = ["tenant", "updated_at"]
 
     def validate_egress_patterns(self, value: Any) -> Any:
-        from apps.sandboxes.backends.egress import EgressError, parse_egress
-
         if value is None or value == []:
             return value  # [] : no allowlist at all
         try:

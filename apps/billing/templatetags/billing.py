@@ -17,11 +17,3 @@ register = template.Library()
 def quota_bars(context: template.Context) -> dict[str, Any]:
     tenant = context.get("tenant")
     return {"bars": bars_for(quota_usage(tenant=tenant)) if tenant is not None else []}
-
-
-@register.filter
-def queue_position(sandbox: Any) -> int | None:
-    """``{{ sandbox|queue_position }}``: its place in the admission queue, or None."""
-    from apps.billing.admission_queue import queue_position as position
-
-    return position(sandbox=sandbox)

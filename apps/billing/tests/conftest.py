@@ -8,7 +8,6 @@ import pytest
 @pytest.fixture
 def no_enqueue(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """Records cold-path enqueues instead of sending them (no worker in unit tests)."""
-    from apps.billing import tasks as billing_tasks
     from apps.sandboxes import tasks as sandbox_tasks
 
     sent: dict[str, list[Any]] = {"provision": [], "drain": [], "destroy": []}
@@ -18,7 +17,7 @@ def no_enqueue(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     monkeypatch.setattr(
         sandbox_tasks.destroy_sandbox, "delay", lambda *a: sent["destroy"].append(a)
     )
-    monkeypatch.setattr(billing_tasks.admission_drain, "delay", lambda *a: sent["drain"].append(a))
+    monkeypatch.setattr(sandbox_tasks.admission_drain, "delay", lambda *a: sent["drain"].append(a))
     return sent
 
 

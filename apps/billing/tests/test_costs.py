@@ -10,7 +10,8 @@ import pytest
 from apps.billing.models import DailyUsage, PriceBook, PriceRate, UsageRecord
 from apps.billing.pricing import money, reference_books
 from apps.billing.reports import cost_report, daily_usage_rebuild, tenant_report
-from apps.billing.usage import cost_for_sandboxes, sandbox_cost, tenant_window_totals
+from apps.billing.usage import cost_for_sandboxes, tenant_window_totals
+from apps.sandboxes.metering.usage import sandbox_cost
 from apps.sandboxes.models import Sandbox, SandboxEvent
 
 pytestmark = pytest.mark.django_db
@@ -249,7 +250,8 @@ def test_it_recreates_the_default_price_books_when_none_exist(make_tenant):
 
 
 def test_it_repairs_a_missing_or_unclosed_record_from_the_ledger(make_tenant, book):
-    from apps.billing.tasks import usage_rollup, usage_sweep
+    from apps.billing.tasks import usage_rollup
+    from apps.sandboxes.tasks import usage_sweep
 
     tenant, _ = make_tenant()
     sandbox = ledger_sandbox(tenant, T0, [("provisioning", 0), ("deleted", 3600)])
@@ -265,7 +267,8 @@ def test_it_repairs_a_missing_or_unclosed_record_from_the_ledger(make_tenant, bo
 
 
 def test_it_reads_usage_records_as_the_orm_does_and_prices_them_alike(make_tenant, book):
-    from apps.billing.usage import sandbox_billing, usage_records_of
+    from apps.billing.usage import usage_records_of
+    from apps.sandboxes.metering.usage import sandbox_billing
 
     tenant, _ = make_tenant()
     live = ledger_sandbox(

@@ -8,15 +8,15 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from apps.billing.admission_queue import (
+from apps.billing.models import TenantQuota
+from apps.billing.quotas import quota_get
+from apps.core.errors import ApiError
+from apps.sandboxes.admission.queue import (
     admission_queue_drain,
     admission_queue_expire,
     queue_order,
     queue_position,
 )
-from apps.billing.models import TenantQuota
-from apps.billing.quotas import quota_get
-from apps.core.errors import ApiError
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
 from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create, sandbox_transition
 

@@ -10,25 +10,25 @@ import pytest
 
 from apps.billing.models import PriceBook, PriceRate, StorageRecord, TenantQuota, UsageRecord
 from apps.billing.pricing import money
-from apps.billing.quotas import quota_get, storage_shortfall
+from apps.billing.quotas import quota_get
 from apps.billing.reports import tenant_report
-from apps.billing.storage import (
-    snapshot_bytes_in_use,
-    storage_record_close,
-    storage_record_open,
-    storage_sweep,
-    storage_window_cost,
-)
+from apps.billing.storage import storage_window_cost
 from apps.billing.tests.test_costs import ledger_sandbox
 from apps.billing.usage import (
     record_window,
-    sandbox_billing,
-    sandbox_cost,
     tenant_window_cost,
     tenant_window_totals,
     usage_pause_begin,
     usage_pause_end,
 )
+from apps.sandboxes.admission.use import storage_shortfall
+from apps.sandboxes.metering.storage import (
+    snapshot_bytes_in_use,
+    storage_record_close,
+    storage_record_open,
+    storage_sweep,
+)
+from apps.sandboxes.metering.usage import sandbox_billing, sandbox_cost
 from apps.sandboxes.models import Sandbox, Snapshot
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.db.models import Count, Q, Sum
 
-from apps.billing.quotas import TenantUse, tenant_use
+from apps.sandboxes.admission.use import TenantUse, tenant_use
 from apps.sandboxes.models import LIVE_STATES, Sandbox, State
 from apps.sandboxes.tests.factories import make_sandbox
 

@@ -8,8 +8,10 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from apps.billing.storage import storage_cost_for_snapshots
 from apps.core import jsonsafe
 from apps.core.errors import ValidationFailed
+from apps.sandboxes.metering.usage import sandbox_billing
 from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, State
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import (
@@ -237,8 +239,6 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
         builds its fields from the model on every instantiation (~1–2 ms of CPU, paid by
         every create, wait and delete), while rendering keeps no per-call state on the
         serializer — the billing fields travel on the object itself."""
-        from apps.billing.usage import sandbox_billing
-
         setattr(obj, _BILLING_ATTR, sandbox_billing(sandboxes=[obj])[obj.pk])
         try:
             return dict(self.to_representation(obj))
@@ -247,8 +247,6 @@ class SandboxSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
 
     def _billing(self, obj: Sandbox) -> Any:
         # Billing fields for the whole page at once (quotas/metering live in billing).
-        from apps.billing.usage import sandbox_billing
-
         given = getattr(obj, _BILLING_ATTR, None)
         if given is not None:
             return given
@@ -502,7 +500,5 @@ class SnapshotSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
         return str(obj.parent_id) if obj.parent_id else None
 
     def get_storage_cost(self, obj: Snapshot) -> str | None:
-        from apps.billing.storage import storage_cost_for_snapshots
-
         cost = storage_cost_for_snapshots(snapshot_ids=[obj.pk]).get(obj.pk)
         return None if cost is None else str(cost.quantize(Decimal("0.000001")))

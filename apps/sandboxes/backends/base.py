@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from apps.sandboxes.backends.egress import ALL, NONE, EgressPolicy
+from apps.core.egress import ALL, NONE, EgressPolicy
 
 
 class BackendError(Exception):
@@ -128,7 +128,7 @@ class SandboxSpec:
     # restore: the sandbox starts from this snapshot's state (``image`` must be the
     # snapshot's); its tree is verified against the snapshot's fingerprint first
     snapshot_id: str = ""
-    # The egress policy (backends/egress.py); None: "all" or "none" by network_access.
+    # The egress policy (apps/core/egress.py); None: "all" or "none" by network_access.
     egress: EgressPolicy | None = None
 
     @property

@@ -8,10 +8,12 @@ from typing import Any
 
 from django.db import transaction
 
+from apps.billing.errors import QuotaForbidden, limit_error
+from apps.billing.quotas import quota_get
+from apps.core.egress import NONE, EgressPolicy, parse_egress, uncovered
 from apps.core.errors import Conflict, ValidationFailed
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError
-from apps.sandboxes.backends.egress import NONE, EgressPolicy, parse_egress, uncovered
 from apps.sandboxes.models import Sandbox, State
 from apps.tenancy.models import Tenant
 
@@ -32,8 +34,6 @@ def sandbox_dns_log(*, sandbox: Sandbox, limit: int = MAX_DNS_LOG) -> list[dict[
 def egress_quota_check(*, tenant: Tenant, policy: EgressPolicy) -> None:
     """The tenant's quota permits ``policy`` (docs/egress.md "Quotas"), else a 403
     ``quota_exceeded`` naming the limit and the entries it refuses."""
-    from apps.billing.quotas import QuotaForbidden, limit_error, quota_get
-
     quota = quota_get(tenant=tenant)
     if policy.mode == "all" and not quota.egress_allow_all:
         raise limit_error(

@@ -17,9 +17,15 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
+from apps.core.egress import EgressError, EgressPolicy, parse_egress
 from apps.core.errors import Conflict, ValidationFailed
-from apps.sandboxes.backends.egress import EgressError, EgressPolicy, parse_egress
+from apps.sandboxes.admission import admission_check
 from apps.sandboxes.events import publish_sandbox_state
+from apps.sandboxes.metering.usage import (
+    UsageWrite,
+    usage_after_transition,
+    usage_write_for_transition,
+)
 from apps.sandboxes.models import LIVE_STATES, Sandbox, SandboxEvent, State
 from apps.sandboxes.selectors import sandbox_by_idempotency_key
 from apps.tenancy.models import Tenant
@@ -169,8 +175,6 @@ def sandbox_transition(
     # a view that has just fetched it): when the row is still as the caller saw it,
     # the compare-and-set is the statement alone. Otherwise (a stale instance, a lost
     # race) read and retry.
-    from apps.billing.usage import usage_after_transition
-
     seen: tuple[str, int] | None = None
     if sandbox.state in from_states and sandbox.generation is not None:
         seen = (sandbox.state, sandbox.generation)
@@ -281,8 +285,6 @@ def _compare_and_set(
     usage hook through ``post_save``), each a round trip and a parse; with Postgres's
     data-modifying CTEs all three see the same snapshot and commit together.
     """
-    from apps.billing.usage import UsageWrite, usage_write_for_transition
-
     at = timezone.now()
     to_state = updates["state"]
     # Metering reads what the row holds after the move (the node a move to ready sets).
@@ -361,7 +363,6 @@ def sandbox_create(
     event and the enqueue happen together or not at all.
     """
     from apps.images.services import image_mark_used, image_resolve_for_sandbox
-    from apps.sandboxes.admission import admission_check  # quotas live with billing
     from apps.sandboxes.services.disk_guard import disk_guard
     from apps.sandboxes.services.warm_pool import warm_pool_claim, warm_pool_record_claim
     from apps.sandboxes.tasks import provision_sandbox

@@ -11,10 +11,10 @@ from django.conf import settings
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from apps.core.egress import parse_egress
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec, StateDivergence
-from apps.sandboxes.backends.egress import parse_egress
 from apps.sandboxes.faults import fault_point
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition

@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from apps.billing.limits import hot_limits  # the quota's PTY limit, cached per process
 from apps.sandboxes.agent_client import agent_token
 from apps.sandboxes.models import Sandbox
 from apps.tenancy.models import Tenant
@@ -194,8 +195,6 @@ def _message(payload: bytes) -> str:
 def pty_tenant_limit(tenant: Tenant) -> int:
     """Concurrent PTY sessions a tenant may hold: its quota's ``max_pty_sessions`` when
     staff set one, else the installation default."""
-    from apps.billing.limits import hot_limits  # quotas (billing); cached per process
-
     return hot_limits(str(tenant.pk)).max_pty or int(settings.HEDGEROW_PTY_MAX_PER_TENANT)
 
 

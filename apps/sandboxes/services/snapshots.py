@@ -23,14 +23,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.billing.admission_queue import admission_decide
-from apps.billing.quotas import Ask, storage_shortfall
-from apps.billing.storage import storage_record_close, storage_record_open
+from apps.billing.quotas import Ask
 from apps.billing.usage import usage_pause_begin, usage_pause_end
 from apps.core.errors import ApiError, Conflict, ValidationFailed
+from apps.sandboxes.admission import admission_decide
+from apps.sandboxes.admission.use import storage_shortfall
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SnapshotFailed
+from apps.sandboxes.metering.storage import storage_record_close, storage_record_open
 from apps.sandboxes.models import (
     Operation,
     OperationStatus,

@@ -31,8 +31,8 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from apps.billing.limits import ExecLease, exec_admit_operation
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable
-from apps.sandboxes.events import redis_client
 from apps.sandboxes.models import Operation, OperationStatus, State
 from apps.sandboxes.services import replay
 from apps.sandboxes.services.operations import (

@@ -13,8 +13,9 @@ import redis
 from django.db import connection
 from redis.client import PubSub
 
+from apps.core.redis_sync import redis_client
 from apps.sandboxes import selectors
-from apps.sandboxes.events import redis_client, sandbox_channel
+from apps.sandboxes.events import sandbox_channel
 from apps.sandboxes.models import Sandbox, State
 
 # paused: it will not become ready on its own (a /wait answers 409 sandbox_paused)

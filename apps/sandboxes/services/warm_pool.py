@@ -41,10 +41,12 @@ from django.db.models import Count
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_client import agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, SandboxSpec
-from apps.sandboxes.events import publish_sandbox_state, redis_client
+from apps.sandboxes.events import publish_sandbox_state
+from apps.sandboxes.metering.usage import open_record_sql, usage_after_transition
 from apps.sandboxes.models import Sandbox, SandboxEvent, State, WarmMember, WarmMemberState
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import LEDGER_COLUMNS, MOVED_ROW_COLUMNS
@@ -232,8 +234,6 @@ def warm_pool_record_claim(*, sandbox: Sandbox, claimed: Claimed, actor: str) ->
     commit together. A usage record the statement could not open (no price book) is
     opened the ORM's way (``usage_after_transition``), as a transition's is.
     """
-    from apps.billing.usage import open_record_sql, usage_after_transition
-
     created_at = sandbox.created_at or timezone.now()
     ready_at = timezone.now()
     warm_since = claimed.warm_at.isoformat() if claimed.warm_at else "?"

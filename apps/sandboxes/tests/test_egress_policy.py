@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from apps.sandboxes.backends.egress import EgressError, parse_egress
+from apps.core.egress import EgressError, parse_egress
 from apps.sandboxes.models import Sandbox, SandboxEvent
 
 
@@ -157,7 +157,7 @@ def test_allowlists_are_refused_where_the_backend_cannot_enforce_them(
 
 
 def test_quota_patterns_cover_names_below_wildcards_and_cidrs_inside_theirs():
-    from apps.sandboxes.backends.egress import uncovered
+    from apps.core.egress import uncovered
 
     permitted = parse_egress({"allow": ["*.example.org", "pkg.python.test", "10.0.0.0/8:443"]})
     policy = parse_egress(

@@ -14,6 +14,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from apps.core.redis_sync import redis_client
 from apps.sandboxes import events
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.waiting import sandbox_wait_settled
@@ -54,7 +55,7 @@ def test_it_publishes_for_waits_but_skips_the_group_send_when_no_ui_is_in_the_gr
         await real_group_send(group, message)
 
     monkeypatch.setattr(layer, "group_send", counting_group_send)
-    pubsub = events.redis_client().pubsub()
+    pubsub = redis_client().pubsub()
     pubsub.subscribe(events.sandbox_channel(sandbox_uuid))
     assert pubsub.get_message(timeout=5)["type"] == "subscribe"
     payload = {"type": "sandbox.state", "sandbox_id": "sb-x", "state": "ready"}
@@ -103,13 +104,13 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
         real_refresh(sandbox=sandbox)
         reads.append(sandbox.state)
         if len(reads) == 1:  # subscribed by now: the worker claims the sandbox
-            events.redis_client().publish(channel, json.dumps({"state": State.PROVISIONING}))
+            redis_client().publish(channel, json.dumps({"state": State.PROVISIONING}))
 
     def get_message(self: PubSub, *args: Any, **kwargs: Any) -> Any:
         polls.append(1)
         if len(polls) == 2:  # after `provisioning` was taken: the sandbox becomes ready
             Sandbox.objects.filter(pk=sandbox.pk).update(state=State.READY, generation=1)
-            events.redis_client().publish(channel, json.dumps({"state": State.READY}))
+            redis_client().publish(channel, json.dumps({"state": State.READY}))
         return real_get(self, *args, **kwargs)
 
     monkeypatch.setattr(selectors, "sandbox_refresh", refresh)
@@ -121,7 +122,7 @@ def test_it_waits_through_published_unsettled_states_without_rereading(make_tena
 
 
 def _subscribers(channel: str) -> int:
-    counts: list[tuple[Any, int]] = events.redis_client().pubsub_numsub(channel)  # type: ignore[assignment]
+    counts: list[tuple[Any, int]] = redis_client().pubsub_numsub(channel)  # type: ignore[assignment]
     return sum(n for name, n in counts if name in (channel, channel.encode()))
 
 
@@ -139,7 +140,7 @@ def test_it_keeps_one_subscriber_connection_per_thread_and_leaves_it_unsubscribe
     assert not kept.subscribed and not kept.channels
     connection = kept.connection
     # Published after that wait ended: nobody listens on this connection any more.
-    events.redis_client().publish(events.sandbox_channel(str(first.id)), "late")
+    redis_client().publish(events.sandbox_channel(str(first.id)), "late")
 
     def ready_soon() -> None:
         # once the waiter listens on the second sandbox's channel (a state, not a nap)
@@ -149,7 +150,7 @@ def test_it_keeps_one_subscriber_connection_per_thread_and_leaves_it_unsubscribe
             assert time.monotonic() < deadline, "the waiter never subscribed"
             time.sleep(0.01)
         Sandbox.objects.filter(pk=second.pk).update(state=State.READY, generation=1)
-        events.redis_client().publish(
+        redis_client().publish(
             events.sandbox_channel(str(second.id)), json.dumps({"state": State.READY})
         )
 

@@ -24,10 +24,10 @@ from apps.billing import limits
 from apps.billing.limits import _key, hot_limits, limits_cache_clear
 from apps.billing.models import TenantQuota
 from apps.core.redis_async import RedisBatches
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_async import pool_clear
 from apps.sandboxes.api.exec_fastpath import ExecFastPath, parse_exec_body, render_operation
 from apps.sandboxes.api.serializers import ExecSerializer, OperationSerializer
-from apps.sandboxes.events import redis_client
 from apps.sandboxes.exec_env import ENV_REDACTED
 from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services import exec_async

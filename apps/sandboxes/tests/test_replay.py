@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from apps.sandboxes.events import redis_client
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.services import replay
 
 

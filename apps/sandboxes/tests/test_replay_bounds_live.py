@@ -13,7 +13,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from apps.sandboxes.events import redis_client
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.replay import bytes_key, frames_key
 from apps.sandboxes.tests.live_api import api_client, ready_sandbox

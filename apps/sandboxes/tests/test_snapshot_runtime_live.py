@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from apps.billing.models import StorageRecord, TenantQuota, UsageRecord
 from apps.billing.quotas import quota_get
-from apps.billing.usage import sandbox_cost
 from apps.sandboxes.backends import get_backend
+from apps.sandboxes.metering.usage import sandbox_cost
 from apps.sandboxes.models import Sandbox, Snapshot
 from apps.sandboxes.tests.live_api import api_client, ready_sandbox
 from apps.sandboxes.tests.test_snapshots_live import _children_settled, _exec, _settled, _snapshot

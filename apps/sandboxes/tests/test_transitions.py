@@ -145,7 +145,7 @@ def test_it_opens_the_record_at_the_price_the_orm_path_sets(
     from decimal import Decimal
 
     from apps.billing.models import PriceBook, PriceRate
-    from apps.billing.usage import usage_record_sync
+    from apps.sandboxes.metering.usage import usage_record_sync
 
     old = PriceBook.objects.create(
         slug="hedgerow", name="t", version=8, effective_from=datetime(2025, 1, 1, tzinfo=UTC)

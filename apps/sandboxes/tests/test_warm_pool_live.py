@@ -362,7 +362,7 @@ def test_it_lets_the_async_sdk_skip_the_wait_for_a_claimed_sandbox(
 
 
 def _forget_claims() -> None:
-    from apps.sandboxes.events import redis_client
+    from apps.core.redis_sync import redis_client
 
     redis_client().delete(warm_pool._last_claim_key(), warm_pool._deferred_key())
 

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from apps.core.errors import ApiError
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
+from apps.sandboxes.selectors import sandbox_get
 from apps.tenancy.permissions import principal_of
 from apps.trajectories import selectors
 from apps.trajectories.api.serializers import (
@@ -239,8 +240,6 @@ class AttachSerializer(serializers.Serializer):  # type: ignore[type-arg]
 class EpisodeSandboxView(APIView):
     @extend_schema(request=AttachSerializer, responses={200: EpisodeSerializer, **ERROR_RESPONSES})
     def post(self, request: Request, episode_id: str) -> Response:
-        from apps.sandboxes.selectors import sandbox_get
-
         episode = _episode(request, episode_id)
         serializer = AttachSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

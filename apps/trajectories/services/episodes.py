@@ -15,8 +15,11 @@ from django.utils import timezone
 
 from apps.core import jsonsafe
 from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.exec_env import request_public
 from apps.sandboxes.models import Operation, Sandbox
+from apps.sandboxes.selectors import snapshot_get
+from apps.sandboxes.services.egress import sandbox_dns_log
 from apps.tenancy.models import Tenant
 from apps.trajectories import provenance
 from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
@@ -184,8 +187,6 @@ def episode_open(
 def _branch_fields(
     tenant: Tenant, branch: dict[str, Any], sandboxes: list[Sandbox]
 ) -> dict[str, Any]:
-    from apps.sandboxes.selectors import snapshot_get
-
     parent_id = branch.get("parent_episode_id")
     parent = Episode.objects.for_tenant(tenant).filter(episode_id=parent_id).first()
     if parent is None:
@@ -627,8 +628,6 @@ def episode_capture_dns(*, episode: Episode) -> None:
     generation) onto the link, as evidence that outlives the sandbox (docs/egress.md
     "The query log"). A backend without a resolver, or a sandbox whose state is gone,
     records an empty list; a backend error records nothing (None) and is logged."""
-    from apps.sandboxes.backends.base import BackendError
-    from apps.sandboxes.services.egress import sandbox_dns_log
 
     start = episode.started_at.timestamp()
     end = (episode.ended_at or timezone.now()).timestamp() + DNS_EVIDENCE_SLACK_S

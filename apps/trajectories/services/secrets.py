@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Count, F, QuerySet, Sum
 
 from apps.core import crypto
+from apps.core.inputs import json_loads
 from apps.tenancy.models import Tenant
 from apps.trajectories.models import Episode, EpisodeSecret, SecretAccess
 from apps.trajectories.redaction import Redactor
@@ -140,7 +141,6 @@ def scan_lines(lines: list[bytes]) -> dict[str, Any]:
     be replaced, by kind, with where it was found. Nothing is stored, no value returned."""
     from collections import Counter
 
-    from apps.core.inputs import json_loads
     from apps.trajectories.redaction import Redactor
 
     redactor = Redactor(scope="00000000", fingerprint=lambda value: value)

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from hedgerow import Client
 
-from apps.billing.usage import sandbox_cost
+from apps.sandboxes.metering.usage import sandbox_cost
 from apps.sandboxes.models import Sandbox, State
 from apps.trajectories.models import Episode
 from apps.trajectories.selectors import episode_list, episode_stats

@@ -32,8 +32,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from apps.core.egress import FORBIDDEN_NETWORKS, EgressPolicy
 from apps.sandboxes.backends.base import BackendError
-from apps.sandboxes.backends.egress import FORBIDDEN_NETWORKS, EgressPolicy
 
 from .config import (
     L_GENERATION,

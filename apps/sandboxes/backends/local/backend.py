@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apps.core.egress import ALL, NONE, EgressError, EgressPolicy, parse_egress
 from apps.sandboxes.backends.base import (
     BackendError,
     BackendEvent,
@@ -42,7 +43,6 @@ from apps.sandboxes.backends.base import (
     StateDivergence,
     UnknownImage,
 )
-from apps.sandboxes.backends.egress import ALL, NONE, EgressError, EgressPolicy, parse_egress
 from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
 

@@ -18,7 +18,7 @@ from apps.sandboxes.backends.local.images.egress import RegistryPolicy
 
 ISOLATION_MODES = ("auto", "netns", "none")
 # How an isolated sandbox's agent starts: "zygote" forks it from an already-imported
-# process (podagent/zygote.py), "exec" runs `python3 -m podagent` as bwrap's payload;
+# process (zygote/daemon.py), "exec" runs `python3 -m podagent` as bwrap's payload;
 # "auto": zygote when it can be used (gcc builds its pause binary), else exec.
 AGENT_LAUNCH_MODES = ("auto", "zygote", "exec")
 

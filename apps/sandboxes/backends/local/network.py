@@ -21,9 +21,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from apps.core.egress import FORBIDDEN_NETWORKS, PRIVATE_NETWORKS, EgressPolicy
 from apps.sandboxes.backends.base import BackendError
 
-from ..egress import FORBIDDEN_NETWORKS, PRIVATE_NETWORKS, EgressPolicy
 from . import _netlink, _nft, idmap
 from ._netlink import (
     IFLA_ADDRESS,

@@ -49,7 +49,7 @@ import dns.message
 import dns.rcode
 import dns.rdatatype
 
-from ..egress import FORBIDDEN_NETWORKS, NONE, EgressError, EgressPolicy, parse_egress
+from apps.core.egress import FORBIDDEN_NETWORKS, NONE, EgressError, EgressPolicy, parse_egress
 
 log = logging.getLogger(__name__)
 

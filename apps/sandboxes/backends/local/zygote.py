@@ -1,4 +1,4 @@
-"""The backend's side of the agent zygote (``podagent/zygote.py``).
+"""The backend's side of the agent zygote (``zygote/daemon.py``).
 
 One zygote per backend instance, listening on ``<state_dir>/zygote.sock``; started
 detached on first use under a file lock, restarted when its socket does not answer or
@@ -27,13 +27,13 @@ from ._sys import SYSTEM_PATH, file_lock, is_alive, run
 
 PAUSE_SOURCE = Path(__file__).with_name("pause.c")
 PAUSE_MOUNT = "/opt/hedgerow/pause"
-# podagent.zygote's fd numbers: bwrap's --info-fd and pause's ready/hold pipes
+# zygote.daemon's fd numbers: bwrap's --info-fd and pause's ready/hold pipes
 READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, TOKEN_FD = 3, 4, 5, 6, 8
 # Paths come on stdin, not argv or environ: agents are forks of the zygote, and their
 # /proc/<pid>/cmdline and environ (readable in the sandbox) are the zygote's.
 _BOOT = (
     "import json, sys; c = json.loads(sys.stdin.readline()); sys.path.insert(0, c['path']); "
-    "import podagent.zygote as z; raise SystemExit(z.main(['--socket', c['socket']]))"
+    "import zygote.daemon as z; raise SystemExit(z.main(['--socket', c['socket']]))"
 )
 _REFUSED = (errno.ENOENT, errno.ECONNREFUSED)
 ZYGOTE_ARGV0 = "hedgerow-zygote"
@@ -44,11 +44,13 @@ class ZygoteUnavailable(BackendError):
 
 
 def source_version(podagent_dir: Path) -> str:
-    """Same hash as ``podagent.zygote.source_version`` (tested): the zygote must run
-    the agent code this control plane ships."""
+    """Same hash as ``zygote.daemon.source_version`` (tested): the zygote must run the
+    agent code (and be the zygote) this control plane ships. ``zygote/`` sits beside
+    ``podagent/``."""
     h = hashlib.sha256()
-    for path in sorted(podagent_dir.glob("*.py"), key=lambda p: p.name):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for prefix, folder in (("", podagent_dir), ("zygote/", podagent_dir.parent / "zygote")):
+        for path in sorted(folder.glob("*.py"), key=lambda p: p.name):
+            h.update((prefix + path.name).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 

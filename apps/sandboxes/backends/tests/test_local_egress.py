@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from apps.sandboxes.backends.egress import parse_egress
+from apps.core.egress import parse_egress
 from apps.sandboxes.backends.local import LocalBackend
 
 from .conftest import Sandbox, host_ipv4_addresses, needs_root, probe

@@ -110,7 +110,7 @@ def _mounted(path: Path, mountinfo: str | None = None) -> bool:
 
 def _zygote_launcher_mountinfo(backend: LocalBackend) -> str:
     """The mount table bwrap starts from with the zygote: its launcher namespace,
-    read through the zygote's fd of it (podagent/zygote.py make_launcher_ns)."""
+    read through the zygote's fd of it (zygote/daemon.py make_launcher_ns)."""
     answer = backend.zygote.ping()
     assert answer is not None
     pid = int(answer["pid"])

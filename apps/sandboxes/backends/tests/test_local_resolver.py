@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from apps.sandboxes.backends.egress import parse_egress
+from apps.core.egress import parse_egress
 from apps.sandboxes.backends.local import LocalBackend, wait_healthy
 
 from .conftest import Sandbox, make_config, needs_root, new_spec, probe

@@ -1,4 +1,4 @@
-"""Agents forked from the zygote (podagent/zygote.py) into real sandboxes: every agent
+"""Agents forked from the zygote (zygote/daemon.py) into real sandboxes: every agent
 feature works, the agent has no more privilege or visibility than an exec-started one,
 its death still ends the sandbox, and the zygote's own death touches no sandbox."""
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-import podagent.zygote as zygote_daemon
+import zygote.daemon as zygote_daemon
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.backends.local import LocalBackend, process, wait_healthy
 from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
@@ -143,7 +143,7 @@ def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
         "for p in /proc/[0-9]*; do [ $(cat $p/comm) = hedgerow-agent ] || continue; "
         "tr '\\0' ' ' <$p/cmdline; tr '\\0' ' ' <$p/environ; done"
     )[1]
-    assert "podagent.zygote" in agent_view
+    assert "zygote.daemon" in agent_view
     assert str(zb.backend.config.state_dir) not in agent_view
     assert "HEDGEROW_" not in agent_view
 
@@ -313,7 +313,7 @@ def test_it_starts_bwrap_where_no_other_sandbox_netns_is_mounted(
 
 _LAUNCHER_PROBE = """
 import json, os, subprocess, sys
-import podagent.zygote as z
+import zygote.daemon as z
 root = sys.argv[1]
 def mount(*args):
     subprocess.run(["mount", *args], check=True)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from apps.core.egress import parse_egress
 from apps.sandboxes.backends.base import BackendError
-from apps.sandboxes.backends.egress import parse_egress
 from apps.sandboxes.backends.kubernetes import KubernetesBackend
 from apps.sandboxes.backends.kubernetes.config import sandbox_labels
 from apps.sandboxes.backends.kubernetes.egress_allow import A_EXPIRES, A_NAME, AllowlistEgress

@@ -1,6 +1,10 @@
 """The agent zygote: starts sandbox agents as forks of one already-imported process.
 
-    python -m podagent.zygote --socket PATH   (the local backend starts it: zygote.py)
+    python -m zygote --socket PATH   (the local backend starts it: backends/local/zygote.py)
+
+The backend's code, not the agent's: it runs as host root and forks agents, so it lives
+beside ``podagent/`` (which is what runs inside sandboxes) rather than in it, and is
+never published into a sandbox.
 
 Starting a sandbox's agent as bubblewrap's payload pays a Python interpreter start and
 the agent's imports (40-70 ms CPU) per sandbox. Here bubblewrap still builds the
@@ -45,8 +49,9 @@ import time
 import traceback
 from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
-from . import __main__ as agent_main
-from . import (
+import podagent
+from podagent import __main__ as agent_main
+from podagent import (
     limits,
     pty_session,  # noqa: F401 - imported by the server on the first PTY
     seccomp,
@@ -68,7 +73,8 @@ PRELOAD = (
 for _name in PRELOAD:
     __import__(_name)
 
-PODAGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+PODAGENT_DIR = os.path.dirname(os.path.abspath(podagent.__file__))
+ZYGOTE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # fd numbers bwrap and pause get (argv names them); chosen above 2 and fixed, and set
 # with dup2 from higher numbers, so they are never a no-op dup2 that keeps O_CLOEXEC.
@@ -121,13 +127,15 @@ class ZygoteError(Exception):
         self.stage = stage
 
 
-def source_version(directory: str = PODAGENT_DIR) -> str:
-    """Hash of the agent's sources: a zygote of other code must be replaced."""
+def source_version(directory: str = PODAGENT_DIR, zygote_dir: str = ZYGOTE_DIR) -> str:
+    """Hash of the agent's and the zygote's sources: a zygote of other code must be
+    replaced."""
     h = hashlib.sha256()
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".py"):
-            with open(os.path.join(directory, name), "rb") as fh:
-                h.update(name.encode() + b"\0" + fh.read() + b"\0")
+    for prefix, folder in (("", directory), ("zygote/", zygote_dir)):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as fh:
+                    h.update((prefix + name).encode() + b"\0" + fh.read() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -189,7 +197,7 @@ class _LateImportGuard:
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         message = f"podagent: late import of {name!r} in a zygote-started agent"
         if name.split(".")[0] not in _ABSENT_ANYWAY:
-            os.write(2, (message + " (add it to podagent/zygote.py)\n").encode())
+            os.write(2, (message + " (add it to zygote/daemon.py)\n").encode())
         raise ModuleNotFoundError(message, name=name)
 
 
@@ -752,7 +760,7 @@ def serve(path: str) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="podagent.zygote")
+    parser = argparse.ArgumentParser(prog="zygote")
     parser.add_argument("--socket", required=True)
     args = parser.parse_args(argv)
     return serve(args.socket)

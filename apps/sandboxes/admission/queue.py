@@ -2,8 +2,10 @@
 
 Order is round-robin by tenant (see ``queue_order``), so a tenant with 500 queued
 rollouts cannot starve one with 5. Within a tenant it is FIFO.
-Draining runs on every sandbox end (a task enqueued after commit from the ledger
-hook) and periodically; one drain at a time (a Postgres session advisory lock).
+Whether a create starts or waits is decided by ``admission_decide`` (``__init__.py``).
+Draining runs on every sandbox end (a task enqueued after commit by the metering,
+``metering/usage.py``) and periodically (``tasks.admission_sweep``); one drain at a
+time (a Postgres session advisory lock).
 """
 
 from __future__ import annotations
@@ -17,57 +19,13 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from apps.billing.quotas import (
-    Ask,
-    BudgetExhausted,
-    QuotaExceeded,
-    capacity_shortfall,
-    check_budget,
-    check_request_fits,
-    limit_error,
-    quota_lock_for,
-    tenant_use,
-)
+from apps.billing.errors import BudgetExhausted
+from apps.billing.quotas import Ask, check_budget, quota_lock_for
+from apps.sandboxes.admission.use import capacity_shortfall
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
-from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 DRAIN_LOCK_KEY = 0x48455251  # "HERQ"
-
-
-def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None) -> bool:
-    """Inside the create transaction: True = start now, False = wait in the queue.
-
-    Raises a typed error for a request that can never fit, an exhausted budget, or
-    (without queueing) any limit in the way. With queueing, a tenant's new create
-    waits behind its already queued ones, so its queue stays FIFO.
-    """
-    quota, key_max = quota_lock_for(tenant=tenant, actor=ask.actor)
-    check_request_fits(quota=quota, ask=ask)
-    check_budget(quota=quota)
-    wants_queue = quota.queue_by_default if queue is None else queue
-    use = tenant_use(tenant_id=tenant.pk)  # live use and queue length, one statement
-    queued = use.queued
-    shortfall = (
-        None
-        if (wants_queue and queued)
-        else capacity_shortfall(quota=quota, ask=ask, use=use, key_max_sandboxes=key_max)
-    )
-    if not (wants_queue and queued) and shortfall is None:
-        return True
-    if not wants_queue:
-        assert shortfall is not None
-        raise shortfall
-    if queued >= quota.max_queued:
-        raise limit_error(
-            QuotaExceeded,
-            limit="max_queued",
-            value=quota.max_queued,
-            current=queued,
-            message=f"this team already has {queued} sandboxes waiting in the queue",
-            retry=30,
-        )
-    return False
 
 
 def queue_order(*, limit: int = 5000) -> list[tuple[str, str]]:

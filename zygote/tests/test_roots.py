@@ -1,5 +1,5 @@
 """The zygote's handler hides other image sandboxes' roots from bwrap: its own copy of
-the mount table keeps only the root it launches (podagent.zygote.hide_other_roots)."""
+the mount table keeps only the root it launches (zygote.daemon.hide_other_roots)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from podagent import zygote
+from zygote import daemon as zygote
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
 
