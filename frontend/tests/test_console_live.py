@@ -1,0 +1,108 @@
+"""Large command output does not freeze the tab (issue 24, defect 2), in Chromium at
+1440x900 and 390x844: `seq 1 200000` renders into a bounded ring (the last MAX_LINES
+lines, never more in the page while it streams), follows the tail, and says "N earlier
+lines omitted — download full output", a link to the stored operation's download,
+which another team cannot fetch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import ViewportSize, expect
+
+from frontend.tests.browser import (
+    DESKTOP,
+    PHONE,
+    Console,
+    axe_violations,
+    chromium,
+    new_page,
+    sideways_overflow,
+    sign_in,
+)
+from frontend.tests.test_dashboard_live import _api, _create_ready
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("assets")]
+
+MAX_LINES = 2000  # frontend/src/console.ts
+
+# Records, at every DOM change of the console, its newline count and node count: the
+# most it ever held while the output streamed, not only what is left at the end.
+_WATCH = """() => {
+  const out = document.querySelector('#exec-output');
+  window.__peak = { lines: 0, nodes: 0 };
+  new MutationObserver(() => {
+    const text = out.textContent;
+    let lines = 0;
+    for (let i = text.indexOf('\\n'); i >= 0; i = text.indexOf('\\n', i + 1)) lines += 1;
+    const nodes = document.createTreeWalker(out, NodeFilter.SHOW_ALL);
+    let count = 0;
+    while (nodes.nextNode()) count += 1;
+    window.__peak.lines = Math.max(window.__peak.lines, lines);
+    window.__peak.nodes = Math.max(window.__peak.nodes, count);
+  }).observe(out, { childList: true, subtree: true, characterData: true });
+}"""
+
+
+@pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["1440x900", "390x844"])
+def test_large_output_stays_bounded_follows_the_tail_and_downloads_whole(
+    live: Any, make_tenant: Any, make_user: Any, tmp_path: Path, size: ViewportSize
+) -> None:
+    tenant, secret = make_tenant()
+    other, _ = make_tenant()
+    make_user("lena", (tenant, "member"))
+    make_user("otto", (other, "owner"))
+    sandbox_id = _create_ready(_api(live, secret))
+    console = Console()
+    with chromium() as browser:
+        page = new_page(browser, live.url, console)
+        page.set_viewport_size(size)
+        sign_in(page, "lena", "lena")
+        page.goto(f"/sandboxes/{sandbox_id}/")
+        page.evaluate(_WATCH)
+        page.get_by_label("Command", exact=True).fill("seq 1 200000")
+        page.get_by_role("button", name="Run", exact=True).click()
+        expect(page.locator("#exec-status")).to_contain_text("exit code 0")
+        output = page.locator("#exec-output")
+        expect(output).to_contain_text("\n200000")
+
+        peak = page.evaluate("window.__peak")
+        # the ring never held more than its lines (+1: the notice's own line) and a
+        # handful of nodes (notice, one span per stream run, their text nodes)
+        assert peak["lines"] <= MAX_LINES + 1 and peak["nodes"] <= 40, peak
+        kept = [line for line in output.inner_text().splitlines() if line.isdigit()]
+        assert len(kept) == MAX_LINES and kept[-1] == "200000", (len(kept), kept[-3:])
+        assert [int(x) for x in kept] == list(range(int(kept[0]), 200001))  # a contiguous tail
+        omitted = int(kept[0]) - 1
+        notice = output.locator(".console-omitted")
+        expect(notice).to_have_text(f"{omitted:,} earlier lines omitted — download full output")
+        # follow-tail: the console shows the last line, scrolled to its bottom
+        assert page.evaluate(
+            "(o => o.scrollHeight - o.scrollTop - o.clientHeight < 2)"
+            "(document.querySelector('#exec-output'))"
+        )
+        assert sideways_overflow(page) == []
+        page.set_viewport_size(size)
+        assert axe_violations(page) == []
+
+        link = notice.get_by_role("link", name="download full output")
+        href = link.get_attribute("href") or ""
+        assert href.startswith(f"/sandboxes/{sandbox_id}/operations/web-") and href.endswith(
+            "/output.txt"
+        )
+        with page.expect_download() as info:
+            link.click()
+        saved = tmp_path / "output.txt"
+        info.value.save_as(saved)
+        body = saved.read_text()
+        # 1.3 MB of stdout is stored as its first and last 512 KiB with a marker between
+        lines = body.splitlines()
+        assert lines[:3] == ["1", "2", "3"] and lines[-1] == "200000"
+        assert sum(1 for line in lines if line.startswith("[… ")) == 1
+
+        outsider = new_page(browser, live.url, console)
+        sign_in(outsider, "otto", "otto")
+        assert outsider.request.get(live.url + href).status == 404  # tenancy-checked
+    assert [e for e in console.errors if "output.txt" not in e] == []
