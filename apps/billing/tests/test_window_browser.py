@@ -18,7 +18,6 @@ from playwright.sync_api import ViewportSize, expect
 from apps.billing.reports import tenant_report
 from apps.billing.tests.test_costs import ledger_sandbox
 from apps.tenancy.services import membership_set_role
-from frontend.templatetags.hedgerow import money
 from frontend.tests.browser import (
     DESKTOP,
     PHONE,
@@ -58,7 +57,7 @@ def test_today_as_the_end_date_counts_today_everywhere(
     today = midnight.date().isoformat()
     expected = tenant_report(tenant=tenant, start=midnight, end=midnight + timedelta(days=1))
     cost = expected.as_dict()["totals"]["cost"]
-    assert Decimal(cost) > 0 and expected.totals.sandboxes == 1
+    assert Decimal("0.01") <= Decimal(cost) < 1000 and expected.totals.sandboxes == 1
     user = User.objects.create_user("ana", password="ana")
     membership_set_role(tenant=tenant, user=user, role="member")
     User.objects.create_user("root", password="root", is_staff=True)
@@ -72,7 +71,7 @@ def test_today_as_the_end_date_counts_today_everywhere(
         page.get_by_label("To", exact=True).fill(today)
         page.get_by_role("button", name="Show").click()
         page.wait_for_url(f"**/billing/usage/?start={today}&end={today}")
-        expect(page.locator("#total-cost")).to_have_text(str(money(Decimal(cost))))
+        expect(page.locator("#total-cost")).to_have_text(f"${cost}")
         expect(page.locator(".flash-error")).to_have_count(0)  # a single day is a window
         expect(page.locator("#by-image tbody tr")).to_have_count(1)
         expect(page.locator("#by-image tbody tr td").first).to_have_text("today")
@@ -80,7 +79,7 @@ def test_today_as_the_end_date_counts_today_everywhere(
         expect(page.get_by_label("To", exact=True)).to_have_value(today)
         page.get_by_role("button", name="Show").click()
         page.wait_for_url(f"**/billing/usage/?start={today}&end={today}")
-        expect(page.locator("#total-cost")).to_have_text(str(money(Decimal(cost))))
+        expect(page.locator("#total-cost")).to_have_text(f"${cost}")
         assert sideways_overflow(page) == []
         page.set_viewport_size(size)
         assert axe_violations(page) == []
