@@ -106,3 +106,42 @@ def test_large_output_stays_bounded_follows_the_tail_and_downloads_whole(
         sign_in(outsider, "otto", "otto")
         assert outsider.request.get(live.url + href).status == 404  # tenancy-checked
     assert [e for e in console.errors if "output.txt" not in e] == []
+
+
+@pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["1440x900", "390x844"])
+def test_scrolled_up_the_console_stays_put_and_at_the_bottom_it_follows(
+    live: Any, make_tenant: Any, make_user: Any, size: ViewportSize
+) -> None:
+    """Follow-tail only while the reader is at the bottom: scrolled up to read, new
+    output must not yank the view down. The command blocks reading a FIFO the test
+    writes through the API once the reader has scrolled (no sleeps anywhere)."""
+    tenant, secret = make_tenant()
+    make_user("finn", (tenant, "member"))
+    http = _api(live, secret)
+    sandbox_id = _create_ready(http)
+    console = Console()
+    with chromium() as browser:
+        page = new_page(browser, live.url, console)
+        page.set_viewport_size(size)
+        sign_in(page, "finn", "finn")
+        page.goto(f"/sandboxes/{sandbox_id}/")
+        page.get_by_label("Command", exact=True).fill(
+            "mkfifo /tmp/go; seq 1 1500; read x < /tmp/go; seq 1501 1600"
+        )
+        page.get_by_role("button", name="Run", exact=True).click()
+        output = page.locator("#exec-output")
+        expect(output).to_contain_text("\n1500\n")
+        at_bottom = (
+            "(o => o.scrollHeight - o.scrollTop - o.clientHeight < 2)"
+            "(document.querySelector('#exec-output'))"
+        )
+        page.wait_for_function(at_bottom)  # following while at the bottom
+        output.evaluate("o => { o.scrollTop = 0; }")  # the reader scrolls up
+        released = http.post(
+            f"/sandboxes/{sandbox_id}/exec", json={"command": "echo go > /tmp/go", "timeout": 30}
+        )
+        assert released.status_code == 200, released.text
+        expect(page.locator("#exec-status")).to_contain_text("exit code 0")
+        expect(output).to_contain_text("\n1600")
+        assert output.evaluate("o => o.scrollTop") == 0  # not yanked to the new lines
+    assert console.errors == []
