@@ -145,3 +145,39 @@ def test_scrolled_up_the_console_stays_put_and_at_the_bottom_it_follows(
         expect(output).to_contain_text("\n1600")
         assert output.evaluate("o => o.scrollTop") == 0  # not yanked to the new lines
     assert console.errors == []
+
+
+@pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["1440x900", "390x844"])
+def test_three_megabytes_of_output_finish_rendering(
+    live: Any, make_tenant: Any, make_user: Any, size: ViewportSize
+) -> None:
+    """3 MB of output stayed "running…" for 40 s: it ends with its exit line, the
+    console bounded, the stored windows' size named and the download offered."""
+    tenant, secret = make_tenant()
+    make_user("gus", (tenant, "member"))
+    sandbox_id = _create_ready(_api(live, secret))
+    console = Console()
+    with chromium() as browser:
+        page = new_page(browser, live.url, console)
+        page.set_viewport_size(size)
+        sign_in(page, "gus", "gus")
+        page.goto(f"/sandboxes/{sandbox_id}/")
+        page.evaluate(_WATCH)
+        # 30,000 lines of 100 characters (3 MB), the last one recognisable
+        page.get_by_label("Command", exact=True).fill(
+            "yes 0123456789012345678901234567890123456789012345678901234567890123456789"
+            "01234567890123456789012345678 | head -n 29999; echo the-end"
+        )
+        page.get_by_role("button", name="Run", exact=True).click()
+        status = page.locator("#exec-status")
+        expect(status).to_contain_text("exit code 0", timeout=60_000)
+        expect(status).to_contain_text("stdout truncated")
+        output = page.locator("#exec-output")
+        expect(output).to_contain_text("\nthe-end")
+        peak = page.evaluate("window.__peak")
+        assert peak["lines"] <= MAX_LINES + 1 and peak["nodes"] <= 40, peak
+        expect(output.locator(".console-omitted")).to_contain_text(
+            "28,000 earlier lines omitted — download full output"
+        )
+        assert sideways_overflow(page) == []
+    assert console.errors == []
