@@ -257,7 +257,7 @@ def sandbox_detail(request: HttpRequest, principal: Principal, sandbox_id: str) 
     context.update(
         # the file browser opens where the URL says (?path=…), so a reload keeps its place
         files_path=request.GET.get("path") or "/workspace",
-        operations=list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20]),
+        **operations_context(principal, sandbox, None),
         nav_section="sandboxes",
         dns_entries=_dns_entries(sandbox),
         **sandbox_snapshots_context(principal, sandbox),
@@ -299,13 +299,31 @@ def sandbox_timeline(request: HttpRequest, principal: Principal, sandbox_id: str
 @page()
 def sandbox_operations(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
     sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
-    operations = list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[:20])
     return render_page(
         request,
         principal,
         "frontend/sandboxes/_operations.html",
-        {"sandbox": sandbox, "operations": operations},
+        operations_context(principal, sandbox, request.GET.get("shown")),
     )
+
+
+OPERATIONS_PAGE = 20  # the newest commands on the sandbox page; "Show older" adds as many
+OPERATIONS_MAX = 500
+
+
+def operations_context(principal: Principal, sandbox: Any, shown: str | None) -> dict[str, Any]:
+    """The newest ``shown`` operations (20, 40, … up to 500: a bad value is the
+    default), and whether older ones exist, so none is unreachable from the page."""
+    count = int(shown) if shown and shown.isdigit() else OPERATIONS_PAGE
+    count = min(max(count, OPERATIONS_PAGE), OPERATIONS_MAX)
+    rows = list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[: count + 1])
+    return {
+        "sandbox": sandbox,
+        "operations": rows[:count],
+        "shown": count,
+        "older": len(rows) > count and count < OPERATIONS_MAX,
+        "next_shown": min(count + OPERATIONS_PAGE, OPERATIONS_MAX),
+    }
 
 
 @require_GET

@@ -134,6 +134,9 @@ def _totals_dict(t: Totals) -> dict[str, Any]:
         "vcpu_hours": str((t.vcpu_seconds / HOUR).quantize(Decimal("0.0001"))),
         "gib_hours": str((t.gib_seconds / HOUR).quantize(Decimal("0.0001"))),
         "cost": str(money(t.cost)),
+        # unrounded (µ$): a slice of a few small sandboxes costs under a cent, which
+        # the pages show as "<$0.01" rather than a misleading "$0.00"
+        "cost_exact": str(t.cost.quantize(Decimal("0.000001"))),
     }
 
 

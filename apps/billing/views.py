@@ -90,7 +90,7 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
             "budget": budget,
             "spent": spent,
             "budget_percent": min(100, round(100 * spent / budget)) if budget else 0,
-            "cost_chart": _chart(report["days"], "cost", "Cost (USD)", " $"),
+            "cost_chart": _chart(report["days"], "cost_exact", "Cost (USD)", " $"),
             "hours_chart": _chart(report["days"], "sandbox_hours", "Sandbox-hours", " h"),
             # Images and labels are different slicings of the same cost (a sandbox has
             # one image and several labels): one chart each, never one axis mixing both.
@@ -103,7 +103,9 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
 def _slice_chart(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return {
         "labels": [r[key] for r in rows],
-        "datasets": [{"label": "Cost (USD)", "data": [float(Decimal(r["cost"])) for r in rows]}],
+        "datasets": [
+            {"label": "Cost (USD)", "data": [float(Decimal(r["cost_exact"])) for r in rows]}
+        ],
         "unit": " $",
     }
 

@@ -18,6 +18,7 @@ import {
   PointElement,
   Tooltip,
 } from "chart.js";
+import { money } from "./format";
 
 Chart.register(
   BarController,
@@ -43,6 +44,7 @@ export interface ChartData {
 
 function config(kind: "line" | "bar", data: ChartData): ChartConfiguration {
   const unit = data.unit ?? "";
+  const isMoney = unit.trim() === "$"; // dollars read as on the page: "$0.29", "<$0.01"
   return {
     type: kind,
     data: {
@@ -67,7 +69,12 @@ function config(kind: "line" | "bar", data: ChartData): ChartConfiguration {
       plugins: {
         legend: { position: "bottom", labels: { boxWidth: 12 } },
         tooltip: {
-          callbacks: { label: (ctx) => `${ctx.dataset.label}: ${ctx.formattedValue}${unit}` },
+          callbacks: {
+            label: (ctx) =>
+              isMoney
+                ? `${ctx.dataset.label}: ${money(Number(ctx.parsed.y))}`
+                : `${ctx.dataset.label}: ${ctx.formattedValue}${unit}`,
+          },
         },
       },
       scales: {

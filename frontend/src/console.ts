@@ -2,9 +2,11 @@
 // (`textContent +=`) re-copies the whole output per frame and re-lays it out: 200 000
 // lines took 15 s to render. Here frames are queued and rendered once per animation
 // frame as new text nodes, and only the last MAX_LINES lines stay in the page (a ring):
-// older ones are dropped from the top and counted in a notice that offers the full
-// output as a download (the stored operation: first and last 512 KiB of each stream
-// past 1 MiB, with a marker between).
+// older ones are dropped from the top and counted in a notice, "N earlier lines omitted
+// — download full output", linking to the server's download of the stored operation
+// (`…/operations/<id>/output.txt`, tenancy-checked like every dashboard page: each
+// stream whole up to 1 MiB, else its first and last 512 KiB with a marker between).
+// The view follows the tail while it is scrolled to the bottom; scrolled up, it stays.
 
 export type Stream = "stdout" | "stderr" | "note";
 
@@ -24,7 +26,8 @@ export class BoundedConsole {
 
   constructor(
     private readonly output: HTMLElement,
-    private readonly download: (() => void) | null,
+    /** Where the full stored output downloads from (null: no stored operation). */
+    private readonly downloadHref: (() => string | null) | null,
     private readonly maxLines: number = MAX_LINES,
   ) {}
 
@@ -142,13 +145,14 @@ export class BoundedConsole {
       const count = document.createElement("span");
       count.className = "console-omitted-count";
       this.notice.append(count);
-      if (this.download) {
-        const button = document.createElement("button");
-        button.type = "button";
-        button.className = "link-button";
-        button.textContent = "download output";
-        button.addEventListener("click", () => this.download?.());
-        this.notice.append(" — ", button);
+      const href = this.downloadHref?.();
+      if (href) {
+        const link = document.createElement("a");
+        link.href = href;
+        link.download = "";
+        link.className = "console-download";
+        link.textContent = "download full output";
+        this.notice.append(" — ", link);
       }
       this.notice.append("\n");
       this.output.prepend(this.notice);

@@ -69,7 +69,11 @@ export class ExecBox {
     private readonly onFinished: () => void,
     private readonly onStarted: () => void = () => {},
   ) {
-    this.console = new BoundedConsole(output, () => void this.downloadFull());
+    this.console = new BoundedConsole(output, () =>
+      this.operationId
+        ? `/sandboxes/${encodeURIComponent(this.sandboxId)}/operations/${encodeURIComponent(this.operationId)}/output.txt`
+        : null,
+    );
   }
 
   async run(command: string, timeout: number | null): Promise<void> {
@@ -110,20 +114,6 @@ export class ExecBox {
 
   private append(stream: Stream, text: string): void {
     this.console.append(stream, text);
-  }
-
-  /** The stored operation's stdout and stderr as one text file. */
-  private async downloadFull(): Promise<void> {
-    const record = await api<OperationRecord>(
-      `/api/v1/sandboxes/${encodeURIComponent(this.sandboxId)}/operations/${encodeURIComponent(this.operationId)}`,
-    );
-    const parts = [record.stdout ?? ""];
-    if (record.stderr) parts.push("\n--- stderr ---\n", record.stderr);
-    const link = document.createElement("a");
-    link.href = URL.createObjectURL(new Blob(parts, { type: "text/plain" }));
-    link.download = `${this.operationId}.txt`;
-    link.click();
-    URL.revokeObjectURL(link.href);
   }
 
   private onFrame(frame: Frame): void {

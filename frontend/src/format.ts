@@ -69,3 +69,12 @@ export function hydrateTimes(root: ParentNode = document): void {
     }
   }
 }
+
+/** Dollars, the pages' one rule (frontend/templatetags/hedgerow.py `money`): cents with
+ * separators, "$0.00" for nothing, "<$0.01" under a cent. */
+export function money(value: number): string {
+  const sign = value < 0 ? "-" : "";
+  const abs = Math.abs(value);
+  if (abs > 0 && abs < 0.01) return `${sign}<$0.01`;
+  return `${sign}$${abs.toLocaleString("en", { minimumFractionDigits: 2, maximumFractionDigits: 2 })}`;
+}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django import template
@@ -154,11 +154,20 @@ def hours(value: Decimal | str | float | None) -> str:
 
 
 @register.filter
-def money(value: Decimal | None) -> str:
-    """Dollars, with enough digits that a few seconds of a small sandbox is not $0.00."""
-    if value is None:
-        return "—"
-    return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
+def money(value: Decimal | str | float | None) -> SafeString:
+    """Dollars for people, one rule on every page: cents with thousands separators
+    ("$1,234.50"), "$0.00" for nothing, and "<$0.01" for a nonzero amount under a cent
+    (never a misleading "$0.00", never "$0.000002"), the exact amount in its tooltip.
+    The API and CSV keep their own precision."""
+    if value is None or value == "":
+        return format_html("{}", "—")
+    number = Decimal(str(value))
+    sign = "-" if number < 0 else ""
+    if number != 0 and abs(number) < Decimal("0.01"):
+        exact = f"{sign}${abs(number).normalize():f}"
+        return format_html('<span title="{}">{}</span>', exact, f"{sign}<$0.01")
+    cents = abs(number).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)  # as invoices round
+    return format_html("{}", f"{sign}${cents:,.2f}")
 
 
 @register.filter

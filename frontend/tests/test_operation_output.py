@@ -96,3 +96,35 @@ def test_a_truncated_stream_keeps_its_marker_and_another_teams_operation_is_not_
             client.get(f"/sandboxes/{sandbox.external_id}/operations/op-secret/{path}").status_code
             == 404
         )
+
+
+def test_older_operations_are_reachable_twenty_at_a_time(make_tenant, make_user):
+    """Only the newest 20 were listed: an SDK loop's earlier commands had no row to
+    open. "Show older commands" adds 20 at a time, and the panel's refresh keeps them."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant)
+    start = timezone.now() - timedelta(hours=1)
+    for i in range(45):
+        op = _operation(sandbox, f"op-{i:02d}", {"head": f"{i}\n"}, {})
+        Operation.objects.filter(pk=op.pk).update(created_at=start + timedelta(seconds=i))
+    client = _signed_in(make_user, tenant, "opolder")
+    detail = client.get(f"/sandboxes/{sandbox.external_id}/").content.decode()
+    base = f"/sandboxes/{sandbox.external_id}/operations"
+    assert detail.count('aria-label="Output of op-') == 20
+    assert "Output of op-44" in detail and "Output of op-25" in detail
+    assert "Output of op-24" not in detail
+    assert f'hx-get="{base}?shown=20" hx-trigger="refresh"' in detail
+    assert f'hx-get="{base}?shown=40"' in detail and "Show older commands" in detail
+
+    more = client.get(base, {"shown": "40"}).content.decode()
+    assert more.count('aria-label="Output of op-') == 40 and "Output of op-05" in more
+    assert f'hx-get="{base}?shown=40" hx-trigger="refresh"' in more  # a refresh keeps 40
+    last = client.get(base, {"shown": "60"}).content.decode()
+    assert last.count('aria-label="Output of op-') == 45 and "Output of op-00" in last
+    assert "Show older commands" not in last
+    for bad in ("-5", "x", "7"):  # not a count: the newest 20
+        assert client.get(base, {"shown": bad}).content.decode().count("Output of op-") == 20

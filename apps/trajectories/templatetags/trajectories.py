@@ -34,12 +34,3 @@ def pretty(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
-
-
-@register.filter
-def money(value: Any) -> str:
-    if value is None:
-        return "—"
-    amount = float(value)
-    # Sandbox seconds cost fractions of a cent: show enough digits to see them.
-    return f"${amount:.4f}" if amount == 0 or abs(amount) >= 0.01 else f"${amount:.6f}"
