@@ -17,6 +17,8 @@ client runs unmodified against it:
   merges maps, replaces lists and scalars; ``fieldManager`` required; ``409`` when the
   object was written by another manager and ``force`` is not set), JSON merge patch and
   strategic merge patch (treated as a JSON merge patch);
+* the garbage collector: an object whose ``ownerReferences`` name a deleted object's
+  uid is deleted once its owner is gone (background propagation);
 * deletions that complete: a pod deleted with a grace period keeps a
   ``deletionTimestamp`` (and ``deletionGracePeriodSeconds``) until "the kubelet"
   confirms after the grace period — never when its node is in ``dead_nodes`` (node
@@ -269,6 +271,7 @@ class FakeKube:
             if not graceful and not meta.get("finalizers"):
                 del self.objects[key]
                 self._record(resource, ns, "DELETED", obj)
+                self._collect_dependents(ns, meta.get("uid"))
                 return copy.deepcopy(obj)
             meta["deletionTimestamp"] = _now()
             if resource == "pods":
@@ -299,6 +302,24 @@ class FakeKube:
             del self.objects[key]
             self._confirmed.discard(key)
             self._record(key[0], key[1], "DELETED", obj)
+            self._collect_dependents(key[1], obj["metadata"].get("uid"))
+
+    def _collect_dependents(self, ns: str, owner_uid: str | None) -> None:
+        """The garbage collector, background propagation: once an owner is gone, the
+        objects of its namespace whose ownerReferences name its uid are deleted (at
+        once here; a real cluster's collector gets to them within seconds)."""
+        if not owner_uid:
+            return
+        dependents = [
+            key
+            for key, obj in self.objects.items()
+            if key[1] == ns
+            and any(
+                ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or []
+            )
+        ]
+        for resource, _ns, name in dependents:
+            self.delete(resource, ns, name)
 
     def patch(
         self,
