@@ -131,6 +131,10 @@ def test_it_replaces_an_older_generation(fake: FakeKube, backend: KubernetesBack
     fake.auto_start = True
     first = new_spec(generation=1)
     backend.provision(first)
+    # a Secret made before owner references (an older Hedgerow): deleted by its name
+    legacy = build_secret(make_config(), first)
+    legacy.metadata.name = f"hr-{first.sandbox_id}-1-pull"
+    client.CoreV1Api(backend.api.api_client).create_namespaced_secret(NS, legacy)
     second = new_spec(sandbox_id=first.sandbox_id, generation=2, agent_token="tok-2")
     endpoint = backend.provision(second)
     assert names(fake, "pods") == {f"hr-{first.sandbox_id}-2"}
