@@ -6,7 +6,6 @@ grants nothing its processes do not use, and nothing grants `list secrets`."""
 from __future__ import annotations
 
 import functools
-import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,33 +13,20 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from apps.sandboxes.backends.base import RegistryCredentials
+from apps.sandboxes.backends.base import BackendError, RegistryCredentials
 from apps.sandboxes.backends.kubernetes import KubernetesBackend
 from apps.sandboxes.backends.kubernetes.config import sandbox_labels
 from apps.sandboxes.backends.kubernetes.egress_allow import AllowlistEgress
 
 from .conftest import NS, eventually, new_spec
-from .fakekube import FakeKube, is_watch
+from .fakekube import FakeKube, request_verb
 from .test_manifests import build
 
 Verb = tuple[str, str, str]  # (api group, resource, verb)
 
-_PATH = re.compile(
-    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v1)/namespaces/[^/]+/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?$"
-)
-
 
 def verb_of(method: str, path: str, query: dict[str, list[str]]) -> Verb:
-    m = _PATH.match(path)
-    assert m, path
-    group, resource, name = m["group"] or "", m["resource"], m["name"]
-    if method == "GET":
-        verb = "get" if name else ("watch" if is_watch(query) else "list")
-    elif method == "DELETE":
-        verb = "delete" if name else "deletecollection"
-    else:
-        verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}[method]
-    return group, resource, verb
+    return request_verb(method, path, query)
 
 
 def walk(fake: FakeKube, action: Callable[[], object]) -> set[Verb]:
@@ -120,7 +106,8 @@ def reader_calls(
     worker.provision(spec)
     used: set[Verb] = set()
     for everywhere in (False, True):
-        backend = make_backend(informer_everywhere=everywhere)
+        account = "hedgerow-watcher" if watcher else "hedgerow-web"
+        backend = make_backend(account, informer_everywhere=everywhere)  # 403 beyond its Role
         informer = watcher or everywhere
 
         def act(backend: KubernetesBackend = backend, informer: bool = informer) -> None:
@@ -247,3 +234,14 @@ def test_the_walk_sees_a_verb_no_role_grants() -> None:
         "pods",
         "watch",
     )
+
+
+def test_the_fake_refuses_what_a_role_does_not_grant(
+    fake: FakeKube, make_backend: Callable[..., KubernetesBackend]
+) -> None:
+    """The web's account cannot provision: the API server's 403, as a typed error."""
+    web = make_backend("hedgerow-web")
+    with pytest.raises(BackendError, match="403"):
+        web.provision(new_spec())
+    assert {f[1:] for f in fake.forbidden} == {("networking.k8s.io", "networkpolicies", "get")}
+    fake.forbidden.clear()  # seen: the fixture fails a test on any other 403
