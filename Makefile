@@ -1,4 +1,4 @@
-.PHONY: up down test screenshots lint typecheck check-migrations compose-config services bench k8s-smoke k8s-manifests agent-bundle
+.PHONY: up down test screenshots lint typecheck check-migrations compose-config services bench k8s-smoke k8s-manifests helm-chart agent-bundle
 
 up:
 	@scripts/stack.sh up
@@ -39,6 +39,10 @@ k8s-smoke:
 
 k8s-manifests:
 	.venv/bin/kubectl kustomize deploy/overlays/example >/dev/null
+
+# Regenerates deploy/helm/hedgerow from the kustomize overlay (test_helm.py checks it)
+helm-chart:
+	.venv/bin/python scripts/build_helm_chart.py
 
 agent-bundle:
 	scripts/build_agent_bundle.sh .state/agent-bundle

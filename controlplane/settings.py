@@ -449,6 +449,14 @@ HEDGEROW_K8S_AGENT_INGRESS_CIDRS = env_list("HEDGEROW_K8S_AGENT_INGRESS_CIDRS", 
 # false (default): one LIST+WATCH of the sandbox namespace per installation, the
 # watcher's; true: every worker and web process runs a pod informer of its own
 HEDGEROW_K8S_INFORMER_EVERYWHERE = env_bool("HEDGEROW_K8S_INFORMER_EVERYWHERE", False)
+# Refusals at start (docs/deploy-kubernetes.md "Pod security", "Images"): neither user
+# namespaces nor a runtime class, or an injector image not pinned by digest, stop every
+# process unless accepted explicitly here.
+HEDGEROW_K8S_ALLOW_NO_BOUNDARY = env_bool("HEDGEROW_K8S_ALLOW_NO_BOUNDARY", False)
+HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR = env_bool("HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR", False)
+# safe-to-evict "false" / karpenter.sh/do-not-disrupt "true" on sandbox pods (true), or
+# safe-to-evict "true" (false): docs/deploy-kubernetes.md "Autoscalers"
+HEDGEROW_K8S_PROTECT_FROM_DISRUPTION = env_bool("HEDGEROW_K8S_PROTECT_FROM_DISRUPTION", True)
 
 # --- Quotas, admission queue and metering (apps/billing, apps/sandboxes/admission) ---
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.

@@ -17,7 +17,12 @@ from kubernetes import config as kube_config
 
 from .api import KubeApi
 from .backend import KubernetesBackend
-from .config import DEFAULT_CAPABILITIES, DEFAULT_EGRESS_EXCEPT_V4, DEFAULT_EGRESS_EXCEPT_V6
+from .config import (
+    DEFAULT_CAPABILITIES,
+    DEFAULT_EGRESS_EXCEPT_V4,
+    DEFAULT_EGRESS_EXCEPT_V6,
+    startup_refusals,
+)
 from .config import KubernetesConfig as KubernetesConfig
 
 __all__ = [
@@ -25,6 +30,7 @@ __all__ = [
     "KubernetesBackend",
     "KubernetesConfig",
     "build_kubernetes_backend",
+    "check_startup",
     "config_from_settings",
 ]
 
@@ -68,7 +74,24 @@ def config_from_settings() -> KubernetesConfig:
         dns_nameservers=tuple(settings.HEDGEROW_K8S_DNS_NAMESERVERS),
         agent_ingress_cidrs=tuple(settings.HEDGEROW_K8S_AGENT_INGRESS_CIDRS),
         informer_everywhere=settings.HEDGEROW_K8S_INFORMER_EVERYWHERE,
+        protect_from_disruption=settings.HEDGEROW_K8S_PROTECT_FROM_DISRUPTION,
     )
+
+
+def check_startup() -> KubernetesConfig:
+    """The configuration, or ImproperlyConfigured with every reason it must not run
+    sandboxes (no pod boundary, an injector image not pinned by digest)."""
+    config = config_from_settings()
+    refusals = startup_refusals(
+        config,
+        allow_no_boundary=settings.HEDGEROW_K8S_ALLOW_NO_BOUNDARY,
+        allow_unpinned_injector=settings.HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR,
+    )
+    if refusals:
+        raise ImproperlyConfigured(
+            "the kubernetes backend refuses to start: " + "; and ".join(refusals)
+        )
+    return config
 
 
 def api_client_from_settings(max_concurrency: int) -> client.ApiClient:
@@ -100,6 +123,6 @@ def api_client_from_settings(max_concurrency: int) -> client.ApiClient:
 
 
 def build_kubernetes_backend() -> KubernetesBackend:
-    config = config_from_settings()
+    config = check_startup()
     api = KubeApi(api_client_from_settings(config.max_concurrency), config)
     return KubernetesBackend(config, api)

@@ -174,24 +174,32 @@ class KubernetesBackend:
         egress_allow.check_supported(self.config, spec.egress_policy)
         owned: list[tuple[Kind, str]] = []  # rollback removes these and nothing else
         try:
-            secret = build_secret(self.config, spec)
-            self._create_or_adopt(self.secrets, secret)
-            owned.append((self.secrets, secret.metadata.name))
+            # The pod first: its Secrets and egress policy are owned by it (owner
+            # references to its uid), so the garbage collector deletes them with it and
+            # no process needs to list secrets to find them. The kubelet waits for the
+            # Secret volume (and retries the pull secret) until they exist, a moment later.
+            pod = build_pod(self.config, spec)
+            egress_allow.apply_pod_dns(pod, self.config, spec.egress_policy)
+            created = self._create_or_adopt(self.pods, pod)
+            owned.append((self.pods, pod.metadata.name))
+            self._check_user_namespace(created)
+            owner = owner_reference(created)
             pull_secret = build_pull_secret(self.config, spec)
             if pull_secret is not None:
+                pull_secret.metadata.owner_references = [owner]
                 self._create_or_adopt(self.secrets, pull_secret)
                 owned.append((self.secrets, pull_secret.metadata.name))
+            secret = build_secret(self.config, spec)
+            secret.metadata.owner_references = [owner]
+            self._create_or_adopt(self.secrets, secret)
+            owned.append((self.secrets, secret.metadata.name))
             if spec.network_access:
                 policy = egress_allow.egress_policy_for(self.config, spec) or build_egress_policy(
                     self.config, spec
                 )
+                policy.metadata.owner_references = [owner]
                 self._create_or_adopt(self.policies, policy)
                 owned.append((self.policies, policy.metadata.name))
-            pod = build_pod(self.config, spec)
-            egress_allow.apply_pod_dns(pod, self.config, spec.egress_policy)
-            created = self._create_or_adopt(self.pods, pod)
-            owned.insert(0, (self.pods, pod.metadata.name))
-            self._check_user_namespace(created)
             return self._wait_started(pod.metadata.name, spec.image, progress)
         except Exception as exc:
             try:
@@ -414,23 +422,31 @@ class KubernetesBackend:
 
     def _delete_generations(self, sandbox_id: str, *, keep: int | None) -> None:
         """Deletes the sandbox's pods first (the agent stops answering), then its
-        policies and secrets; ``keep``: a generation to spare."""
+        policies; ``keep``: a generation to spare. Secrets are never listed (the Role
+        grants no ``list secrets``): they are owned by their pod and go with it (the
+        garbage collector), and an older generation's are also deleted by name."""
         selector = self.config.sandbox_selector(sandbox_id)
-        for kind in (self.pods, self.policies, self.secrets):
-            if keep is None:
-                # one request per kind, whatever the number of generations
+        if keep is None:
+            # one request per kind, whatever the number of generations
+            for kind in (self.pods, self.policies):
                 self.api.call(
                     kind.delete_collection,
                     self.config.namespace,
                     label_selector=selector,
                     **_grace(kind),
                 )
-                continue
-            # metadata only: never a Secret's data
-            for meta in self.api.list_metadata(self._path(kind), selector):
-                labels = (meta.get("metadata") or {}).get("labels")
-                if generation_of(labels) != keep:
+            return
+        older: set[int] = set()
+        for kind in (self.pods, self.policies):
+            for meta in self.api.list_metadata(self._path(kind), selector):  # metadata only
+                generation = generation_of((meta.get("metadata") or {}).get("labels"))
+                if generation != keep:
                     self._delete(kind, meta["metadata"]["name"])
+                    if generation is not None:
+                        older.add(generation)
+        for generation in sorted(older):
+            for suffix in ("-token", "-pull"):
+                self._delete(self.secrets, object_name(sandbox_id, generation, suffix))
 
     def _path(self, kind: Kind) -> str:
         ns = self.config.namespace
@@ -478,23 +494,26 @@ class KubernetesBackend:
         )
 
     def inventory(self) -> list[InventoryItem]:
-        """Pods, network policies and secrets of this installation, listed afresh
-        (not from the informer's cache), paginated, and for policies and secrets as
-        metadata only (never a Secret's data). A pod whose containers ended is
-        ``pod_exited``; one that is lost (evicted, disrupted, OOM-killed) ``pod_lost``:
-        neither holds a running agent, both are resources to remove. A pod deleted less
-        than ``terminating_grace_s`` ago is a deletion in progress, not a leak, and is
-        left out; one deleted longer ago (its node is gone, its kubelet never confirms)
-        is ``pod_terminating``, reclaimed by a forced deletion."""
+        """Pods and network policies of this installation, listed afresh (not from
+        the informer's cache), paginated, policies as metadata only. Secrets are not
+        listed (no process may ``list secrets``): each is owned by its pod, so the
+        garbage collector removes it with the pod and it cannot outlive it.
+
+        A pod whose containers ended is ``pod_exited``; one that is lost (evicted,
+        disrupted, OOM-killed) ``pod_lost``: neither holds a running agent, both are
+        resources to remove. A pod deleted less than ``terminating_grace_s`` ago is a
+        deletion in progress, not a leak, and is left out; one deleted longer ago (its
+        node is gone, its kubelet never confirms) is ``pod_terminating``, reclaimed by
+        a forced deletion."""
         items: list[InventoryItem] = []
         selector = self.config.sandbox_selector()
         ns = self.config.namespace
         now = datetime.now(UTC)
         try:
             pods, _ = self.api.list_all(self.pods.listing, ns, label_selector=selector)
+            # metadata only, and never secrets: they are owned by their pod
             metadata = [
-                (kind.name, self.api.list_metadata(self._path(kind), selector))
-                for kind in (self.policies, self.secrets)
+                (self.policies.name, self.api.list_metadata(self._path(self.policies), selector))
             ]
         except ApiException as exc:
             raise BackendError(f"cannot list the inventory: {exc.status} {exc.reason}") from exc
@@ -575,6 +594,14 @@ def pull_error_code(reason: str, message: str) -> str:
         if pattern.search(message):
             return code
     return "unknown_image"
+
+
+def owner_reference(pod: Any) -> client.V1OwnerReference:
+    """Makes an object a dependent of the sandbox's pod: deleted with it by the
+    garbage collector (background propagation), whoever deletes the pod."""
+    return client.V1OwnerReference(
+        api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+    )
 
 
 def _grace(kind: Kind) -> dict[str, Any]:

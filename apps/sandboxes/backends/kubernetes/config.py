@@ -24,6 +24,10 @@ L_GENERATION = "hedgerow.dev/generation"
 L_COMPONENT = "hedgerow.dev/component"
 A_LABELS = "hedgerow.dev/labels"
 A_PIDS_LIMIT = "hedgerow.dev/pids-limit"
+# What node autoscalers may do with a sandbox pod (docs/deploy-kubernetes.md
+# "Autoscalers"): a sandbox cannot move, so evicting it to shrink a node pool ends it.
+A_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+A_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 AGENT_CLIENT_LABEL = "hedgerow.dev/agent-client"
 
 COMPONENT_SANDBOX = "sandbox"
@@ -122,6 +126,14 @@ class KubernetesConfig:
     # wait on their own pod (GET + a watch of that pod) and read endpoints with a
     # sandbox-scoped LIST. True: every process runs an informer of its own.
     informer_everywhere: bool = False
+    # ---- operability (docs/deploy-kubernetes.md "Autoscalers", "Disk") -------------
+    # True: sandbox pods carry safe-to-evict "false" (cluster-autoscaler) and
+    # do-not-disrupt "true" (Karpenter): a node holding a sandbox is not drained to
+    # consolidate. False: safe-to-evict "true", sandboxes may be ended to shrink the pool.
+    protect_from_disruption: bool = True
+    # sizeLimit of the emptyDir the agent bundle is copied into; counted in the main
+    # container's ephemeral-storage on top of the sandbox's disk
+    bundle_size_mib: int = 256
 
     def __post_init__(self) -> None:
         if not _LABEL_VALUE.match(self.instance) or not self.instance:
@@ -176,6 +188,35 @@ class KubernetesConfig:
     @property
     def namespace_policy_name(self) -> str:
         return f"hedgerow-{self.instance.lower().replace('_', '-')}-default"[:63].rstrip("-")
+
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def startup_refusals(
+    config: KubernetesConfig, *, allow_no_boundary: bool, allow_unpinned_injector: bool
+) -> list[str]:
+    """Why this configuration must not run sandboxes ([] = it may). Checked when the
+    process starts (apps.sandboxes.apps) and when the backend is built."""
+    refusals = []
+    if not config.user_namespaces and not config.runtime_class and not allow_no_boundary:
+        refusals.append(
+            "sandbox pods would run with neither a user namespace "
+            "(HEDGEROW_K8S_USER_NAMESPACES=false) nor a runtime class "
+            "(HEDGEROW_K8S_RUNTIME_CLASS empty): root in a sandbox would be root on the "
+            "node, held only by capabilities and seccomp. Turn user namespaces on, set a "
+            "runtime class (gVisor, Kata), or accept it explicitly with "
+            'HEDGEROW_K8S_ALLOW_NO_BOUNDARY=1; see docs/deploy-kubernetes.md "Pod security"'
+        )
+    if not _DIGEST.search(config.injector_image) and not allow_unpinned_injector:
+        refusals.append(
+            f"HEDGEROW_K8S_INJECTOR_IMAGE {config.injector_image!r} is not pinned by digest: "
+            "the agent every sandbox runs would be whatever the tag points at when a node "
+            "pulls it. Use <image>@sha256:<digest> (docker buildx imagetools inspect "
+            "<image>:<tag> prints it), or accept a tag explicitly with "
+            "HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR=1"
+        )
+    return refusals
 
 
 class UserNamespacesUnavailable(BackendError):

@@ -19,8 +19,10 @@ from kubernetes import client
 from apps.sandboxes.backends.base import SandboxSpec
 
 from .config import (
+    A_DO_NOT_DISRUPT,
     A_LABELS,
     A_PIDS_LIMIT,
+    A_SAFE_TO_EVICT,
     AGENT_CLIENT_LABEL,
     BUNDLE_MOUNT,
     BUNDLE_SOURCE,
@@ -136,13 +138,15 @@ def build_pull_secret(config: KubernetesConfig, spec: SandboxSpec) -> client.V1S
     )
 
 
-def _resources(spec: SandboxSpec) -> client.V1ResourceRequirements:
+def _resources(config: KubernetesConfig, spec: SandboxSpec) -> client.V1ResourceRequirements:
     # requests = limits: Guaranteed QoS, so a sandbox is never squeezed by a neighbour
-    # and its cost is exactly what it asked for.
+    # and its cost is exactly what it asked for. The agent bundle's emptyDir lives on
+    # the node's disk too and counts in the pod's usage: its sizeLimit is added to the
+    # sandbox's disk, so the scheduler reserves it and the tenant keeps the whole disk.
     amounts = {
         "cpu": f"{spec.cpu_millis}m",
         "memory": f"{spec.memory_mib}Mi",
-        "ephemeral-storage": f"{spec.disk_mib}Mi",
+        "ephemeral-storage": f"{spec.disk_mib + config.bundle_size_mib}Mi",
     }
     return client.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
 
@@ -181,6 +185,7 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         # Kubernetes has no per-pod pids field: the node's kubelet podPidsLimit applies
         # (docs/deploy-kubernetes.md); the request is recorded for operators.
         A_PIDS_LIMIT: str(spec.pids_limit),
+        **disruption_annotations(config),
     }
     init = client.V1Container(
         name="hedgerow-agent-inject",
@@ -239,7 +244,7 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         ),
         args=[],
         ports=[client.V1ContainerPort(name="agent", container_port=config.agent_port)],
-        resources=_resources(spec),
+        resources=_resources(config, spec),
         startup_probe=_probe(config, period=1, failures=max(int(config.ready_timeout_s), 1)),
         readiness_probe=_probe(config, period=5, failures=3),
         security_context=_security(config, add=config.capabilities),
@@ -288,7 +293,8 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         or None,
         volumes=[
             client.V1Volume(
-                name=BUNDLE_VOLUME, empty_dir=client.V1EmptyDirVolumeSource(size_limit="256Mi")
+                name=BUNDLE_VOLUME,
+                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{config.bundle_size_mib}Mi"),
             ),
             client.V1Volume(
                 name=TOKEN_VOLUME,
@@ -314,6 +320,14 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         ],
     )
     return client.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
+
+
+def disruption_annotations(config: KubernetesConfig) -> dict[str, str]:
+    """Set deliberately either way: a sandbox cannot be moved, so a node autoscaler
+    (cluster-autoscaler, Karpenter) that drains its node to consolidate ends it."""
+    if config.protect_from_disruption:
+        return {A_SAFE_TO_EVICT: "false", A_DO_NOT_DISRUPT: "true"}
+    return {A_SAFE_TO_EVICT: "true"}
 
 
 NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -19,11 +20,31 @@ from .fakekube import FakeKube
 NS = "sandboxes"
 
 
+@functools.cache
+def service_account_grants() -> dict[str, frozenset[tuple[str, str, str]]]:
+    """Each ServiceAccount of deploy/ → what its Roles grant (rendered once)."""
+    from .test_manifests import build
+    from .test_rbac import granted
+
+    docs = build("deploy/overlays/example")
+    return {
+        d["spec"]["template"]["spec"]["serviceAccountName"]: frozenset(
+            granted(docs, d["metadata"]["name"])
+        )
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeKube]:
+    """The fake API server, enforcing deploy/'s Roles for the backends make_backend
+    builds (they run as the worker's ServiceAccount unless told otherwise)."""
     kube = FakeKube().start()
+    kube.grants = {name: set(verbs) for name, verbs in service_account_grants().items()}
     yield kube
     kube.stop()
+    assert kube.forbidden == [], "a request deploy/'s Roles do not grant"
 
 
 def make_config(**overrides: Any) -> KubernetesConfig:
@@ -46,9 +67,10 @@ def make_config(**overrides: Any) -> KubernetesConfig:
 def make_backend(fake: FakeKube) -> Iterator[Callable[..., KubernetesBackend]]:
     made: list[KubernetesBackend] = []
 
-    def make(**overrides: Any) -> KubernetesBackend:
+    def make(account: str = "hedgerow-worker", **overrides: Any) -> KubernetesBackend:
         configuration = client.Configuration()
         configuration.host = fake.url
+        configuration.api_key = {"authorization": f"Bearer {account}"}
         configuration.retries = False  # as in production: KubeApi does the retrying
         config = make_config(**overrides)
         backend = KubernetesBackend(

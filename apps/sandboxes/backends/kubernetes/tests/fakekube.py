@@ -17,6 +17,8 @@ client runs unmodified against it:
   merges maps, replaces lists and scalars; ``fieldManager`` required; ``409`` when the
   object was written by another manager and ``force`` is not set), JSON merge patch and
   strategic merge patch (treated as a JSON merge patch);
+* the garbage collector: an object whose ``ownerReferences`` name a deleted object's
+  uid is deleted once its owner is gone (background propagation);
 * deletions that complete: a pod deleted with a grace period keeps a
   ``deletionTimestamp`` (and ``deletionGracePeriodSeconds``) until "the kubelet"
   confirms after the grace period — never when its node is in ``dead_nodes`` (node
@@ -27,6 +29,10 @@ client runs unmodified against it:
   watch's own timeout (as the API server's watch cache does), ``410 Gone`` after
   compaction as an ERROR event, or as the response's HTTP status with
   ``gone_as_status``;
+* RBAC: ``grants`` maps a bearer token to the (group, resource, verb) its Roles
+  grant; a request with that token for anything else is a ``403 Forbidden`` (the
+  backend's tests run as the worker's ServiceAccount, conftest.py), namespaces and
+  resourceNames aside;
 * faults: ``fail_next`` (answer the next requests with these statuses,
   ``Retry-After: 0``) and ``stall_next`` (hold the next requests this long before
   answering: request timeouts), ``stall_open_watches`` (the watches open now deliver
@@ -38,11 +44,11 @@ client runs unmodified against it:
 
 What it does not model (verified only on a real cluster, docs/deploy-kubernetes.md):
 scheduling, containers, the kubelet's own status transitions (tests write them),
-admission (Pod Security, ValidatingAdmissionPolicy), RBAC, NetworkPolicy enforcement,
-API Priority and Fairness, a consistent snapshot across ``continue`` pages (a page
-reads the current state), field ownership beyond "who wrote last" (server-side apply
-does not remove fields an applier stopped sending), strategic merge keys, and schema
-validation of anything but the pod spec's top-level fields.
+admission (Pod Security, ValidatingAdmissionPolicy), RBAC beyond the verbs above,
+NetworkPolicy enforcement, API Priority and Fairness, a consistent snapshot across
+``continue`` pages (a page reads the current state), field ownership beyond "who wrote
+last" (server-side apply does not remove fields an applier stopped sending), strategic
+merge keys, and schema validation of anything but the pod spec's top-level fields.
 """
 
 from __future__ import annotations
@@ -146,6 +152,27 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+_VERB_PATH = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v1)/namespaces/[^/]+/(?P<resource>[^/]+)"
+    r"(?:/(?P<name>[^/]+))?$"
+)
+
+
+def request_verb(method: str, path: str, query: dict[str, list[str]]) -> tuple[str, str, str]:
+    """(api group, resource, verb) of a request, as the API server's authorizer sees it."""
+    m = _VERB_PATH.match(path)
+    if m is None:
+        return "", path, method.lower()
+    group, resource, name = m["group"] or "", m["resource"], m["name"]
+    if method == "GET":
+        verb = "get" if name else ("watch" if is_watch(query) else "list")
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method, method.lower())
+    return group, resource, verb
+
+
 def is_watch(query: dict[str, list[str]]) -> bool:
     return query.get("watch", ["false"])[0].lower() in ("true", "1")
 
@@ -185,6 +212,11 @@ class FakeKube:
         # → 400 "unknown field", else dropped), and fields it knows behind a feature
         # gate that is off (dropped silently, whatever the validation mode).
         self.unknown_pod_fields: set[str] = set()
+        # RBAC: bearer token → the (api group, resource, verb) its Roles grant; a
+        # request with a listed token and a verb not granted is answered 403 like the
+        # API server's authorizer. Tokens not listed are unrestricted (the test itself).
+        self.grants: dict[str, set[tuple[str, str, str]]] = {}
+        self.forbidden: list[tuple[str, str, str, str]] = []  # (token, group, resource, verb)
         self.gated_pod_fields: set[str] = set()
         self._ip = 0
         self._confirmed: set[tuple[str, str, str]] = set()  # terminations the kubelet saw
@@ -269,6 +301,7 @@ class FakeKube:
             if not graceful and not meta.get("finalizers"):
                 del self.objects[key]
                 self._record(resource, ns, "DELETED", obj)
+                self._collect_dependents(ns, meta.get("uid"))
                 return copy.deepcopy(obj)
             meta["deletionTimestamp"] = _now()
             if resource == "pods":
@@ -299,6 +332,24 @@ class FakeKube:
             del self.objects[key]
             self._confirmed.discard(key)
             self._record(key[0], key[1], "DELETED", obj)
+            self._collect_dependents(key[1], obj["metadata"].get("uid"))
+
+    def _collect_dependents(self, ns: str, owner_uid: str | None) -> None:
+        """The garbage collector, background propagation: once an owner is gone, the
+        objects of its namespace whose ownerReferences name its uid are deleted (at
+        once here; a real cluster's collector gets to them within seconds)."""
+        if not owner_uid:
+            return
+        dependents = [
+            key
+            for key, obj in self.objects.items()
+            if key[1] == ns
+            and any(
+                ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or []
+            )
+        ]
+        for resource, _ns, name in dependents:
+            self.delete(resource, ns, name)
 
     def patch(
         self,
@@ -652,6 +703,18 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 stall = kube.stalls.pop(0) if kube.stalls else None
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if token in kube.grants:
+                group, resource, verb = request_verb(method, url.path, query)
+                if (group, resource, verb) not in kube.grants[token]:
+                    with kube.cond:
+                        kube.forbidden.append((token, group, resource, verb))
+                    message = (
+                        f'{resource} is forbidden: User "system:serviceaccount:hedgerow:{token}" '
+                        f'cannot {verb} resource "{resource}" in API group "{group}"'
+                    )
+                    self._send(403, status(403, "Forbidden", message))
+                    return
             if stall is not None:
                 time.sleep(stall)  # the fake server is slow; the client's timeout decides
             if failure is not None:

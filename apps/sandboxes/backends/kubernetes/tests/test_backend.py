@@ -19,7 +19,11 @@ from apps.sandboxes.backends.base import (
     UnknownImage,
 )
 from apps.sandboxes.backends.kubernetes import KubernetesBackend
-from apps.sandboxes.backends.kubernetes.specs import build_namespace_policy, build_secret
+from apps.sandboxes.backends.kubernetes.specs import (
+    build_egress_policy,
+    build_namespace_policy,
+    build_secret,
+)
 
 from .conftest import NS, eventually, kubelet_later, make_config, new_spec
 from .fakekube import FakeKube
@@ -127,6 +131,10 @@ def test_it_replaces_an_older_generation(fake: FakeKube, backend: KubernetesBack
     fake.auto_start = True
     first = new_spec(generation=1)
     backend.provision(first)
+    # a Secret made before owner references (an older Hedgerow): deleted by its name
+    legacy = build_secret(make_config(), first)
+    legacy.metadata.name = f"hr-{first.sandbox_id}-1-pull"
+    client.CoreV1Api(backend.api.api_client).create_namespaced_secret(NS, legacy)
     second = new_spec(sandbox_id=first.sandbox_id, generation=2, agent_token="tok-2")
     endpoint = backend.provision(second)
     assert names(fake, "pods") == {f"hr-{first.sandbox_id}-2"}
@@ -208,7 +216,7 @@ def test_it_reports_a_failed_pod_and_inventories_it_as_exited(
     assert events[0].sandbox_id == spec.sandbox_id
     assert "137" in events[0].reason
     kinds = {i.kind for i in backend.inventory() if i.sandbox_id == spec.sandbox_id}
-    assert kinds == {"pod_exited", "secret"}
+    assert kinds == {"pod_exited"}  # secrets are never listed: they go with their pod
 
 
 def test_it_does_not_report_its_own_destroy(fake: FakeKube, backend: KubernetesBackend) -> None:
@@ -257,7 +265,7 @@ def test_it_resumes_the_watch_without_relisting_when_it_merely_times_out(
     assert versions[-1] >= fake.rv - 1  # bookmarks carried the version forward
 
 
-def test_it_inventories_pods_policies_and_secrets_of_this_installation_only(
+def test_it_inventories_pods_and_policies_of_this_installation_only(
     fake: FakeKube, backend: KubernetesBackend, make_backend: Callable[..., KubernetesBackend]
 ) -> None:
     fake.auto_start = True
@@ -268,10 +276,30 @@ def test_it_inventories_pods_policies_and_secrets_of_this_installation_only(
     items = backend.inventory()
     assert {(i.kind, i.name, i.sandbox_id, i.generation) for i in items} == {
         ("pod", f"hr-{spec.sandbox_id}-4", spec.sandbox_id, 4),
-        ("secret", f"hr-{spec.sandbox_id}-4-token", spec.sandbox_id, 4),
         ("network_policy", f"hr-{spec.sandbox_id}-4-egress", spec.sandbox_id, 4),
     }
     assert [i.node for i in items if i.kind == "pod"] == ["node-a"]
+    assert not [c for c in fake.calls() if c[0] == "GET" and c[1].endswith("/secrets")]
+
+
+def test_a_sandboxs_secret_and_policy_are_owned_by_its_pod_and_go_with_it(
+    fake: FakeKube, backend: KubernetesBackend
+) -> None:
+    fake.auto_start = True
+    spec = new_spec(network_access=True)
+    backend.provision(spec)
+    pod = fake.objects[("pods", NS, f"hr-{spec.sandbox_id}-1")]
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"]}
+    owner["uid"] = pod["metadata"]["uid"]
+    for key in (("secrets", NS, f"hr-{spec.sandbox_id}-1-token"),):
+        assert fake.objects[key]["metadata"]["ownerReferences"] == [owner]
+    policy = fake.objects[("networkpolicies", NS, f"hr-{spec.sandbox_id}-1-egress")]
+    assert policy["metadata"]["ownerReferences"] == [owner]
+    # whoever deletes the pod (an operator's kubectl, the taint manager), the garbage
+    # collector removes what it owns: nothing of the sandbox outlives it
+    fake.delete("pods", NS, pod["metadata"]["name"])
+    assert names(fake, "secrets") == set()
+    assert names(fake, "networkpolicies") == {"hedgerow-t1-default"}
 
 
 def test_it_leaves_a_pod_still_terminating_out_of_the_leak_inventory(
@@ -288,15 +316,15 @@ def test_it_leaves_a_pod_still_terminating_out_of_the_leak_inventory(
 
 
 def test_it_reclaims_an_orphan_by_name(fake: FakeKube, backend: KubernetesBackend) -> None:
-    spec = new_spec()
-    orphan = build_secret(make_config(), spec)
+    spec = new_spec(network_access=True)
+    orphan = build_egress_policy(make_config(), spec)
     orphan.metadata.labels["hedgerow.dev/sandbox"] = "not-a-sandbox-id"
-    client.CoreV1Api(backend.api.api_client).create_namespaced_secret(NS, orphan)
+    client.NetworkingV1Api(backend.api.api_client).create_namespaced_network_policy(NS, orphan)
     (item,) = backend.inventory()
-    assert item.sandbox_id is None and item.kind == "secret"
+    assert item.sandbox_id is None and item.kind == "network_policy"
     backend.reclaim(item)
     backend.reclaim(item)  # idempotent
-    assert names(fake, "secrets") == set()
+    assert names(fake, "networkpolicies") == set()
 
 
 def test_it_retries_transient_api_errors_with_backoff(

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 from kubernetes import client
 
 from apps.sandboxes.backends.kubernetes import KubernetesBackend
-from apps.sandboxes.models import Sandbox, SandboxEvent, State
-from apps.sandboxes.services import reconcile, watching
+from apps.sandboxes.models import AuditRun, Sandbox, SandboxEvent, State
+from apps.sandboxes.services import audit, reconcile, watching
 from apps.sandboxes.tests.factories import make_sandbox
 
 from .conftest import NS, eventually, new_spec
@@ -109,3 +111,21 @@ def test_the_reconciler_marks_lost_and_forces_out_a_pod_stuck_terminating(
     after = reconcile.sandbox_reconcile()
     assert after.actions.get("leak_reclaimed") == 1, after.details
     assert ("pods", NS, f"hr-{sandbox.id.hex}-1") not in fake.objects
+
+
+def test_the_audit_command_reclaims_on_the_cluster(
+    fake: FakeKube, backend: KubernetesBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`manage.py hedgerow_audit` (run in a worker pod on Kubernetes, docs): an
+    installation-wide audit that reclaims what no sandbox record owns."""
+    monkeypatch.setattr(audit, "get_backend", lambda: backend)
+    monkeypatch.setattr(reconcile, "get_backend", lambda: backend)
+    fake.auto_start = True
+    orphan = new_spec()  # resources of a sandbox id the database does not know
+    backend.provision(orphan)
+    out = StringIO()
+    call_command("hedgerow_audit", "--reconcile", "--reclaim", stdout=out)
+    assert out.getvalue().startswith("reconcile: ")
+    run = AuditRun.objects.get(trigger="manual")
+    assert f"audit {run.pk}: " in out.getvalue()
+    assert not [k for k in fake.objects if orphan.sandbox_id in k[2]]

@@ -16,7 +16,8 @@ import yaml
 from kubernetes import client
 
 from apps.core.env import env_bool
-from apps.sandboxes.backends.kubernetes import KubeApi, KubernetesBackend, KubernetesConfig
+from apps.sandboxes.backends.kubernetes import KubernetesConfig
+from apps.sandboxes.backends.kubernetes.config import startup_refusals
 from apps.sandboxes.backends.kubernetes.specs import build_namespace_policy, build_pod
 
 from .conftest import new_spec
@@ -82,10 +83,14 @@ def test_it_builds_manifests_that_match_the_kubernetes_schema(overlay: str) -> N
         "Job",
         "Namespace",
         "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PriorityClass",
         "Role",
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     if overlay.endswith("gvisor"):
         expected = sorted([*expected, "RuntimeClass"])
@@ -98,50 +103,10 @@ def test_it_builds_manifests_that_match_the_kubernetes_schema(overlay: str) -> N
 
 
 def test_it_rejects_a_manifest_with_a_typo() -> None:
-    doc = build("deploy/base")[-1]
+    doc = next(d for d in build("deploy/base") if d["kind"] == "NetworkPolicy")
     doc["spec"]["podSelectr"] = {}
     assert schema_errors(doc, model_for(doc).__name__, "x") == [
         "x.spec.podSelectr: unknown field of V1NetworkPolicySpec"
-    ]
-
-
-def used_verbs() -> set[tuple[str, str, str]]:
-    """(api group, resource, verb) for every API method the backend and informer call."""
-    config = KubernetesConfig(instance="prod")
-    backend = KubernetesBackend(config, KubeApi(client.ApiClient(), config))
-    verbs = {"create": "create", "read": "get", "delete": "delete", "listing": "list"}
-    verbs["delete_collection"] = "deletecollection"
-    resources = {"pod": ("", "pods"), "secret": ("", "secrets")}
-    resources["network_policy"] = ("networking.k8s.io", "networkpolicies")
-    used = set()
-    for kind in (backend.pods, backend.secrets, backend.policies):
-        group, resource = resources[kind.name]
-        for field, verb in verbs.items():
-            method = getattr(kind, field).__name__
-            assert resource[:-1].replace("networkpolicie", "network_policy") in method
-            used.add((group, resource, verb))
-    used.add(("", "pods", "watch"))  # the informer
-    # the namespace policy, server-side applied (PATCH) and replaced (PUT) when drifted
-    used |= {("networking.k8s.io", "networkpolicies", v) for v in ("patch", "update")}
-    return used
-
-
-def test_it_grants_exactly_the_verbs_the_backend_uses_in_the_sandbox_namespace_only() -> None:
-    docs = build("deploy/overlays/example")
-    roles = [d for d in docs if d["kind"] == "Role"]
-    assert [r["metadata"]["namespace"] for r in roles] == ["hedgerow-sandboxes"]
-    granted = {
-        (group, resource, verb)
-        for rule in roles[0]["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert granted == used_verbs()
-    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
-    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "hedgerow", "namespace": "hedgerow"}
     ]
 
 
@@ -228,3 +193,78 @@ def test_it_offers_an_overlay_that_runs_sandboxes_under_gvisor(
     # kernel is the boundary, so the image's user is kept
     assert "hostUsers" not in pod["spec"]
     assert "runAsUser" not in pod["spec"]["containers"][0]["securityContext"]
+
+
+def config_from_config_map(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The backend's configuration and startup verdict from this ConfigMap, read from
+    the environment as every process reads it."""
+    data = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    config = KubernetesConfig(
+        instance=data["HEDGEROW_INSTANCE"],
+        injector_image=data["HEDGEROW_K8S_INJECTOR_IMAGE"],
+        runtime_class=data["HEDGEROW_K8S_RUNTIME_CLASS"],
+        user_namespaces=env_bool("HEDGEROW_K8S_USER_NAMESPACES", True),
+        protect_from_disruption=env_bool("HEDGEROW_K8S_PROTECT_FROM_DISRUPTION", True),
+    )
+    return config, startup_refusals(
+        config,
+        allow_no_boundary=env_bool("HEDGEROW_K8S_ALLOW_NO_BOUNDARY", False),
+        allow_unpinned_injector=env_bool("HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR", False),
+    )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_starts_pinned_and_with_a_pod_boundary(
+    overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, refusals = config_from_config_map(build(overlay), monkeypatch)
+    assert refusals == []
+    assert "@sha256:" in config.injector_image
+    assert config.user_namespaces or config.runtime_class
+    assert config.protect_from_disruption is True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_migrate_job_is_named_by_the_version_it_migrates_to(overlay: str) -> None:
+    (job,) = [d for d in build(overlay) if d["kind"] == "Job"]
+    image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert job["metadata"]["name"] == f"hedgerow-migrate-{image.rsplit(':', 1)[1]}"
+    if overlay != "deploy/base":
+        assert job["metadata"]["name"] == "hedgerow-migrate-1.0.0"  # the overlay's newTag
+
+
+def test_the_control_plane_has_disruption_budgets_and_a_priority_class() -> None:
+    docs = build("deploy/overlays/example")
+    (priority,) = [d for d in docs if d["kind"] == "PriorityClass"]
+    assert priority["value"] > 0 and priority["globalDefault"] is False
+    budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "Job")]
+    for workload in workloads:
+        pod = workload["spec"]["template"]
+        assert pod["spec"]["priorityClassName"] == priority["metadata"]["name"]
+        if workload["kind"] != "Deployment":
+            continue
+        labels = pod["metadata"]["labels"]
+        (budget,) = [
+            b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert budget["metadata"]["namespace"] == workload["metadata"]["namespace"]
+        if workload["spec"]["replicas"] > 1:
+            assert budget["spec"].get("minAvailable") == 1 or (
+                budget["spec"].get("maxUnavailable") == 1
+            )
+        else:  # a singleton's budget never blocks a drain
+            assert budget["spec"] == {"maxUnavailable": 1, "selector": budget["spec"]["selector"]}
+    assert len(budgets) == len([w for w in workloads if w["kind"] == "Deployment"])
+
+
+def test_the_namespaces_carry_pod_security_levels() -> None:
+    docs = build("deploy/overlays/example")
+    labels = {
+        d["metadata"]["name"]: d["metadata"]["labels"] for d in docs if d["kind"] == "Namespace"
+    }
+    assert labels["hedgerow"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert labels["hedgerow-sandboxes"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["hedgerow-sandboxes"]["pod-security.kubernetes.io/warn"] == "restricted"

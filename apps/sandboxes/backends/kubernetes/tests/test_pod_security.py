@@ -121,7 +121,10 @@ def test_it_bounds_every_writable_volume_and_the_containers_by_the_sandboxs_disk
         assert (
             resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"]
         )
-    assert main["resources"]["limits"]["ephemeral-storage"] == "1536Mi"
+    # the sandbox's disk plus the agent bundle's emptyDir (its sizeLimit), which lives
+    # on the same node disk: the scheduler reserves both, the tenant keeps the whole disk
+    assert volumes["hedgerow-agent"]["emptyDir"] == {"sizeLimit": "256Mi"}
+    assert main["resources"]["limits"]["ephemeral-storage"] == f"{1536 + 256}Mi"
 
 
 # ---- the API server's side -------------------------------------------------------

@@ -384,7 +384,7 @@ def test_a_stalled_api_request_times_out_and_is_retried(
     assert backend.api.retries_done == 1
 
 
-def test_lists_are_paginated_and_secrets_listed_as_metadata_only(
+def test_lists_are_paginated_and_secrets_never_listed(
     fake: FakeKube, make_backend: Callable[..., KubernetesBackend]
 ) -> None:
     backend = make_backend(list_page_size=2)
@@ -396,7 +396,7 @@ def test_lists_are_paginated_and_secrets_listed_as_metadata_only(
     assert sorted(i.sandbox_id or "" for i in items if i.kind == "pod") == sorted(
         s.sandbox_id for s in specs
     )
-    assert len([i for i in items if i.kind == "secret"]) == 5
+    assert not [i for i in items if i.kind == "secret"]
     pod_pages = [
         q
         for m, p, q in fake.calls()
@@ -404,8 +404,7 @@ def test_lists_are_paginated_and_secrets_listed_as_metadata_only(
     ]
     assert {q.get("limit", [""])[0] for q in pod_pages} == {"2"}
     assert sum(1 for q in pod_pages if "continue" in q) >= 2
-    secret_lists = [a for m, p, a in fake.accepts if m == "GET" and p.endswith("/secrets")]
-    assert secret_lists and all("as=PartialObjectMetadataList" in a for a in secret_lists)
+    assert not [p for m, p, _a in fake.accepts if m == "GET" and p.endswith("/secrets")]
 
 
 def test_the_informer_relists_from_the_start_when_a_continue_token_expires(
@@ -455,8 +454,13 @@ def test_outside_the_cluster_it_refuses_to_start_without_a_route_to_the_agents(
     fake: FakeKube, tmp_path: Path
 ) -> None:
     path = kubeconfig(tmp_path, fake.url)
+    pinned = "registry.example/hedgerow-agent-injector@sha256:" + "ab" * 32
     with (
-        override_settings(HEDGEROW_K8S_KUBECONFIG=str(path), HEDGEROW_K8S_NAMESPACE=NS),
+        override_settings(
+            HEDGEROW_K8S_KUBECONFIG=str(path),
+            HEDGEROW_K8S_NAMESPACE=NS,
+            HEDGEROW_K8S_INJECTOR_IMAGE=pinned,
+        ),
         pytest.raises(ImproperlyConfigured, match="HEDGEROW_K8S_AGENT_INGRESS_CIDRS"),
     ):
         build_kubernetes_backend()
@@ -465,6 +469,7 @@ def test_outside_the_cluster_it_refuses_to_start_without_a_route_to_the_agents(
         HEDGEROW_K8S_KUBECONFIG=str(path),
         HEDGEROW_K8S_NAMESPACE=NS,
         HEDGEROW_K8S_AGENT_INGRESS_CIDRS=["203.0.113.7/32"],
+        HEDGEROW_K8S_INJECTOR_IMAGE=pinned,
     ):
         backend = build_kubernetes_backend()
     try:

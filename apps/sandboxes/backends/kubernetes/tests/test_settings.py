@@ -9,11 +9,14 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
+from apps.sandboxes.apps import SandboxesConfig
 from apps.sandboxes.backends.base import BackendError
 from apps.sandboxes.backends.kubernetes import build_kubernetes_backend, config_from_settings
 
 from .conftest import NS, new_spec
 from .fakekube import FakeKube
+
+PINNED = "registry.example/hedgerow-agent-injector@sha256:" + "ab" * 32
 
 
 def kubeconfig(tmp_path: Path, url: str) -> Path:
@@ -40,6 +43,7 @@ def test_it_builds_the_backend_from_settings_and_a_kubeconfig(
         HEDGEROW_K8S_DEFAULT_IMAGE="busybox:stable",
         HEDGEROW_K8S_RUNTIME_CLASS="gvisor",
         HEDGEROW_K8S_NODE_SELECTOR='{"pool": "sandboxes"}',
+        HEDGEROW_K8S_INJECTOR_IMAGE=PINNED,
     ):
         backend = build_kubernetes_backend()
     try:
@@ -90,3 +94,59 @@ def test_it_reads_the_pod_boundary_from_settings_with_user_namespaces_on_by_defa
         pytest.raises(BackendError, match="run_as_user"),
     ):
         config_from_settings()
+
+
+def start_kubernetes_process(**overrides: object) -> None:
+    """What every process does at start (AppConfig.ready) with these settings."""
+    import apps.sandboxes as package
+
+    with override_settings(HEDGEROW_BACKEND="kubernetes", **overrides):
+        SandboxesConfig("sandboxes", package).ready()
+
+
+def test_it_refuses_to_start_without_a_pod_boundary_unless_told_to() -> None:
+    no_boundary = {"HEDGEROW_K8S_USER_NAMESPACES": False, "HEDGEROW_K8S_RUNTIME_CLASS": ""}
+    with pytest.raises(ImproperlyConfigured) as refused:
+        start_kubernetes_process(HEDGEROW_K8S_INJECTOR_IMAGE=PINNED, **no_boundary)
+    message = str(refused.value)
+    assert "refuses to start" in message and "neither a user namespace" in message
+    assert "HEDGEROW_K8S_ALLOW_NO_BOUNDARY=1" in message
+    assert "not pinned" not in message  # only what is wrong
+    with override_settings(HEDGEROW_K8S_INJECTOR_IMAGE=PINNED, **no_boundary):
+        with pytest.raises(ImproperlyConfigured, match="neither a user namespace"):
+            build_kubernetes_backend()  # the backend itself refuses too
+    # either boundary, or the explicit opt-in, starts
+    start_kubernetes_process(HEDGEROW_K8S_INJECTOR_IMAGE=PINNED)
+    start_kubernetes_process(
+        HEDGEROW_K8S_INJECTOR_IMAGE=PINNED,
+        HEDGEROW_K8S_USER_NAMESPACES=False,
+        HEDGEROW_K8S_RUNTIME_CLASS="gvisor",
+    )
+    start_kubernetes_process(
+        HEDGEROW_K8S_INJECTOR_IMAGE=PINNED, HEDGEROW_K8S_ALLOW_NO_BOUNDARY=True, **no_boundary
+    )
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "registry.example/hedgerow-agent-injector:latest",
+        "registry.example/hedgerow-agent-injector:1.0.0",
+        "registry.example/hedgerow-agent-injector",
+        "registry.example/hedgerow-agent-injector@sha256:abc",  # not a digest
+    ],
+)
+def test_it_refuses_an_injector_image_not_pinned_by_digest_unless_told_to(image: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match="not pinned by digest") as refused:
+        start_kubernetes_process(HEDGEROW_K8S_INJECTOR_IMAGE=image)
+    assert "HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR=1" in str(refused.value)
+    start_kubernetes_process(
+        HEDGEROW_K8S_INJECTOR_IMAGE=image, HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR=True
+    )
+    start_kubernetes_process(HEDGEROW_K8S_INJECTOR_IMAGE=image.split("@")[0] + PINNED[-72:])
+
+
+def test_it_reads_the_disruption_setting() -> None:
+    assert config_from_settings().protect_from_disruption is True
+    with override_settings(HEDGEROW_K8S_PROTECT_FROM_DISRUPTION=False):
+        assert config_from_settings().protect_from_disruption is False

@@ -146,12 +146,20 @@ def test_it_sets_requests_equal_to_limits_with_an_ephemeral_storage_limit() -> N
     spec = new_spec(cpu_millis=1500, memory_mib=2048, disk_mib=4096, pids_limit=300)
     pod = wire(build_pod(make_config(), spec))
     resources = pod["spec"]["containers"][0]["resources"]
-    expected = {"cpu": "1500m", "memory": "2048Mi", "ephemeral-storage": "4096Mi"}
+    # the bundle's emptyDir (256Mi) is counted on top of the sandbox's disk
+    expected = {"cpu": "1500m", "memory": "2048Mi", "ephemeral-storage": "4352Mi"}
     assert resources == {"requests": expected, "limits": expected}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["workspace"]["emptyDir"] == {"sizeLimit": "4096Mi"}
     # no pod-level pids field exists: recorded for the operator, enforced by kubelet
     assert pod["metadata"]["annotations"]["hedgerow.dev/pids-limit"] == "300"
+    # autoscalers must not drain a node holding a sandbox (it cannot move): deliberate
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
+    loose = wire(build_pod(make_config(protect_from_disruption=False), spec))["metadata"]
+    assert loose["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert "karpenter.sh/do-not-disrupt" not in loose["annotations"]
     init = pod["spec"]["initContainers"][0]["resources"]
     assert init["requests"] == init["limits"]
 
