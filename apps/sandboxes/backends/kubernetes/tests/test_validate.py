@@ -12,8 +12,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from apps.core.egress import parse_egress
 from apps.sandboxes.backends.base import RegistryCredentials
-from apps.sandboxes.backends.egress import parse_egress
 from apps.sandboxes.backends.kubernetes import KubernetesConfig
 from apps.sandboxes.backends.kubernetes.egress_allow import apply_pod_dns, egress_policy_for
 from apps.sandboxes.backends.kubernetes.specs import (
