@@ -17,8 +17,6 @@ from apps.tenancy.models import Activity, ApiKey
 from apps.tenancy.secrets import hash_secret
 from apps.tenancy.services import api_key_create
 from frontend.tests.browser import (
-    DESKTOP,
-    PHONE,
     Console,
     axe_violations,
     chromium,
@@ -31,11 +29,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("assets")]
 
 
 def _checked_at_both_sizes(page: Page) -> list[str]:
-    found = sideways_overflow(page)
-    for size in (DESKTOP, PHONE):
-        page.set_viewport_size(size)
-        found += [f"{size['width']}px: {v}" for v in axe_violations(page)]
-    return found
+    return sideways_overflow(page) + axe_violations(page)  # each at 1440×900 and 390×844
 
 
 def _api(url: str, secret: str) -> httpx.Client:
@@ -65,7 +59,7 @@ def test_rename_rotate_last_use_and_the_activity_log_in_a_browser(live, make_ten
         row = page.locator(f'#keys-table tr[data-key-prefix="{issued.key.prefix}"]')
         expect(row).to_contain_text("127.0.0.1")  # last used from
         row.locator("summary").click()
-        row.get_by_label("New name for ci").fill("ci-nightly")
+        row.get_by_label("Change ci to").fill("ci-nightly")
         row.get_by_role("button", name="Rename").click()
         expect(page.locator(".flash")).to_contain_text("Renamed ci to ci-nightly")
         expect(row.locator("strong").first).to_have_text("ci-nightly")
