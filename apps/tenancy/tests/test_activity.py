@@ -13,9 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import override_settings
 from django.utils import timezone
-from rest_framework.test import APIClient
 
-from apps.billing.quotas import quota_get
 from apps.tenancy.activity import activity_purge, activity_record
 from apps.tenancy.models import Action, Activity, ApiKey, Membership, Role
 from apps.tenancy.services import membership_set_role
@@ -48,7 +46,7 @@ def test_key_changes_are_logged_with_who_did_them_and_no_secret(make_tenant, api
     assert created["secret"] not in dumped and rotated["secret"] not in dumped
 
 
-def test_member_changes_and_quota_changes_are_logged(make_tenant, client):
+def test_member_changes_are_logged(make_tenant, client):
     tenant, _ = make_tenant()
     owner = User.objects.create_user("olga", password="olga")
     membership_set_role(tenant=tenant, user=owner, role=Role.OWNER)
@@ -63,15 +61,6 @@ def test_member_changes_and_quota_changes_are_logged(make_tenant, client):
     pete = Membership.objects.get(tenant=tenant, user__username="pete")
     client.post("/members/", {"action": "role", "membership_id": pete.pk, "role": "admin"})
     client.post("/members/", {"action": "remove", "membership_id": pete.pk})
-    staff = User.objects.create_user("root", password="root", is_staff=True)
-    http = APIClient()
-    http.force_login(staff)
-    patched = http.patch(
-        f"/api/v1/admin/tenants/{tenant.slug}/quota",
-        {"max_concurrent_sandboxes": 7},
-        format="json",
-    )
-    assert patched.status_code == 200, patched.content
     entries = list(
         Activity.objects.filter(tenant=tenant).exclude(action="key.created").order_by("id")
     )
@@ -79,11 +68,8 @@ def test_member_changes_and_quota_changes_are_logged(make_tenant, client):
         ("user:olga", "member.added", "pete"),
         ("user:olga", "member.role_changed", "pete"),
         ("user:olga", "member.removed", "pete"),
-        ("staff:root", "quota.changed", "team limits"),
     ]
     assert entries[1].details == {"old_role": "member", "new_role": "admin"}
-    assert entries[3].details["max_concurrent_sandboxes"]["new"] == 7
-    assert quota_get(tenant=tenant).max_concurrent_sandboxes == 7
 
 
 def test_a_refused_change_writes_no_entry(make_tenant, client):
@@ -181,29 +167,3 @@ def test_entries_past_the_retention_period_are_purged(make_tenant):
             "target_id", flat=True
         )
     ) == ["sb-1"]
-
-
-def test_deleting_a_sandbox_is_logged_once(make_tenant, api_client):
-    from apps.sandboxes.models import Sandbox, State
-
-    tenant, secret = make_tenant()
-    key = ApiKey.objects.get(tenant=tenant)
-    now = timezone.now()
-    Sandbox.objects.create(
-        tenant=tenant,
-        external_id="sb-logged",
-        state=State.READY,
-        generation=1,
-        image="host",
-        cpu_millis=1000,
-        memory_mib=1024,
-        ttl_seconds=600,
-        expires_at=now + timedelta(minutes=10),
-        backend="local",
-    )
-    http = api_client(secret)
-    assert http.delete("/api/v1/sandboxes/sb-logged").status_code in (200, 202)
-    assert http.delete("/api/v1/sandboxes/sb-logged").status_code in (200, 202)
-    entries = list(Activity.objects.filter(tenant=tenant, action="sandbox.deleted"))
-    assert [(e.actor, e.target_id) for e in entries] == [(f"key:{key.prefix}", "sb-logged")]
-    assert entries[0].details == {"reason": "deleted", "image": "host"}
