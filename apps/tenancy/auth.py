@@ -204,7 +204,9 @@ def _principal_for_digest(digest: str, source: str | None = None) -> Principal:
         if source is not None:
             changes["last_used_from"] = source
         ApiKey.objects.filter(pk=key.pk).update(**changes)
-    return Principal(tenant=key.tenant, scopes=frozenset(key.scopes), api_key=key)
+    return Principal(
+        tenant=key.tenant, scopes=frozenset(key.scopes), api_key=key, secret_digest=digest
+    )
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
