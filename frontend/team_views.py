@@ -303,7 +303,11 @@ def activity_page(request: HttpRequest, principal: Principal) -> HttpResponse:
             status=400,
         )
     entries = [
-        {"entry": entry, "verb": ACTION_LABELS.get(Action(entry.action), entry.action)}
+        {
+            "entry": entry,
+            "verb": ACTION_LABELS.get(Action(entry.action), entry.action),
+            "details": _detail_texts(entry.details),
+        }
         for entry in page_.rows
     ]
     query = {"action": chosen} if chosen else {}
@@ -319,6 +323,26 @@ def activity_page(request: HttpRequest, principal: Principal) -> HttpResponse:
         **_filters(chosen),
     }
     return render_page(request, principal, "frontend/activity.html", context)
+
+
+def _detail_texts(details: dict[str, Any]) -> list[str]:
+    """``name: value`` per detail; a change as ``name: old → new`` (None shows as "none",
+    the quota's "unlimited")."""
+
+    def plain(value: Any) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value)
+        return str(value)
+
+    texts = []
+    for name, value in details.items():
+        if isinstance(value, dict) and set(value) == {"old", "new"}:
+            texts.append(f"{name}: {plain(value['old'])} → {plain(value['new'])}")
+        else:
+            texts.append(f"{name}: {plain(value)}")
+    return texts
 
 
 def _filters(chosen: str) -> dict[str, Any]:

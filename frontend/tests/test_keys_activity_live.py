@@ -21,6 +21,7 @@ from frontend.tests.browser import (
     axe_violations,
     chromium,
     new_page,
+    screenshot,
     sideways_overflow,
     sign_in,
 )
@@ -92,6 +93,7 @@ def test_rename_rotate_last_use_and_the_activity_log_in_a_browser(live, make_ten
         expect(page.locator('#activity-table tr[data-action="key.renamed"]')).to_contain_text(
             "old_name: ci"
         )
+        screenshot(page, "activity")
         page.get_by_label("Action").select_option("key.renamed")
         page.get_by_role("button", name="Filter").click()
         expect(rows).to_have_count(1)

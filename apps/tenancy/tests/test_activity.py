@@ -167,3 +167,28 @@ def test_entries_past_the_retention_period_are_purged(make_tenant):
             "target_id", flat=True
         )
     ) == ["sb-1"]
+
+
+def test_the_activity_page_shows_entries_to_admins_only(make_tenant, client):
+    tenant, _ = make_tenant()
+    owner = User.objects.create_user("ines", password="ines")
+    membership_set_role(tenant=tenant, user=owner, role=Role.OWNER)
+    viewer = User.objects.create_user("vic", password="vic")
+    membership_set_role(tenant=tenant, user=viewer, role=Role.VIEWER)
+    activity_record(
+        tenant=tenant,
+        actor="staff:root",
+        action=Action.QUOTA_CHANGED,
+        target_type="quota",
+        target_id=str(tenant.pk),
+        target_name="team limits",
+        details={"max_cpu_millis": {"old": None, "new": 8000}},
+    )
+    client.force_login(owner)
+    page = client.get("/activity/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "max_cpu_millis: none → 8000" in html and "staff:root" in html
+    assert client.get("/activity/", {"action": "bogus"}).status_code == 400
+    client.force_login(viewer)
+    assert client.get("/activity/").status_code == 403
