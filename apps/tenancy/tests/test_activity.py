@@ -192,3 +192,20 @@ def test_the_activity_page_shows_entries_to_admins_only(make_tenant, client):
     assert client.get("/activity/", {"action": "bogus"}).status_code == 400
     client.force_login(viewer)
     assert client.get("/activity/").status_code == 403
+
+
+def test_the_activity_page_pages_older_entries_keeping_the_filter(make_tenant, client):
+    tenant, _ = make_tenant()
+    owner = User.objects.create_user("ida", password="ida")
+    membership_set_role(tenant=tenant, user=owner, role=Role.OWNER)
+    _fill(tenant, 55)
+    client.force_login(owner)
+    first = client.get("/activity/", {"action": "sandbox.deleted"})
+    html = first.content.decode()
+    assert html.count('data-action="sandbox.deleted"') == 50
+    assert 'id="activity-older"' in html and "sb-54" in html and "sb-4<" not in html
+    older_url = html.split('id="activity-older" href="')[1].split('"')[0].replace("&amp;", "&")
+    assert "action=sandbox.deleted" in older_url and "cursor=" in older_url
+    second = client.get("/activity/" + older_url).content.decode()
+    assert second.count('data-action="sandbox.deleted"') == 5
+    assert "sb-4<" in second and 'id="activity-older"' not in second
