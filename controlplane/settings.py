@@ -398,6 +398,17 @@ CELERY_BEAT_SCHEDULE["reattribute-episodes"] = {
     "task": "apps.trajectories.tasks.reattribute_recent_episodes",
     "schedule": HEDGEROW_REATTRIBUTE_INTERVAL_S,
 }
+# --- Team activity log and API key rotation (docs/security.md#team-activity) -------
+# Activity entries older than this are deleted by a daily beat task.
+HEDGEROW_ACTIVITY_RETENTION_DAYS = env_int("HEDGEROW_ACTIVITY_RETENTION_DAYS", 365)
+CELERY_BEAT_SCHEDULE["purge-activity"] = {
+    "task": "apps.tenancy.tasks.purge_activity",
+    "schedule": 24 * 3600.0,
+}
+# A rotated key's old secret keeps working this long unless the rotation names a grace
+# (0 to HEDGEROW_KEY_ROTATION_MAX_GRACE_S seconds).
+HEDGEROW_KEY_ROTATION_GRACE_S = env_int("HEDGEROW_KEY_ROTATION_GRACE_S", 24 * 3600)
+HEDGEROW_KEY_ROTATION_MAX_GRACE_S = env_int("HEDGEROW_KEY_ROTATION_MAX_GRACE_S", 30 * 24 * 3600)
 CELERY_BEAT_SCHEDULE["recover-operations"] = {
     "task": "apps.sandboxes.tasks.recover_operations",
     "schedule": HEDGEROW_OPERATION_RECOVERY_AFTER_S,

@@ -12,7 +12,12 @@ from django.conf import settings
 from rest_framework.exceptions import AuthenticationFailed
 
 from apps.core.asyncdb import db_async
-from apps.tenancy.auth import extract_key, principal_for_key, principal_for_session
+from apps.tenancy.auth import (
+    client_address,
+    extract_key,
+    principal_for_key,
+    principal_for_session,
+)
 from apps.tenancy.principal import Principal
 
 Scope = dict[str, Any]
@@ -43,8 +48,8 @@ def origin_allowed(headers: _Headers) -> bool:
 
 
 @db_async
-def _from_key(secret: str) -> Principal:
-    return principal_for_key(secret)
+def _from_key(secret: str, source: str | None) -> Principal:
+    return principal_for_key(secret, source)
 
 
 @db_async
@@ -63,7 +68,9 @@ class PrincipalMiddleware:
         secret = extract_key(headers)
         if secret is not None:
             try:
-                scope["principal"] = await _from_key(secret)
+                client = scope.get("client") or ("", 0)
+                source = client_address({"REMOTE_ADDR": client[0]})
+                scope["principal"] = await _from_key(secret, source)
             except AuthenticationFailed as exc:
                 code = getattr(exc, "get_codes", lambda: "invalid_api_key")()
                 scope["auth_error"] = (str(code), str(exc.detail), 4401)

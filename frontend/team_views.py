@@ -6,7 +6,9 @@ import secrets
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.cache import cache
@@ -17,9 +19,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.core.errors import ApiError, NotFound
-from apps.tenancy import selectors, services
+from apps.tenancy import activity, selectors, services
 from apps.tenancy.auth import principal_for_session
-from apps.tenancy.models import Role, Scope
+from apps.tenancy.models import Action, Role, Scope
 from apps.tenancy.pages import page, render_page
 from apps.tenancy.principal import Principal
 
@@ -66,6 +68,7 @@ def _keys_context(principal: Principal) -> dict[str, Any]:
         "expiry_choices": EXPIRY_CHOICES,
         "now": timezone.now(),
         "checked_scopes": ["read", "write"],
+        "grace_choices": ROTATION_GRACE_CHOICES,
         "nav_section": "keys",
     }
 
@@ -77,9 +80,9 @@ def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
     mint a second key) to this page, which shows its secret once."""
     context = _keys_context(principal)
     if request.method == "GET":
-        issued = _take_issued_key(request, principal)
-        if issued is not None:
-            context.update(issued=issued)
+        shown = _take_issued_key(request, principal)
+        if shown is not None:
+            context.update(issued=shown)
     if request.method == "POST":
         name = request.POST.get("name", "").strip()
         scopes = request.POST.getlist("scopes")
@@ -104,6 +107,7 @@ def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
                     expires_at=expires_at,
                     created_by=request.user,  # type: ignore[arg-type]
                     granted_by=principal.scopes,
+                    actor=principal.actor,
                 )
             except ApiError as exc:
                 errors[exc.field or "form"] = exc.message
@@ -122,15 +126,19 @@ def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
 _ISSUED_TTL_S = 120
 
 
-def _hold_issued_key(request: HttpRequest, issued: services.IssuedKey) -> None:
+def _hold_issued_key(
+    request: HttpRequest, issued: services.IssuedKey, *, rotated: bool = False
+) -> None:
     handle = secrets.token_urlsafe(24)
     cache.set(
-        f"issued-key:{handle}", {"key": str(issued.key.pk), "secret": issued.secret}, _ISSUED_TTL_S
+        f"issued-key:{handle}",
+        {"key": str(issued.key.pk), "secret": issued.secret, "rotated": rotated},
+        _ISSUED_TTL_S,
     )
     request.session["issued_key"] = handle
 
 
-def _take_issued_key(request: HttpRequest, principal: Principal) -> services.IssuedKey | None:
+def _take_issued_key(request: HttpRequest, principal: Principal) -> dict[str, Any] | None:
     """The key issued by this session's last POST, once: the handle and the secret are
     deleted as they are read, so a reload shows the list without it."""
     handle = request.session.pop("issued_key", None)
@@ -144,15 +152,59 @@ def _take_issued_key(request: HttpRequest, principal: Principal) -> services.Iss
         key = selectors.api_key_get(tenant=principal.tenant, key_id=held["key"])
     except NotFound:  # another team now (switched teams in between): not shown here
         return None
-    return services.IssuedKey(key=key, secret=held["secret"])
+    return {"key": key, "secret": held["secret"], "rotated": bool(held.get("rotated"))}
 
 
 @require_POST
 @page("admin")
 def key_revoke(request: HttpRequest, principal: Principal, key_id: str) -> HttpResponse:
     key = selectors.api_key_get(tenant=principal.tenant, key_id=key_id)
-    services.api_key_revoke(key=key)
+    services.api_key_revoke(key=key, actor=principal.actor)
     messages.success(request, f"Revoked {key.name} ({key.prefix}…). Requests with it now fail.")
+    return redirect("frontend:keys")
+
+
+@require_POST
+@page("admin")
+def key_rename(request: HttpRequest, principal: Principal, key_id: str) -> HttpResponse:
+    key = selectors.api_key_get(tenant=principal.tenant, key_id=key_id)
+    old = key.name
+    try:
+        key = services.api_key_rename(
+            key=key, name=request.POST.get("name", ""), actor=principal.actor
+        )
+    except ApiError as exc:
+        messages.error(request, f"{old} was not renamed: {exc.message}.")
+    else:
+        messages.success(request, f"Renamed {old} to {key.name}.")
+    return redirect("frontend:keys")
+
+
+ROTATION_GRACE_CHOICES = [
+    ("0", "none: the old secret stops now"),
+    ("3600", "1 hour"),
+    ("86400", "24 hours"),
+    ("604800", "7 days"),
+]
+
+
+@require_POST
+@page("admin")
+def key_rotate(request: HttpRequest, principal: Principal, key_id: str) -> HttpResponse:
+    """A new secret, shown once on the keys page after the redirect (like a new key);
+    the old one works for the chosen grace period."""
+    key = selectors.api_key_get(tenant=principal.tenant, key_id=key_id)
+    raw = request.POST.get("grace_seconds", "")
+    try:
+        issued = services.api_key_rotate(
+            key=key,
+            actor=principal.actor,
+            grace_seconds=int(raw) if raw.isdigit() else None,
+        )
+    except ApiError as exc:
+        messages.error(request, f"{key.name} was not rotated: {exc.message}.")
+    else:
+        _hold_issued_key(request, issued, rotated=True)
     return redirect("frontend:keys")
 
 
@@ -180,6 +232,7 @@ def members(request: HttpRequest, principal: Principal) -> HttpResponse:
     try:
         if request.POST.get("action") == "add":
             added = services.membership_add(
+                actor=principal.actor,
                 tenant=principal.tenant,
                 username=request.POST.get("username", ""),
                 role=request.POST.get("role", Role.MEMBER),
@@ -190,14 +243,19 @@ def members(request: HttpRequest, principal: Principal) -> HttpResponse:
             membership = selectors.membership_get(
                 tenant=principal.tenant, membership_id=request.POST.get("membership_id", "")
             )
-            services.membership_remove(membership=membership, by_role=principal.role)
+            services.membership_remove(
+                membership=membership, by_role=principal.role, actor=principal.actor
+            )
             message = f"Removed {membership.user.username} from the team."
         else:
             membership = selectors.membership_get(
                 tenant=principal.tenant, membership_id=request.POST.get("membership_id", "")
             )
             changed = services.membership_change_role(
-                membership=membership, role=request.POST.get("role", ""), by_role=principal.role
+                membership=membership,
+                role=request.POST.get("role", ""),
+                by_role=principal.role,
+                actor=principal.actor,
             )
             message = f"{changed.user.username} is now {changed.role}."
     except NotFound:
@@ -212,3 +270,80 @@ def members(request: HttpRequest, principal: Principal) -> HttpResponse:
         return redirect("frontend:members")
     context.update(errors=errors, form=request.POST)
     return render_page(request, principal, "frontend/members.html", context)
+
+
+ACTION_LABELS = {
+    Action.KEY_CREATED: "created key",
+    Action.KEY_REVOKED: "revoked key",
+    Action.KEY_RENAMED: "renamed key",
+    Action.KEY_ROTATED: "rotated key",
+    Action.MEMBER_ADDED: "added member",
+    Action.MEMBER_ROLE_CHANGED: "changed the role of",
+    Action.MEMBER_REMOVED: "removed member",
+    Action.SANDBOX_DELETED: "deleted sandbox",
+    Action.QUOTA_CHANGED: "changed",
+}
+
+
+@require_http_methods(["GET"])
+@page("admin")
+def activity_page(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """The team's activity log, newest first, a page at a time (cursor in the URL), with
+    an action filter and CSV/JSONL export (the API's export, on the session)."""
+    chosen = request.GET.get("action", "")
+    try:
+        qs = activity.activity_list(tenant=principal.tenant, action=chosen or None)
+        page_ = activity.activity_page(qs, cursor=request.GET.get("cursor"), limit=50)
+    except ApiError as exc:
+        return render_page(
+            request,
+            principal,
+            "frontend/activity.html",
+            {"error": exc.message, "entries": [], "nav_section": "activity", **_filters(chosen)},
+            status=400,
+        )
+    entries = [
+        {
+            "entry": entry,
+            "verb": ACTION_LABELS.get(Action(entry.action), entry.action),
+            "details": _detail_texts(entry.details),
+        }
+        for entry in page_.rows
+    ]
+    query = {"action": chosen} if chosen else {}
+    context = {
+        "entries": entries,
+        "next_url": "?" + urlencode({**query, "cursor": page_.next_cursor})
+        if page_.next_cursor
+        else "",
+        "is_first_page": not request.GET.get("cursor"),
+        "export_query": urlencode(query),
+        "retention_days": settings.HEDGEROW_ACTIVITY_RETENTION_DAYS,
+        "nav_section": "activity",
+        **_filters(chosen),
+    }
+    return render_page(request, principal, "frontend/activity.html", context)
+
+
+def _detail_texts(details: dict[str, Any]) -> list[str]:
+    """``name: value`` per detail; a change as ``name: old → new`` (None shows as "none",
+    the quota's "unlimited")."""
+
+    def plain(value: Any) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value)
+        return str(value)
+
+    texts = []
+    for name, value in details.items():
+        if isinstance(value, dict) and set(value) == {"old", "new"}:
+            texts.append(f"{name}: {plain(value['old'])} → {plain(value['new'])}")
+        else:
+            texts.append(f"{name}: {plain(value)}")
+    return texts
+
+
+def _filters(chosen: str) -> dict[str, Any]:
+    return {"actions": list(Action.choices), "chosen_action": chosen}

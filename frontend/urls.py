@@ -55,5 +55,8 @@ urlpatterns = [
     ),
     path("keys/", team_views.keys, name="keys"),
     path("keys/<str:key_id>/revoke", team_views.key_revoke, name="key-revoke"),
+    path("keys/<str:key_id>/rename", team_views.key_rename, name="key-rename"),
+    path("keys/<str:key_id>/rotate", team_views.key_rotate, name="key-rotate"),
+    path("activity/", team_views.activity_page, name="activity"),
     path("members/", team_views.members, name="members"),
 ]

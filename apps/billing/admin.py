@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.contrib import admin
 from django.http import HttpRequest
 
@@ -9,6 +11,7 @@ from apps.billing.models import (
     TenantQuota,
     UsageRecord,
 )
+from apps.billing.services import quota_update
 from apps.tenancy.models import ApiKey, Membership, Tenant
 
 
@@ -49,7 +52,15 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "last_used_at",
     ]
     list_filter = ["tenant"]
-    readonly_fields = ["prefix", "secret_hash", "last_used_at"]
+    readonly_fields = [
+        "prefix",
+        "secret_hash",
+        "last_used_at",
+        "last_used_from",
+        "previous_secret_hash",
+        "previous_valid_until",
+        "rotated_at",
+    ]
     inlines = [ApiKeyLimitsInline]
 
 
@@ -68,6 +79,15 @@ class TenantQuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     list_editable = ["max_concurrent_sandboxes", "monthly_budget", "queue_by_default"]
     search_fields = ["tenant__slug"]
+
+    def save_model(self, request: HttpRequest, obj: TenantQuota, form: Any, change: bool) -> None:
+        """Edits go through the service, so the team's activity log records them."""
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        stored = TenantQuota.objects.get(pk=obj.pk)
+        changes = {name: getattr(obj, name) for name in form.changed_data}
+        quota_update(quota=stored, changes=changes, actor=f"staff:{request.user.get_username()}")
 
 
 class PriceRateInline(admin.TabularInline):  # type: ignore[type-arg]

@@ -17,6 +17,7 @@ NAV_ITEMS: list[NavItem] = [
     NavItem("Sandboxes", "frontend:sandboxes", section="sandboxes"),
     NavItem("API keys", "frontend:keys", scope="admin", section="keys"),
     NavItem("Members", "frontend:members", section="members"),
+    NavItem("Activity", "frontend:activity", scope="admin", section="activity"),
 ]
 
 

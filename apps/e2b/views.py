@@ -18,7 +18,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from apps.core.errors import ApiError
 from apps.core.inputs import json_loads
 from apps.e2b import pausing, services
-from apps.tenancy.auth import principal_for_key
+from apps.tenancy.auth import client_address, principal_for_key
 from apps.tenancy.principal import Principal
 
 MAX_BODY = 256 * 1024
@@ -39,7 +39,7 @@ def _principal(request: HttpRequest, scope: str) -> Principal:
     if not secret:
         raise ApiError("missing X-API-KEY header", code="not_authenticated", status_code=401)
     try:
-        principal = principal_for_key(secret)
+        principal = principal_for_key(secret, client_address(request.META))
     except AuthenticationFailed as exc:
         raise ApiError(str(exc.detail), code="invalid_api_key", status_code=401) from exc
     if not principal.has_scope(scope):

@@ -23,7 +23,7 @@ from apps.sandboxes import selectors
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.services.lifecycle import sandbox_delete, sandbox_heartbeat
 from apps.sandboxes.services.waiting import sandbox_wait_settled
-from apps.tenancy.auth import principal_for_key
+from apps.tenancy.auth import client_address, principal_for_key
 from apps.tenancy.principal import Principal
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def _principal(request: HttpRequest, scope: str) -> Principal:
     if not secret:
         raise ApiError("missing X-API-Key header", code="not_authenticated", status_code=401)
     try:
-        principal = principal_for_key(secret)
+        principal = principal_for_key(secret, client_address(request.META))
     except AuthenticationFailed as exc:
         raise ApiError(str(exc.detail), code="invalid_api_key", status_code=403) from exc
     if not principal.has_scope(scope):

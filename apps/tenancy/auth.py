@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
@@ -22,6 +24,16 @@ ROLE_SCOPES: dict[str, frozenset[str]] = {
     Role.OWNER: frozenset({"read", "write", "admin"}),
 }
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def client_address(meta: Any) -> str | None:
+    """The request's client address (REMOTE_ADDR: the peer, or what uvicorn's
+    --proxy-headers took from a trusted proxy's X-Forwarded-For), if it is one."""
+    value = str(meta.get("REMOTE_ADDR") or "")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        return None
 
 
 class AuthFailed(exceptions.AuthenticationFailed):
@@ -48,29 +60,41 @@ _key_digests: dict[str, str] = {}
 
 
 def forget_cached_keys() -> None:
-    """Drops every cached key → principal entry (after a revoke or a team change)."""
+    """Drops every cached key → principal entry (after a revoke, a rotation, a rename or
+    a team change)."""
     _key_cache.clear()
+    _key_digests.clear()
 
 
-def principal_for_key(secret: str) -> Principal:
-    """Resolves a secret to a principal or raises AuthFailed with a reason."""
-    return _principal_cached_by_digest(hash_secret(secret))
+def _still_valid(principal: Principal, digest: str) -> bool:
+    """A cached principal's key has not expired since, and a secret in its rotation
+    grace has not outlived it."""
+    key = principal.api_key
+    if key is None:
+        return False
+    now = timezone.now()
+    if key.expires_at is not None and key.expires_at <= now:
+        return False
+    if digest == key.previous_secret_hash:
+        return key.previous_valid_until is not None and key.previous_valid_until > now
+    return True
 
 
-def _principal_cached_by_digest(digest: str) -> Principal:
+def principal_for_key(secret: str, source: str | None = None) -> Principal:
+    """Resolves a secret to a principal or raises AuthFailed with a reason. ``source``
+    (the client address) is recorded as the key's last-used address."""
+    return _principal_cached_by_digest(hash_secret(secret), source)
+
+
+def _principal_cached_by_digest(digest: str, source: str | None = None) -> Principal:
     cached = _key_cache.get(digest)
     if cached is not None:
         principal, at = cached
-        key = principal.api_key
         fresh = time.monotonic() - at < KEY_CACHE_TTL_S
-        if (
-            fresh
-            and key is not None
-            and (key.expires_at is None or key.expires_at > timezone.now())
-        ):
+        if fresh and _still_valid(principal, digest):
             return principal
         _key_cache.pop(digest, None)
-    principal = _principal_for_digest(digest)
+    principal = _principal_for_digest(digest, source)
     if len(_key_cache) >= KEY_CACHE_MAX:
         _key_cache.clear()
     _key_cache[digest] = (principal, time.monotonic())
@@ -111,12 +135,7 @@ def _principal_cached_digest(digest: str) -> Principal | None:
     if cached is None:
         return None
     principal, at = cached
-    key = principal.api_key
-    if (
-        time.monotonic() - at < KEY_CACHE_TTL_S
-        and key is not None
-        and (key.expires_at is None or key.expires_at > timezone.now())
-    ):
+    if time.monotonic() - at < KEY_CACHE_TTL_S and _still_valid(principal, digest):
         return principal
     return None
 
@@ -149,25 +168,45 @@ def principal_for_key_id(key_id: str) -> Principal:
             _key_digests.clear()
         _key_digests[key_id] = digest
     # the same cache (and the same revocation delay) as a secret's
-    return _principal_cached_by_digest(digest)
-
-
-def _principal_for_digest(digest: str) -> Principal:
     try:
-        key = ApiKey.objects.select_related("tenant").get(secret_hash=digest)
-    except ApiKey.DoesNotExist:
-        raise AuthFailed("invalid API key") from None
+        return _principal_cached_by_digest(digest)
+    except AuthFailed:
+        # rotated in another process since this one learnt the digest: look it up again
+        fresh = ApiKey.objects.filter(pk=key_id).values_list("secret_hash", flat=True).first()
+        if fresh is None or fresh == digest:
+            raise
+        _key_digests[key_id] = fresh
+        return _principal_cached_by_digest(fresh)
+
+
+def _principal_for_digest(digest: str, source: str | None = None) -> Principal:
     now = timezone.now()
+    key = (
+        ApiKey.objects.select_related("tenant")
+        .filter(
+            Q(secret_hash=digest) | Q(previous_secret_hash=digest, previous_valid_until__gt=now)
+        )
+        .first()
+    )
+    if key is None:
+        raise AuthFailed("invalid API key")
     if key.revoked_at is not None:
         raise AuthFailed("this API key was revoked", code="api_key_revoked")
     if key.expires_at is not None and key.expires_at <= now:
         raise AuthFailed("this API key has expired", code="api_key_expired")
     if not key.tenant.is_active:
         raise AuthFailed("this team is disabled", code="tenant_disabled")
-    # Written at most once a minute so the hot path does not write on every request.
-    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return Principal(tenant=key.tenant, scopes=frozenset(key.scopes), api_key=key)
+    # Written at most once a minute (or when the address changes) so the hot path does
+    # not write on every request.
+    moved = source is not None and source != key.last_used_from
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION or moved:
+        changes: dict[str, Any] = {"last_used_at": now}
+        if source is not None:
+            changes["last_used_from"] = source
+        ApiKey.objects.filter(pk=key.pk).update(**changes)
+    return Principal(
+        tenant=key.tenant, scopes=frozenset(key.scopes), api_key=key, secret_digest=digest
+    )
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -175,7 +214,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         secret = extract_key(request.headers)
         if secret is None:
             return None
-        principal = principal_for_key(secret)
+        principal = principal_for_key(secret, client_address(request.META))
         return principal, principal
 
     def authenticate_header(self, request: Request) -> str:

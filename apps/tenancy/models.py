@@ -73,6 +73,15 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # The client address of the request that last wrote last_used_at (REMOTE_ADDR).
+    last_used_from = models.GenericIPAddressField(null=True, blank=True)
+    # Rotation: the secret before the last rotation keeps working until
+    # previous_valid_until (the grace period), then is refused like any unknown key.
+    previous_secret_hash = models.CharField(
+        max_length=64, null=True, blank=True, unique=True, default=None
+    )
+    previous_valid_until = models.DateTimeField(null=True, blank=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "billing_apikey"
@@ -84,3 +93,42 @@ class ApiKey(models.Model):
     def is_active(self) -> bool:
         now = timezone.now()
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class Action(models.TextChoices):
+    """What the team activity log records (docs/security.md#team-activity)."""
+
+    KEY_CREATED = "key.created"
+    KEY_REVOKED = "key.revoked"
+    KEY_RENAMED = "key.renamed"
+    KEY_ROTATED = "key.rotated"
+    MEMBER_ADDED = "member.added"
+    MEMBER_ROLE_CHANGED = "member.role_changed"
+    MEMBER_REMOVED = "member.removed"
+    SANDBOX_DELETED = "sandbox.deleted"
+    QUOTA_CHANGED = "quota.changed"
+
+
+class Activity(models.Model):
+    """One thing a person or a key did to a team: who (``actor``), what (``action``), to
+    what (``target_*``), and the non-secret particulars (``details``: old and new names,
+    roles, quota values, a key's prefix; never a secret). Written by the services that
+    do the thing, in the same transaction; kept HEDGEROW_ACTIVITY_RETENTION_DAYS."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="activity")
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=200)
+    action = models.CharField(max_length=32, choices=Action.choices)
+    target_type = models.CharField(max_length=32)
+    target_id = models.CharField(max_length=64)
+    target_name = models.CharField(max_length=200, blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "-id"], name="activity_tenant_id"),
+            models.Index(fields=["at"], name="activity_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target_name}"

@@ -17,6 +17,11 @@ class Principal:
     user: User | None = None
     role: str = ""
     is_authenticated: bool = field(default=True)
+    # The SHA-256 of the secret this principal authenticated with (a key's current
+    # secret, or the one before a rotation during its grace): what a long-lived socket
+    # re-checks, so rotating a key closes sockets opened with the old secret once its
+    # grace ends.
+    secret_digest: str = ""
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes

@@ -51,14 +51,30 @@ def principal_lost(principal: Principal, session_key: str | None) -> Lost | None
     if principal.api_key is not None:
         row = (
             ApiKey.objects.filter(pk=principal.api_key.pk)
-            .values_list("revoked_at", "expires_at", "tenant__is_active", "scopes")
+            .values_list(
+                "revoked_at",
+                "expires_at",
+                "tenant__is_active",
+                "scopes",
+                "secret_hash",
+                "previous_secret_hash",
+                "previous_valid_until",
+            )
             .first()
         )
         if row is None or row[0] is not None:
             return Lost("api_key_revoked", "this API key was revoked", CLOSE_UNAUTHENTICATED)
-        _revoked_at, expires_at, tenant_active, scopes = row
+        _revoked_at, expires_at, tenant_active, scopes, current, previous, grace_end = row
         if expires_at is not None and expires_at <= now:
             return Lost("api_key_expired", "this API key has expired", CLOSE_UNAUTHENTICATED)
+        digest = principal.secret_digest
+        in_grace = digest == previous and grace_end is not None and grace_end > now
+        if digest and digest != current and not in_grace:
+            return Lost(
+                "api_key_rotated",
+                "this API key's secret was rotated and its grace period is over",
+                CLOSE_UNAUTHENTICATED,
+            )
         if not tenant_active:
             return Lost("tenant_disabled", "this team is disabled", CLOSE_UNAUTHENTICATED)
         if frozenset(scopes) != principal.scopes:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
 from apps.core.errors import ApiError, Conflict, ValidationFailed
+from apps.tenancy.activity import activity_record
 from apps.tenancy.auth import forget_cached_keys
-from apps.tenancy.models import ApiKey, Membership, Role, Scope, Tenant
+from apps.tenancy.models import Action, ApiKey, Membership, Role, Scope, Tenant
 from apps.tenancy.secrets import KEY_PREFIX, hash_secret
 
 VALID_SCOPES = {s.value for s in Scope}
@@ -41,6 +43,7 @@ def api_key_create(
     expires_at: datetime | None = None,
     created_by: User | None = None,
     granted_by: frozenset[str] | None = None,
+    actor: str = "",
 ) -> IssuedKey:
     """Issues a key. The returned secret is the only copy; the row holds its hash.
     With ``granted_by`` (the issuing caller's scopes) the new key gets no scope its
@@ -59,26 +62,123 @@ def api_key_create(
         )
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expiry must be in the future", field="expires_at")
-    body = secrets.token_urlsafe(32)
-    secret = f"{KEY_PREFIX}{body}"
-    key = ApiKey.objects.create(
-        tenant=tenant,
-        name=name,
-        prefix=secret[: len(KEY_PREFIX) + 8],
-        secret_hash=hash_secret(secret),
-        scopes=chosen,
-        expires_at=expires_at,
-        created_by=created_by,
-    )
+    name = _key_name(name)
+    secret = _new_secret()
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=secret[: len(KEY_PREFIX) + 8],
+            secret_hash=hash_secret(secret),
+            scopes=chosen,
+            expires_at=expires_at,
+            created_by=created_by,
+        )
+        _key_activity(key, actor or _user_actor(created_by), Action.KEY_CREATED, scopes=chosen)
     return IssuedKey(key=key, secret=secret)
 
 
-def api_key_revoke(*, key: ApiKey) -> ApiKey:
-    """Revokes a key. Idempotent: revoking twice keeps the first revocation time."""
-    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    key.refresh_from_db()
+def _new_secret() -> str:
+    return f"{KEY_PREFIX}{secrets.token_urlsafe(32)}"
+
+
+def _key_name(name: str) -> str:
+    name = name.strip()
+    if not name:
+        raise ValidationFailed("a key needs a name", field="name")
+    if len(name) > 200:
+        raise ValidationFailed("a key name is at most 200 characters", field="name")
+    return name
+
+
+def _user_actor(user: User | None) -> str:
+    return f"user:{user.username}" if user is not None else "system"
+
+
+def _key_activity(key: ApiKey, actor: str, action: Action, **details: object) -> None:
+    activity_record(
+        tenant=key.tenant_id,
+        actor=actor,
+        action=action,
+        target_type="api_key",
+        target_id=str(key.pk),
+        target_name=key.name,
+        details={"prefix": key.prefix, **details},
+    )
+
+
+def api_key_revoke(*, key: ApiKey, actor: str = "system") -> ApiKey:
+    """Revokes a key (and any secret still in a rotation grace). Idempotent: revoking
+    twice keeps the first revocation time and is logged once."""
+    with transaction.atomic():
+        revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        key.refresh_from_db()
+        if revoked:
+            _key_activity(key, actor, Action.KEY_REVOKED)
     forget_cached_keys()
     return key
+
+
+def api_key_rename(*, key: ApiKey, name: str, actor: str) -> ApiKey:
+    """Renames a key (its secret and prefix stay). Renaming to the same name is a no-op."""
+    name = _key_name(name)
+    if name == key.name:
+        return key
+    with transaction.atomic():
+        old = key.name
+        ApiKey.objects.filter(pk=key.pk).update(name=name)
+        key.refresh_from_db()
+        _key_activity(key, actor, Action.KEY_RENAMED, old_name=old, new_name=name)
+    forget_cached_keys()
+    return key
+
+
+def api_key_rotate(*, key: ApiKey, actor: str, grace_seconds: int | None = None) -> IssuedKey:
+    """Gives the key a new secret (returned once) and keeps the current one working for
+    ``grace_seconds`` (default HEDGEROW_KEY_ROTATION_GRACE_S; 0 ends it at once), after
+    which it is refused. The key keeps its id, name, scopes and expiry; its prefix is
+    the new secret's. Only the secret just replaced gets a grace: rotating again ends
+    an older one's at once. A revoked or expired key is a 409. Transactional, and the
+    row is locked so two rotations cannot both keep "the" old secret."""
+    grace = settings.HEDGEROW_KEY_ROTATION_GRACE_S if grace_seconds is None else grace_seconds
+    if not 0 <= grace <= settings.HEDGEROW_KEY_ROTATION_MAX_GRACE_S:
+        raise ValidationFailed(
+            f"grace_seconds must be 0 to {settings.HEDGEROW_KEY_ROTATION_MAX_GRACE_S}",
+            field="grace_seconds",
+        )
+    secret = _new_secret()
+    with transaction.atomic():
+        locked = ApiKey.objects.select_for_update().get(pk=key.pk)
+        if not locked.is_active:
+            state = "revoked" if locked.revoked_at is not None else "expired"
+            raise Conflict(f"this key is {state}", code=f"api_key_{state}", field=None)
+        now = timezone.now()
+        old_prefix = locked.prefix
+        locked.previous_secret_hash = locked.secret_hash if grace > 0 else None
+        locked.previous_valid_until = now + timedelta(seconds=grace) if grace > 0 else None
+        locked.secret_hash = hash_secret(secret)
+        locked.prefix = secret[: len(KEY_PREFIX) + 8]
+        locked.rotated_at = now
+        locked.save(
+            update_fields=[
+                "previous_secret_hash",
+                "previous_valid_until",
+                "secret_hash",
+                "prefix",
+                "rotated_at",
+            ]
+        )
+        _key_activity(
+            locked,
+            actor,
+            Action.KEY_ROTATED,
+            old_prefix=old_prefix,
+            grace_seconds=grace,
+        )
+    forget_cached_keys()
+    return IssuedKey(key=locked, secret=secret)
 
 
 def membership_set_role(*, tenant: Tenant, user: User, role: str) -> Membership:
@@ -93,7 +193,21 @@ def membership_set_role(*, tenant: Tenant, user: User, role: str) -> Membership:
 # --- Members (the dashboard's Members page) -------------------------------------------
 
 
-def membership_add(*, tenant: Tenant, username: str, role: str, by_role: str) -> Membership:
+def _member_activity(membership: Membership, actor: str, action: Action, **details: object) -> None:
+    activity_record(
+        tenant=membership.tenant_id,
+        actor=actor,
+        action=action,
+        target_type="member",
+        target_id=str(membership.user_id),
+        target_name=membership.user.username,
+        details=details,
+    )
+
+
+def membership_add(
+    *, tenant: Tenant, username: str, role: str, by_role: str, actor: str = "system"
+) -> Membership:
     """Adds an existing user to the team. Only owners may make owners; a user who is
     already a member is a 409 (change their role instead)."""
     _check_role_change(role=role, by_role=by_role, previous=None)
@@ -104,10 +218,15 @@ def membership_add(*, tenant: Tenant, username: str, role: str, by_role: str) ->
         raise Conflict(
             f"{user.username} is already a member", field="username", code="member_exists"
         )
-    return Membership.objects.create(tenant=tenant, user=user, role=role)
+    with transaction.atomic():
+        membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+        _member_activity(membership, actor, Action.MEMBER_ADDED, role=role)
+    return membership
 
 
-def membership_change_role(*, membership: Membership, role: str, by_role: str) -> Membership:
+def membership_change_role(
+    *, membership: Membership, role: str, by_role: str, actor: str = "system"
+) -> Membership:
     """Changes a member's role. Transactional: the team always keeps at least one owner
     (the row is locked so two concurrent demotions cannot both pass the check)."""
     _check_role_change(role=role, by_role=by_role, previous=membership.role)
@@ -119,12 +238,18 @@ def membership_change_role(*, membership: Membership, role: str, by_role: str) -
         )
         if role != Role.OWNER and owners == [membership.pk]:
             raise ValidationFailed("a team needs at least one owner", field="role")
+        previous = Membership.objects.filter(pk=membership.pk).values_list("role", flat=True)
+        old_role = previous.first()
         Membership.objects.filter(pk=membership.pk).update(role=role)
+        if old_role != role:
+            _member_activity(
+                membership, actor, Action.MEMBER_ROLE_CHANGED, old_role=old_role, new_role=role
+            )
     membership.refresh_from_db()
     return membership
 
 
-def membership_remove(*, membership: Membership, by_role: str) -> None:
+def membership_remove(*, membership: Membership, by_role: str, actor: str = "system") -> None:
     """Removes a member from the team (their next request no longer acts for it).
     Owners and admins only; only an owner removes an owner; transactional: the team
     always keeps at least one owner (the owners' rows are locked, as for a demotion)."""
@@ -140,7 +265,8 @@ def membership_remove(*, membership: Membership, by_role: str) -> None:
         )
         if owners == [membership.pk]:
             raise ValidationFailed("a team needs at least one owner", field="membership_id")
-        Membership.objects.filter(pk=membership.pk).delete()
+        if Membership.objects.filter(pk=membership.pk).delete()[0]:
+            _member_activity(membership, actor, Action.MEMBER_REMOVED, role=membership.role)
 
 
 def _check_role_change(*, role: str, by_role: str, previous: str | None) -> None:

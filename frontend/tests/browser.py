@@ -162,10 +162,25 @@ def sideways_overflow(page: Page) -> list[str]:
 
 
 def axe_violations(page: Page, impacts: tuple[str, ...] = ("serious", "critical")) -> list[str]:
-    """axe-core's violations of the page as it is now, at ``impacts``: "rule-id (impact):
-    selector, …" per rule, so a failing assertion names what to fix."""
+    """axe-core's violations of the page as it is now, at ``impacts``, on both screens
+    issue 24 names (DESKTOP and PHONE: a phone layout hides, stacks and wraps things
+    differently): "WIDTHpx: rule-id (impact): selector, …" per rule, so a failing
+    assertion names what to fix and where. The viewport is put back afterwards."""
     if not AXE.exists():
         raise AssertionError(f"{AXE} is missing: run `scripts/stack.sh install` (npm ci)")
+    before = page.viewport_size
+    found: list[str] = []
+    try:
+        for size in (DESKTOP, PHONE):
+            page.set_viewport_size(size)
+            found += [f"{size['width']}px: {v}" for v in _axe_run(page, impacts)]
+    finally:
+        if before is not None:
+            page.set_viewport_size(before)
+    return found
+
+
+def _axe_run(page: Page, impacts: tuple[str, ...]) -> list[str]:
     if not page.evaluate("typeof window.axe !== 'undefined'"):
         page.add_script_tag(path=str(AXE))
     found = page.evaluate(

@@ -203,6 +203,7 @@ def test_it_shows_every_page_with_data_without_errors_or_sideways_scrolling(
             f"/sandboxes/{main}/",
             "/keys/",
             "/members/",
+            "/activity/",
             "/billing/usage/",
             "/trajectories/",
             "/reports/leaks/mine",

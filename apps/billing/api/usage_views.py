@@ -125,7 +125,11 @@ class AdminTenantQuotaView(StaffView):
         quota = quota_get(tenant=self._tenant(slug))
         serializer = TenantQuotaSerializer(quota, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        quota = services.quota_update(quota=quota, changes=dict(serializer.validated_data))
+        quota = services.quota_update(
+            quota=quota,
+            changes=dict(serializer.validated_data),
+            actor=f"staff:{request.user.get_username()}",
+        )
         return Response(TenantQuotaSerializer(quota).data)
 
 

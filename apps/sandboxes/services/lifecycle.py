@@ -28,7 +28,8 @@ from apps.sandboxes.metering.usage import (
 )
 from apps.sandboxes.models import LIVE_STATES, Sandbox, SandboxEvent, State
 from apps.sandboxes.selectors import sandbox_by_idempotency_key
-from apps.tenancy.models import Tenant
+from apps.tenancy.activity import activity_record
+from apps.tenancy.models import Action, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -495,19 +496,30 @@ def sandbox_delete(*, sandbox: Sandbox, actor: str, reason: str = "deleted") -> 
     from apps.sandboxes.tasks import destroy_sandbox
 
     sandbox_id = str(sandbox.id)
-    moved = sandbox_transition(
-        sandbox=sandbox,
-        from_states=(
-            State.QUEUED,
-            State.REQUESTED,
-            State.PROVISIONING,
-            State.READY,
-            State.PAUSED,
-        ),
-        to_state=State.TERMINATING,
-        reason=reason,
-        actor=actor,
-    )
+    with transaction.atomic():
+        moved = sandbox_transition(
+            sandbox=sandbox,
+            from_states=(
+                State.QUEUED,
+                State.REQUESTED,
+                State.PROVISIONING,
+                State.READY,
+                State.PAUSED,
+            ),
+            to_state=State.TERMINATING,
+            reason=reason,
+            actor=actor,
+        )
+        if moved:  # the team's activity log: who deleted it (a repeat is not logged)
+            activity_record(
+                tenant=str(sandbox.tenant_id),
+                actor=actor,
+                action=Action.SANDBOX_DELETED,
+                target_type="sandbox",
+                target_id=sandbox.external_id or sandbox_id,
+                target_name=sandbox.external_id or sandbox_id,
+                details={"reason": reason, "image": sandbox.image},
+            )
     if moved or sandbox.state in (State.FAILED, State.LOST):
         transaction.on_commit(lambda: destroy_sandbox.delay(sandbox_id))
     return sandbox

@@ -497,9 +497,9 @@ def test_it_refreshes_a_stale_key_and_limits_once_for_concurrent_execs(fast, mon
     lookups: list[str] = []
     real_lookup, real_limits = auth._principal_for_digest, limits.hot_limits
 
-    def counted_lookup(digest: str) -> Any:
+    def counted_lookup(digest: str, source: str | None = None) -> Any:
         lookups.append("key")
-        return real_lookup(digest)
+        return real_lookup(digest, source)
 
     def counted_limits(tenant_id: str) -> Any:
         lookups.append("limits")

@@ -15,7 +15,15 @@ from playwright.sync_api import expect
 
 from apps.sandboxes.models import Sandbox, State
 from apps.trajectories.models import Episode, EpisodeRelabel
-from frontend.tests.browser import Console, chromium, new_page, screenshot, sign_in
+from frontend.tests.browser import (
+    Console,
+    axe_violations,
+    chromium,
+    new_page,
+    screenshot,
+    sideways_overflow,
+    sign_in,
+)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("assets")]
 
@@ -84,6 +92,8 @@ def test_it_shows_numbers_timeline_relabel_and_compare_in_a_browser(live, make_t
         expect(timeline.locator("[data-event=ready]")).to_have_count(1)
         expect(page.locator("#evidence")).to_contain_text("verifier_pass")
         screenshot(page, "episode-detail")
+        # issue 24, defect 12: axe-core and no sideways scrolling at 1440×900 and 390×844
+        problems = {"detail": sideways_overflow(page) + axe_violations(page)}
 
         page.get_by_label("Relabel as").select_option("verifier")
         page.get_by_label("Reason").fill("the check only tests that the file exists")
@@ -98,7 +108,9 @@ def test_it_shows_numbers_timeline_relabel_and_compare_in_a_browser(live, make_t
         expect(page.locator("[data-side=b][data-index='0']")).to_contain_text("forgot")
         expect(page.locator("[data-side=a][data-index='1']")).to_contain_text("I am done")
         screenshot(page, "episode-compare")
+        problems["compare"] = sideways_overflow(page) + axe_violations(page)
         assert console.errors == []
+    assert {name: found for name, found in problems.items() if found} == {}
 
     relabel = EpisodeRelabel.objects.get(episode__episode_id=solved_id)
     assert (relabel.from_class, relabel.to_class, relabel.actor) == (
