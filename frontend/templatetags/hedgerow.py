@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 
 from django import template
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import SafeString
 
 register = template.Library()
@@ -156,3 +157,23 @@ def money(value: Decimal | None) -> str:
     if value is None:
         return "—"
     return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
+
+
+# Where a long file name may wrap: after a separator, or between a lower-case letter or
+# digit and an upper-case one (camelCase). Not mid-word.
+_WBR = SafeString("<wbr>")
+_WRAP_AFTER = re.compile(r"([_\-./@+,=~]+|(?<=[a-z0-9])(?=[A-Z]))")
+
+
+@register.filter
+def breakable(value: object) -> SafeString:
+    """``value`` escaped, with ``<wbr>`` where it may wrap: a long name breaks after its
+    separators (``_ - . /`` …) instead of at whatever letter reaches the edge. A part
+    longer than the whole column still breaks (CSS ``overflow-wrap``), as a last resort."""
+    parts = _WRAP_AFTER.split(str(value))
+    out = SafeString("")
+    for i, part in enumerate(parts):
+        out += conditional_escape(part)
+        if i % 2 == 1 and i < len(parts) - 1:
+            out += _WBR  # after a separator (odd parts are the separators)
+    return out
