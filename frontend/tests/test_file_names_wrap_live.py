@@ -50,7 +50,7 @@ _BREAKS = """(name) => {
 
 
 def _at_a_separator(pair: str) -> bool:
-    before, after = pair
+    before, after = pair[0], pair[1]
     return before in "_-./" or (before.islower() and after.isupper())
 
 
