@@ -29,6 +29,9 @@ from .procutil import signal_number, signal_session
 PROTOCOL = "hedgerow-pty/1"
 MAX_FRAME = 1024 * 1024
 INIT_TIMEOUT_S = 10.0
+# HOME is /workspace, the user's files: an interactive bash's history goes to /tmp
+# instead (the request's env or the image's own HISTFILE still win).
+HISTFILE = "/tmp/.bash_history"
 HANGUP_GRACE_S = 1.0
 _HEADER = struct.Struct(">cI")
 
@@ -108,6 +111,7 @@ class Session:
         ):
             raise ValueError("env must map names to strings")
         env.update(extra)
+        env.setdefault("HISTFILE", HISTFILE)
         cwd = os.path.join(self.state.workdir, init.get("cwd") or self.state.workdir)
         if not os.path.isdir(cwd):
             raise ValueError(f"cwd_not_found: {cwd}")

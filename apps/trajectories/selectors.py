@@ -3,6 +3,8 @@ raw and conditional, per-task success) and their timelines."""
 
 from __future__ import annotations
 
+import base64
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -102,6 +104,68 @@ def episode_list(*, tenant: Tenant, filters: dict[str, str] | None = None) -> Qu
             component = param[len(PROVENANCE_PREFIX) :]
             qs = qs.filter(**{f"provenance__{component}__in": value.split(",")})
     return qs
+
+
+# The list page's orders: name -> (field, descending). Keyset pages on (field, id).
+EPISODE_SORTS = {"newest": ("started_at", True), "oldest": ("started_at", False)}
+
+
+@dataclass(frozen=True)
+class EpisodePage:
+    rows: list[Episode]
+    next_cursor: str
+
+
+def episode_search(episodes: QuerySet[Episode], term: str) -> QuerySet[Episode]:
+    """Episodes whose id starts with ``term`` (with or without ``ep-``) or that carry
+    ``term`` as a label value or key (exact, like the sandboxes list)."""
+    term = term.strip()
+    if not term:
+        return episodes
+    ident = term if term.startswith("ep-") else f"ep-{term}"
+    return episodes.filter(
+        Q(episode_id__startswith=ident)
+        | Q(episode_id=term)
+        | Q(labels__icontains=f'"{term}"')
+        | Q(labels__has_key=term)
+    )
+
+
+def episode_page(
+    episodes: QuerySet[Episode], *, sort: str = "newest", cursor: str = "", limit: int = 50
+) -> EpisodePage:
+    """One page of ``episodes`` (already tenant-scoped and filtered). Keyset pagination
+    on (started_at, id): "next" stays right while episodes are recorded, which an offset
+    would not. An unknown sort is newest first; a bad cursor starts over."""
+    field_name, descending = EPISODE_SORTS.get(sort, EPISODE_SORTS["newest"])
+    after = _decode_episode_cursor(cursor)
+    if after is not None:
+        last, pk = after
+        op = "lt" if descending else "gt"
+        episodes = episodes.filter(
+            Q(**{f"{field_name}__{op}": last}) | Q(**{field_name: last, f"id__{op}": pk})
+        )
+    order = [f"-{field_name}", "-id"] if descending else [field_name, "id"]
+    rows = list(episodes.order_by(*order)[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = ""
+    if more:
+        last_row = rows[-1]
+        raw = f"{getattr(last_row, field_name).isoformat()}|{last_row.pk}".encode()
+        next_cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return EpisodePage(rows, next_cursor)
+
+
+def _decode_episode_cursor(cursor: str) -> tuple[datetime, uuid.UUID] | None:
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        value, pk = raw.split("|", 1)
+        return datetime.fromisoformat(value), uuid.UUID(pk)
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def episode_provenance_groups(

@@ -17,7 +17,7 @@ from apps.trajectories import selectors
 from apps.trajectories.models import INVALID_CLASSES, EpisodeStatus, FailureClass
 from apps.trajectories.services.episodes import episode_relabel
 
-PAGE_SIZE = 100
+PAGE_SIZE = 50
 CLASS_ORDER = [c.value for c in FailureClass]
 
 
@@ -39,13 +39,32 @@ def _chart(by_class: dict[str, int]) -> list[dict[str, Any]]:
 @page()
 def episode_list_page(request: HttpRequest, principal: Principal) -> HttpResponse:
     filters = {k: request.GET.get(k, "") for k in selectors.FILTER_PARAMS}
+    search = request.GET.get("q", "").strip()
+    sort = request.GET.get("sort", "newest")
+    if sort not in selectors.EPISODE_SORTS:
+        sort = "newest"
+    cursor = request.GET.get("cursor", "")
+    next_cursor = ""
     try:
-        qs = selectors.episode_list(tenant=principal.tenant, filters=filters)
+        qs = selectors.episode_search(
+            selectors.episode_list(tenant=principal.tenant, filters=filters), search
+        )
         stats = selectors.episode_stats(episodes=qs)
-        episodes = list(qs.prefetch_related("sandbox_links")[:PAGE_SIZE])
+        listed = selectors.episode_page(
+            qs.prefetch_related("sandbox_links"), sort=sort, cursor=cursor, limit=PAGE_SIZE
+        )
+        episodes, next_cursor = listed.rows, listed.next_cursor
         error = ""
     except ApiError as exc:
         qs, stats, episodes, error = None, None, [], exc.message
+    # the same filters, search and sort on every page link; only the cursor changes
+    keep = request.GET.copy()
+    keep.pop("cursor", None)
+    next_query = ""
+    if next_cursor:
+        keep["cursor"] = next_cursor
+        next_query = keep.urlencode()
+        keep.pop("cursor", None)
     return render_page(
         request,
         principal,
@@ -61,6 +80,12 @@ def episode_list_page(request: HttpRequest, principal: Principal) -> HttpRespons
             "statuses": [s.value for s in EpisodeStatus],
             "tasks": selectors.task_ids(tenant=principal.tenant),
             "page_size": PAGE_SIZE,
+            "search": search,
+            "sort": sort,
+            "sorts": [("newest", "Newest first"), ("oldest", "Oldest first")],
+            "paged": bool(cursor),
+            "first_query": keep.urlencode(),
+            "next_query": next_query,
         },
     )
 

@@ -69,9 +69,18 @@ document.addEventListener(
     }
     void confirmDialog(message).then((yes) => {
       if (!yes) return;
-      form.dataset.confirmed = "yes";
-      form.requestSubmit();
-      delete form.dataset.confirmed;
+      // A live table re-read while the dialog was open replaced the form (the bulk
+      // delete bar lives in #sandbox-table): submit its successor, found by id, whose
+      // checkboxes the re-read kept. A detached form submits nothing, silently.
+      const target = form.isConnected
+        ? form
+        : form.id
+          ? document.getElementById(form.id)
+          : null;
+      if (!(target instanceof HTMLFormElement)) return;
+      target.dataset.confirmed = "yes";
+      target.requestSubmit();
+      delete target.dataset.confirmed;
     });
   },
   true,

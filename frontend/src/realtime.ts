@@ -149,7 +149,24 @@ export function realtime(): Realtime | null {
   if (!shared) {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     shared = new Realtime(`${scheme}//${location.host}${url}`);
-    shared.onStatus((connected) => document.body.classList.toggle("realtime-on", connected));
+    // The top bar's dot says it in words too; a lost connection shows a visible
+    // "Reconnecting… updates paused" until the socket is back (base.html, #live-label).
+    let wasConnected = false;
+    shared.onStatus((connected) => {
+      document.body.classList.toggle("realtime-on", connected);
+      const lost = wasConnected && !connected;
+      document.body.classList.toggle("realtime-lost", lost);
+      wasConnected ||= connected;
+      const label = document.getElementById("live-label");
+      if (label) {
+        label.textContent = connected
+          ? "Live updates on"
+          : lost
+            ? "Reconnecting… updates paused"
+            : "Live updates connecting";
+        label.classList.toggle("sr-only", !lost);
+      }
+    });
   }
   return shared;
 }

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django import template
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import SafeString
 
 from apps.sandboxes.admission.queue import queue_position as _queue_position
@@ -174,3 +175,23 @@ def money(value: Decimal | str | float | None) -> SafeString:
 def queue_position(sandbox: Any) -> int | None:
     """``{{ sandbox|queue_position }}``: its place in the admission queue, or None."""
     return _queue_position(sandbox=sandbox)
+
+
+# Where a long file name may wrap: after a separator, or between a lower-case letter or
+# digit and an upper-case one (camelCase). Not mid-word.
+_WBR = SafeString("<wbr>")
+_WRAP_AFTER = re.compile(r"([_\-./@+,=~]+|(?<=[a-z0-9])(?=[A-Z]))")
+
+
+@register.filter
+def breakable(value: object) -> SafeString:
+    """``value`` escaped, with ``<wbr>`` where it may wrap: a long name breaks after its
+    separators (``_ - . /`` …) instead of at whatever letter reaches the edge. A part
+    longer than the whole column still breaks (CSS ``overflow-wrap``), as a last resort."""
+    parts = _WRAP_AFTER.split(str(value))
+    out = SafeString("")
+    for i, part in enumerate(parts):
+        out += conditional_escape(part)
+        if i % 2 == 1 and i < len(parts) - 1:
+            out += _WBR  # after a separator (odd parts are the separators)
+    return out

@@ -168,6 +168,21 @@ def test_it_runs_a_one_shot_command_with_env_and_cwd(agent: Agent, tmp_path: Any
     c.close()
 
 
+def test_shell_history_goes_to_tmp_not_the_workspace(agent: Agent) -> None:
+    # HOME is the workspace: bash's default ~/.bash_history would land among the
+    # user's files (issue 24, defect 9); the request's own HISTFILE still wins
+    c = PtyClient(agent)
+    c.start(cmd=["bash", "-c", 'echo "hist=$HISTFILE"'])
+    assert c.until_exit() == 0
+    assert b"hist=/tmp/.bash_history" in c.output
+    c.close()
+    c = PtyClient(agent)
+    c.start(cmd=["bash", "-c", 'echo "hist=$HISTFILE"'], env={"HISTFILE": "/dev/null"})
+    assert c.until_exit() == 0
+    assert b"hist=/dev/null" in c.output
+    c.close()
+
+
 def test_it_kills_the_session_when_the_client_disconnects(agent: Agent) -> None:
     c = PtyClient(agent)
     shell = c.start(cmd=["bash", "--norc", "--noprofile"])
