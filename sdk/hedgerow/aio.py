@@ -239,6 +239,10 @@ class AsyncClient:
         """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return AsyncSandbox(self, (await self.request("GET", f"/sandboxes/{sandbox_id}")).json())
 
+    def _sandbox(self, data: Dict[str, Any]) -> AsyncSandbox:
+        # See ``Client._sandbox``: episode and sandboxes build handles through it.
+        return AsyncSandbox(self, data)
+
     # -- snapshots (docs/snapshots.md) ---------------------------------------------
     async def get_snapshot(self, snapshot: SnapshotRef) -> AsyncSnapshot:
         """See ``Client.get_snapshot``."""

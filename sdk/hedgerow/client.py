@@ -28,7 +28,7 @@ import httpx
 
 from hedgerow import _common as common
 from hedgerow import streaming, trees
-from hedgerow._common import Command as Command  # re-exported: episode.py imports it
+from hedgerow._common import Command
 from hedgerow.cleanup import registry
 from hedgerow.commands import CommandHandle
 from hedgerow.episode import Episode, current_episode
@@ -266,6 +266,12 @@ class Client:
         if hb_timeout and heartbeat:
             sandbox.start_heartbeats(max(hb_timeout / 3.0, 1.0))
         return sandbox
+
+    def _sandbox(self, data: Dict[str, Any]) -> Sandbox:
+        # The one place other modules (episode, sandboxes) get a Sandbox from: they
+        # take it from the client they were given instead of importing this module
+        # back (no import circle).
+        return Sandbox(self, data)
 
     def get(self, sandbox_id: str) -> Sandbox:
         """A sandbox by id (``NotFound`` for another team's or an unknown one)."""

@@ -27,12 +27,12 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hedgerow._common import USER_AGENT, new_operation_id
+from hedgerow._common import USER_AGENT, Command, new_operation_id
 from hedgerow.errors import HedgerowError, SandboxLost, SandboxTerminating
 
 if TYPE_CHECKING:
     from hedgerow.aio import AsyncClient, AsyncSandbox
-    from hedgerow.client import Client, Command, Sandbox
+    from hedgerow.client import Client, Sandbox
     from hedgerow.results import ExecResult
 
 _current: contextvars.ContextVar[Episode | None] = contextvars.ContextVar(
@@ -312,11 +312,9 @@ class Episode(EpisodeRecord):
         return result
 
     def _only_sandbox(self) -> Sandbox:
-        from hedgerow.client import Sandbox
-
         if len(self._sandboxes) != 1:
             raise HedgerowError("verify() needs sandbox= when the episode has several")
-        return Sandbox(self._client, {"id": next(iter(self._sandboxes))})
+        return self._client._sandbox({"id": next(iter(self._sandboxes))})
 
     def close(self, **result: Any) -> dict[str, Any]:
         body = self._close_body(result)
@@ -420,11 +418,9 @@ class AsyncEpisode(EpisodeRecord):
         return result
 
     def _only_sandbox(self) -> AsyncSandbox:
-        from hedgerow.aio import AsyncSandbox
-
         if len(self._sandboxes) != 1:
             raise HedgerowError("verify() needs sandbox= when the episode has several")
-        return AsyncSandbox(self._client, {"id": next(iter(self._sandboxes))})
+        return self._client._sandbox({"id": next(iter(self._sandboxes))})
 
     async def close(self, **result: Any) -> dict[str, Any]:
         body = self._close_body(result)

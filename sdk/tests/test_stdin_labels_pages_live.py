@@ -147,6 +147,7 @@ def test_labels_change_and_lists_filter_and_page_through_sdk_and_cli(live, make_
         assert page.count == 5 and len(page.sandboxes) == 4 and page.next_cursor
         rest = hr.sandboxes.list_page(labels={"run": "r1"}, limit=4, cursor=page.next_cursor)
         assert [sb.id for sb in rest.sandboxes] == [made[0].id] and rest.next_cursor is None
+        assert rest.count is None  # counted on the first page only
         assert [sb.id for sb in hr.list(labels={"run": "r2"})] == [other.id]
 
         # The CLI: ls --label, label KEY=VALUE KEY-.
