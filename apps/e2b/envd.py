@@ -232,6 +232,10 @@ def files_http(request: HttpRequest) -> HttpResponseBase:
         limit = int(settings.HEDGEROW_MAX_UPLOAD_BYTES)
         written: list[dict[str, Any]] = []
         content_type = request.content_type or ""
+        if any(name.lower().startswith("x-metadata-") for name in request.headers):
+            # The SDK sends file metadata (user.e2b.* xattrs) as these headers: refused
+            # rather than written without it.
+            raise ApiError("file metadata (X-Metadata-* headers) is not supported", status_code=400)
         if content_type == "application/octet-stream":
             if request.headers.get("Content-Encoding"):
                 raise ApiError("compressed uploads are not supported", status_code=400)

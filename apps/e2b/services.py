@@ -36,9 +36,11 @@ from apps.sandboxes.services.waiting import sandbox_wait_settled
 from apps.tenancy.principal import Principal
 
 # What the answers say envd is: the SDK turns features on by this version (stdin,
-# close_stdin and the default user from 0.5.2 on, octet-stream uploads from 0.5.7;
-# 0.6.x would add file metadata, which is not served).
-ENVD_VERSION = "0.5.7"
+# close_stdin and the default user from 0.5.2 on, octet-stream uploads from 0.5.7,
+# file metadata from 0.6.2, watch events with entry info from 0.6.3). File metadata
+# (X-Metadata-* upload headers) is refused with a 400 by the upload view; watching
+# network mounts (0.6.4) stays off in the SDK itself.
+ENVD_VERSION = "0.6.3"
 CLIENT_ID = "hedgerow"
 DEFAULT_TIMEOUT_S = 300  # E2B's default sandbox lifetime
 DEFAULT_CPU_MILLIS = 1000
