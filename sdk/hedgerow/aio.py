@@ -32,6 +32,7 @@ from hedgerow.images import AsyncImages
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
 from hedgerow.sandboxes import AsyncSandboxes, LabelFilter
+from hedgerow.shapes import SandboxData
 from hedgerow.snapshots import (
     AsyncSnapshot,
     SnapshotRef,
@@ -239,7 +240,7 @@ class AsyncClient:
         """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return AsyncSandbox(self, (await self.request("GET", f"/sandboxes/{sandbox_id}")).json())
 
-    def _sandbox(self, data: Dict[str, Any]) -> AsyncSandbox:
+    def _sandbox(self, data: SandboxData) -> AsyncSandbox:
         # See ``Client._sandbox``: episode and sandboxes build handles through it.
         return AsyncSandbox(self, data)
 
@@ -321,9 +322,9 @@ class AsyncClient:
 class AsyncSandbox:
     """See ``hedgerow.Sandbox``; ``async with`` deletes it at the end of the block."""
 
-    def __init__(self, client: AsyncClient, data: Dict[str, Any]) -> None:
+    def __init__(self, client: AsyncClient, data: SandboxData) -> None:
         self._client = client
-        self.data = data
+        self.data: SandboxData = data  # the server's JSON as last read
         self._heartbeat_task: Optional[asyncio.Task[None]] = None
 
     @property

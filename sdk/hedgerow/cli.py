@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import httpx
 
@@ -35,6 +35,7 @@ from hedgerow.cleanup import registry
 from hedgerow.client import Client, Sandbox
 from hedgerow.errors import AuthError, HedgerowError, NotFound
 from hedgerow.images import Image
+from hedgerow.shapes import SandboxData
 
 
 class Progress:
@@ -83,7 +84,7 @@ def _client(args: argparse.Namespace) -> Client:
 _HEADER = f"{'ID':<24} {'STATE':<12} {'IMAGE':<16} {'CPU':<6} {'MEMORY':<8} CREATED"
 
 
-def _row(data: Dict[str, Any]) -> str:
+def _row(data: Mapping[str, Any]) -> str:
     return (
         f"{data['id']:<24} {data['state']:<12} {data.get('image', '')!s:<16} "
         f"{data.get('cpu', '')!s:<6} {data.get('memory', '')!s:<8} "
@@ -145,7 +146,7 @@ def cmd_sandbox_create(args: argparse.Namespace) -> int:
     timeout: nobody heartbeats them once the command has exited)."""
     hr = Client(args.url, args.key, cleanup=True)
     progress = Progress("creating", args.count)
-    rows: List[Dict[str, Any]] = []
+    rows: List[SandboxData] = []
     failures: List[BaseException] = []
     lock = threading.Lock()
     todo = iter(range(args.count))
@@ -421,7 +422,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 _SNAPSHOT_HEADER = f"{'ID':<36} {'STATE':<10} {'SANDBOX':<24} {'BYTES':>12}  NAME"
 
 
-def _snapshot_row(data: Dict[str, Any]) -> str:
+def _snapshot_row(data: Mapping[str, Any]) -> str:
     return (
         f"{data['id']:<36} {data['state']:<10} {data.get('sandbox', '')!s:<24} "
         f"{data.get('size_bytes', 0):>12}  {data.get('name', '')}"

@@ -37,6 +37,7 @@ from hedgerow.images import Images
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
 from hedgerow.sandboxes import LabelFilter, Sandboxes
+from hedgerow.shapes import SandboxData
 from hedgerow.snapshots import Snapshot, SnapshotRef, raise_if_failed, snapshot_body, snapshot_id
 from hedgerow.watch import Watcher, watch_params
 
@@ -267,7 +268,7 @@ class Client:
             sandbox.start_heartbeats(max(hb_timeout / 3.0, 1.0))
         return sandbox
 
-    def _sandbox(self, data: Dict[str, Any]) -> Sandbox:
+    def _sandbox(self, data: SandboxData) -> Sandbox:
         # The one place other modules (episode, sandboxes) get a Sandbox from: they
         # take it from the client they were given instead of importing this module
         # back (no import circle).
@@ -390,9 +391,9 @@ def _raise_for_stream(response: httpx.Response) -> None:
 class Sandbox:
     """A sandbox. ``with`` deletes it at the end of the block."""
 
-    def __init__(self, client: Client, data: Dict[str, Any]) -> None:
+    def __init__(self, client: Client, data: SandboxData) -> None:
         self._client = client
-        self.data = data
+        self.data: SandboxData = data  # the server's JSON as last read
         self._heartbeat_stop: Optional[threading.Event] = None
 
     @property

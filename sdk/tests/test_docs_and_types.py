@@ -8,6 +8,7 @@ import inspect
 
 import hedgerow
 import pytest
+from hedgerow.episode import AsyncEpisode, Episode
 from hedgerow.images import AsyncImages, Images
 from hedgerow.sandboxes import AsyncSandboxes, Sandboxes
 from hedgerow.watch import AsyncWatcher, Watcher
@@ -25,7 +26,16 @@ CLASSES = [
     AsyncSandboxes,
     Watcher,
     AsyncWatcher,
+    Episode,
+    AsyncEpisode,
+    hedgerow.Snapshot,
+    hedgerow.AsyncSnapshot,
+    hedgerow.ExecResult,
 ]
+
+
+# Calls that return the caller's own JSON as given: no shape to type.
+USER_JSON = {("Snapshot", "manifest"), ("AsyncSnapshot", "manifest")}
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -37,6 +47,8 @@ def test_it_documents_every_public_call_and_returns_typed_objects(cls):
             continue
         assert (function.__doc__ or "").strip(), f"{cls.__name__}.{name} has no docstring"
         returns = str(inspect.signature(function).return_annotation)
+        if (cls.__name__, name) in USER_JSON:
+            continue
         assert "Dict[str, Any]" not in returns and "dict[str, Any]" not in returns, (
             f"{cls.__name__}.{name} returns a bare dict: {returns}"
         )
