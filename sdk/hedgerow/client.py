@@ -343,11 +343,12 @@ class Client:
         one page is fetched page by page), filtered by ``state`` (e.g. ``ready``, or a
         comma list), ``image`` and ``labels`` (``{key: value}``, or ``{key: None}`` for
         "has the label"). ``client.sandboxes.list()`` iterates without a limit."""
-        return builtins.list(
-            self.sandboxes.list(
+        return [
+            sandbox
+            for sandbox in self.sandboxes.list(
                 state=state, image=image, labels=labels, limit=limit, page_size=min(limit, 1000)
             )
-        )
+        ]
 
     def delete(self, sandbox_id: str) -> None:
         """Deletes a sandbox (idempotent: deleting a deleted sandbox succeeds)."""
@@ -842,7 +843,7 @@ class Sandbox:
 
     def read_file(self, path: str) -> bytes:
         """The whole file in memory; use ``iter_file`` or ``download`` for big files."""
-        return b"".join(self.iter_file(path))
+        return b"".join([chunk for chunk in self.iter_file(path)])
 
     def iter_file(self, path: str) -> Iterator[bytes]:
         """Streams a file's bytes in chunks (constant memory, any size)."""

@@ -346,11 +346,10 @@ class Episode(EpisodeRecord):
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
-        if exc is not None:
-            self._exit_reason(exc)
         if exc is None:
             self.close()
             return
+        self._exit_reason(exc)
         try:
             self.close()
         except HedgerowError:
@@ -376,8 +375,7 @@ class AsyncEpisode(EpisodeRecord):
 
     async def open(self) -> AsyncEpisode:
         """See ``Episode.open``."""
-        response = await self._client.request("POST", "/episodes", json=self._open_body)
-        self.data = response.json()
+        self.data = (await self._client.request("POST", "/episodes", json=self._open_body)).json()
         return self
 
     async def flush(self) -> None:
@@ -438,8 +436,9 @@ class AsyncEpisode(EpisodeRecord):
         """See ``Episode.close``."""
         body = self._close_body(result)
         await self.flush()
-        response = await self._client.request("POST", f"/episodes/{self.id}/close", json=body)
-        self.data = response.json()
+        self.data = (
+            await self._client.request("POST", f"/episodes/{self.id}/close", json=body)
+        ).json()
         return self.data
 
     async def __aenter__(self) -> AsyncEpisode:

@@ -120,10 +120,9 @@ class AsyncSnapshot(_SnapshotData):
 
     async def wait(self, timeout: float = 300.0, *, poll: float = 0.2) -> AsyncSnapshot:
         """See ``Snapshot.wait`` (``timeout`` and ``poll`` in seconds)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = time.monotonic() + timeout
         while self.state == "capturing":
-            if loop.time() >= deadline:
+            if time.monotonic() >= deadline:
                 raise WaitTimeout(f"snapshot {self.id} still capturing", code="wait_timeout")
             await asyncio.sleep(poll)
             await self.refresh()
