@@ -69,3 +69,21 @@ def test_it_keeps_dict_access_on_the_typed_records():
     assert (info.size, info["size"], info.get("target"), info.mode) == (3, 3, None, "0644")
     key = hedgerow.ApiKeyInfo.from_api({"id": "k1", "name": "n", "secret": "hr_x"})
     assert (key.secret, key["secret"], key.revoked) == ("hr_x", "hr_x", False)
+
+
+def test_docs_sdk_md_names_every_public_call():
+    # Issue 26: "docs/sdk.md documents every call"; a call added without a line there
+    # fails here.
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sdk.md").read_text()
+    missing = []
+    for cls in CLASSES:
+        for name in sorted(n for n in dir(cls) if not n.startswith("_")):
+            attr = inspect.getattr_static(cls, name)
+            if not (inspect.isfunction(attr) or isinstance(attr, property)):
+                continue
+            if not re.search(rf"\b{re.escape(name)}\b", doc):
+                missing.append(f"{cls.__name__}.{name}")
+    assert missing == []
