@@ -258,20 +258,22 @@ def e2b_sandbox_list(
     template: str | None = None,
     started_after: str | None = None,
 ) -> tuple[list[Sandbox], str | None]:
-    """One page of the tenant's live sandboxes and the token of the next (None on the
-    last): keyset pages on (created_at, id), oldest first unless ``order=desc``, so a
-    sandbox created or killed while the SDK pages never repeats or hides another."""
-    states = {s for s in (state or "running").split(",") if s}
+    """One page of the tenant's running and/or paused sandboxes (``state``; both when
+    not given, as E2B) and the token of the next (None on the last): keyset pages on
+    (created_at, id), oldest first unless ``order=desc``, so a sandbox created or
+    killed while the SDK pages never repeats or hides another."""
+    states = {s for s in (state or "running,paused").split(",") if s}
     if not states <= {"running", "paused"}:
         raise ValidationFailed("state must be running and/or paused", field="state")
     size = page_limit(limit, default=DEFAULT_LIST_LIMIT)
     if order not in (None, "", "asc", "desc"):
         raise ValidationFailed("order must be asc or desc", field="order")
-    if "running" not in states:
-        return [], None  # nothing is ever paused here
-    queryset = Sandbox.objects.for_tenant(principal.tenant).filter(
-        state__in=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY)
-    )
+    rows: list[str] = []
+    if "running" in states:
+        rows += [State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY]
+    if "paused" in states:
+        rows.append(State.PAUSED)
+    queryset = Sandbox.objects.for_tenant(principal.tenant).filter(state__in=rows)
     wanted = metadata_filter(metadata)
     if wanted:
         queryset = queryset.filter(labels__contains=wanted)
