@@ -197,3 +197,45 @@ def test_watch_events_carry_the_entry_when_asked_sync_and_async(live, make_tenan
     assert event.entry.path == "/workspace/e/new.txt"
     sbx.kill()
     wait_all_deleted(tenant)
+
+
+def test_it_takes_gzip_uploads_and_refuses_bodies_that_are_not(live, make_tenant):
+    """``files.write(…, gzip=True)`` (a gzip octet-stream body) is inflated as it
+    streams; a body that is not gzip, or one cut short, writes nothing."""
+    import gzip
+
+    import httpx
+
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    files = sbx.files
+    files.write("/workspace/g.txt", "héllo gzip\n", gzip=True)
+    assert files.read("/workspace/g.txt", gzip=True) == "héllo gzip\n"
+    every_byte = bytes(range(256)) * 4096  # 1 MiB, streamed through the SDK's gzip
+    files.write("/workspace/g.bin", io.BytesIO(every_byte), gzip=True)
+    assert bytes(files.read("/workspace/g.bin", format="bytes")) == every_byte
+
+    token = sbx._envd_access_token
+    assert token is not None
+    envd = httpx.Client(base_url=live.url + "/e2b/envd", timeout=60, trust_env=False)
+    headers = {
+        "X-Access-Token": token,
+        "E2b-Sandbox-Id": sbx.sandbox_id,
+        "Content-Type": "application/octet-stream",
+        "Content-Encoding": "gzip",
+    }
+    whole = gzip.compress(every_byte)
+    for name, body in (("plain", b"not gzip at all"), ("cut", whole[: len(whole) // 2])):
+        response = envd.post("/files", params={"path": f"/workspace/{name}"}, headers=headers,
+                             content=body)  # fmt: skip
+        assert response.status_code == 400, (name, response.text)
+        assert files.exists(f"/workspace/{name}") is False
+    response = envd.post(
+        "/files",
+        params={"path": "/workspace/br"},
+        headers={**headers, "Content-Encoding": "br"},
+        content=b"x",
+    )
+    assert response.status_code == 400 and files.exists("/workspace/br") is False
+    sbx.kill()
+    wait_all_deleted(tenant)
