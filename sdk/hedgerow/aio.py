@@ -812,10 +812,14 @@ class AsyncSandbox:
             ).json()
         )
 
-    async def watch(self, path: str, *, recursive: bool = False) -> AsyncWatcher:
+    async def watch(
+        self, path: str, *, recursive: bool = False, include_entry: bool = False
+    ) -> AsyncWatcher:
         """See ``Sandbox.watch``."""
         response = await self._client.request(
-            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+            "POST",
+            f"/sandboxes/{self.id}/files/watch",
+            params=watch_params(path, recursive, include_entry),
         )
         return AsyncWatcher(self, response.json())
 

@@ -866,7 +866,7 @@ class Sandbox:
             ).json()
         )
 
-    def watch(self, path: str, *, recursive: bool = False) -> Watcher:
+    def watch(self, path: str, *, recursive: bool = False, include_entry: bool = False) -> Watcher:
         """Starts watching a directory (``recursive``: its whole tree; default only
         its entries) and returns a ``Watcher``: ``watcher.events(wait=S)`` returns what
         changed since the last read (``FileEvent``: ``name`` relative to ``path``,
@@ -874,9 +874,13 @@ class Sandbox:
         ``for event in watcher`` follows changes as they happen; ``stop()`` (or
         leaving ``with``) ends it. At most 16 watchers per sandbox and 10000 entries
         per tree (``ValidationError`` ``too_many_entries``); changes between two reads
-        are coalesced. ``NotFound`` when ``path`` does not exist."""
+        are coalesced. ``NotFound`` when ``path`` does not exist. ``include_entry``:
+        each event of a name that exists after the change carries its ``entry``
+        (``FileInfo``, as ``stat`` answers it)."""
         response = self._client.request(
-            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+            "POST",
+            f"/sandboxes/{self.id}/files/watch",
+            params=watch_params(path, recursive, include_entry),
         )
         return Watcher(self, response.json())
 
