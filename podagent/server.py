@@ -508,7 +508,8 @@ class Handler(BaseHTTPRequestHandler):
     def watcher_create(self) -> None:
         path = files.check_path(self.param("path"))
         recursive = self.param("recursive") in ("1", "true")
-        watcher = self.server.state.watchers.create(path, recursive)
+        include_entry = self.param("include_entry") in ("1", "true")
+        watcher = self.server.state.watchers.create(path, recursive, include_entry)
         self.send_json(200, watch.describe(watcher))
 
     def _watcher_id(self) -> str:

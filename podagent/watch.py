@@ -16,6 +16,11 @@ symlink's size or mtime changed, or another file took its name: an atomic write)
 left one name and appeared under another: ``rename`` for the old name, ``create`` for
 the new, as envd reports it). Names are relative to the watched directory. Changes
 between two looks are coalesced: a file created and removed in between is not seen.
+
+A watcher created with ``include_entry`` adds to each event whose name exists after
+the look its ``entry`` (``files.entry``: type, size, mode, mtime, symlink target) as it
+is at that look; ``remove`` and ``rename`` (the name left) carry none, nor does a name
+gone again before the entry was read.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import files
 from .errors import ApiError
 
 MAX_WATCHERS = 16
@@ -78,8 +84,8 @@ def scan(root: str, recursive: bool) -> Snapshot:
     return found
 
 
-def diff(old: Snapshot, new: Snapshot) -> List[Dict[str, str]]:
-    events: List[Dict[str, str]] = []
+def diff(old: Snapshot, new: Snapshot) -> List[Dict[str, Any]]:
+    events: List[Dict[str, Any]] = []
     gone = {name: old[name] for name in old.keys() - new.keys()}
     born = {name: new[name] for name in new.keys() - old.keys()}
     # Where an inode arrived: a new name, or a name another inode held before.
@@ -110,17 +116,30 @@ def diff(old: Snapshot, new: Snapshot) -> List[Dict[str, str]]:
     return events
 
 
+def with_entries(root: str, events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``events`` with each present name's ``entry`` (its state now)."""
+    for event in events:
+        if event["type"] in ("remove", "rename"):
+            continue
+        try:
+            event["entry"] = files.entry(os.path.join(root, event["name"]))
+        except OSError:
+            continue  # gone again since the look
+    return events
+
+
 class Watcher:
-    def __init__(self, path: str, recursive: bool) -> None:
+    def __init__(self, path: str, recursive: bool, include_entry: bool = False) -> None:
         self.id = f"w-{uuid.uuid4().hex}"
         self.path = path
         self.recursive = recursive
+        self.include_entry = include_entry
         self.lock = threading.Lock()  # one reader at a time
         self.snapshot = scan(path, recursive)
         self.last_cost = 0.0
         self.used = time.monotonic()
 
-    def events(self, wait: float) -> List[Dict[str, str]]:
+    def events(self, wait: float) -> List[Dict[str, Any]]:
         """What changed since the last read, waiting up to ``wait`` s for a change."""
         deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
         with self.lock:
@@ -136,7 +155,7 @@ class Watcher:
                 self.used = time.monotonic()
                 left = deadline - time.monotonic()
                 if found or left <= 0:
-                    return found
+                    return with_entries(self.path, found) if self.include_entry else found
                 time.sleep(min(left, max(POLL_MIN_S, self.last_cost * 10)))
 
 
@@ -145,7 +164,7 @@ class Watchers:
         self._lock = threading.Lock()
         self._watchers: Dict[str, Watcher] = {}
 
-    def create(self, path: str, recursive: bool) -> Watcher:
+    def create(self, path: str, recursive: bool, include_entry: bool = False) -> Watcher:
         if not os.path.isdir(path):
             code = "not_a_directory" if os.path.exists(path) else "not_found"
             raise ApiError(400 if code == "not_a_directory" else 404, code, f"{path}: {code}")
@@ -155,7 +174,7 @@ class Watchers:
                 raise ApiError(
                     429, "too_many_watchers", f"at most {MAX_WATCHERS} watchers per sandbox"
                 )
-        watcher = Watcher(path, recursive)  # the first scan, outside the lock
+        watcher = Watcher(path, recursive, include_entry)  # the first scan, outside the lock
         with self._lock:
             if len(self._watchers) >= MAX_WATCHERS:
                 raise ApiError(
@@ -189,6 +208,7 @@ def describe(watcher: Watcher) -> Dict[str, Any]:
         "watcher_id": watcher.id,
         "path": watcher.path,
         "recursive": watcher.recursive,
+        "include_entry": watcher.include_entry,
         "entries": len(watcher.snapshot),
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import posixpath
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO, Any, cast
 
@@ -209,6 +210,28 @@ def _body_chunks(request: HttpRequest) -> Iterator[bytes]:
         yield chunk
 
 
+def _gunzip(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """A gzip body inflated chunk by chunk (at most ``files.CHUNK`` bytes out at a time:
+    the upload limit bounds what a small body may inflate to). A corrupt or cut-short
+    body fails the write, whose temporary file is then discarded (nothing half-written)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    for chunk in chunks:
+        data = chunk
+        while data:
+            try:
+                out = inflater.decompress(data, files.CHUNK)
+            except zlib.error as exc:
+                raise ApiError(f"the gzip body is corrupt: {exc}", status_code=400) from None
+            if out:
+                yield out
+            data = inflater.unconsumed_tail
+    rest = inflater.flush()
+    if rest:
+        yield rest
+    if not inflater.eof:
+        raise ApiError("the gzip body is cut short", status_code=400)
+
+
 @csrf_exempt
 def files_http(request: HttpRequest) -> HttpResponseBase:
     """``GET /files?path=`` streams a file; ``POST /files`` writes one or more, as a
@@ -232,16 +255,27 @@ def files_http(request: HttpRequest) -> HttpResponseBase:
         limit = int(settings.HEDGEROW_MAX_UPLOAD_BYTES)
         written: list[dict[str, Any]] = []
         content_type = request.content_type or ""
+        if any(name.lower().startswith("x-metadata-") for name in request.headers):
+            # The SDK sends file metadata (user.e2b.* xattrs) as these headers: refused
+            # rather than written without it.
+            raise ApiError("file metadata (X-Metadata-* headers) is not supported", status_code=400)
         if content_type == "application/octet-stream":
-            if request.headers.get("Content-Encoding"):
-                raise ApiError("compressed uploads are not supported", status_code=400)
+            encoding = request.headers.get("Content-Encoding", "").strip().lower()
+            if encoding not in ("", "identity", "gzip"):
+                raise ApiError(f"Content-Encoding {encoding!r} is not supported", status_code=400)
             path = filesystem.path_of(request.GET.get("path"))
             length = request.headers.get("Content-Length", "")
+            chunks = _body_chunks(request)
+            if encoding == "gzip":  # the SDK's gzip=True: inflated as it streams
+                head = next(chunks, b"")
+                if head[:2] != b"\x1f\x8b":  # refused before anything is sent or counted
+                    raise ApiError("the body is not gzip (Content-Encoding: gzip)", status_code=400)
+                chunks = _gunzip(itertools.chain([head], chunks))
             files.file_write(
                 sandbox=sandbox,
                 path=path,
-                chunks=_body_chunks(request),
-                size=int(length) if length.isdigit() else None,
+                chunks=chunks,
+                size=int(length) if length.isdigit() and encoding != "gzip" else None,
                 max_bytes=limit,
             )
             written.append(_written(path))

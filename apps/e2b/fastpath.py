@@ -40,7 +40,7 @@ from django.http.request import split_domain_port, validate_host
 from apps.core.asgi_body import Receive, Scope, Send, read_body, replay
 from apps.core.errors import ApiError
 from apps.core.logging import request_id_var
-from apps.e2b import connect
+from apps.e2b import connect, stream_input
 from apps.e2b.process import KEEPALIVE_S, end_events, exec_request, pids_key_of
 from apps.e2b.services import sandbox_env_cached
 from apps.e2b.tokens import SALT
@@ -71,12 +71,20 @@ _HEADERS = [
 
 
 class EnvdStartFastPath:
-    """ASGI middleware: plain envd command starts here, everything else to ``app``."""
+    """ASGI middleware: plain envd command starts here, and StreamInput calls
+    (``stream_input.serve``), everything else to ``app``."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope.get("method") == "POST"
+            and scope.get("path") == stream_input.PATH
+            and await stream_input.serve(scope, receive, send)
+        ):
+            return  # StreamInput, chunk by chunk (apps/e2b/stream_input.py)
         if (
             scope["type"] != "http"
             or scope.get("method") != "POST"

@@ -164,13 +164,14 @@ _EVENTS = {
 WATCH_POLL_S = 15.0  # one agent read while a WatchDir stream is quiet (then a keepalive)
 
 
-def _watch_args(data: dict[str, Any]) -> tuple[str, bool]:
-    if data.get("includeEntry"):
-        raise ConnectError("unimplemented", "watch events with entry info are not served")
-    recursive = data.get("recursive", False)
-    if not isinstance(recursive, bool):
-        raise ConnectError("invalid_argument", "recursive must be true or false")
-    return path_of(data.get("path")), recursive
+def _watch_args(data: dict[str, Any]) -> tuple[str, bool, bool]:
+    flags = []
+    for name in ("recursive", "includeEntry"):
+        value = data.get(name, False)
+        if not isinstance(value, bool):
+            raise ConnectError("invalid_argument", f"{name} must be true or false")
+        flags.append(value)
+    return path_of(data.get("path")), flags[0], flags[1]
 
 
 def _fs_error(exc: ApiError) -> ConnectError:
@@ -184,14 +185,21 @@ def _fs_error(exc: ApiError) -> ConnectError:
 
 
 def event_of(event: dict[str, Any]) -> dict[str, Any]:
-    return {"name": event["name"], "type": _EVENTS.get(event["type"], "EVENT_TYPE_UNSPECIFIED")}
+    """An agent watch event → envd's FilesystemEvent; its ``entry`` (a watcher with
+    ``include_entry``, a name present after the change) → EntryInfo."""
+    found = {"name": event["name"], "type": _EVENTS.get(event["type"], "EVENT_TYPE_UNSPECIFIED")}
+    if event.get("entry"):
+        found["entry"] = entry_info(event["entry"])
+    return found
 
 
 def watcher_create(*, sandbox: Sandbox, data: dict[str, Any]) -> dict[str, Any]:
     """CreateWatcher: ``{"watcherId"}``; GetWatcherEvents reads what changed since."""
-    path, recursive = _watch_args(data)
+    path, recursive, include_entry = _watch_args(data)
     try:
-        created = file_watch.watcher_create(sandbox=sandbox, path=path, recursive=recursive)
+        created = file_watch.watcher_create(
+            sandbox=sandbox, path=path, recursive=recursive, include_entry=include_entry
+        )
     except ApiError as exc:
         raise _fs_error(exc) from exc
     return {"watcherId": created["watcher_id"]}
@@ -220,9 +228,11 @@ def watch_dir_events(*, sandbox: Sandbox, data: dict[str, Any]) -> Iterator[byte
     """WatchDir (the async SDK's stream): start once the watcher exists, then each
     change as the agent reports it, keepalives in silences; the watcher is removed when
     the stream ends (the client stops, or its timeout passes)."""
-    path, recursive = _watch_args(data)
+    path, recursive, include_entry = _watch_args(data)
     try:
-        created = file_watch.watcher_create(sandbox=sandbox, path=path, recursive=recursive)
+        created = file_watch.watcher_create(
+            sandbox=sandbox, path=path, recursive=recursive, include_entry=include_entry
+        )
     except ApiError as exc:
         raise _fs_error(exc) from exc
     watcher_id = created["watcher_id"]

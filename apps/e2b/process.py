@@ -284,9 +284,10 @@ def process_send_input(*, operation: Operation, data: Any, eof: bool = False) ->
 
 
 def process_stream_input(*, sandbox: Sandbox, messages: list[dict[str, Any]]) -> None:
-    """StreamInput (``commands.stream_input``): a start naming the process, then its
-    input in order. Django reads a request's whole body before the view runs, so the
-    input reaches the command once the client has sent all of it (in order)."""
+    """StreamInput (``commands.stream_input``) as a whole body: a start naming the
+    process, then its input in order. Calls are answered chunk by chunk in front of
+    Django (``apps/e2b/stream_input.py``); this view only sees what that path leaves
+    to Django (a Host it would refuse)."""
     if not messages or not isinstance(messages[0].get("start"), dict):
         raise ConnectError("invalid_argument", "the stream must begin with a start event")
     operation = operation_for_pid(sandbox=sandbox, selector=messages[0]["start"].get("process"))

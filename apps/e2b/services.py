@@ -36,9 +36,11 @@ from apps.sandboxes.services.waiting import sandbox_wait_settled
 from apps.tenancy.principal import Principal
 
 # What the answers say envd is: the SDK turns features on by this version (stdin,
-# close_stdin and the default user from 0.5.2 on, octet-stream uploads from 0.5.7;
-# 0.6.x would add file metadata, which is not served).
-ENVD_VERSION = "0.5.7"
+# close_stdin and the default user from 0.5.2 on, octet-stream uploads from 0.5.7,
+# file metadata from 0.6.2, watch events with entry info from 0.6.3). File metadata
+# (X-Metadata-* upload headers) is refused with a 400 by the upload view; watching
+# network mounts (0.6.4) stays off in the SDK itself.
+ENVD_VERSION = "0.6.3"
 CLIENT_ID = "hedgerow"
 DEFAULT_TIMEOUT_S = 300  # E2B's default sandbox lifetime
 DEFAULT_CPU_MILLIS = 1000
@@ -256,20 +258,22 @@ def e2b_sandbox_list(
     template: str | None = None,
     started_after: str | None = None,
 ) -> tuple[list[Sandbox], str | None]:
-    """One page of the tenant's live sandboxes and the token of the next (None on the
-    last): keyset pages on (created_at, id), oldest first unless ``order=desc``, so a
-    sandbox created or killed while the SDK pages never repeats or hides another."""
-    states = {s for s in (state or "running").split(",") if s}
+    """One page of the tenant's running and/or paused sandboxes (``state``; both when
+    not given, as E2B) and the token of the next (None on the last): keyset pages on
+    (created_at, id), oldest first unless ``order=desc``, so a sandbox created or
+    killed while the SDK pages never repeats or hides another."""
+    states = {s for s in (state or "running,paused").split(",") if s}
     if not states <= {"running", "paused"}:
         raise ValidationFailed("state must be running and/or paused", field="state")
     size = page_limit(limit, default=DEFAULT_LIST_LIMIT)
     if order not in (None, "", "asc", "desc"):
         raise ValidationFailed("order must be asc or desc", field="order")
-    if "running" not in states:
-        return [], None  # nothing is ever paused here
-    queryset = Sandbox.objects.for_tenant(principal.tenant).filter(
-        state__in=(State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY)
-    )
+    rows: list[str] = []
+    if "running" in states:
+        rows += [State.QUEUED, State.REQUESTED, State.PROVISIONING, State.READY]
+    if "paused" in states:
+        rows.append(State.PAUSED)
+    queryset = Sandbox.objects.for_tenant(principal.tenant).filter(state__in=rows)
     wanted = metadata_filter(metadata)
     if wanted:
         queryset = queryset.filter(labels__contains=wanted)

@@ -20,7 +20,7 @@ def _create(client: Client, path: str, recursive: bool = False) -> Dict[str, Any
     return dict(body)
 
 
-def _events(client: Client, watcher_id: str, wait: float = 0) -> List[Dict[str, str]]:
+def _events(client: Client, watcher_id: str, wait: float = 0) -> List[Dict[str, Any]]:
     status, body = client.get(f"/watchers/{watcher_id}?wait={wait}")
     assert status == 200, body
     return list(body["events"])
@@ -113,4 +113,39 @@ def test_watchers_are_bounded_and_refuse_what_is_not_a_directory(agent: Agent) -
         (big / f"f{i}").touch()
     status, body, _ = client.request("POST", f"/watchers?path={big}")
     assert status == 400 and body["error"]["code"] == "too_many_entries"
+    client.close()
+
+
+def test_a_watcher_with_include_entry_gives_each_present_name_its_entry(agent: Agent) -> None:
+    client = agent.client()
+    root = agent.workdir / "entries"
+    (root / "sub").mkdir(parents=True)
+    (root / "old.txt").write_text("old")
+    status, created, _ = client.request(
+        "POST", f"/watchers?path={root}&recursive=1&include_entry=1"
+    )
+    assert status == 200 and created["include_entry"] is True, created
+    plain = _create(client, str(root), recursive=True)
+    assert plain["include_entry"] is False
+
+    (root / "sub" / "a.txt").write_text("abcd")
+    os.chmod(root / "sub" / "a.txt", 0o640)
+    os.symlink("sub/a.txt", root / "link")
+    (root / "old.txt").unlink()
+    events = _events(client, created["watcher_id"])
+    by_name = {(e["name"], e["type"]): e for e in events}
+    assert set(by_name) == {
+        ("sub/a.txt", "create"),
+        ("link", "create"),
+        ("old.txt", "remove"),
+    }
+    entry = by_name[("sub/a.txt", "create")]["entry"]
+    assert entry["path"] == str(root / "sub" / "a.txt") and entry["name"] == "a.txt"
+    assert (entry["type"], entry["size"], entry["mode"]) == ("file", 4, "0640")
+    link = by_name[("link", "create")]["entry"]
+    assert (link["type"], link["target"]) == ("symlink", "sub/a.txt")
+    assert "entry" not in by_name[("old.txt", "remove")]
+    # The watcher that did not ask sees the same events without entries.
+    assert all("entry" not in e for e in _events(client, plain["watcher_id"]))
+    assert sorted((e["name"], e["type"]) for e in events) == sorted(by_name)
     client.close()

@@ -31,6 +31,7 @@ from hedgerow.images import Image
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecError, ExecResult, ServerVersion, StreamInfo
 from hedgerow.sandboxes import SandboxPage
+from hedgerow.shapes import EpisodeData, ResourceExhausted, SandboxData, SnapshotData
 from hedgerow.snapshots import AsyncSnapshot, Snapshot
 from hedgerow.watch import AsyncWatcher, FileEvent, Watcher
 
@@ -48,6 +49,7 @@ __all__ = [
     "CommandHandle",
     "Conflict",
     "DiskExhausted",
+    "EpisodeData",
     "ExecError",
     "ExecResult",
     "FileEvent",
@@ -62,7 +64,9 @@ __all__ = [
     "LocalPathError",
     "NotFound",
     "QuotaExceeded",
+    "ResourceExhausted",
     "Sandbox",
+    "SandboxData",
     "SandboxDeleted",
     "SandboxLost",
     "SandboxNotReady",
@@ -70,6 +74,7 @@ __all__ = [
     "SandboxTerminating",
     "ServerVersion",
     "Snapshot",
+    "SnapshotData",
     "SnapshotFailed",
     "StreamInfo",
     "ValidationError",

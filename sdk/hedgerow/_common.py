@@ -7,7 +7,7 @@ import os
 import random
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 VERSION = "0.3.0"  # keep in step with sdk/pyproject.toml and controlplane/version.py
@@ -208,7 +208,7 @@ def list_params(path: str, limit: Optional[int], cursor: Optional[str]) -> Dict[
 
 
 def report_progress(
-    data: Dict[str, Any], seen: Optional[Dict[str, Any]], callback: Any
+    data: Mapping[str, Any], seen: Optional[Dict[str, Any]], callback: Any
 ) -> Optional[Dict[str, Any]]:
     """Calls ``callback`` with a sandbox's image pull ``progress`` when it changed;
     returns the progress now seen."""

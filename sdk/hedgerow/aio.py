@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +33,7 @@ from hedgerow.images import AsyncImages
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
 from hedgerow.sandboxes import AsyncSandboxes, LabelFilter
+from hedgerow.shapes import SandboxData
 from hedgerow.snapshots import (
     AsyncSnapshot,
     SnapshotRef,
@@ -127,8 +129,9 @@ class AsyncClient:
         body: Dict[str, Any] = {"name": name}
         if scopes:
             body["scopes"] = scopes
-        response = await self.request("POST", "/keys", json=body, retry=False)
-        return ApiKeyInfo.from_api(response.json())
+        return ApiKeyInfo.from_api(
+            (await self.request("POST", "/keys", json=body, retry=False)).json()
+        )
 
     async def revoke_key(self, key_id: str) -> ApiKeyInfo:
         """See ``Client.revoke_key``."""
@@ -210,14 +213,16 @@ class AsyncClient:
             handle_signals=self.handle_signals, confirmed=False,
         )  # fmt: skip
         try:
-            response = await self.request(
-                "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
-            )
+            data = (
+                await self.request(
+                    "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
+                )
+            ).json()
         except HedgerowError as exc:
             if exc.status and registered:  # the server answered: nothing was created
                 registry.discard(self.url, chosen_id)
             raise
-        sandbox = AsyncSandbox(self, response.json())
+        sandbox = AsyncSandbox(self, data)
         if self.cleanup:
             self._created[sandbox.id] = sandbox
             registry.confirm(self.url, sandbox.id)
@@ -239,11 +244,16 @@ class AsyncClient:
         """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return AsyncSandbox(self, (await self.request("GET", f"/sandboxes/{sandbox_id}")).json())
 
+    def _sandbox(self, data: SandboxData) -> AsyncSandbox:
+        # See ``Client._sandbox``: episode and sandboxes build handles through it.
+        return AsyncSandbox(self, data)
+
     # -- snapshots (docs/snapshots.md) ---------------------------------------------
     async def get_snapshot(self, snapshot: SnapshotRef) -> AsyncSnapshot:
         """See ``Client.get_snapshot``."""
-        path = f"/snapshots/{snapshot_id(snapshot)}"
-        return AsyncSnapshot(self, (await self.request("GET", path)).json())
+        return AsyncSnapshot(
+            self, (await self.request("GET", f"/snapshots/{snapshot_id(snapshot)}")).json()
+        )
 
     async def snapshots(self, *, limit: int = 50) -> List[AsyncSnapshot]:
         """See ``Client.snapshots``."""
@@ -261,13 +271,15 @@ class AsyncClient:
     ) -> List[AsyncSandbox]:
         """See ``Client.fork`` (the children are waited for concurrently)."""
         key = idempotency_key or common.new_idempotency_key()
-        response = await self.request(
-            "POST",
-            f"/snapshots/{snapshot_id(snapshot)}/fork",
-            json={"count": n},
-            headers={"Idempotency-Key": key},
-        )
-        children = [AsyncSandbox(self, item) for item in response.json()["sandboxes"]]
+        data = (
+            await self.request(
+                "POST",
+                f"/snapshots/{snapshot_id(snapshot)}/fork",
+                json={"count": n},
+                headers={"Idempotency-Key": key},
+            )
+        ).json()
+        children = [AsyncSandbox(self, item) for item in data["sandboxes"]]
         if self.cleanup:
             for child in children:
                 registry.add(
@@ -314,12 +326,22 @@ class AsyncClient:
         return ExecResult.from_api((await self.request("GET", path)).json())
 
 
+async def _raise_for_stream_async(response: httpx.Response) -> None:
+    if response.status_code >= 400:
+        await response.aread()
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        raise error_from_response(response.status_code, body, response.text)
+
+
 class AsyncSandbox:
     """See ``hedgerow.Sandbox``; ``async with`` deletes it at the end of the block."""
 
-    def __init__(self, client: AsyncClient, data: Dict[str, Any]) -> None:
+    def __init__(self, client: AsyncClient, data: SandboxData) -> None:
         self._client = client
-        self.data = data
+        self.data: SandboxData = data  # the server's JSON as last read
         self._heartbeat_task: Optional[asyncio.Task[None]] = None
 
     @property
@@ -359,22 +381,22 @@ class AsyncSandbox:
         on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
     ) -> AsyncSandbox:
         """See ``Sandbox.wait``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = time.monotonic() + timeout
         seen = common.report_progress(self.data, None, on_progress)
         while True:
-            slice_s = max(0.0, min(1.0 if on_progress else 60.0, deadline - loop.time()))
+            slice_s = max(0.0, min(1.0 if on_progress else 60.0, deadline - time.monotonic()))
             try:
-                response = await self._client.request(
-                    "GET",
-                    f"/sandboxes/{self.id}/wait",
-                    params={"timeout": slice_s},
-                    timeout=slice_s + 30,
-                )
-                self.data = response.json()
+                self.data = (
+                    await self._client.request(
+                        "GET",
+                        f"/sandboxes/{self.id}/wait",
+                        params={"timeout": slice_s},
+                        timeout=slice_s + 30,
+                    )
+                ).json()
                 return self
             except HedgerowError as exc:
-                if exc.code != "wait_timeout" or loop.time() >= deadline:
+                if exc.code != "wait_timeout" or time.monotonic() >= deadline:
                     raise
             if on_progress is not None:
                 seen = common.report_progress((await self.refresh()).data, seen, on_progress)
@@ -392,19 +414,19 @@ class AsyncSandbox:
 
     async def resume(self, *, wait: bool = True, timeout: float = 120.0) -> AsyncSandbox:
         """See ``Sandbox.resume``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                response = await self._client.request("POST", f"/sandboxes/{self.id}/resume")
-                self.data = response.json()
+                self.data = (
+                    await self._client.request("POST", f"/sandboxes/{self.id}/resume")
+                ).json()
                 break
             except HedgerowError as exc:
-                if exc.code != "sandbox_pausing" or loop.time() >= deadline:
+                if exc.code != "sandbox_pausing" or time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.2)
         if wait:
-            await self.wait(timeout=max(1.0, deadline - loop.time()))
+            await self.wait(timeout=max(1.0, deadline - time.monotonic()))
         return self
 
     async def snapshot(
@@ -422,8 +444,10 @@ class AsyncSandbox:
         body = snapshot_body(
             name=name, manifest=manifest, probes=probes, ttl_seconds=ttl_seconds, volatile=volatile
         )
-        response = await self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
-        snap = AsyncSnapshot(self._client, response.json())
+        data = (
+            await self._client.request("POST", f"/sandboxes/{self.id}/snapshots", json=body)
+        ).json()
+        snap = AsyncSnapshot(self._client, data)
         if wait:
             return await snap.wait(timeout)
         raise_if_failed(snap.data)
@@ -443,10 +467,11 @@ class AsyncSandbox:
 
     async def set_timeout(self, seconds: int) -> AsyncSandbox:
         """See ``Sandbox.set_timeout``."""
-        response = await self._client.request(
-            "POST", f"/sandboxes/{self.id}/timeout", json={"timeout": seconds}
-        )
-        self.data = response.json()
+        self.data = (
+            await self._client.request(
+                "POST", f"/sandboxes/{self.id}/timeout", json={"timeout": seconds}
+            )
+        ).json()
         return self
 
     async def heartbeat(self) -> None:
@@ -600,18 +625,20 @@ class AsyncSandbox:
         )
         episode = current_async_episode()
         try:
-            response = await self._client.request(
-                "POST",
-                f"/sandboxes/{self.id}/exec",
-                json={**body, "stream": True, **({"stdin_open": True} if stdin_open else {})},
-            )
+            data = (
+                await self._client.request(
+                    "POST",
+                    f"/sandboxes/{self.id}/exec",
+                    json={**body, "stream": True, **({"stdin_open": True} if stdin_open else {})},
+                )
+            ).json()
         except HedgerowError as exc:
             if episode is not None:
                 episode.record_exec(self, body["operation_id"], command, error=exc)
             raise
         if episode is not None:
             episode.record_exec(self, body["operation_id"], command)
-        handle = AsyncCommandHandle(self, response.json())
+        handle = AsyncCommandHandle(self, data)
         handle._stdin_offset = len(stdin or b"")  # input is counted from the up-front bytes
         return handle
 
@@ -652,7 +679,30 @@ class AsyncSandbox:
                 "POST", f"/sandboxes/{self.id}/exec", json={**body, "stream": True}
             )
         )
-        return self._stream_body(started)
+        episode = current_async_episode()  # trajectories hook: see hedgerow/episode.py
+        if episode is None:
+            return self._stream_body(started)
+        # A refused command surfaces while iterating here: recorded with its error.
+        return self._recorded_stream(self._stream_body(started), episode, body, command)
+
+    async def _recorded_stream(
+        self,
+        frames: AsyncIterator[streaming.Frame],
+        episode: AsyncEpisode,
+        body: Dict[str, Any],
+        command: Command,
+    ) -> AsyncIterator[streaming.Frame]:
+        error: Optional[HedgerowError] = None
+        try:
+            async for frame in frames:
+                yield frame
+        except HedgerowError as exc:
+            error = exc
+            raise
+        finally:
+            # Recorded once the stream ends, fails, or is abandoned: the operation
+            # exists either way (a refused one is recorded with its error).
+            episode.record_exec(self, body["operation_id"], command, error=error)
 
     async def _stream_body(
         self, started: "asyncio.Future[httpx.Response]"
@@ -666,6 +716,36 @@ class AsyncSandbox:
             self._client.url, self._client.api_key, self.id, str(data["id"])
         ):
             yield frame
+
+    async def _download_tree(
+        self, remote: str, target: Path, progress: Progress, on_total: Progress
+    ) -> int:
+        # One streamed archive, extracted in a worker thread as it arrives.
+        async with self._client._http.stream(
+            "GET",
+            f"/sandboxes/{self.id}/files/archive",
+            params={"path": remote},
+            timeout=600,
+        ) as response:
+            await _raise_for_stream_async(response)
+            if on_total is not None:
+                on_total(int(response.headers.get("X-Tree-Bytes") or 0))
+            handoff = trees.QueueChunks()
+            extracting = asyncio.ensure_future(asyncio.to_thread(handoff.extract, target, progress))
+            try:
+                async for chunk in response.aiter_bytes(common.CHUNK):
+                    if extracting.done():
+                        break  # it failed: its error is raised below
+                    await asyncio.to_thread(handoff.put, chunk)
+                await asyncio.to_thread(handoff.put, None)
+            except BaseException:
+                handoff.closed = True
+                with contextlib.suppress(Exception):
+                    handoff.queue.put_nowait(
+                        HedgerowError("download interrupted", code="interrupted")
+                    )
+                raise
+            return int((await extracting)["bytes"])
 
     async def pty(
         self,
@@ -691,31 +771,32 @@ class AsyncSandbox:
             params["mode"] = mode
         if isinstance(data, str):
             data = data.encode()
-        response = await self._client.request(
-            "PUT",
-            f"/sandboxes/{self.id}/files",
-            params=params,
-            content=data,
-            headers={"Content-Type": "application/octet-stream"},
-            retry=isinstance(data, bytes),
-            timeout=600,
+        return WrittenFile.from_api(
+            (
+                await self._client.request(
+                    "PUT",
+                    f"/sandboxes/{self.id}/files",
+                    params=params,
+                    content=data,
+                    headers={"Content-Type": "application/octet-stream"},
+                    retry=isinstance(data, bytes),
+                    timeout=600,
+                )
+            ).json()
         )
-        return WrittenFile.from_api(response.json())
 
     async def iter_file(self, path: str) -> AsyncIterator[bytes]:
         """See ``Sandbox.iter_file``: chunks of 256 KiB, constant memory."""
-        async with self._client._http.stream(
-            "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
-        ) as response:
-            if response.status_code >= 400:
-                await response.aread()
-                try:
-                    body = response.json()
-                except ValueError:
-                    body = None
-                raise error_from_response(response.status_code, body, response.text)
-            async for chunk in response.aiter_bytes(common.CHUNK):
-                yield chunk
+        http = self._client._http
+        try:
+            async with http.stream(
+                "GET", f"/sandboxes/{self.id}/files", params={"path": path}, timeout=600
+            ) as response:
+                await _raise_for_stream_async(response)
+                async for chunk in response.aiter_bytes(common.CHUNK):
+                    yield chunk
+        except httpx.TransportError as exc:
+            raise streaming.connection_failed(self._client.url, exc) from None
 
     async def read_file(self, path: str) -> bytes:
         """See ``Sandbox.read_file``: the whole file in memory."""
@@ -723,15 +804,22 @@ class AsyncSandbox:
 
     async def stat(self, path: str) -> FileInfo:
         """See ``Sandbox.stat``."""
-        response = await self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+        return FileInfo.from_api(
+            (
+                await self._client.request(
+                    "GET", f"/sandboxes/{self.id}/files/stat", params={"path": path}
+                )
+            ).json()
         )
-        return FileInfo.from_api(response.json())
 
-    async def watch(self, path: str, *, recursive: bool = False) -> AsyncWatcher:
+    async def watch(
+        self, path: str, *, recursive: bool = False, include_entry: bool = False
+    ) -> AsyncWatcher:
         """See ``Sandbox.watch``."""
         response = await self._client.request(
-            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+            "POST",
+            f"/sandboxes/{self.id}/files/watch",
+            params=watch_params(path, recursive, include_entry),
         )
         return AsyncWatcher(self, response.json())
 
@@ -753,27 +841,34 @@ class AsyncSandbox:
 
     async def mkdir(self, path: str) -> FileInfo:
         """See ``Sandbox.mkdir``."""
-        response = await self._client.request(
-            "POST", f"/sandboxes/{self.id}/files/mkdir", params={"path": path}
+        return FileInfo.from_api(
+            (
+                await self._client.request(
+                    "POST", f"/sandboxes/{self.id}/files/mkdir", params={"path": path}
+                )
+            ).json()
         )
-        return FileInfo.from_api(response.json())
 
     async def rename(self, path: str, to: str) -> FileInfo:
         """See ``Sandbox.rename``."""
-        response = await self._client.request(
-            "POST", f"/sandboxes/{self.id}/files/rename", params={"path": path, "to": to}
+        return FileInfo.from_api(
+            (
+                await self._client.request(
+                    "POST", f"/sandboxes/{self.id}/files/rename", params={"path": path, "to": to}
+                )
+            ).json()
         )
-        return FileInfo.from_api(response.json())
 
     async def list_files_page(
         self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
     ) -> FilePage:
         """One page of a listing (see ``Sandbox.list_files_page``)."""
         params = common.list_params(path, limit, cursor)
-        response = await self._client.request(
-            "GET", f"/sandboxes/{self.id}/files/list", params=params
+        return FilePage.from_api(
+            (
+                await self._client.request("GET", f"/sandboxes/{self.id}/files/list", params=params)
+            ).json()
         )
-        return FilePage.from_api(response.json())
 
     async def list_files(
         self, path: str = "/workspace", *, page_size: int = 1000
@@ -836,39 +931,10 @@ class AsyncSandbox:
         target = Path(local)
         info = await self.stat(remote)
         if info.type == "directory":
-            async with self._client._http.stream(
-                "GET",
-                f"/sandboxes/{self.id}/files/archive",
-                params={"path": remote},
-                timeout=600,
-            ) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    try:
-                        body = response.json()
-                    except ValueError:
-                        body = None
-                    raise error_from_response(response.status_code, body, response.text)
-                if on_total is not None:
-                    on_total(int(response.headers.get("X-Tree-Bytes") or 0))
-                handoff = trees.QueueChunks()
-                extracting = asyncio.ensure_future(
-                    asyncio.to_thread(handoff.extract, target, progress)
-                )
-                try:
-                    async for chunk in response.aiter_bytes(common.CHUNK):
-                        if extracting.done():
-                            break  # it failed: its error is raised below
-                        await asyncio.to_thread(handoff.put, chunk)
-                    await asyncio.to_thread(handoff.put, None)
-                except BaseException:
-                    handoff.closed = True
-                    with contextlib.suppress(Exception):
-                        handoff.queue.put_nowait(
-                            HedgerowError("download interrupted", code="interrupted")
-                        )
-                    raise
-                return int((await extracting)["bytes"])
+            try:
+                return await self._download_tree(remote, target, progress, on_total)
+            except httpx.TransportError as exc:
+                raise streaming.connection_failed(self._client.url, exc) from None
         if on_total is not None:
             on_total(info.size)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -887,10 +953,13 @@ class AsyncSandbox:
         """Applies a unified diff in ``cwd`` (git apply, or patch(1)) as one recorded
         operation; ``result.ok`` says whether it applied."""
         body = common.patch_body(patch, cwd=cwd, timeout=timeout)
+        episode = current_async_episode()
         response = await self._client.request(
             "POST",
             f"/sandboxes/{self.id}/apply_patch",
             json=body,
             timeout=common.exec_http_timeout(timeout),
         )
+        if episode is not None:
+            episode.record_exec(self, body["operation_id"], "apply_patch")
         return ExecResult.from_api(response.json())

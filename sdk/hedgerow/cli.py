@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import httpx
 
@@ -35,6 +35,8 @@ from hedgerow.cleanup import registry
 from hedgerow.client import Client, Sandbox
 from hedgerow.errors import AuthError, HedgerowError, NotFound
 from hedgerow.images import Image
+from hedgerow.records import FileInfo
+from hedgerow.shapes import SandboxData
 
 
 class Progress:
@@ -83,7 +85,7 @@ def _client(args: argparse.Namespace) -> Client:
 _HEADER = f"{'ID':<24} {'STATE':<12} {'IMAGE':<16} {'CPU':<6} {'MEMORY':<8} CREATED"
 
 
-def _row(data: Dict[str, Any]) -> str:
+def _row(data: Mapping[str, Any]) -> str:
     return (
         f"{data['id']:<24} {data['state']:<12} {data.get('image', '')!s:<16} "
         f"{data.get('cpu', '')!s:<6} {data.get('memory', '')!s:<8} "
@@ -145,7 +147,7 @@ def cmd_sandbox_create(args: argparse.Namespace) -> int:
     timeout: nobody heartbeats them once the command has exited)."""
     hr = Client(args.url, args.key, cleanup=True)
     progress = Progress("creating", args.count)
-    rows: List[Dict[str, Any]] = []
+    rows: List[SandboxData] = []
     failures: List[BaseException] = []
     lock = threading.Lock()
     todo = iter(range(args.count))
@@ -421,7 +423,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 _SNAPSHOT_HEADER = f"{'ID':<36} {'STATE':<10} {'SANDBOX':<24} {'BYTES':>12}  NAME"
 
 
-def _snapshot_row(data: Dict[str, Any]) -> str:
+def _snapshot_row(data: Mapping[str, Any]) -> str:
     return (
         f"{data['id']:<36} {data['state']:<10} {data.get('sandbox', '')!s:<24} "
         f"{data.get('size_bytes', 0):>12}  {data.get('name', '')}"
@@ -465,6 +467,59 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             failed += 1
             print(f"hedgerow: {snapshot_id}: {exc}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def cmd_sandbox_timeout(args: argparse.Namespace) -> int:
+    sandbox = Sandbox(_client(args), {"id": args.id})
+    sandbox.set_timeout(args.seconds)
+    _out(args, sandbox.data, lambda: f"{sandbox.id} ends at {sandbox.data.get('expires_at')}")
+    return 0
+
+
+# -- files in a sandbox: fs ls|stat|mkdir|mv|rm|watch ID:/path ------------------------
+def _remote_path(spec: str) -> Tuple[str, str]:
+    sandbox_id, sep, path = spec.partition(":")
+    if not sep or not sandbox_id or not path.startswith("/"):
+        raise argparse.ArgumentTypeError(f"expected ID:/absolute/path, got {spec!r}")
+    return sandbox_id, path
+
+
+def _entry_line(info: FileInfo) -> str:
+    name = info.name + ("/" if info.type == "directory" else "")
+    if info.target:
+        name += f" -> {info.target}"
+    return f"{info.mode:<5} {info.size:>12} {name}"
+
+
+def cmd_fs(args: argparse.Namespace) -> int:
+    sandbox_id, path = args.target
+    sandbox = Sandbox(_client(args), {"id": sandbox_id, "state": "ready"})
+    if args.cmd == "ls":
+        entries = sandbox.list_files(path)
+        _out(args, [e.raw for e in entries], lambda: "\n".join(map(_entry_line, entries)))
+    elif args.cmd == "stat":
+        info = sandbox.stat(path)
+        _out(args, info.raw, lambda: f"{info.type} {_entry_line(info)}")
+    elif args.cmd == "mkdir":
+        info = sandbox.mkdir(path)
+        _out(args, info.raw, lambda: info.path)
+    elif args.cmd == "mv":
+        info = sandbox.rename(path, args.to)
+        _out(args, info.raw, lambda: info.path)
+    elif args.cmd == "rm":
+        sandbox.remove(path, recursive=args.recursive)
+    else:  # watch: one line per change, as it happens, until Ctrl-C or --count
+        seen = 0
+        with sandbox.watch(path, recursive=args.recursive) as watcher:
+            # On stderr: the changes from now on are reported (stdout stays the events).
+            print(f"watching {sandbox_id}:{path} (Ctrl-C stops)", file=sys.stderr, flush=True)
+            for event in watcher:
+                line = {"type": event.type, "name": event.name}
+                print(json.dumps(line) if args.json else f"{event.type} {event.name}", flush=True)
+                seen += 1
+                if args.count and seen >= args.count:
+                    break
+    return 0
 
 
 # -- operations, keys, trajectories --------------------------------------------------
@@ -790,6 +845,12 @@ def build_parser() -> argparse.ArgumentParser:
     label.add_argument("id", metavar="ID")
     label.add_argument("changes", nargs="+", type=_label_change, metavar="KEY=VALUE|KEY-")
     label.set_defaults(func=cmd_sandbox_label)
+    timeout = command(
+        sandbox, "timeout", "end a sandbox SECONDS from now (extend or shorten its lifetime)"
+    )
+    timeout.add_argument("id", metavar="ID")
+    timeout.add_argument("seconds", type=int, metavar="SECONDS")
+    timeout.set_defaults(func=cmd_sandbox_timeout)
     create = command(sandbox, "create", "create sandboxes, printing each id as it is created")
     create.add_argument("--image", default="host", help="image name (default: host)")
     create.add_argument("--cpu", help="cores: 1, 0.5 or 500m (default 1)")
@@ -894,6 +955,28 @@ def build_parser() -> argparse.ArgumentParser:
     snap_rm.add_argument("ids", nargs="+", metavar="ID")
     snap_rm.set_defaults(func=cmd_snapshot)
 
+    fs = command(sub, "fs", "files in a sandbox: ls, stat, mkdir, mv, rm, watch").add_subparsers(
+        dest="cmd", required=True, metavar="SUBCOMMAND"
+    )
+    for name, help_text in (
+        ("ls", "list a directory: fs ls ID:/path"),
+        ("stat", "one entry (a symlink described, not followed)"),
+        ("mkdir", "make a directory and its parents"),
+        ("mv", "rename: fs mv ID:/from /to"),
+        ("rm", "remove a file (a directory with -r)"),
+        ("watch", "print each change under a directory as it happens (Ctrl-C stops)"),
+    ):
+        fs_cmd = command(fs, name, help_text)
+        fs_cmd.add_argument("target", type=_remote_path, metavar="ID:/path")
+        if name == "mv":
+            fs_cmd.add_argument("to", metavar="/to")
+        if name in ("rm", "watch"):
+            fs_cmd.add_argument(
+                "-r", "--recursive", action="store_true", help="a directory and all below it"
+            )
+        if name == "watch":
+            fs_cmd.add_argument("--count", type=int, default=0, help="stop after N changes")
+        fs_cmd.set_defaults(func=cmd_fs)
     ops = command(sub, "ops", "recorded execs").add_subparsers(
         dest="cmd", required=True, metavar="SUBCOMMAND"
     )

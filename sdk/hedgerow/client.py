@@ -28,7 +28,7 @@ import httpx
 
 from hedgerow import _common as common
 from hedgerow import streaming, trees
-from hedgerow._common import Command as Command  # re-exported: episode.py imports it
+from hedgerow._common import Command
 from hedgerow.cleanup import registry
 from hedgerow.commands import CommandHandle
 from hedgerow.episode import Episode, current_episode
@@ -37,6 +37,7 @@ from hedgerow.images import Images
 from hedgerow.records import ApiKeyInfo, FileInfo, FilePage, WrittenFile
 from hedgerow.results import ExecResult, ServerVersion
 from hedgerow.sandboxes import LabelFilter, Sandboxes
+from hedgerow.shapes import SandboxData
 from hedgerow.snapshots import Snapshot, SnapshotRef, raise_if_failed, snapshot_body, snapshot_id
 from hedgerow.watch import Watcher, watch_params
 
@@ -267,6 +268,12 @@ class Client:
             sandbox.start_heartbeats(max(hb_timeout / 3.0, 1.0))
         return sandbox
 
+    def _sandbox(self, data: SandboxData) -> Sandbox:
+        # The one place other modules (episode, sandboxes) get a Sandbox from: they
+        # take it from the client they were given instead of importing this module
+        # back (no import circle).
+        return Sandbox(self, data)
+
     def get(self, sandbox_id: str) -> Sandbox:
         """A sandbox by id (``NotFound`` for another team's or an unknown one)."""
         return Sandbox(self, self.request("GET", f"/sandboxes/{sandbox_id}").json())
@@ -336,11 +343,12 @@ class Client:
         one page is fetched page by page), filtered by ``state`` (e.g. ``ready``, or a
         comma list), ``image`` and ``labels`` (``{key: value}``, or ``{key: None}`` for
         "has the label"). ``client.sandboxes.list()`` iterates without a limit."""
-        return builtins.list(
-            self.sandboxes.list(
+        return [
+            sandbox
+            for sandbox in self.sandboxes.list(
                 state=state, image=image, labels=labels, limit=limit, page_size=min(limit, 1000)
             )
-        )
+        ]
 
     def delete(self, sandbox_id: str) -> None:
         """Deletes a sandbox (idempotent: deleting a deleted sandbox succeeds)."""
@@ -384,9 +392,9 @@ def _raise_for_stream(response: httpx.Response) -> None:
 class Sandbox:
     """A sandbox. ``with`` deletes it at the end of the block."""
 
-    def __init__(self, client: Client, data: Dict[str, Any]) -> None:
+    def __init__(self, client: Client, data: SandboxData) -> None:
         self._client = client
-        self.data = data
+        self.data: SandboxData = data  # the server's JSON as last read
         self._heartbeat_stop: Optional[threading.Event] = None
 
     @property
@@ -835,7 +843,7 @@ class Sandbox:
 
     def read_file(self, path: str) -> bytes:
         """The whole file in memory; use ``iter_file`` or ``download`` for big files."""
-        return b"".join(self.iter_file(path))
+        return b"".join([chunk for chunk in self.iter_file(path)])
 
     def iter_file(self, path: str) -> Iterator[bytes]:
         """Streams a file's bytes in chunks (constant memory, any size)."""
@@ -858,7 +866,7 @@ class Sandbox:
             ).json()
         )
 
-    def watch(self, path: str, *, recursive: bool = False) -> Watcher:
+    def watch(self, path: str, *, recursive: bool = False, include_entry: bool = False) -> Watcher:
         """Starts watching a directory (``recursive``: its whole tree; default only
         its entries) and returns a ``Watcher``: ``watcher.events(wait=S)`` returns what
         changed since the last read (``FileEvent``: ``name`` relative to ``path``,
@@ -866,9 +874,13 @@ class Sandbox:
         ``for event in watcher`` follows changes as they happen; ``stop()`` (or
         leaving ``with``) ends it. At most 16 watchers per sandbox and 10000 entries
         per tree (``ValidationError`` ``too_many_entries``); changes between two reads
-        are coalesced. ``NotFound`` when ``path`` does not exist."""
+        are coalesced. ``NotFound`` when ``path`` does not exist. ``include_entry``:
+        each event of a name that exists after the change carries its ``entry``
+        (``FileInfo``, as ``stat`` answers it)."""
         response = self._client.request(
-            "POST", f"/sandboxes/{self.id}/files/watch", params=watch_params(path, recursive)
+            "POST",
+            f"/sandboxes/{self.id}/files/watch",
+            params=watch_params(path, recursive, include_entry),
         )
         return Watcher(self, response.json())
 

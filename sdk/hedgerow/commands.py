@@ -209,15 +209,19 @@ class AsyncCommandHandle:
             last = index == len(chunks) - 1
             body = stdin_body(chunk, eof=eof and last, offset=self._stdin_offset)
             try:
-                response = await self.sandbox._client.request(
-                    "POST", path, json=body, retry=self._stdin_offset is not None
-                )
+                answer = (
+                    await self.sandbox._client.request(
+                        "POST", path, json=body, retry=self._stdin_offset is not None
+                    )
+                ).json()
             except Conflict as exc:
                 if exc.code != "stdin_offset":
                     raise
                 body.pop("offset")  # see CommandHandle.send_stdin
-                response = await self.sandbox._client.request("POST", path, json=body, retry=False)
-            self._stdin_offset = int(response.json()["offset"])
+                answer = (
+                    await self.sandbox._client.request("POST", path, json=body, retry=False)
+                ).json()
+            self._stdin_offset = int(answer["offset"])
         return len(raw)
 
     async def close_stdin(self) -> None:

@@ -27,12 +27,13 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hedgerow._common import USER_AGENT, new_operation_id
+from hedgerow._common import USER_AGENT, Command, new_operation_id
 from hedgerow.errors import HedgerowError, SandboxLost, SandboxTerminating
+from hedgerow.shapes import EpisodeData
 
 if TYPE_CHECKING:
     from hedgerow.aio import AsyncClient, AsyncSandbox
-    from hedgerow.client import Client, Command, Sandbox
+    from hedgerow.client import Client, Sandbox
     from hedgerow.results import ExecResult
 
 _current: contextvars.ContextVar[Episode | None] = contextvars.ContextVar(
@@ -143,17 +144,19 @@ class EpisodeRecord:
             self._open_body["episode_id"] = episode_id
         self._open_body.setdefault("versions", {})
         self._open_body["versions"].setdefault("client", USER_AGENT)
-        self.data: dict[str, Any] = {}
+        self.data: EpisodeData = {}  # the server's JSON as last read
         self._pending: list[dict[str, Any]] = []
         self._next_index = 0
         self._result: dict[str, Any] = {}
 
     @property
     def id(self) -> str:
+        """The episode's id (once opened)."""
         return str(self.data["id"])
 
     @property
     def failure_class(self) -> str:
+        """Why it failed, as the server classified it ('' while open or if it did not)."""
         return str(self.data.get("failure_class") or "")
 
     # -- steps ----------------------------------------------------------------
@@ -200,6 +203,8 @@ class EpisodeRecord:
         kind: str = "exec",
         verifier: dict[str, Any] | None = None,
     ) -> None:
+        """Adds the step of an exec that ran (the clients call it for every exec made
+        inside the episode; call it yourself for one made outside)."""
         if sandbox.id not in self._sandboxes and self.data:
             self._sandboxes.add(sandbox.id)
         step: dict[str, Any] = {
@@ -249,6 +254,7 @@ class Episode(EpisodeRecord):
         self._token: contextvars.Token[Episode | None] | None = None
 
     def open(self) -> Episode:
+        """Opens the episode on the server (``with`` does it for you)."""
         self.data = self._client.request("POST", "/episodes", json=self._open_body).json()
         return self
 
@@ -258,6 +264,7 @@ class Episode(EpisodeRecord):
             self.flush()
 
     def flush(self) -> None:
+        """Sends the steps not sent yet (every 16 steps and at close on their own)."""
         if not self._pending or not self.data:
             return
         batch, self._pending = self._pending, []
@@ -312,13 +319,13 @@ class Episode(EpisodeRecord):
         return result
 
     def _only_sandbox(self) -> Sandbox:
-        from hedgerow.client import Sandbox
-
         if len(self._sandboxes) != 1:
             raise HedgerowError("verify() needs sandbox= when the episode has several")
-        return Sandbox(self._client, {"id": next(iter(self._sandboxes))})
+        return self._client._sandbox({"id": next(iter(self._sandboxes))})
 
-    def close(self, **result: Any) -> dict[str, Any]:
+    def close(self, **result: Any) -> EpisodeData:
+        """Sends the last steps and closes the episode with ``result`` (``reward=``,
+        ``termination_reason=``, …); returns the closed episode (``with`` closes it)."""
         body = self._close_body(result)
         self.flush()
         self.data = self._client.request("POST", f"/episodes/{self.id}/close", json=body).json()
@@ -339,11 +346,10 @@ class Episode(EpisodeRecord):
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
-        if exc is not None:
-            self._exit_reason(exc)
         if exc is None:
             self.close()
             return
+        self._exit_reason(exc)
         try:
             self.close()
         except HedgerowError:
@@ -368,17 +374,19 @@ class AsyncEpisode(EpisodeRecord):
         self._token: contextvars.Token[AsyncEpisode | None] | None = None
 
     async def open(self) -> AsyncEpisode:
-        response = await self._client.request("POST", "/episodes", json=self._open_body)
-        self.data = response.json()
+        """See ``Episode.open``."""
+        self.data = (await self._client.request("POST", "/episodes", json=self._open_body)).json()
         return self
 
     async def flush(self) -> None:
+        """See ``Episode.flush``."""
         if not self._pending or not self.data:
             return
         batch, self._pending = self._pending, []
         await self._client.request("POST", f"/episodes/{self.id}/steps", json={"steps": batch})
 
     async def flush_if_due(self) -> None:
+        """Flushes once 16 steps are waiting (called from the event loop)."""
         if len(self._pending) >= FLUSH_EVERY:
             await self.flush()
 
@@ -420,17 +428,17 @@ class AsyncEpisode(EpisodeRecord):
         return result
 
     def _only_sandbox(self) -> AsyncSandbox:
-        from hedgerow.aio import AsyncSandbox
-
         if len(self._sandboxes) != 1:
             raise HedgerowError("verify() needs sandbox= when the episode has several")
-        return AsyncSandbox(self._client, {"id": next(iter(self._sandboxes))})
+        return self._client._sandbox({"id": next(iter(self._sandboxes))})
 
-    async def close(self, **result: Any) -> dict[str, Any]:
+    async def close(self, **result: Any) -> EpisodeData:
+        """See ``Episode.close``."""
         body = self._close_body(result)
         await self.flush()
-        response = await self._client.request("POST", f"/episodes/{self.id}/close", json=body)
-        self.data = response.json()
+        self.data = (
+            await self._client.request("POST", f"/episodes/{self.id}/close", json=body)
+        ).json()
         return self.data
 
     async def __aenter__(self) -> AsyncEpisode:

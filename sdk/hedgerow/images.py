@@ -193,12 +193,11 @@ class AsyncImages:
         poll_interval: float = 0.5,
     ) -> Image:
         """See ``Images.pull``."""
-        response = await self._client.request("POST", "/images", json={"reference": reference})
-        image = Image.from_api(response.json())
+        body = (await self._client.request("POST", "/images", json={"reference": reference})).json()
+        image = Image.from_api(body)
         if not wait:
             return image
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = time.monotonic() + timeout
         seen: Optional[Dict[str, Any]] = None
         while True:
             if progress is not None and image.progress and image.progress != seen:
@@ -208,7 +207,7 @@ class AsyncImages:
                 return image
             if image.status == "failed":
                 raise failure(image)
-            if loop.time() >= deadline:
+            if time.monotonic() >= deadline:
                 raise HedgerowError(
                     f"{reference}: still pulling after {timeout:g} s", code="wait_timeout"
                 )
@@ -220,10 +219,11 @@ class AsyncImages:
         images: List[Image] = []
         offset = 0
         while True:
-            response = await self._client.request(
-                "GET", "/images", params={"limit": page_size, "offset": offset}
-            )
-            page = response.json()
+            page = (
+                await self._client.request(
+                    "GET", "/images", params={"limit": page_size, "offset": offset}
+                )
+            ).json()
             images.extend(Image.from_api(item) for item in page["results"])
             if not page.get("next"):
                 return images

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from hedgerow.shapes import ResourceExhausted
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,12 @@ class ExecResult:
 
     @property
     def timed_out(self) -> bool:
+        """The command's timeout ended it (``termination == "timeout"``)."""
         return self.termination == "timeout"
 
     @property
     def ok(self) -> bool:
+        """It exited 0 by itself, and no sandbox limit ended or crippled it."""
         return self.termination == "exited" and self.exit_code == 0 and not self.resource_exhausted
 
     @property
@@ -86,12 +90,12 @@ class ExecResult:
         return None
 
     @property
-    def resource_exhausted(self) -> dict[str, Any] | None:
+    def resource_exhausted(self) -> ResourceExhausted | None:
         """``{"code": "resource_exhausted", "kind": "memory"|"pids"|…, "limit", …}`` when
         the sandbox's own limit ended or crippled the command, else None."""
         error = self.raw.get("error")
         if isinstance(error, dict) and error.get("code") == "resource_exhausted":
-            return error
+            return cast(ResourceExhausted, error)
         return None
 
     @classmethod

@@ -38,12 +38,18 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class SandboxPage(Generic[T]):
     """One page of sandboxes, newest first: ``sandboxes``, ``next_cursor`` (None on the
-    last page) and ``count`` (how many match the filters in all)."""
+    last page) and ``count``: how many match the filters in all, on the first page
+    (``cursor=None``); None on a later page (the server counts once per listing)."""
 
     sandboxes: List[T]
     next_cursor: Optional[str]
-    count: int
+    count: Optional[int]
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def _count(body: Dict[str, Any]) -> Optional[int]:
+    count = body.get("count")
+    return None if count is None else int(count)
 
 
 def list_params(
@@ -88,14 +94,12 @@ class Sandboxes:
         (a previous page's ``next_cursor``), newest first. ``state``: a state or a comma
         list (``"ready,provisioning"``); ``image``: exact image name; ``labels``: every
         ``{key: value}`` must match, ``{key: None}`` means the label is present."""
-        from hedgerow.client import Sandbox
-
         params = list_params(state=state, image=image, labels=labels, limit=limit, cursor=cursor)
         body = self._client.request("GET", "/sandboxes", params=params).json()
         return SandboxPage(
-            sandboxes=[Sandbox(self._client, item) for item in body["results"]],
+            sandboxes=[self._client._sandbox(item) for item in body["results"]],
             next_cursor=body.get("next_cursor"),
-            count=int(body.get("count") or 0),
+            count=_count(body),
             raw=body,
         )
 
@@ -142,14 +146,12 @@ class AsyncSandboxes:
         cursor: Optional[str] = None,
     ) -> SandboxPage[AsyncSandbox]:
         """See ``Sandboxes.list_page``."""
-        from hedgerow.aio import AsyncSandbox
-
         params = list_params(state=state, image=image, labels=labels, limit=limit, cursor=cursor)
         body = (await self._client.request("GET", "/sandboxes", params=params)).json()
         return SandboxPage(
-            sandboxes=[AsyncSandbox(self._client, item) for item in body["results"]],
+            sandboxes=[self._client._sandbox(item) for item in body["results"]],
             next_cursor=body.get("next_cursor"),
-            count=int(body.get("count") or 0),
+            count=_count(body),
             raw=body,
         )
 

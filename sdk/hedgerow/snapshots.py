@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union, cast
 
 from hedgerow.errors import SnapshotFailed, WaitTimeout
+from hedgerow.shapes import Fingerprint, SnapshotData
 
 if TYPE_CHECKING:
     from hedgerow.aio import AsyncClient, AsyncSandbox
@@ -31,40 +32,45 @@ def snapshot_body(
     return {k: v for k, v in optional.items() if v is not None}
 
 
-def raise_if_failed(data: Dict[str, Any]) -> None:
+def raise_if_failed(data: Mapping[str, Any]) -> None:
     if data.get("state") == "failed":
         err = data.get("error") or {}
         raise SnapshotFailed(
             str(err.get("message", "the capture failed")),
             code=str(err.get("code", "snapshot_failed")),
-            body=data,
+            body=dict(data),
         )
 
 
 class _SnapshotData:
-    data: Dict[str, Any]
+    data: SnapshotData  # the server's JSON as last read
 
     @property
     def id(self) -> str:
+        """The snapshot's id."""
         return str(self.data["id"])
 
     @property
     def state(self) -> str:
+        """``capturing``, ``ready``, ``failed`` or ``deleted`` (as last read)."""
         return str(self.data["state"])
 
     @property
-    def fingerprint(self) -> Dict[str, Any]:
-        return dict(self.data.get("fingerprint") or {})
+    def fingerprint(self) -> Fingerprint:
+        """What a fork is checked against (docs/snapshots.md, Fingerprints): tree hash
+        and file count, probe results, listening ports, processes, environment."""
+        return cast(Fingerprint, dict(self.data.get("fingerprint") or {}))
 
     @property
     def manifest(self) -> Dict[str, Any]:
+        """The manifest given at capture: the caller's own JSON object, as given."""
         return dict(self.data.get("manifest") or {})
 
 
 class Snapshot(_SnapshotData):
     """A captured sandbox state: ``fingerprint``, ``manifest``, sizes; ``fork(n)``."""
 
-    def __init__(self, client: Client, data: Dict[str, Any]) -> None:
+    def __init__(self, client: Client, data: SnapshotData) -> None:
         self._client = client
         self.data = data
 
@@ -72,6 +78,7 @@ class Snapshot(_SnapshotData):
         return f"<Snapshot {self.id} {self.state}>"
 
     def refresh(self) -> Snapshot:
+        """Reads the snapshot again (``data``, ``state``)."""
         self.data = self._client.request("GET", f"/snapshots/{self.id}").json()
         return self
 
@@ -88,16 +95,18 @@ class Snapshot(_SnapshotData):
         return self
 
     def delete(self) -> None:
+        """Deletes the snapshot (its stored state; forks already made are kept)."""
         self.data = self._client.request("DELETE", f"/snapshots/{self.id}").json()
 
     def fork(self, n: int = 8, **kwargs: Any) -> List[Sandbox]:
+        """``n`` new sandboxes from this state (default 8): ``client.fork``."""
         return self._client.fork(self, n, **kwargs)
 
 
 class AsyncSnapshot(_SnapshotData):
     """``Snapshot`` for ``AsyncClient``."""
 
-    def __init__(self, client: AsyncClient, data: Dict[str, Any]) -> None:
+    def __init__(self, client: AsyncClient, data: SnapshotData) -> None:
         self._client = client
         self.data = data
 
@@ -105,14 +114,15 @@ class AsyncSnapshot(_SnapshotData):
         return f"<AsyncSnapshot {self.id} {self.state}>"
 
     async def refresh(self) -> AsyncSnapshot:
+        """See ``Snapshot.refresh``."""
         self.data = (await self._client.request("GET", f"/snapshots/{self.id}")).json()
         return self
 
     async def wait(self, timeout: float = 300.0, *, poll: float = 0.2) -> AsyncSnapshot:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        """See ``Snapshot.wait`` (``timeout`` and ``poll`` in seconds)."""
+        deadline = time.monotonic() + timeout
         while self.state == "capturing":
-            if loop.time() >= deadline:
+            if time.monotonic() >= deadline:
                 raise WaitTimeout(f"snapshot {self.id} still capturing", code="wait_timeout")
             await asyncio.sleep(poll)
             await self.refresh()
@@ -120,9 +130,11 @@ class AsyncSnapshot(_SnapshotData):
         return self
 
     async def delete(self) -> None:
+        """See ``Snapshot.delete``."""
         self.data = (await self._client.request("DELETE", f"/snapshots/{self.id}")).json()
 
     async def fork(self, n: int = 8, **kwargs: Any) -> List[AsyncSandbox]:
+        """See ``Snapshot.fork``."""
         return await self._client.fork(self, n, **kwargs)
 
 

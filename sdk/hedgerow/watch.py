@@ -13,7 +13,9 @@ change. Changes between two reads are coalesced. At most 16 watchers per sandbox
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional
+
+from hedgerow.records import FileInfo
 
 if TYPE_CHECKING:
     from hedgerow.aio import AsyncSandbox
@@ -26,14 +28,24 @@ ITER_WAIT_S = 25.0  # each read of an iteration: under the server's 60 s bound
 class FileEvent:
     """One change: ``name`` relative to the watched directory; ``type`` is create,
     remove, write (a file's size or mtime changed), chmod or rename (the old name: the
-    new one comes as a create)."""
+    new one comes as a create). ``entry``: with ``watch(…, include_entry=True)``, the
+    entry as it was when the change was seen (``FileInfo``); None for a remove or a
+    rename, for a name gone again, and without ``include_entry``."""
 
     name: str
     type: str
+    entry: Optional[FileInfo] = None
 
 
 def _events(body: Dict[str, Any]) -> List[FileEvent]:
-    return [FileEvent(str(e["name"]), str(e["type"])) for e in body.get("events") or []]
+    return [
+        FileEvent(
+            str(e["name"]),
+            str(e["type"]),
+            FileInfo.from_api(e["entry"]) if isinstance(e.get("entry"), dict) else None,
+        )
+        for e in body.get("events") or []
+    ]
 
 
 class Watcher:
@@ -112,8 +124,11 @@ class AsyncWatcher:
         await self.stop()
 
 
-def watch_params(path: str, recursive: bool) -> Dict[str, Any]:
-    return {"path": path, "recursive": "1" if recursive else "0"}
+def watch_params(path: str, recursive: bool, include_entry: bool = False) -> Dict[str, Any]:
+    params = {"path": path, "recursive": "1" if recursive else "0"}
+    if include_entry:
+        params["include_entry"] = "1"
+    return params
 
 
 __all__ = ["AsyncWatcher", "FileEvent", "Watcher", "watch_params"]

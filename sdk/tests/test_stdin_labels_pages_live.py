@@ -147,6 +147,7 @@ def test_labels_change_and_lists_filter_and_page_through_sdk_and_cli(live, make_
         assert page.count == 5 and len(page.sandboxes) == 4 and page.next_cursor
         rest = hr.sandboxes.list_page(labels={"run": "r1"}, limit=4, cursor=page.next_cursor)
         assert [sb.id for sb in rest.sandboxes] == [made[0].id] and rest.next_cursor is None
+        assert rest.count is None  # counted on the first page only
         assert [sb.id for sb in hr.list(labels={"run": "r2"})] == [other.id]
 
         # The CLI: ls --label, label KEY=VALUE KEY-.
@@ -218,15 +219,30 @@ def test_it_watches_a_directory_through_sdk_and_rest(live, make_tenant):
         assert gone.value.code == "watcher_not_found"
         with pytest.raises(NotFound):
             sandbox.watch("/workspace/missing")
+        # include_entry: each present name's entry, as a stat answers it; none without.
+        with sandbox.watch("/workspace/w", include_entry=True) as with_entries:
+            sandbox.write_file("/workspace/w/e.txt", b"abc", mode="0640")
+            (event,) = with_entries.events(wait=10)
+            assert (event.type, event.name) == ("create", "e.txt")
+            assert event.entry is not None
+            assert (event.entry.path, event.entry.type, event.entry.size, event.entry.mode) == (
+                "/workspace/w/e.txt",
+                "file",
+                3,
+                "0640",
+            )
+            sandbox.remove("/workspace/w/e.txt")
+            assert [(e.type, e.entry) for e in with_entries.events(wait=10)] == [("remove", None)]
 
     async def main() -> None:
         async with AsyncClient(live.url, secret) as ahr:
             asb = await ahr.create_sandbox()
             try:
-                watcher = await asb.watch("/workspace")
+                watcher = await asb.watch("/workspace", include_entry=True)
                 await asb.write_file("/workspace/x.txt", b"x")
                 events = await watcher.events(wait=10)
                 assert [(e.type, e.name) for e in events] == [("create", "x.txt")]
+                assert events[0].entry is not None and events[0].entry.size == 1
                 await watcher.stop()
             finally:
                 await asb.delete()

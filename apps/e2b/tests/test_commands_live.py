@@ -131,6 +131,49 @@ def test_it_runs_in_the_background_lists_reconnects_waits_and_kills(live, make_t
     wait_all_deleted(tenant)
 
 
+def test_stream_input_reaches_the_command_chunk_by_chunk(live, make_tenant):
+    """``commands.stream_input`` is a client stream: each chunk reaches the command
+    while the stream is still open, not once the SDK has sent the whole of it."""
+    from e2b import FileNotFoundException
+
+    tenant, secret = make_tenant()
+    sbx = Sandbox.create(**opts(live, secret))
+    other = Sandbox.connect(sbx.sandbox_id, **opts(live, secret))  # its own connections
+    handle = sbx.commands.run("cat > /workspace/in.txt", background=True, stdin=True)
+
+    def arrived(text: str) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if other.files.read("/workspace/in.txt") == text:
+                    return
+            except FileNotFoundException:
+                pass  # the shell has not opened it yet
+            assert time.monotonic() < deadline, f"{text!r} did not reach the command"
+            time.sleep(0.05)
+
+    def chunks():
+        yield "first\n"
+        arrived("first\n")  # the stream is still open here
+        yield b"second\n"
+        arrived("first\nsecond\n")
+        yield "third\n"
+
+    sbx.commands.stream_input(handle.pid, chunks())
+    sbx.commands.close_stdin(handle.pid)
+    assert handle.wait().exit_code == 0
+    assert other.files.read("/workspace/in.txt") == "first\nsecond\nthird\n"
+    # The command has ended: a stream to it is envd's not found, with nothing sent.
+    with pytest.raises(NotFoundException):
+        sbx.commands.stream_input(handle.pid, ["late\n"])
+    plain = sbx.commands.run("sleep 30", background=True)
+    with pytest.raises(SandboxException, match="stdin"):
+        sbx.commands.stream_input(plain.pid, ["x"])
+    assert sbx.commands.kill(plain.pid) is True
+    sbx.kill()
+    wait_all_deleted(tenant)
+
+
 def test_it_sends_stdin_to_a_running_command_and_closes_it(live, make_tenant):
     tenant, secret = make_tenant()
     sbx = Sandbox.create(**opts(live, secret))

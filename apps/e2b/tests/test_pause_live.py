@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from e2b import Sandbox, SandboxException
+from e2b import Sandbox, SandboxException, SandboxQuery, SandboxState
 
 from apps.billing.models import TenantQuota
 from apps.billing.quotas import quota_get
@@ -36,6 +36,19 @@ def test_a_filesystem_pause_keeps_the_files_and_connect_resumes_it(live, make_te
     assert Snapshot.objects.get(sandbox=row, kind="pause").state == "ready"
     assert sbx.get_info().state.value == "paused"
     assert sbx.beta_pause(mode="filesystem") is False  # already paused (E2B's 409)
+    # Listed as paused: by default (running and paused, as E2B) and by state.
+    running = Sandbox.create(metadata={"run": "p1"}, **o)
+
+    def listed(*states: SandboxState) -> dict[str, str]:
+        query = SandboxQuery(metadata={"run": "p1"}, state=list(states) or None)
+        return {s.sandbox_id: s.state.value for s in Sandbox.list(query=query, **o).next_items()}
+
+    both = {sbx.sandbox_id: "paused", running.sandbox_id: "running"}
+    assert listed() == both
+    assert listed(SandboxState.PAUSED) == {sbx.sandbox_id: "paused"}
+    assert listed(SandboxState.RUNNING) == {running.sandbox_id: "running"}
+    assert listed(SandboxState.RUNNING, SandboxState.PAUSED) == both
+    running.kill()
 
     # another process connects by id: the paused sandbox is resumed from its files
     resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **o)

@@ -206,10 +206,17 @@ class FileWatchView(APIView):
         parameters=[
             PATH_PARAM,
             OpenApiParameter("recursive", bool, description="watch the whole tree"),
+            OpenApiParameter(
+                "include_entry",
+                bool,
+                description="each event of a name that exists after the change carries "
+                "its `entry` (as a stat answers it)",
+            ),
         ],
         request=None,
         responses={200: dict, **ERROR_RESPONSES},
-        description="Starts watching a directory: `{watcher_id, path, recursive, entries}`. "
+        description="Starts watching a directory: `{watcher_id, path, recursive, "
+        "include_entry, entries}`. "
         "Read its events with GET …/files/watch/{watcher_id}?wait=S. At most 16 watchers "
         "per sandbox (429 `too_many_watchers`) and 10000 entries each (400 "
         "`too_many_entries`); docs/agent-protocol.md, Directory watchers.",
@@ -218,9 +225,13 @@ class FileWatchView(APIView):
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         recursive = request.query_params.get("recursive", "") in ("1", "true")
+        include_entry = request.query_params.get("include_entry", "") in ("1", "true")
         return Response(
             file_watch.watcher_create(
-                sandbox=sandbox, path=request.query_params.get("path"), recursive=recursive
+                sandbox=sandbox,
+                path=request.query_params.get("path"),
+                recursive=recursive,
+                include_entry=include_entry,
             )
         )
 
@@ -231,8 +242,9 @@ class FileWatcherView(APIView):
         responses={200: dict, **ERROR_RESPONSES},
         description="What changed under the watched directory since the last read "
         "(`events`: `{name, type}` with type create, remove, write, chmod or rename; "
-        "names relative to it), waiting up to `wait` seconds for a change. 404 "
-        "`watcher_not_found` for an unknown or expired watcher.",
+        "names relative to it; `entry` too when the watcher has `include_entry`), "
+        "waiting up to `wait` seconds for a change. 404 `watcher_not_found` for an "
+        "unknown or expired watcher.",
     )
     def get(self, request: Request, sandbox_id: str, watcher_id: str) -> Response:
         principal = principal_of(request)

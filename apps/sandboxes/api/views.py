@@ -70,9 +70,11 @@ class SandboxListCreateView(APIView):
             OpenApiParameter("offset", int, description="legacy offset paging (no cursor)"),
         ],
         description="The team's sandboxes, newest first, one page at a time: `results`, "
-        "`count` (all that match), `next_cursor` (null on the last page) and `next` (its "
-        "URL). Cursor pages are keyset pages on (created_at, id): stable while sandboxes "
-        "come and go. `offset` selects the older limit/offset paging.",
+        "`count` (all that match, on the first page only: null on a cursor page, so paging "
+        "through N sandboxes counts them once, not once per page), `next_cursor` (null on "
+        "the last page) and `next` (its URL). Cursor pages are keyset pages on "
+        "(created_at, id): stable while sandboxes come and go. `offset` selects the older "
+        "limit/offset paging.",
     )
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -91,6 +93,12 @@ class SandboxListCreateView(APIView):
         rows, next_cursor = selectors.sandbox_keyset_page(
             qs, cursor=params.get("cursor"), limit=limit
         )
+        # Counted on the first page only: a COUNT reads every matching row, and a
+        # caller paging through them all would pay it once per page. A first page that
+        # is also the last is its own count.
+        count: int | None = None
+        if not params.get("cursor"):
+            count = len(rows) if next_cursor is None else qs.count()
         next_url = None
         if next_cursor is not None:
             query = params.copy()
@@ -99,7 +107,7 @@ class SandboxListCreateView(APIView):
             next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
         return Response(
             {
-                "count": qs.count(),
+                "count": count,
                 "next": next_url,
                 "previous": None,
                 "next_cursor": next_cursor,

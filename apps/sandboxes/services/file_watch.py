@@ -47,15 +47,21 @@ def _watcher_path(watcher_id: str) -> str:
     return f"/watchers/{watcher_id}"
 
 
-def watcher_create(*, sandbox: Sandbox, path: str | None, recursive: bool) -> dict[str, Any]:
-    """Starts watching a directory: ``{watcher_id, path, recursive, entries}``."""
+def watcher_create(
+    *, sandbox: Sandbox, path: str | None, recursive: bool, include_entry: bool = False
+) -> dict[str, Any]:
+    """Starts watching a directory: ``{watcher_id, path, recursive, include_entry,
+    entries}``. With ``include_entry`` each event of a name that exists after the look
+    carries its ``entry`` (the file entry a stat answers)."""
     params = {"path": _check_path(path), "recursive": "1" if recursive else "0"}
+    if include_entry:
+        params["include_entry"] = "1"
     return _call(sandbox, "POST", "/watchers", params, timeout=30.0)
 
 
 def watcher_events(*, sandbox: Sandbox, watcher_id: str, wait: Any = 0) -> dict[str, Any]:
     """What changed since the last read, waiting up to ``wait`` s (≤ 60) for a change:
-    ``{watcher_id, events: [{name, type}]}``."""
+    ``{watcher_id, events: [{name, type, entry?}]}``."""
     try:
         seconds = float(wait or 0)
     except (TypeError, ValueError):

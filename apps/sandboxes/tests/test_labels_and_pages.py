@@ -8,6 +8,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
@@ -119,8 +121,14 @@ def test_cursor_pages_cover_every_sandbox_once_while_others_come_and_go(make_ten
     pages = 0
     while True:
         params = {"limit": 5, "state": "ready", **({"cursor": cursor} if cursor else {})}
-        body = api.get("/api/v1/sandboxes", params).json()
-        assert body["count"] == 23  # +1 created, -1 deleted after page 2
+        with CaptureQueriesContext(connection) as queries:
+            body = api.get("/api/v1/sandboxes", params).json()
+        counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+        if pages == 0:
+            assert body["count"] == 23 and len(counts) == 1
+        else:
+            # Counted once per listing, not once per page: a cursor page has no count.
+            assert body["count"] is None and counts == [], counts
         seen.extend(item["id"] for item in body["results"])
         pages += 1
         if pages == 2:
@@ -176,3 +184,18 @@ def test_list_filters_by_labels_state_and_image_and_refuses_bad_input(make_tenan
     # The older offset paging still answers as it did.
     legacy = api.get("/api/v1/sandboxes", {"limit": 2, "offset": 1}).json()
     assert legacy["count"] == 4 and len(legacy["results"]) == 2 and "next_cursor" not in legacy
+
+
+@pytest.mark.django_db
+def test_a_first_page_that_is_also_the_last_counts_its_rows_without_a_count_query(
+    make_tenant, api_client
+):
+    tenant, secret = make_tenant()
+    _make_many(tenant, 3)
+    with CaptureQueriesContext(connection) as queries:
+        body = api_client(secret).get("/api/v1/sandboxes", {"limit": 5}).json()
+    assert body["count"] == 3 and len(body["results"]) == 3 and body["next_cursor"] is None
+    assert not [q for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+    # Exactly full: one page, the next cursor None, still its own count.
+    body = api_client(secret).get("/api/v1/sandboxes", {"limit": 3}).json()
+    assert body["count"] == 3 and body["next_cursor"] is None

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from hedgerow import Client, HedgerowError
 from hedgerow.aio import AsyncClient
+from hedgerow.streaming import Frame
 
 from apps.sandboxes.models import Sandbox, State
 from apps.trajectories.models import Episode
@@ -220,3 +221,28 @@ def test_the_async_client_records_episodes_too(live, make_tenant):
     assert [s.kind for s in row.steps.all()] == ["exec", "model", "verifier"]
     assert row.steps.get(index=0).operation_record is not None
     assert row.verifier_outcome == "error"
+
+
+def test_the_async_client_records_exec_stream_and_apply_patch_steps(live, make_tenant):
+    # The async flavour once recorded neither (sdk/tests/test_sync_is_unasync.py now
+    # holds the two flavours to the same code).
+    _, secret = make_tenant()
+    patch = "--- a/app.py\n+++ b/app.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+
+    async def run() -> tuple[str, list[Frame]]:
+        async with AsyncClient(live.url, secret) as aclient:
+            async with await aclient.create_sandbox() as sandbox:
+                await sandbox.write_file("/workspace/app.py", "x = 1\n")
+                async with sandbox.episode(task_id="async-stream") as ep:
+                    frames = [f async for f in sandbox.exec_stream("echo streamed; exit 3")]
+                    assert (await sandbox.apply_patch(patch)).ok
+                return ep.id, frames
+
+    episode_id, frames = asyncio.run(run())
+    exit_frame = frames[-1]
+    assert exit_frame.type == "exit" and exit_frame.result is not None
+    row = Episode.objects.get(episode_id=episode_id)
+    steps = list(row.steps.order_by("index"))
+    assert [s.action for s in steps] == ["echo streamed; exit 3", "apply_patch"]
+    assert all(s.kind == "exec" and s.operation_record is not None for s in steps)
+    assert steps[0].observation["exit_code"] == 3
