@@ -113,15 +113,28 @@ class Session:
             raise ValueError(f"cwd_not_found: {cwd}")
         master, slave = os.openpty()
         self.master = master
+        err_r, err_w = os.pipe()  # the helper's exec errno (spawn.py), if any
         try:
             _winsize(master, init.get("rows"), init.get("cols"))
-            # started in the commands' cgroup, like every exec (limits.py)
+            # started in the commands' cgroup, like every exec (limits.py), and through
+            # the helper (as other uids than the agent's) where there is one
             self.proc = limits.CGROUPS.spawn(lambda: subprocess.Popen(
-                argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
-                start_new_session=True, preexec_fn=_set_ctty, **spawn.identity(),
+                spawn.wrap(argv, err_w), stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
+                env=env, start_new_session=True, preexec_fn=_set_ctty, pass_fds=(err_w,),
+                **spawn.identity(),
             ))  # fmt: skip
+        except BaseException:
+            os.close(err_r)
+            raise
         finally:
             os.close(slave)
+            os.close(err_w)
+        try:
+            spawn.await_exec(self.proc.pid, err_r, argv[0])
+        except OSError:
+            self.proc.returncode = 127  # reaped: never to be waited for or signalled
+            self.proc = None
+            raise
 
     def pump_output(self) -> None:
         """Copy terminal output to the client until the command exits."""

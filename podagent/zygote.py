@@ -52,6 +52,7 @@ from . import (
     seccomp,
     userns,
 )
+from .spawn import AGENT_UID
 
 # Everything the agent imports late: it cannot import after setns. Found by logging
 # every import of agents run through podagent/tests (encodings.idna, stringprep,
@@ -95,6 +96,7 @@ MNT_DETACH = 2
 # a sandbox binds neither, and the handler is done with both before it enters.
 LAUNCHER_HIDDEN = ("/run/netns", "/sys")
 PR_SET_DUMPABLE = 4
+OOM_SCORE_ADJ_AGENT = -1000
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
@@ -410,14 +412,6 @@ def _wait_listening(listening_r: int, deadline: float) -> None:
         os.close(listening_r)
 
 
-def _pause_pid(init_pid: int) -> int:
-    with open(f"/proc/{init_pid}/task/{init_pid}/children") as fh:
-        children = fh.read().split()
-    if len(children) != 1:
-        raise ZygoteError("ready", f"bwrap's init has children {children}, expected pause")
-    return int(children[0])
-
-
 def _enter_sandbox(req: Dict[str, Any], pause: int) -> None:
     """Moves this process into pause's namespaces and root (the cgroups are joined)."""
     with _Stage("agent: open namespaces"):
@@ -490,6 +484,12 @@ def _agent_main(
         if cgroup_fds:
             renumbered = {name: [moved[fd] for fd in fds] for name, fds in cgroup_fds.items()}
             agent_args += ["--cgroup-fds", limits.format_fds(renumbered)]
+        if hold_w is not None:
+            # The sandbox's commands run as other real uids than the agent's, so none
+            # may signal it (`kill -9 -1`, pkill, its pid by number): real and saved
+            # uid the agent uid, effective (files, permissions) still the sandbox's
+            # root. Commands get every uid set to the effective one (pause exec).
+            os.setresuid(AGENT_UID, os.geteuid(), AGENT_UID)
         if hold_w is not None or os.geteuid() == 0:
             # and no_new_privs; an image sandbox's root keeps the container default set
             drop_all_capabilities([int(c) for c in req.get("caps") or []])
@@ -546,6 +546,17 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     with _Stage("join cgroups"):
         _join_cgroups(req["cgroups"])  # before the netns (and setns(cgroup), later)
         cgroup_fds = _open_cgroup_files(req.get("cgroup_files") or {})
+    with _Stage("oom_score_adj"):
+        # bwrap, pause and the agent: never the OOM killer's choice, on cgroup v1 (a
+        # thread visiting the commands' group to spawn) and v2 (one group for all).
+        # Lowering it needs CAP_SYS_RESOURCE in the initial user namespace, which a
+        # container may not give (then they keep the zygote's); pause exec (pause.c)
+        # raises every command's to 500 either way, which needs no privilege.
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write(str(OOM_SCORE_ADJ_AGENT))
+        except PermissionError:
+            pass
     with _Stage("enter netns"):
         nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
         _setns(nsfd, CLONE_NEWNET, req["netns"])
@@ -580,7 +591,7 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     init_pid = 0
     try:
         init_pid = _wait_ready(bwrap_pid, ready_r, info_r, deadline)
-        pause = _pause_pid(init_pid)
+        pause = init_pid  # bwrap --as-pid-1: pause is the sandbox's pid 1
         # the host's /proc: after _enter_sandbox, /proc is the sandbox's
         started = {
             "bwrap_start_time": _proc_start_time(bwrap_pid),

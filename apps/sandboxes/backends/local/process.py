@@ -184,12 +184,19 @@ def _children(pid: int) -> list[int]:
 
 
 def agent_args(
-    port: int, workdir: str = "/workspace", user: tuple[int, int] | None = None
+    port: int,
+    workdir: str = "/workspace",
+    user: tuple[int, int] | None = None,
+    exec_helper: str | None = None,
 ) -> list[str]:
     # an image's User: commands run as these ids, the agent stays the sandbox's root
     identity = ["--user", f"{user[0]}:{user[1]}"] if user is not None else []
+    # zygote launch: commands start through pause exec (pause.c), as other real uids
+    # than the agent's
+    helper = ["--exec-helper", exec_helper] if exec_helper is not None else []
     return [
         *identity,
+        *helper,
         "--listen",
         f"0.0.0.0:{port}",
         "--token-file",
@@ -251,7 +258,14 @@ def bwrap_argv(
     seccomp = ["--seccomp", str(seccomp_fd)]
     layout = _Layout(base_args, root, SANDBOX_ENV if env is None else env)
     if pause is not None:
-        zygote_args = ["--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)]
+        # pause is the pid namespace's init (--as-pid-1): no command can signal it. Its
+        # directory is searchable by every uid (an image User's commands start through
+        # pause exec); bwrap would make it 0700 on an image's root.
+        zygote_args = [
+            "--as-pid-1",
+            *("--perms", "0755", "--dir", str(Path(PAUSE_MOUNT).parent)),
+            *("--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)),
+        ]
         payload = [PAUSE_MOUNT, str(READY_FD), str(HOLD_FD)]
         sandbox = _sandbox_args(layout, workspace, tmp, token_fd, seccomp, zygote_args)
         return ["bwrap", *sandbox, *payload]

@@ -83,15 +83,16 @@ def test_it_uses_the_zygote_by_default_and_records_the_sandbox_pid_1(
     m = meta(sb)
     assert sb.backend.agent_launch == "zygote"
     assert m["launch"] == "zygote"
-    # the recorded pid is the sandbox's init (pid 1 inside), bwrap's child
-    assert Path(f"/proc/{m['pid']}/comm").read_text().strip() == "bwrap"
+    # the recorded pid is the sandbox's init (pid 1 inside): pause (bwrap --as-pid-1),
+    # bwrap's child
+    assert Path(f"/proc/{m['pid']}/comm").read_text().strip() == "pause"
     assert host_status(m["pid"])["NSpid"].split()[-1] == "1"
     assert host_status(m["pid"])["PPid"] == str(m["bwrap_pid"])
     agent = host_status(m["agent_pid"])
     assert agent["Name"] == "hedgerow-agent"
     assert len(agent["NSpid"].split()) == 2, "the agent is in the sandbox's pid namespace"
     code, out, _ = sb.sh("hostname; cat /proc/1/comm /proc/2/comm")
-    assert (code, out) == (0, "sandbox\nbwrap\npause\n")
+    assert (code, out) == (0, "sandbox\npause\nhedgerow-agent\n")
 
 
 def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
@@ -153,10 +154,7 @@ def test_it_leaves_the_agent_only_its_log_listener_and_the_hold_pipe(
 ) -> None:
     sb = sandbox_factory()
     m = meta(sb)
-    agent, pause = (
-        m["agent_pid"],
-        int(Path(f"/proc/{m['pid']}/task/{m['pid']}/children").read_text().split()[0]),
-    )
+    agent, pause = m["agent_pid"], int(m["pid"])  # pause is the sandbox's pid 1
 
     def agent_fds() -> dict[int, str]:
         return {
