@@ -61,6 +61,10 @@ def use_helper(path: str) -> None:
     _helper[0] = path
 
 
+def helper() -> Optional[str]:
+    return _helper[0]
+
+
 def wrap(argv: List[str], err_fd: int) -> List[str]:
     """``argv`` as started through the helper, which reports an exec failure on
     ``err_fd``; ``argv`` itself without one."""

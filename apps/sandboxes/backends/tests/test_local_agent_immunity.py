@@ -18,6 +18,7 @@ from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
 
 from .conftest import Sandbox, needs_root, new_spec
 from .test_local_exhaustion import meta, post_exec
+from .test_local_zygote import pty_roundtrip
 
 pytestmark = needs_root
 
@@ -205,3 +206,19 @@ def test_a_program_that_cannot_be_started_is_still_an_agent_error_naming_it(
     assert command[0] in message
     assert "resource_exhausted" not in result
     assert sb.sh("echo alive") == (0, "alive\n", "")
+
+
+def test_a_terminal_starts_through_the_helper_too(
+    zygote_sandbox: Callable[..., Sandbox],
+) -> None:
+    sb = zygote_sandbox()
+    agent = agent_of(sb)
+    output, code = pty_roundtrip(
+        sb.endpoint.host,
+        sb.endpoint.port,
+        sb.spec.agent_token,
+        "grep ^Uid: /proc/self/status; kill -9 -1; exit 3",
+    )
+    assert code == 3, output
+    assert output.split() == [b"Uid:", b"0", b"0", b"0", b"0"], output
+    assert_agent_lives_and_answers(sb, agent)

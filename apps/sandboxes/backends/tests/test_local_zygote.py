@@ -232,7 +232,9 @@ def test_it_serves_exec_streams_files_and_ptys_without_late_imports(
     assert "Traceback" not in log
 
 
-def pty_roundtrip(host: str, port: int, token: str) -> tuple[bytes, int]:
+def pty_roundtrip(
+    host: str, port: int, token: str, cmd: str = "echo pty-ok; exit 3"
+) -> tuple[bytes, int]:
     sock = socket.create_connection((host, port), timeout=20)
     sock.sendall(
         (
@@ -245,7 +247,7 @@ def pty_roundtrip(host: str, port: int, token: str) -> tuple[bytes, int]:
         buf += sock.recv(4096)
     assert buf.startswith(b"HTTP/1.1 101"), buf
     buf = buf.split(b"\r\n\r\n", 1)[1]
-    init = json.dumps({"cmd": "echo pty-ok; exit 3", "rows": 24, "cols": 80}).encode()
+    init = json.dumps({"cmd": cmd, "rows": 24, "cols": 80}).encode()
     sock.sendall(struct.pack(">cI", b"I", len(init)) + init)
     output = b""
     while True:
