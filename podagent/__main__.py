@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cgroup-fds", type=limits.parse_fds)
     # an image's User: commands run as UID:GID (spawn.py), the agent stays root
     parser.add_argument("--user", type=spawn.parse_user)
-    # the program commands are started through (spawn.py: pause exec)
+    # the program commands are started through (spawn.py: the exec helper)
     parser.add_argument("--exec-helper")
     return parser
 

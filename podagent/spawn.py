@@ -35,10 +35,11 @@ _run_as: List[Optional[Tuple[int, int]]] = [None]
 # uid is the other's real or saved uid (or with CAP_KILL), and no command has this one.
 AGENT_UID = 65535
 # The program every command is started through when the agent's real uid is AGENT_UID
-# (pause exec, pause.c): it sets all the command's ids to the effective ones and its
+# (the local backend's exec_helper.c): it sets all the command's ids to the effective
+# ones and its
 # oom_score_adj to 0, then execs it. None: commands are started directly.
 _helper: List[Optional[str]] = [None]
-# pause exec's descriptor for an exec failure's errno (posix_spawn puts it there)
+# the helper's descriptor for an exec failure's errno (posix_spawn puts it there)
 _ERR_FD = 3
 
 
@@ -57,7 +58,7 @@ def run_as(uid: int, gid: int) -> None:
 
 
 def use_helper(path: str) -> None:
-    """Start every command through ``path`` (``--exec-helper``: pause exec)."""
+    """Start every command through ``path`` (``--exec-helper``, exec_helper.c)."""
     _helper[0] = path
 
 

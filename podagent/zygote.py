@@ -488,7 +488,7 @@ def _agent_main(
             # The sandbox's commands run as other real uids than the agent's, so none
             # may signal it (`kill -9 -1`, pkill, its pid by number): real and saved
             # uid the agent uid, effective (files, permissions) still the sandbox's
-            # root. Commands get every uid set to the effective one (pause exec).
+            # root. Commands get every uid set to the effective one (--exec-helper).
             os.setresuid(AGENT_UID, os.geteuid(), AGENT_UID)
         if hold_w is not None or os.geteuid() == 0:
             # and no_new_privs; an image sandbox's root keeps the container default set
@@ -550,7 +550,7 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         # bwrap, pause and the agent: never the OOM killer's choice, on cgroup v1 (a
         # thread visiting the commands' group to spawn) and v2 (one group for all).
         # Lowering it needs CAP_SYS_RESOURCE in the initial user namespace, which a
-        # container may not give (then they keep the zygote's); pause exec (pause.c)
+        # container may not give (then they keep the zygote's); the exec helper
         # raises every command's to 500 either way, which needs no privilege.
         try:
             with open("/proc/self/oom_score_adj", "w") as fh:

@@ -80,7 +80,7 @@ from .images.overlay import unmount_rootfs
 from .network import SNI_PORT, Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import (
-    PAUSE_MOUNT,
+    EXEC_HELPER_MOUNT,
     SECCOMP_FD,
     TOKEN_FD,
     ZygoteClient,
@@ -994,7 +994,7 @@ class LocalBackend:
                 "workdir": "/workspace",
                 "env": launch.env,
                 "agent_args": process.agent_args(
-                    self.config.agent_port, launch.workdir, launch.user, PAUSE_MOUNT
+                    self.config.agent_port, launch.workdir, launch.user, EXEC_HELPER_MOUNT
                 ),
                 # kept by the agent for root's commands (none for host sandboxes)
                 "caps": [process.IMAGE_CAPABILITIES[c] for c in launch.caps],

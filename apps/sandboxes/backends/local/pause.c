@@ -14,19 +14,9 @@
    pause userns: the zygote's helper for a sandbox's user namespace. Unshares a new
    user namespace, says so with one byte on stdout, then waits for EOF on stdin while
    its parent (host root) writes the namespace's uid/gid maps and opens it. A static
-   binary started by posix_spawn costs ~0.5 ms of CPU; a fork of the zygote ~4.
-
-   pause exec ERR_FD PROGRAM ARG...: how the agent starts every command. The agent's
-   real and saved uid are the agent uid (podagent/spawn.py), which no command has, so
-   no command may signal it; a command must not inherit that real uid (it could then
-   signal the agent), nor the agent's oom_score_adj (-1000 where the zygote may set
-   it). So: every uid and gid set to the effective one, oom_score_adj 500 (raising it
-   needs no privilege: the OOM killer prefers any command to the agent, and to the
-   host's own processes), ERR_FD close-on-exec, execvp. If the exec fails, its errno
-   goes to ERR_FD (4 bytes) and the exit status is 127. */
+   binary started by posix_spawn costs ~0.5 ms of CPU; a fork of the zygote ~4. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -42,29 +32,8 @@ static void reap(int sig) {
     errno = saved;
 }
 
-static int run(int argc, char **argv) {
-    int err = atoi(argv[2]), e;
-    uid_t uid = geteuid();
-    gid_t gid = getegid();
-    if (setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0) goto fail;
-    int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (adj >= 0) {
-        /* without /proc the command keeps the agent's */
-        if (write(adj, "500", 3) != 3) goto fail;
-        close(adj);
-    }
-    if (fcntl(err, F_SETFD, FD_CLOEXEC) != 0) return 126;
-    (void)argc;
-    execvp(argv[3], argv + 3);
-fail:
-    e = errno;
-    if (write(err, &e, sizeof e) != sizeof e) return 126;
-    return 127;
-}
-
 int main(int argc, char **argv) {
     char c = 'r';
-    if (argc >= 4 && strcmp(argv[1], "exec") == 0) return run(argc, argv);
     if (argc == 2 && strcmp(argv[1], "userns") == 0) {
         if (unshare(CLONE_NEWUSER) != 0) return 4;
         c = 'u';

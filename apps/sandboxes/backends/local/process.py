@@ -28,7 +28,14 @@ from apps.sandboxes.backends.base import BackendError
 
 from ._sys import SYSTEM_PATH, is_alive, proc_start_time
 from .config import AGENT_MOUNT, BUNDLE_MOUNT, SECRET_MOUNT
-from .zygote import HOLD_FD, INFO_FD, PAUSE_MOUNT, READY_FD
+from .zygote import (
+    EXEC_HELPER_MOUNT,
+    HOLD_FD,
+    INFO_FD,
+    PAUSE_MOUNT,
+    READY_FD,
+    exec_helper_path,
+)
 
 _LAUNCH = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
 _JOIN_CGROUPS = (
@@ -191,8 +198,8 @@ def agent_args(
 ) -> list[str]:
     # an image's User: commands run as these ids, the agent stays the sandbox's root
     identity = ["--user", f"{user[0]}:{user[1]}"] if user is not None else []
-    # zygote launch: commands start through pause exec (pause.c), as other real uids
-    # than the agent's
+    # zygote launch: commands start through the exec helper (exec_helper.c), as other
+    # real uids than the agent's
     helper = ["--exec-helper", exec_helper] if exec_helper is not None else []
     return [
         *identity,
@@ -260,11 +267,12 @@ def bwrap_argv(
     if pause is not None:
         # pause is the pid namespace's init (--as-pid-1): no command can signal it. Its
         # directory is searchable by every uid (an image User's commands start through
-        # pause exec); bwrap would make it 0700 on an image's root.
+        # the exec helper beside it); bwrap would make it 0700 on an image's root.
         zygote_args = [
             "--as-pid-1",
             *("--perms", "0755", "--dir", str(Path(PAUSE_MOUNT).parent)),
             *("--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)),
+            *("--ro-bind", str(exec_helper_path(pause.parent)), EXEC_HELPER_MOUNT),
         ]
         payload = [PAUSE_MOUNT, str(READY_FD), str(HOLD_FD)]
         sandbox = _sandbox_args(layout, workspace, tmp, token_fd, seccomp, zygote_args)

@@ -130,11 +130,13 @@ def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
         assert zb.sh(command) == exec_sandbox.sh(command), command
     assert zb.sh("ls /proc/self/fd")[1] == "0\n1\n2\n3\n"  # 3: ls's own directory
 
-    # the same mounts, but the pause binary instead of the agent's sources
+    # the same mounts, but the pause binary and the commands' exec helper instead of the
+    # agent's sources
     mounts = "cut -d' ' -f2 /proc/self/mounts | sort"
     zmounts = set(zb.sh(mounts)[1].split())
     emounts = set(exec_sandbox.sh(mounts)[1].split())
-    assert zmounts == (emounts - {"/opt/hedgerow/podagent"}) | {"/opt/hedgerow/pause"}
+    ours = {"/opt/hedgerow/pause", "/opt/hedgerow/exec"}
+    assert zmounts == (emounts - {"/opt/hedgerow/podagent"}) | ours
     # the interpreter the agent runs (the control plane's) is not visible in the sandbox
     for path in {os.path.realpath(sys.executable), str(PODAGENT)}:
         assert zb.sh(f"test -e {path}; echo $?")[1] == "1\n", path
