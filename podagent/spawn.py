@@ -133,13 +133,25 @@ def _in_own_cwd(cwd: str) -> bool:
     return here.st_nlink > 0 and (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def spawn(
+class Started:
+    """A command started (``start``), perhaps still in the helper: ``finish`` waits
+    until its own program runs (or raises the exec's error)."""
+
+    __slots__ = ("err_r", "pid", "program")
+
+    def __init__(self, pid: int, err_r: Optional[int], program: str) -> None:
+        self.pid, self.err_r, self.program = pid, err_r, program
+
+
+def start(
     argv: List[str], cwd: str, env: Dict[str, str], stdin: int, stdout: int, stderr: int
-) -> int:
-    """Start argv in a new session with the given fds as 0/1/2; return its pid.
-    The caller reaps it (wait4). OSError when it cannot be started."""
+) -> Started:
+    """Start argv in a new session with the given fds as 0/1/2 (the caller reaps it,
+    wait4). Returns once the process exists and runs the helper, if any; ``finish``
+    waits for the command's own program, outside what the caller holds (the commands'
+    cgroup). OSError when it cannot be started."""
     if _helper[0] is None:
-        return _spawn(argv, cwd, env, stdin, stdout, stderr, None)
+        return Started(_spawn(argv, cwd, env, stdin, stdout, stderr, None), None, argv[0])
     err_r, err_w = os.pipe()
     try:
         pid = _spawn(argv, cwd, env, stdin, stdout, stderr, err_w)
@@ -148,8 +160,14 @@ def spawn(
         raise
     finally:
         os.close(err_w)
-    await_exec(pid, err_r, argv[0])
-    return pid
+    return Started(pid, err_r, argv[0])
+
+
+def finish(started: Started) -> int:
+    """The pid, once its program runs; OSError (the helper reaped) when it could not."""
+    if started.err_r is not None:
+        await_exec(started.pid, started.err_r, started.program)
+    return started.pid
 
 
 def _spawn(

@@ -17,7 +17,7 @@ from apps.sandboxes.backends.local import LocalBackend, wait_healthy
 from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
 
 from .conftest import Sandbox, needs_root, new_spec
-from .test_local_exhaustion import meta, post_exec
+from .test_local_exhaustion import meta, post_exec, until
 from .test_local_zygote import pty_roundtrip
 
 pytestmark = needs_root
@@ -62,7 +62,7 @@ def agent_of(sb: Sandbox) -> tuple[int, int]:
     [
         "kill -9 -1",
         "pkill -9 -f . ; true",
-        "for p in /proc/[0-9]*; do kill -9 ${p#/proc/} 2>/dev/null; done; true",
+        "for p in /proc/[0-9]*; do [ ${p#/proc/} = $$ ] || kill -9 ${p#/proc/}; done; true",
         "python3 -c 'import os, signal; os.kill(-1, signal.SIGKILL)'",
     ],
     ids=["kill-minus-one", "pkill", "every-pid-in-proc", "os-kill-minus-one"],
@@ -73,7 +73,8 @@ def test_a_command_that_signals_everything_it_can_see_does_not_reach_the_agent(
     sb = zygote_sandbox()
     agent = agent_of(sb)
     # another command, started before, is fair game: the kill reaches the sandbox's own
-    assert sb.sh("setsid sleep 900 </dev/null >/dev/null 2>&1 & echo $!")[0] == 0
+    assert sb.sh("setsid sleep 900 </dev/null >/dev/null 2>&1 &")[0] == 0
+    until(lambda: sb.sh("pgrep -x sleep; true")[1], "the other command to run")
     status, result = post_exec(sb, command, timeout=20)
     assert status == 200, result
     assert_agent_lives_and_answers(sb, agent)
