@@ -36,8 +36,7 @@ _run_as: List[Optional[Tuple[int, int]]] = [None]
 AGENT_UID = 65535
 # The program every command is started through when the agent's real uid is AGENT_UID
 # (the local backend's exec_helper.c): it sets all the command's ids to the effective
-# ones and its
-# oom_score_adj to 0, then execs it. None: commands are started directly.
+# ones and its oom_score_adj to 500, then execs it. None: commands start directly.
 _helper: List[Optional[str]] = [None]
 # the helper's descriptor for an exec failure's errno (posix_spawn puts it there)
 _ERR_FD = 3
@@ -70,7 +69,7 @@ def wrap(argv: List[str], err_fd: int) -> List[str]:
     """``argv`` as started through the helper, which reports an exec failure on
     ``err_fd``; ``argv`` itself without one."""
     helper = _helper[0]
-    return argv if helper is None else [helper, "exec", str(err_fd), *argv]
+    return argv if helper is None else [helper, str(err_fd), *argv]
 
 
 def await_exec(pid: int, err_r: int, program: str) -> None:

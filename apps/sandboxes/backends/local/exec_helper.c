@@ -1,5 +1,5 @@
-/* exec ERR_FD PROGRAM ARG...: how a zygote-started agent starts every command
-   (podagent/spawn.py), bound read-only at /opt/hedgerow/exec.
+/* /opt/hedgerow/exec ERR_FD PROGRAM ARG...: how a zygote-started agent starts every
+   command (podagent/spawn.py); built with pause, bound read-only there.
 
    The agent's real and saved uid are the agent uid, which no command has, so that no
    command may signal it (docs/local-backend.md, "Commands cannot signal the agent").
@@ -86,7 +86,7 @@ __attribute__((used)) void helper_main(long *sp) {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     char **envp = argv + argc + 1;
-    long err_fd = argc >= 4 ? parse_fd(argv[2]) : -1;
+    long err_fd = argc >= 3 ? parse_fd(argv[1]) : -1;
     if (err_fd < 0) sys(__NR_exit_group, 2, 0, 0);
     long uid = sys(__NR_geteuid, 0, 0, 0), gid = sys(__NR_getegid, 0, 0, 0);
     long rc = sys(__NR_setresgid, gid, gid, gid);
@@ -99,7 +99,7 @@ __attribute__((used)) void helper_main(long *sp) {
         }
         rc = sys(__NR_fcntl, err_fd, F_SETFD, FD_CLOEXEC);
     }
-    if (rc == 0) rc = exec_search(argv + 3, envp);
+    if (rc == 0) rc = exec_search(argv + 2, envp);
     int code = (int)-rc;
     sys(__NR_write, err_fd, (long)&code, sizeof code);
     sys(__NR_exit_group, 127, 0, 0);
