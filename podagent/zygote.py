@@ -115,6 +115,8 @@ _launcher_mnt: Optional[int] = None
 # the sandbox's seccomp program, compiled once by the daemon before any fork: agents
 # load it after setns, where libseccomp need not exist (serve)
 _seccomp_bpf: Optional[bytes] = None
+# the commands' extra filter where they keep capabilities (seccomp.guard_rules)
+_guard_bpf: Optional[bytes] = None
 
 
 class ZygoteError(Exception):
@@ -497,6 +499,11 @@ def _agent_main(
             # the sandbox's filter, as bwrap gave pause: the agent is no bwrap descendant
             assert _seccomp_bpf is not None  # spawn checked it
             seccomp.load(_seccomp_bpf)
+            if req.get("caps"):
+                # an image's root keeps CAP_KILL/CAP_SETUID over this user namespace:
+                # the agent's uid alone does not keep its commands from signalling it
+                assert _guard_bpf is not None
+                seccomp.load(_guard_bpf)
         # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
         # /proc maps/environ/exe, which would show the host's interpreter and paths.
         _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
@@ -689,11 +696,12 @@ def serve(path: str) -> int:
     """Binds ``path``, then daemonizes: the starting process exits 0 once the socket
     listens (the backend waits for that), the daemon serves until the socket file is
     removed or replaced (instance torn down) or it is told to shut down."""
-    global _launcher_mnt, _seccomp_bpf
+    global _launcher_mnt, _seccomp_bpf, _guard_bpf
     version = source_version()
     # before the fork below: without libseccomp the zygote does not start (the backend
     # sees its exit status and error), rather than starting unfiltered sandboxes
     _seccomp_bpf = seccomp.program()
+    _guard_bpf = seccomp.compile_filter(seccomp.guard_rules(AGENT_UID))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # the backend starts us under its lock, after a failed ping
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
