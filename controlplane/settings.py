@@ -231,6 +231,10 @@ SPECTACULAR_SETTINGS = {
 HEDGEROW_BACKEND = env_str("HEDGEROW_BACKEND", "local")  # local | kubernetes
 HEDGEROW_LOCAL_ISOLATION = env_str("HEDGEROW_LOCAL_ISOLATION", "auto")  # auto|netns|none
 HEDGEROW_LOCAL_SUBNET = env_str("HEDGEROW_LOCAL_SUBNET", "")
+# Without HEDGEROW_LOCAL_SUBNET: the size of the subnet claimed from the pool, which caps
+# live sandboxes (/24: 253; /22, as `make up` sets it: 1021 — one bridge's 1023 ports are
+# the ceiling). docs/operations.md "Density"
+HEDGEROW_LOCAL_SUBNET_PREFIX = env_int("HEDGEROW_LOCAL_SUBNET_PREFIX", 24)
 HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
 # How isolated sandboxes' agents start: zygote (forked from an imported process: no
 # interpreter start per sandbox), exec (python3 -m podagent as bwrap's payload), or

@@ -43,6 +43,7 @@ def get_backend() -> Backend:
                 state_dir=Path(settings.STATE_DIR) / "sandboxes" / settings.HEDGEROW_INSTANCE,
                 instance=settings.HEDGEROW_INSTANCE,
                 subnet=settings.HEDGEROW_LOCAL_SUBNET or None,
+                subnet_prefix=settings.HEDGEROW_LOCAL_SUBNET_PREFIX,
                 podagent_dir=Path(settings.BASE_DIR) / "podagent",
                 python=settings.HEDGEROW_AGENT_PYTHON,
                 isolation=settings.HEDGEROW_LOCAL_ISOLATION,

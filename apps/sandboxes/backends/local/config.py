@@ -47,6 +47,13 @@ class LocalBackendConfig:
     # imported images that have no python3 of their own. None: such images are refused.
     agent_bundle: Path | None = None
     subnet_pool: str = "10.213.0.0/16"
+    # The size of the subnet an instance claims from the pool when ``subnet`` is unset,
+    # which caps its live sandboxes at 2^(32-prefix) - 3: a /24 holds 253, a /22 1021.
+    # All of them are ports of one bridge, and a Linux bridge has at most 1023 ports
+    # (BR_MAX_PORTS): a larger subnet does not hold more. `make up` asks for a /22
+    # (HEDGEROW_LOCAL_SUBNET_PREFIX); test instances keep /24s so that many runs share
+    # the pool. docs/operations.md "Density"
+    subnet_prefix: int = 24
     agent_launch: str = "auto"  # AGENT_LAUNCH_MODES
     # Size of the instance's sandbox storage (storage.py), fixed when it is first
     # created; 0: min(64 GiB, half the free space of the state dir's filesystem).

@@ -52,6 +52,24 @@ log = logging.getLogger(__name__)
 SNI_PORT = 15380
 
 
+# A Linux bridge numbers its ports in 10 bits and port 0 is reserved (BR_MAX_PORTS in
+# net/bridge/br_private.h): the 1024th veth is refused with EXFULL. Every sandbox of an
+# instance is a port of its one bridge, so this caps an instance whatever its subnet.
+BRIDGE_MAX_PORTS = 1023
+
+
+def usable_addresses(net: ipaddress.IPv4Network) -> int:
+    """Sandbox addresses an instance can hand out: the subnet's, less the network, the
+    bridge and the broadcast address, and no more than the bridge has ports."""
+    return max(0, min(net.num_addresses - 3, BRIDGE_MAX_PORTS))
+
+
+def capacity_reason(net: ipaddress.IPv4Network) -> str:
+    if net.num_addresses - 3 > BRIDGE_MAX_PORTS:
+        return f"a Linux bridge has {BRIDGE_MAX_PORTS} ports"
+    return f"a /{net.prefixlen}; a larger one: HEDGEROW_LOCAL_SUBNET_PREFIX"
+
+
 class Network:
     def __init__(self, config: LocalBackendConfig, names: Names) -> None:
         self.config = config
@@ -105,7 +123,14 @@ class Network:
         if self.config.subnet:
             candidates = [ipaddress.IPv4Network(self.config.subnet)]
         else:
-            candidates = list(ipaddress.IPv4Network(self.config.subnet_pool).subnets(new_prefix=24))
+            pool = ipaddress.IPv4Network(self.config.subnet_pool)
+            prefix = self.config.subnet_prefix
+            if not pool.prefixlen <= prefix <= 28:
+                raise BackendError(
+                    f"HEDGEROW_LOCAL_SUBNET_PREFIX={prefix}: must be between the pool's "
+                    f"/{pool.prefixlen} ({pool}) and /28"
+                )
+            candidates = list(pool.subnets(new_prefix=prefix))
         used = self._routed_networks()
         for net in candidates:
             if any(net.overlaps(u) for u in used):
@@ -115,7 +140,11 @@ class Network:
             if self._try_claim(net):
                 self.subnet_file.write_text(f"{net}\n")
                 return net
-        raise BackendError("no free subnet for this instance")
+        raise BackendError(
+            f"no free /{self.config.subnet_prefix} left in {self.config.subnet_pool} for this "
+            "instance (other instances hold the rest: `python -m apps.sandboxes.backends.local.gc` "
+            "frees what dead ones left; or set HEDGEROW_LOCAL_SUBNET)"
+        )
 
     def _routed_networks(self) -> list[ipaddress.IPv4Network]:
         out = run(["ip", "-j", "-4", "route", "show", "table", "all"]).stdout
@@ -292,7 +321,7 @@ table bridge {t} {{
         self.addr_dir.mkdir(parents=True, exist_ok=True)
         net = self.subnet
         first = int(net.network_address) + 2  # .1 is the bridge
-        count = net.num_addresses - 3  # neither the network, the bridge nor broadcast
+        count = usable_addresses(net)
         for step in range(max(count, 0)):
             offset = (self._cursor + step) % count
             host = str(ipaddress.IPv4Address(first + offset))
@@ -304,7 +333,12 @@ table bridge {t} {{
                 f.write(sandbox_id)
             self._cursor = offset + 1
             return host
-        raise BackendError("no free address in the instance subnet", transient=True)
+        raise BackendError(
+            f"no free address in the instance subnet {net}: this instance holds at most "
+            f"{max(count, 0)} live sandboxes ({capacity_reason(net)}; docs/operations.md "
+            '"Density")',
+            transient=True,
+        )
 
     def claims(self) -> list[tuple[str, str]]:
         """(ip, sandbox_id) of every address claim."""

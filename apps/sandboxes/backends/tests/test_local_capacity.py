@@ -1,0 +1,99 @@
+"""How many sandboxes an instance can hold: its subnet's size (HEDGEROW_LOCAL_SUBNET_PREFIX,
+`make up` asks for a /22) and its bridge's port limit (1023), with errors that name the
+limit. Only claim files: no interface is created (benchmarking ranges, 198.18.0.0/15,
+that nothing on this machine routes)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from apps.sandboxes.backends.base import BackendError
+from apps.sandboxes.backends.local.config import LocalBackendConfig, Names
+from apps.sandboxes.backends.local.network import BRIDGE_MAX_PORTS, Network, usable_addresses
+
+from .conftest import PODAGENT
+
+
+def network(tmp_path: Path, **config: object) -> Network:
+    cfg = LocalBackendConfig(
+        state_dir=tmp_path / "state",
+        instance="cap",
+        podagent_dir=PODAGENT,
+        claims_dir=tmp_path / "subnets",
+        **config,  # type: ignore[arg-type]
+    )
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    return Network(cfg, Names("cap"))
+
+
+def test_a_pool_instance_claims_a_subnet_of_the_configured_size(tmp_path: Path) -> None:
+    net = network(tmp_path, subnet_pool="198.18.0.0/16", subnet_prefix=22)
+    subnet = net.subnet
+    assert subnet.prefixlen == 22 and subnet.subnet_of(ipaddress.IPv4Network("198.18.0.0/16"))
+    assert usable_addresses(subnet) == 1021
+    # a second instance on the machine gets a different /22
+    other = Network(
+        LocalBackendConfig(
+            state_dir=tmp_path / "state2",
+            instance="cap2",
+            podagent_dir=PODAGENT,
+            claims_dir=tmp_path / "subnets",
+            subnet_pool="198.18.0.0/16",
+            subnet_prefix=22,
+        ),
+        Names("cap2"),
+    )
+    (tmp_path / "state2").mkdir()
+    assert not other.subnet.overlaps(subnet)
+
+
+@pytest.mark.parametrize("prefix", [12, 29])
+def test_a_prefix_outside_the_pool_or_too_small_is_refused_by_name(
+    tmp_path: Path, prefix: int
+) -> None:
+    net = network(tmp_path, subnet_pool="198.18.0.0/16", subnet_prefix=prefix)
+    with pytest.raises(BackendError, match=f"HEDGEROW_LOCAL_SUBNET_PREFIX={prefix}"):
+        net.subnet  # noqa: B018 (the property claims)
+
+
+def test_an_exhausted_pool_says_what_frees_it(tmp_path: Path) -> None:
+    network(tmp_path, subnet_pool="198.18.0.0/23", subnet_prefix=23).subnet  # noqa: B018
+    second = Network(
+        LocalBackendConfig(
+            state_dir=tmp_path / "s2",
+            instance="cap2",
+            podagent_dir=PODAGENT,
+            claims_dir=tmp_path / "subnets",
+            subnet_pool="198.18.0.0/23",
+            subnet_prefix=23,
+        ),
+        Names("cap2"),
+    )
+    (tmp_path / "s2").mkdir()
+    with pytest.raises(BackendError, match=r"no free /23 left in 198\.18\.0\.0/23.*gc"):
+        second.subnet  # noqa: B018
+
+
+def test_a_subnet_larger_than_a_bridge_holds_only_its_ports(tmp_path: Path) -> None:
+    net = network(tmp_path, subnet="198.18.8.0/21")  # 2045 addresses, 1023 bridge ports
+    assert usable_addresses(net.subnet) == BRIDGE_MAX_PORTS == 1023
+    got = {net.claim_ip(f"s{i}") for i in range(BRIDGE_MAX_PORTS)}
+    assert len(got) == BRIDGE_MAX_PORTS
+    with pytest.raises(
+        BackendError, match=r"at most 1023 live sandboxes.*bridge has 1023 ports"
+    ) as e:
+        net.claim_ip("one-too-many")
+    assert e.value.transient  # capacity frees as sandboxes end: admission retries
+
+
+def test_a_full_small_subnet_names_the_setting_that_grows_it(tmp_path: Path) -> None:
+    net = network(tmp_path, subnet="198.18.16.0/29")  # 5 sandboxes
+    for i in range(5):
+        net.claim_ip(f"s{i}")
+    with pytest.raises(
+        BackendError, match=r"at most 5 live sandboxes.*HEDGEROW_LOCAL_SUBNET_PREFIX"
+    ):
+        net.claim_ip("s5")
