@@ -15,6 +15,10 @@ CPU time does not depend on the load the other engineers put on the machine; the
 latency ratios are comparable only because the paths are interleaved. `--agent-root`
 runs the `podagent` package found in another directory (e.g. a copy of an older
 version), to compare two versions of the agent on the same machine minutes apart.
+`--helper` also starts a second agent that starts every command through the exec helper
+(exec_helper.c: what a zygote-started agent does since issue 22, so that commands run as
+other real uids than the agent's) and interleaves (b') its execs with (b): the
+helper's cost in one run, latency and CPU.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def _children_ticks(pid: int) -> int:
     return int(fields[13]) + int(fields[14])
 
 
-def start_agent(python: str, tmp: Path, root: Path = REPO) -> tuple[subprocess.Popen[bytes], int]:
+def start_agent(
+    python: str, tmp: Path, root: Path = REPO, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], int]:
     (tmp / "work").mkdir()
     (tmp / "token").write_text(TOKEN)
     with socket.socket() as s:
@@ -62,7 +68,7 @@ def start_agent(python: str, tmp: Path, root: Path = REPO) -> tuple[subprocess.P
         port = int(s.getsockname()[1])
     argv = [python, "-m", "podagent", "--listen", f"127.0.0.1:{port}"]
     argv += ["--token-file", str(tmp / "token"), "--workdir", str(tmp / "work")]
-    argv += ["--log-file", str(tmp / "agent.log")]
+    argv += ["--log-file", str(tmp / "agent.log"), *extra]
     # as the local backend starts it: in its workdir, with bwrap's --clearenv + these
     env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(tmp / "work")}
     env.update(LANG="C.UTF-8", PYTHONPATH=str(root))
@@ -88,17 +94,21 @@ def main() -> int:
     parser.add_argument("--python", default="/usr/bin/python3", help="runs the agent")
     parser.add_argument("--agent-root", type=Path, default=REPO, help="holds podagent/")
     parser.add_argument("--pause", action="store_true", help="wait for Enter before the CPU run")
+    parser.add_argument("--helper", action="store_true", help="also (b') through the exec helper")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         proc, port = start_agent(args.python, Path(tmp), args.agent_root)
         try:
             conn = LeanHttp("127.0.0.1", port, {"Authorization": f"Bearer {TOKEN}"})
 
-            def direct() -> None:
+            def post(agent: LeanHttp) -> None:
                 body = {"operation_id": uuid.uuid4().hex, "command": COMMAND, "timeout": 30}
-                status, data = conn.post("/exec", body)
+                status, data = agent.post("/exec", body)
                 assert status == 200 and data["termination"]["exit_code"] == 0, data
+
+            def direct() -> None:
+                post(conn)
 
             def bare() -> None:
                 subprocess.run(["bash", "-c", COMMAND], stdout=subprocess.DEVNULL, check=True)
@@ -111,6 +121,22 @@ def main() -> int:
                 "a' bare, stdout+stderr piped": bare_piped,
                 "b direct agent": direct,
             }
+            helped: tuple[subprocess.Popen[bytes], LeanHttp] | None = None
+            if args.helper:
+                from apps.sandboxes.backends.local.zygote import build_pause, exec_helper_path
+
+                second = Path(tmp) / "helped"
+                second.mkdir()
+                build_pause(second / "bin")
+                helper = str(exec_helper_path(second / "bin"))
+                hproc, hport = start_agent(
+                    args.python, second, args.agent_root, ("--exec-helper", helper)
+                )
+                stack.callback(hproc.wait)
+                stack.callback(hproc.kill)
+                hconn = LeanHttp("127.0.0.1", hport, {"Authorization": f"Bearer {TOKEN}"})
+                helped = (hproc, hconn)
+                paths["b' direct agent, through the exec helper"] = lambda: post(hconn)
             load0 = os.getloadavg()[0]
             results = {k: summary(v) for k, v in timed_interleaved(args.n, paths).items()}
             print(f"\nexec `bash -c '{COMMAND}'`, n={args.n}, agent on {args.python}, "
@@ -123,6 +149,9 @@ def main() -> int:
             a2 = results["a' bare, stdout+stderr piped"]["p50"]
             b = results["b direct agent"]["p50"]
             print(f"\nratios of p50: b/a = {b / a:.2f} (target ≤ 1.3), b/a' = {b / a2:.2f}")
+            if helped is not None:
+                b2 = results["b' direct agent, through the exec helper"]["p50"]
+                print(f"b'/b = {b2 / b:.3f} (+{b2 - b:.3f} ms p50)")
             # the agent's own view: request parsed → response sent, from its log lines
             inside = sorted(
                 float(line["ms"])
@@ -133,23 +162,37 @@ def main() -> int:
 
             if args.pause:
                 input(f"agent pid {proc.pid}; Enter to start the CPU run ")
-            hz = os.sysconf("SC_CLK_TCK")
-            self0, children0 = _agent_cpu_ns(proc.pid), _children_ticks(proc.pid)
-            start = time.perf_counter()
-            for _ in range(args.cpu_n):
-                direct()
-            wall = time.perf_counter() - start
-            self1, children1 = _agent_cpu_ns(proc.pid), _children_ticks(proc.pid)
-            print(f"agent CPU per exec over {args.cpu_n} execs: "
-                  f"agent {(self1 - self0) / 1e6 / args.cpu_n:.3f} ms, reaped bash "
-                  f"{(children1 - children0) * 1e3 / hz / args.cpu_n:.3f} ms; "
-                  f"{args.cpu_n / wall:.0f} exec/s sequential; "
-                  f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+            agents = [("b", proc, conn)]
+            if helped is not None:
+                agents.append(("b'", helped[0], helped[1]))
+            for name, agent, agent_conn in agents:
+                _cpu_run(name, agent, agent_conn, args.cpu_n, post)
             conn.close()
         finally:
             proc.kill()
             proc.wait()
     return 0
+
+
+def _cpu_run(
+    name: str,
+    agent: subprocess.Popen[bytes],
+    conn: LeanHttp,
+    n: int,
+    post: Callable[[LeanHttp], None],
+) -> None:
+    hz = os.sysconf("SC_CLK_TCK")
+    self0, children0 = _agent_cpu_ns(agent.pid), _children_ticks(agent.pid)
+    start = time.perf_counter()
+    for _ in range(n):
+        post(conn)
+    wall = time.perf_counter() - start
+    self1, children1 = _agent_cpu_ns(agent.pid), _children_ticks(agent.pid)
+    print(f"({name}) agent CPU per exec over {n} execs: "
+          f"agent {(self1 - self0) / 1e6 / n:.3f} ms, reaped children "
+          f"{(children1 - children0) * 1e3 / hz / n:.3f} ms; "
+          f"{n / wall:.0f} exec/s sequential; "
+          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

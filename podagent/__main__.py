@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cgroup-fds", type=limits.parse_fds)
     # an image's User: commands run as UID:GID (spawn.py), the agent stays root
     parser.add_argument("--user", type=spawn.parse_user)
+    # the program commands are started through (spawn.py: the exec helper)
+    parser.add_argument("--exec-helper")
     return parser
 
 
@@ -65,6 +67,7 @@ _PLAIN_OPTIONS: Dict[str, Optional[Tuple[str, Callable[[str], Any]]]] = {
     "--listening-fd": ("listening_fd", int),
     "--cgroup-fds": ("cgroup_fds", limits.parse_fds),
     "--user": ("user", spawn.parse_user),
+    "--exec-helper": ("exec_helper", str),
 }
 
 
@@ -85,6 +88,7 @@ def _parse_plain(argv: List[str]) -> Optional[argparse.Namespace]:
         "listening_fd": None,
         "cgroup_fds": None,
         "user": None,
+        "exec_helper": None,
     }
     i = 0
     while i < len(argv):
@@ -139,6 +143,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     scrub_own_environ()
     if args.user is not None:
         spawn.run_as(*args.user)
+    if args.exec_helper is not None:
+        spawn.use_helper(args.exec_helper)
     workdir = os.path.abspath(args.workdir)
     os.makedirs(workdir, exist_ok=True)
     limits.CGROUPS.sync_dir = workdir  # on the sandbox's volume: see disk_exhausted

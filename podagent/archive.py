@@ -159,7 +159,7 @@ def extract_tree(dest: str, read: Reader, max_bytes: int) -> Dict[str, Any]:
                     member.linkname = os.path.relpath(linked, root)
                 member.name = name
                 member.mode &= KEPT_MODE_BITS
-                member.uid, member.gid = os.getuid(), os.getgid()
+                member.uid, member.gid = os.geteuid(), os.getegid()
                 member.uname = member.gname = ""
                 if member.isdir():
                     directories += 1

@@ -117,15 +117,33 @@ class Session:
             raise ValueError(f"cwd_not_found: {cwd}")
         master, slave = os.openpty()
         self.master = master
+        # the helper's exec errno (spawn.py), when commands start through one
+        err = os.pipe() if spawn.helper() is not None else None
         try:
             _winsize(master, init.get("rows"), init.get("cols"))
-            # started in the commands' cgroup, like every exec (limits.py)
+            # started in the commands' cgroup, like every exec (limits.py), and through
+            # the helper (as other uids than the agent's) where there is one
             self.proc = limits.CGROUPS.spawn(lambda: subprocess.Popen(
-                argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
-                start_new_session=True, preexec_fn=_set_ctty, **spawn.identity(),
+                argv if err is None else spawn.wrap(argv, err[1]), stdin=slave, stdout=slave,
+                stderr=slave, cwd=cwd, env=env, start_new_session=True, preexec_fn=_set_ctty,
+                pass_fds=() if err is None else (err[1],), **spawn.identity(),
             ))  # fmt: skip
+        except BaseException:
+            if err is not None:
+                os.close(err[0])
+            raise
         finally:
             os.close(slave)
+            if err is not None:
+                os.close(err[1])
+        if err is None:
+            return
+        try:
+            spawn.await_exec(self.proc.pid, err[0], argv[0])
+        except OSError:
+            self.proc.returncode = 127  # reaped: never to be waited for or signalled
+            self.proc = None
+            raise
 
     def pump_output(self) -> None:
         """Copy terminal output to the client until the command exits."""

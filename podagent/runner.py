@@ -21,7 +21,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from . import limits
 from .output import StreamCapture
 from .procutil import signal_name, signal_session
-from .spawn import spawn
+from .spawn import finish, start
 
 CHILDREN_GRACE_S = 0.5
 READ_SIZE = 65536
@@ -261,8 +261,8 @@ def run(
     cgroups = limits.CGROUPS
     watch = cgroups.begin()
     try:
-        pid = cgroups.spawn(
-            lambda: spawn(
+        started = cgroups.spawn(
+            lambda: start(
                 spec.argv,
                 spec.cwd,
                 spec.env,
@@ -271,6 +271,8 @@ def run(
                 err_w,
             )
         )
+        # out of the commands' cgroup (and its lock) before waiting for the exec helper
+        pid = finish(started)
     except OSError as exc:
         cgroups.exhausted(watch, {})  # ends the watch; the refusal is named below
         for fd in (out_r, err_r, in_w):

@@ -160,21 +160,51 @@ def _libseccomp() -> ctypes.CDLL:
     return lib
 
 
-def rules() -> List[Tuple[str, int, Optional[Tuple[int, int]]]]:
-    """(syscall, action, (argument index, flag) or None): the profile as data."""
-    out: List[Tuple[str, int, Optional[Tuple[int, int]]]] = [
-        (name, _act_errno(errno.EPERM), None) for name in DENIED
-    ]
+# (syscall, action, (argument index, mask, value) or None): matches when the argument
+# masked equals the value
+Rule = Tuple[str, int, Optional[Tuple[int, int, int]]]
+
+
+def rules() -> List[Rule]:
+    """The profile as data."""
+    out: List[Rule] = [(name, _act_errno(errno.EPERM), None) for name in DENIED]
     out += [(name, _act_errno(errno.ENOSYS), None) for name in ENOSYS_CALLS]
     for name, index in FLAG_ARG.items():
-        out += [(name, _act_errno(errno.EPERM), (index, flag)) for flag in NAMESPACE_FLAGS]
-    out.append(("unshare", _act_errno(errno.EPERM), (0, CLONE_NEWTIME)))
+        out += [(name, _act_errno(errno.EPERM), (index, flag, flag)) for flag in NAMESPACE_FLAGS]
+    out.append(("unshare", _act_errno(errno.EPERM), (0, CLONE_NEWTIME, CLONE_NEWTIME)))
     return out
 
 
-def compile_filter() -> bytes:
-    """The profile as a classic BPF program (struct sock_filter[]), for this machine's
-    architecture and its compat ABIs."""
+# The agent's pid in its sandbox (pause is 1; the agent is the next process there).
+AGENT_PID = 2
+_PID_MASK = 0xFFFFFFFF  # pid_t is an int: -1 arrives as 0xffffffff in the low half
+
+
+def guard_rules(agent_uid: int) -> List[Rule]:
+    """A second filter, for agents whose commands keep capabilities (an OCI image's
+    root: Docker's default set, CAP_KILL and CAP_SETUID included, over the user
+    namespace the agent is in, where the agent's own uid does not protect it): no
+    signal to the agent's pid, its process group or -1 (everything), no pidfd of it,
+    and no uid switch to the agent's uid. Loaded by the agent itself after its own
+    uid switch (it never does any of these), so every command inherits it."""
+    eperm = _act_errno(errno.EPERM)
+    out: List[Rule] = []
+    for name in ("kill", "tkill", "rt_sigqueueinfo", "pidfd_open"):
+        for pid in (AGENT_PID, -AGENT_PID, -1):
+            out.append((name, eperm, (0, _PID_MASK, pid & _PID_MASK)))
+    for name in ("tgkill", "rt_tgsigqueueinfo"):  # (tgid, tid, ...)
+        out += [(name, eperm, (index, _PID_MASK, AGENT_PID)) for index in (0, 1)]
+    # a pidfd may also be an open /proc/<pid> directory
+    out.append(("pidfd_send_signal", eperm, None))
+    for name, count in (("setuid", 1), ("setreuid", 2), ("setresuid", 3)):
+        for variant in (name, name + "32"):
+            out += [(variant, eperm, (i, _PID_MASK, agent_uid)) for i in range(count)]
+    return out
+
+
+def compile_filter(rule_list: Optional[List[Rule]] = None) -> bytes:
+    """The profile (or ``rule_list``) as a classic BPF program (struct sock_filter[]),
+    for this machine's architecture and its compat ABIs."""
     lib = _libseccomp()
     ctx = lib.seccomp_init(_ACT_ALLOW)
     if not ctx:
@@ -185,14 +215,14 @@ def compile_filter() -> bytes:
             rc = lib.seccomp_arch_add(ctx, token)
             if rc != 0 and rc != -errno.EEXIST:
                 raise SeccompError(-rc, f"seccomp_arch_add({arch}): {os.strerror(-rc)}")
-        for name, action, flag in rules():
+        for name, action, flag in rules() if rule_list is None else rule_list:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
             if nr == -1:  # __NR_SCMP_ERROR: a name this libseccomp does not know
                 raise SeccompError(errno.EINVAL, f"libseccomp does not know syscall {name!r}")
             count = 0 if flag is None else 1
             cmp = (_ArgCmp * 1)()
             if flag is not None:
-                cmp[0] = _ArgCmp(flag[0], _SCMP_CMP_MASKED_EQ, flag[1], flag[1])
+                cmp[0] = _ArgCmp(flag[0], _SCMP_CMP_MASKED_EQ, flag[1], flag[2])
             rc = lib.seccomp_rule_add_array(ctx, action, nr, count, cmp)
             if rc != 0:
                 raise SeccompError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")

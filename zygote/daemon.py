@@ -57,6 +57,7 @@ from podagent import (
     seccomp,
     userns,
 )
+from .spawn import AGENT_UID
 
 # Everything the agent imports late: it cannot import after setns. Found by logging
 # every import of agents run through podagent/tests (encodings.idna, stringprep,
@@ -101,6 +102,7 @@ MNT_DETACH = 2
 # a sandbox binds neither, and the handler is done with both before it enters.
 LAUNCHER_HIDDEN = ("/run/netns", "/sys")
 PR_SET_DUMPABLE = 4
+OOM_SCORE_ADJ_AGENT = -1000
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
@@ -119,6 +121,8 @@ _launcher_mnt: Optional[int] = None
 # the sandbox's seccomp program, compiled once by the daemon before any fork: agents
 # load it after setns, where libseccomp need not exist (serve)
 _seccomp_bpf: Optional[bytes] = None
+# the commands' extra filter where they keep capabilities (seccomp.guard_rules)
+_guard_bpf: Optional[bytes] = None
 
 
 class ZygoteError(Exception):
@@ -418,14 +422,6 @@ def _wait_listening(listening_r: int, deadline: float) -> None:
         os.close(listening_r)
 
 
-def _pause_pid(init_pid: int) -> int:
-    with open(f"/proc/{init_pid}/task/{init_pid}/children") as fh:
-        children = fh.read().split()
-    if len(children) != 1:
-        raise ZygoteError("ready", f"bwrap's init has children {children}, expected pause")
-    return int(children[0])
-
-
 def _enter_sandbox(req: Dict[str, Any], pause: int) -> None:
     """Moves this process into pause's namespaces and root (the cgroups are joined)."""
     with _Stage("agent: open namespaces"):
@@ -498,6 +494,12 @@ def _agent_main(
         if cgroup_fds:
             renumbered = {name: [moved[fd] for fd in fds] for name, fds in cgroup_fds.items()}
             agent_args += ["--cgroup-fds", limits.format_fds(renumbered)]
+        if hold_w is not None:
+            # The sandbox's commands run as other real uids than the agent's, so none
+            # may signal it (`kill -9 -1`, pkill, its pid by number): real and saved
+            # uid the agent uid, effective (files, permissions) still the sandbox's
+            # root. Commands get every uid set to the effective one (--exec-helper).
+            os.setresuid(AGENT_UID, os.geteuid(), AGENT_UID)
         if hold_w is not None or os.geteuid() == 0:
             # and no_new_privs; an image sandbox's root keeps the container default set
             drop_all_capabilities([int(c) for c in req.get("caps") or []])
@@ -505,6 +507,11 @@ def _agent_main(
             # the sandbox's filter, as bwrap gave pause: the agent is no bwrap descendant
             assert _seccomp_bpf is not None  # spawn checked it
             seccomp.load(_seccomp_bpf)
+            if req.get("caps"):
+                # an image's root keeps CAP_KILL/CAP_SETUID over this user namespace:
+                # the agent's uid alone does not keep its commands from signalling it
+                assert _guard_bpf is not None
+                seccomp.load(_guard_bpf)
         # Not dumpable: the sandbox's commands (same uid) cannot ptrace it or read its
         # /proc maps/environ/exe, which would show the host's interpreter and paths.
         _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
@@ -554,6 +561,17 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     with _Stage("join cgroups"):
         _join_cgroups(req["cgroups"])  # before the netns (and setns(cgroup), later)
         cgroup_fds = _open_cgroup_files(req.get("cgroup_files") or {})
+    with _Stage("oom_score_adj"):
+        # bwrap, pause and the agent: never the OOM killer's choice, on cgroup v1 (a
+        # thread visiting the commands' group to spawn) and v2 (one group for all).
+        # Lowering it needs CAP_SYS_RESOURCE in the initial user namespace, which a
+        # container may not give (then they keep the zygote's); the exec helper
+        # raises every command's to 500 either way, which needs no privilege.
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write(str(OOM_SCORE_ADJ_AGENT))
+        except PermissionError:
+            pass
     with _Stage("enter netns"):
         nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
         _setns(nsfd, CLONE_NEWNET, req["netns"])
@@ -588,7 +606,7 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     init_pid = 0
     try:
         init_pid = _wait_ready(bwrap_pid, ready_r, info_r, deadline)
-        pause = _pause_pid(init_pid)
+        pause = init_pid  # bwrap --as-pid-1: pause is the sandbox's pid 1
         # the host's /proc: after _enter_sandbox, /proc is the sandbox's
         started = {
             "bwrap_start_time": _proc_start_time(bwrap_pid),
@@ -686,11 +704,12 @@ def serve(path: str) -> int:
     """Binds ``path``, then daemonizes: the starting process exits 0 once the socket
     listens (the backend waits for that), the daemon serves until the socket file is
     removed or replaced (instance torn down) or it is told to shut down."""
-    global _launcher_mnt, _seccomp_bpf
+    global _launcher_mnt, _seccomp_bpf, _guard_bpf
     version = source_version()
     # before the fork below: without libseccomp the zygote does not start (the backend
     # sees its exit status and error), rather than starting unfiltered sandboxes
     _seccomp_bpf = seccomp.program()
+    _guard_bpf = seccomp.compile_filter(seccomp.guard_rules(AGENT_UID))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # the backend starts us under its lock, after a failed ping
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

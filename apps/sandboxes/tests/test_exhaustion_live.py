@@ -186,3 +186,41 @@ def test_a_command_its_output_cap_ended_is_a_typed_failure_stored_with_its_kind(
     # the sandbox goes on: a command within the cap completes
     after = http.post(url, json={"command": "echo ok", "output_limit": 100_000}).json()
     assert (after["status"], after["stdout"]) == ("completed", "ok\n")
+
+
+def test_a_policy_that_kills_everything_it_can_see_keeps_its_sandbox_and_is_classed_task(
+    live: Any, make_tenant: Any
+) -> None:
+    """Issue 22 item 9: `kill -9 -1`, `pkill -9 -f .` and the agent's pid by number
+    from a command reach no part of the sandbox that holds it (the agent runs as
+    another real uid, pause is the pid namespace's init), and neither does a memory
+    hog: the sandbox stays ready for the next exec, the watcher finds nothing gone,
+    and the failing episode is the policy's (task), never environment."""
+    from hedgerow import Client
+
+    from apps.trajectories.models import Episode
+
+    _, secret = make_tenant()
+    with Client(url=live.url, api_key=secret, max_retries=1, timeout=90) as hr:
+        with hr.create_sandbox(memory="64Mi") as sandbox:
+            sandbox_row = row(sandbox.id)
+            with sandbox.episode(task_id="kill", harness="pytest", model="m-1") as episode:
+                for command in (
+                    "kill -9 -1",
+                    "pkill -9 -f . ; true",
+                    "kill -9 $(pgrep -x hedgerow-agent); true",
+                    "kill -9 1; true",
+                ):
+                    result = sandbox.exec(command, timeout=30)
+                    assert result.raw["status"] == "completed", (command, result.raw)
+                hog = sandbox.exec(OOM, timeout=60)
+                _assert_memory_error(hog.raw["error"])
+                after = sandbox.exec("echo alive", timeout=30)
+                assert (after.exit_code, after.stdout) == (0, "alive\n")
+                watch_backend_once(timeout_s=0.5)
+                sandbox_row.refresh_from_db()
+                assert sandbox_row.state == State.READY
+                episode.verify("test -f /workspace/answer", timeout=10, name="answer")
+    episode_row = Episode.objects.get(episode_id=episode.id)
+    assert episode_row.failure_class == "task", episode_row.failure_evidence
+    assert ("lost", "backend_resource_gone") not in transitions(sandbox_row)

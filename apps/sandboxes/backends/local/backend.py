@@ -79,7 +79,14 @@ from .images import user as image_user
 from .images.overlay import unmount_rootfs
 from .network import SNI_PORT, Network
 from .storage import Storage, Volume, qgroup_of
-from .zygote import SECCOMP_FD, TOKEN_FD, ZygoteClient, ZygoteUnavailable, build_pause
+from .zygote import (
+    EXEC_HELPER_MOUNT,
+    SECCOMP_FD,
+    TOKEN_FD,
+    ZygoteClient,
+    ZygoteUnavailable,
+    build_pause,
+)
 
 log = logging.getLogger(__name__)
 
@@ -987,7 +994,7 @@ class LocalBackend:
                 "workdir": "/workspace",
                 "env": launch.env,
                 "agent_args": process.agent_args(
-                    self.config.agent_port, launch.workdir, launch.user
+                    self.config.agent_port, launch.workdir, launch.user, EXEC_HELPER_MOUNT
                 ),
                 # kept by the agent for root's commands (none for host sandboxes)
                 "caps": [process.IMAGE_CAPABILITIES[c] for c in launch.caps],
@@ -1007,7 +1014,7 @@ class LocalBackend:
         init_pid, init_start = int(answer["init_pid"]), answer.get("init_start_time")
         if init_start is None or not is_alive(init_pid, init_start):
             raise BackendError(f"agent exited at once: {process.tail(d / 'agent.log')}")
-        # The sandbox's pid-1 (bwrap's init) is the recorded pid: SIGKILL of it kills
+        # The sandbox's pid 1 (pause, bwrap --as-pid-1) is the recorded pid: SIGKILL kills
         # everything in the sandbox, and it exits when the agent dies (pause sees EOF).
         return {
             "pid": init_pid,

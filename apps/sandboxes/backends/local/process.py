@@ -28,7 +28,14 @@ from apps.sandboxes.backends.base import BackendError
 
 from ._sys import SYSTEM_PATH, is_alive, proc_start_time
 from .config import AGENT_MOUNT, BUNDLE_MOUNT, SECRET_MOUNT
-from .zygote import HOLD_FD, INFO_FD, PAUSE_MOUNT, READY_FD
+from .zygote import (
+    EXEC_HELPER_MOUNT,
+    HOLD_FD,
+    INFO_FD,
+    PAUSE_MOUNT,
+    READY_FD,
+    exec_helper_path,
+)
 
 _LAUNCH = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
 _JOIN_CGROUPS = (
@@ -184,12 +191,19 @@ def _children(pid: int) -> list[int]:
 
 
 def agent_args(
-    port: int, workdir: str = "/workspace", user: tuple[int, int] | None = None
+    port: int,
+    workdir: str = "/workspace",
+    user: tuple[int, int] | None = None,
+    exec_helper: str | None = None,
 ) -> list[str]:
     # an image's User: commands run as these ids, the agent stays the sandbox's root
     identity = ["--user", f"{user[0]}:{user[1]}"] if user is not None else []
+    # zygote launch: commands start through the exec helper (exec_helper.c), as other
+    # real uids than the agent's
+    helper = ["--exec-helper", exec_helper] if exec_helper is not None else []
     return [
         *identity,
+        *helper,
         "--listen",
         f"0.0.0.0:{port}",
         "--token-file",
@@ -251,7 +265,15 @@ def bwrap_argv(
     seccomp = ["--seccomp", str(seccomp_fd)]
     layout = _Layout(base_args, root, SANDBOX_ENV if env is None else env)
     if pause is not None:
-        zygote_args = ["--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)]
+        # pause is the pid namespace's init (--as-pid-1): no command can signal it. Its
+        # directory is searchable by every uid (an image User's commands start through
+        # the exec helper beside it); bwrap would make it 0700 on an image's root.
+        zygote_args = [
+            "--as-pid-1",
+            *("--perms", "0755", "--dir", str(Path(PAUSE_MOUNT).parent)),
+            *("--ro-bind", str(pause), PAUSE_MOUNT, "--info-fd", str(INFO_FD)),
+            *("--ro-bind", str(exec_helper_path(pause.parent)), EXEC_HELPER_MOUNT),
+        ]
         payload = [PAUSE_MOUNT, str(READY_FD), str(HOLD_FD)]
         sandbox = _sandbox_args(layout, workspace, tmp, token_fd, seccomp, zygote_args)
         return ["bwrap", *sandbox, *payload]

@@ -20,6 +20,7 @@ import pytest
 
 from apps.sandboxes.backends.base import ImageUnavailable, RegistryCredentials
 from apps.sandboxes.backends.local import LocalBackend, wait_healthy
+from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
 from apps.sandboxes.backends.local.backend import lease_holder
 from apps.sandboxes.backends.local.images.tests.fixtures import SweImage
 from apps.sandboxes.backends.local.images.tests.ocibuild import (
@@ -445,3 +446,25 @@ def test_swe_flow_on_a_debian_image(
     assert (top / "testbed" / "calc.py").read_text() == TESTBED_FILES["calc.py"]
     upper = backend.storage.mount / sb.id / "root" / "upper"  # type: ignore[union-attr]
     assert "a + b" in (upper / "testbed" / "calc.py").read_text()
+
+
+def test_root_of_an_image_cannot_kill_the_agent_despite_cap_kill(
+    image_sandbox: Callable[..., Sandbox], busybox_image: str
+) -> None:
+    """Issue 22 item 9: root of an image keeps Docker's CAP_KILL and CAP_SETUID over the
+    user namespace the agent is in, which the agent's own uid does not cover; the
+    commands' extra seccomp filter (podagent/seccomp.py, guard_rules) refuses signals
+    to the agent's pid (2), its group and -1, and a switch to the agent uid."""
+    sb = image_sandbox(busybox_image)
+    m = sb.backend._meta(sb.id)
+    assert m is not None and m["launch"] == "zygote"
+    agent = (int(m["agent_pid"]), proc_start_time(int(m["agent_pid"])))
+    assert sb.sh("cat /proc/2/comm")[1] == "hedgerow-agent\n"
+    for command in ("kill -9 2", "kill -9 -2", "kill -9 -1", "kill -STOP 2", "pkill -9 -f ."):
+        sb.sh(command)
+        assert is_alive(*agent), command
+    code, out, err = sb.sh("kill -9 2; echo rc=$?")
+    assert out == "rc=1\n" and "not permitted" in err, (out, err)
+    assert sb.sh("echo alive") == (0, "alive\n", "")
+    # any other process is its to signal, as before
+    assert sb.sh("sleep 900 & kill -9 $!; wait $!; echo $?")[1] == "137\n"

@@ -83,15 +83,16 @@ def test_it_uses_the_zygote_by_default_and_records_the_sandbox_pid_1(
     m = meta(sb)
     assert sb.backend.agent_launch == "zygote"
     assert m["launch"] == "zygote"
-    # the recorded pid is the sandbox's init (pid 1 inside), bwrap's child
-    assert Path(f"/proc/{m['pid']}/comm").read_text().strip() == "bwrap"
+    # the recorded pid is the sandbox's init (pid 1 inside): pause (bwrap --as-pid-1),
+    # bwrap's child
+    assert Path(f"/proc/{m['pid']}/comm").read_text().strip() == "pause"
     assert host_status(m["pid"])["NSpid"].split()[-1] == "1"
     assert host_status(m["pid"])["PPid"] == str(m["bwrap_pid"])
     agent = host_status(m["agent_pid"])
     assert agent["Name"] == "hedgerow-agent"
     assert len(agent["NSpid"].split()) == 2, "the agent is in the sandbox's pid namespace"
     code, out, _ = sb.sh("hostname; cat /proc/1/comm /proc/2/comm")
-    assert (code, out) == (0, "sandbox\nbwrap\npause\n")
+    assert (code, out) == (0, "sandbox\npause\nhedgerow-agent\n")
 
 
 def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
@@ -129,11 +130,13 @@ def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
         assert zb.sh(command) == exec_sandbox.sh(command), command
     assert zb.sh("ls /proc/self/fd")[1] == "0\n1\n2\n3\n"  # 3: ls's own directory
 
-    # the same mounts, but the pause binary instead of the agent's sources
+    # the same mounts, but the pause binary and the commands' exec helper instead of the
+    # agent's sources
     mounts = "cut -d' ' -f2 /proc/self/mounts | sort"
     zmounts = set(zb.sh(mounts)[1].split())
     emounts = set(exec_sandbox.sh(mounts)[1].split())
-    assert zmounts == (emounts - {"/opt/hedgerow/podagent"}) | {"/opt/hedgerow/pause"}
+    ours = {"/opt/hedgerow/pause", "/opt/hedgerow/exec"}
+    assert zmounts == (emounts - {"/opt/hedgerow/podagent"}) | ours
     # the interpreter the agent runs (the control plane's) is not visible in the sandbox
     for path in {os.path.realpath(sys.executable), str(PODAGENT)}:
         assert zb.sh(f"test -e {path}; echo $?")[1] == "1\n", path
@@ -153,10 +156,7 @@ def test_it_leaves_the_agent_only_its_log_listener_and_the_hold_pipe(
 ) -> None:
     sb = sandbox_factory()
     m = meta(sb)
-    agent, pause = (
-        m["agent_pid"],
-        int(Path(f"/proc/{m['pid']}/task/{m['pid']}/children").read_text().split()[0]),
-    )
+    agent, pause = m["agent_pid"], int(m["pid"])  # pause is the sandbox's pid 1
 
     def agent_fds() -> dict[int, str]:
         return {
@@ -234,7 +234,9 @@ def test_it_serves_exec_streams_files_and_ptys_without_late_imports(
     assert "Traceback" not in log
 
 
-def pty_roundtrip(host: str, port: int, token: str) -> tuple[bytes, int]:
+def pty_roundtrip(
+    host: str, port: int, token: str, cmd: str = "echo pty-ok; exit 3"
+) -> tuple[bytes, int]:
     sock = socket.create_connection((host, port), timeout=20)
     sock.sendall(
         (
@@ -247,7 +249,7 @@ def pty_roundtrip(host: str, port: int, token: str) -> tuple[bytes, int]:
         buf += sock.recv(4096)
     assert buf.startswith(b"HTTP/1.1 101"), buf
     buf = buf.split(b"\r\n\r\n", 1)[1]
-    init = json.dumps({"cmd": "echo pty-ok; exit 3", "rows": 24, "cols": 80}).encode()
+    init = json.dumps({"cmd": cmd, "rows": 24, "cols": 80}).encode()
     sock.sendall(struct.pack(">cI", b"I", len(init)) + init)
     output = b""
     while True:
