@@ -57,7 +57,7 @@ from podagent import (
     seccomp,
     userns,
 )
-from .spawn import AGENT_UID
+from podagent.spawn import AGENT_UID
 
 # Everything the agent imports late: it cannot import after setns. Found by logging
 # every import of agents run through podagent/tests (encodings.idna, stringprep,
