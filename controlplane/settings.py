@@ -403,6 +403,21 @@ CELERY_BEAT_SCHEDULE["collect-image-cache"] = {
     "schedule": HEDGEROW_IMAGE_COLLECT_INTERVAL_S,
 }
 
+# --- Retention (docs/operations.md "Retention") ------------------------------------
+# Ended sandboxes' operation output windows are pruned after this many days, and
+# their operation rows replaced by summaries after that many (0: never). The ledger,
+# usage records and audits are never pruned.
+HEDGEROW_RETENTION_OUTPUT_DAYS = env_float("HEDGEROW_RETENTION_OUTPUT_DAYS", 30.0)
+HEDGEROW_RETENTION_OPERATION_DAYS = env_float("HEDGEROW_RETENTION_OPERATION_DAYS", 90.0)
+# A run's bound: at most MAX_BATCHES transactions of at most BATCH operations each.
+HEDGEROW_RETENTION_BATCH = env_int("HEDGEROW_RETENTION_BATCH", 500)
+HEDGEROW_RETENTION_MAX_BATCHES = env_int("HEDGEROW_RETENTION_MAX_BATCHES", 20)
+HEDGEROW_RETENTION_INTERVAL_S = env_float("HEDGEROW_RETENTION_INTERVAL_S", 3600.0)
+CELERY_BEAT_SCHEDULE["apply-retention"] = {
+    "task": "apps.sandboxes.tasks.apply_retention",
+    "schedule": HEDGEROW_RETENTION_INTERVAL_S,
+}
+
 # --- Kubernetes backend (HEDGEROW_BACKEND=kubernetes; docs/deploy-kubernetes.md) -----
 # Empty kubeconfig: in-cluster config (the control plane runs in the cluster).
 HEDGEROW_K8S_KUBECONFIG = env_str("HEDGEROW_K8S_KUBECONFIG", "")

@@ -133,3 +133,12 @@ def destroy_snapshot(self: Any, snapshot_id: str) -> None:
         snapshot_destroy(snapshot_id=snapshot_id)
     except BackendError as exc:
         raise self.retry(exc=exc, countdown=min(2**self.request.retries, 60)) from exc
+
+
+@shared_task(soft_time_limit=600, time_limit=660)
+def apply_retention() -> dict[str, Any]:
+    """Bounded (``HEDGEROW_RETENTION_MAX_BATCHES`` × ``HEDGEROW_RETENTION_BATCH``) and
+    idempotent: beat runs it every ``HEDGEROW_RETENTION_INTERVAL_S``."""
+    from apps.sandboxes.services.retention import retention_apply
+
+    return retention_apply().as_dict()
