@@ -471,9 +471,17 @@ CELERY_BEAT_SCHEDULE["admission-sweep"] = {
     "task": "apps.billing.tasks.admission_sweep",
     "schedule": HEDGEROW_ADMISSION_SWEEP_S,
 }
+# The minutely usage sweep looks at sandboxes that moved in this window (the ledger's
+# `at` index: its cost follows the rate of change); the daily one at all of them.
+HEDGEROW_USAGE_SWEEP_LOOKBACK_S = env_float("HEDGEROW_USAGE_SWEEP_LOOKBACK_S", 900.0)
 CELERY_BEAT_SCHEDULE["usage-sweep"] = {
     "task": "apps.billing.tasks.usage_sweep",
     "schedule": 60.0,
+}
+CELERY_BEAT_SCHEDULE["usage-sweep-full"] = {
+    "task": "apps.billing.tasks.usage_sweep",
+    "schedule": 24 * 3600.0,
+    "kwargs": {"full": True},
 }
 CELERY_BEAT_SCHEDULE["usage-rollup"] = {
     "task": "apps.billing.tasks.usage_rollup",

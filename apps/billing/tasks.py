@@ -23,9 +23,10 @@ def admission_sweep() -> dict[str, int]:
 
 
 @shared_task(soft_time_limit=300, time_limit=360)
-def usage_sweep() -> int:
-    """Repairs the usage ledger and the storage ledger (what a crashed worker missed)."""
-    return usage.usage_sweep() + storage.storage_sweep()
+def usage_sweep(full: bool = False) -> int:
+    """Repairs the usage ledger and the storage ledger (what a crashed worker missed):
+    minutely over the sandboxes that moved recently, daily over all (``full``)."""
+    return usage.usage_sweep(full=full) + storage.storage_sweep()
 
 
 @shared_task(soft_time_limit=600, time_limit=660)
