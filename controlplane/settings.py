@@ -439,6 +439,9 @@ HEDGEROW_K8S_CAPABILITIES = env_list("HEDGEROW_K8S_CAPABILITIES", [])  # [] = th
 HEDGEROW_K8S_EGRESS_EXCEPT = env_list("HEDGEROW_K8S_EGRESS_EXCEPT", [])  # [] = the default set
 HEDGEROW_K8S_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_READY_TIMEOUT_S", 120.0)
 HEDGEROW_K8S_MAX_CONCURRENCY = env_int("HEDGEROW_K8S_MAX_CONCURRENCY", 8)
+# Kubernetes API requests per second per process (average; 0: unlimited) and burst
+HEDGEROW_K8S_API_QPS = env_float("HEDGEROW_K8S_API_QPS", 20.0)
+HEDGEROW_K8S_API_BURST = env_int("HEDGEROW_K8S_API_BURST", 40)
 HEDGEROW_K8S_API_RETRIES = env_int("HEDGEROW_K8S_API_RETRIES", 5)
 # The sandbox pod's boundary (docs/deploy-kubernetes.md, "Pod security"): a user
 # namespace per pod (hostUsers: false; false only for clusters without the feature),
