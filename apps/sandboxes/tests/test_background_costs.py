@@ -183,3 +183,22 @@ def test_retention_reads_what_is_due_not_the_history(make_tenant: Any) -> None:
         assert result.sandboxes_summarized == 5
         measured[n] = rows
     assert measured[2000] <= 2 * measured[100], measured
+
+
+def test_the_daily_roll_up_reads_the_days_records_not_the_history(make_tenant: Any) -> None:
+    from apps.billing.reports import daily_usage_rebuild
+
+    tenant, _ = make_tenant()
+    today = timezone.now().date()
+    _add(tenant, 10, state=State.READY, moved_ago=timedelta(hours=3))  # open: they overlap
+    _add(tenant, 10, state=State.DELETED, moved_ago=timedelta(minutes=5))
+    measured: dict[int, int] = {}
+    for n in (100, 2000):
+        have = Sandbox.objects.filter(tenant=tenant).count() - 20
+        # history: records that ended days ago and overlap neither yesterday nor today
+        _add(tenant, n - have, state=State.DELETED, moved_ago=timedelta(days=5))
+        _analyze()
+        rows, _, written = _cost(lambda: daily_usage_rebuild(day=today))
+        assert written == 2  # total and image, whatever the history
+        measured[n] = rows
+    assert measured[2000] <= 2 * measured[100], measured
