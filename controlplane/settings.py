@@ -418,6 +418,21 @@ CELERY_BEAT_SCHEDULE["collect-image-cache"] = {
     "schedule": HEDGEROW_IMAGE_COLLECT_INTERVAL_S,
 }
 
+# --- Retention (docs/operations.md "Retention") ------------------------------------
+# Ended sandboxes' operation output windows are pruned after this many days, and
+# their operation rows replaced by summaries after that many (0: never). The ledger,
+# usage records and audits are never pruned.
+HEDGEROW_RETENTION_OUTPUT_DAYS = env_float("HEDGEROW_RETENTION_OUTPUT_DAYS", 30.0)
+HEDGEROW_RETENTION_OPERATION_DAYS = env_float("HEDGEROW_RETENTION_OPERATION_DAYS", 90.0)
+# A run's bound: at most MAX_BATCHES transactions of at most BATCH operations each.
+HEDGEROW_RETENTION_BATCH = env_int("HEDGEROW_RETENTION_BATCH", 500)
+HEDGEROW_RETENTION_MAX_BATCHES = env_int("HEDGEROW_RETENTION_MAX_BATCHES", 20)
+HEDGEROW_RETENTION_INTERVAL_S = env_float("HEDGEROW_RETENTION_INTERVAL_S", 3600.0)
+CELERY_BEAT_SCHEDULE["apply-retention"] = {
+    "task": "apps.sandboxes.tasks.apply_retention",
+    "schedule": HEDGEROW_RETENTION_INTERVAL_S,
+}
+
 # --- Kubernetes backend (HEDGEROW_BACKEND=kubernetes; docs/deploy-kubernetes.md) -----
 # Empty kubeconfig: in-cluster config (the control plane runs in the cluster).
 HEDGEROW_K8S_KUBECONFIG = env_str("HEDGEROW_K8S_KUBECONFIG", "")
@@ -439,6 +454,9 @@ HEDGEROW_K8S_CAPABILITIES = env_list("HEDGEROW_K8S_CAPABILITIES", [])  # [] = th
 HEDGEROW_K8S_EGRESS_EXCEPT = env_list("HEDGEROW_K8S_EGRESS_EXCEPT", [])  # [] = the default set
 HEDGEROW_K8S_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_READY_TIMEOUT_S", 120.0)
 HEDGEROW_K8S_MAX_CONCURRENCY = env_int("HEDGEROW_K8S_MAX_CONCURRENCY", 8)
+# Kubernetes API requests per second per process (average; 0: unlimited) and burst
+HEDGEROW_K8S_API_QPS = env_float("HEDGEROW_K8S_API_QPS", 20.0)
+HEDGEROW_K8S_API_BURST = env_int("HEDGEROW_K8S_API_BURST", 40)
 HEDGEROW_K8S_API_RETRIES = env_int("HEDGEROW_K8S_API_RETRIES", 5)
 # The sandbox pod's boundary (docs/deploy-kubernetes.md, "Pod security"): a user
 # namespace per pod (hostUsers: false; false only for clusters without the feature),
@@ -479,9 +497,17 @@ CELERY_BEAT_SCHEDULE["admission-sweep"] = {
     "task": "apps.sandboxes.tasks.admission_sweep",
     "schedule": HEDGEROW_ADMISSION_SWEEP_S,
 }
+# The minutely usage sweep looks at sandboxes that moved in this window (the ledger's
+# `at` index: its cost follows the rate of change); the daily one at all of them.
+HEDGEROW_USAGE_SWEEP_LOOKBACK_S = env_float("HEDGEROW_USAGE_SWEEP_LOOKBACK_S", 900.0)
 CELERY_BEAT_SCHEDULE["usage-sweep"] = {
     "task": "apps.sandboxes.tasks.usage_sweep",
     "schedule": 60.0,
+}
+CELERY_BEAT_SCHEDULE["usage-sweep-full"] = {
+    "task": "apps.sandboxes.tasks.usage_sweep",
+    "schedule": 24 * 3600.0,
+    "kwargs": {"full": True},
 }
 CELERY_BEAT_SCHEDULE["usage-rollup"] = {
     "task": "apps.billing.tasks.usage_rollup",

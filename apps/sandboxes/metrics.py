@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -25,14 +26,21 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from apps.core.redis_sync import redis_client
-from apps.sandboxes.models import AuditRun, ReconcileRun, Sandbox, SandboxEvent, State
+from apps.sandboxes.models import (
+    EXEC_BUCKETS,
+    AuditRun,
+    ReconcileRun,
+    Sandbox,
+    SandboxEvent,
+    State,
+)
 from apps.sandboxes.services.audit import TERMS
+from apps.sandboxes.services.retention import operation_summary_totals
 from apps.sandboxes.services.warm_pool import warm_pool_stats, warm_pool_targets
 
 log = logging.getLogger(__name__)
 
 READY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
-EXEC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
 AUTOMATIC_ACTORS = ("reaper", "reconciler", "watcher", "system")
 
 
@@ -45,12 +53,24 @@ def _histogram_sql(table: str, start: str, end: str, buckets: Iterable[float]) -
 
 
 def _histogram(
-    name: str, doc: str, table: str, start: str, end: str, buckets: tuple[float, ...]
+    name: str,
+    doc: str,
+    table: str,
+    start: str,
+    end: str,
+    buckets: tuple[float, ...],
+    summarized: dict[str, Any] | None = None,
 ) -> HistogramMetricFamily:
+    """``summarized``: what retention folded into summaries (its rows are gone), added
+    so the histogram never goes down."""
     with connection.cursor() as cursor:
         cursor.execute(_histogram_sql(table, start, end, buckets))
         row = cursor.fetchone()
-    counts, total, total_sum = row[: len(buckets)], row[-2], row[-1]
+    counts, total, total_sum = list(row[: len(buckets)]), row[-2], row[-1]
+    if summarized is not None:
+        counts = [a + b for a, b in zip(counts, summarized["buckets"], strict=True)]
+        total += summarized["finished"]
+        total_sum = float(total_sum) + summarized["duration_s"]
     metric = HistogramMetricFamily(name, doc)
     metric.add_metric(
         [],
@@ -63,6 +83,7 @@ def _histogram(
 
 class HedgerowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
+        summarized = operation_summary_totals()
         yield from self._sandboxes()
         yield _histogram(
             "hedgerow_sandbox_create_to_ready_seconds",
@@ -79,9 +100,10 @@ class HedgerowCollector(Collector):
             "created_at",
             "finished_at",
             EXEC_BUCKETS,
+            summarized,
         )
         yield from self._actions()
-        yield from self._agent_errors()
+        yield from self._agent_errors(summarized["errors"])
         yield from self._audit()
         yield from self._reconcile()
         yield from self._queues()
@@ -128,7 +150,7 @@ class HedgerowCollector(Collector):
             actions.add_metric([row["actor"], row["event"], row["reason"]], row["n"])
         yield actions
 
-    def _agent_errors(self) -> Iterator[Metric]:
+    def _agent_errors(self, summarized: dict[str, int]) -> Iterator[Metric]:
         errors = CounterMetricFamily(
             "hedgerow_agent_errors",
             "Operations that ended failed (agent unreachable, agent error, interrupted…).",
@@ -139,8 +161,11 @@ class HedgerowCollector(Collector):
                 "SELECT coalesce(error->>'code', 'unknown'), count(*) FROM sandboxes_operation "
                 "WHERE status = 'failed' GROUP BY 1 ORDER BY 1"
             )
+            counts = dict(summarized)
             for code, n in cursor.fetchall():
-                errors.add_metric([code], n)
+                counts[code] = counts.get(code, 0) + n
+        for code in sorted(counts):
+            errors.add_metric([code], counts[code])
         yield errors
 
     def _audit(self) -> Iterator[Metric]:

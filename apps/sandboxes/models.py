@@ -96,6 +96,11 @@ class Sandbox(models.Model):
         "Snapshot", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
     )
     divergence = models.JSONField(null=True, blank=True)
+    # How far retention has thinned an ended sandbox's operations (services/retention.py,
+    # docs/operations.md "Retention"): RETENTION_FULL, RETENTION_OUTPUT_PRUNED, or
+    # RETENTION_SUMMARIZED (its operation rows replaced by ``OperationSummary`` rows).
+    # Never written by a transition; only the retention job moves it forward.
+    retention = models.PositiveSmallIntegerField(default=0, db_default=0)
 
     objects = SandboxQuerySet.as_manager()
 
@@ -110,7 +115,17 @@ class Sandbox(models.Model):
                 name="uniq_sandbox_tenant_idempotency_key",
             ),
         ]
-        indexes = [models.Index(fields=["state", "expires_at"], name="sandbox_state_expiry")]
+        indexes = [
+            models.Index(fields=["state", "expires_at"], name="sandbox_state_expiry"),
+            # What retention still has to thin, oldest end first: only ended sandboxes
+            # not yet summarized have an entry, so a live sandbox's transitions never
+            # write to it and the job's read is bounded by what is due, not by history.
+            models.Index(
+                fields=["retention", "updated_at"],
+                name="sandbox_retention_due",
+                condition=Q(state__in=("deleted", "failed", "lost"), retention__lt=2),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.external_id} ({self.state})"
@@ -196,6 +211,47 @@ class Operation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation_id} ({self.status})"
+
+
+# Upper bounds (seconds) of the exec duration histogram (``/metrics``); summaries keep
+# their counts so the histogram never shrinks when retention deletes operation rows.
+EXEC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
+
+RETENTION_FULL = 0
+RETENTION_OUTPUT_PRUNED = 1
+RETENTION_SUMMARIZED = 2
+
+
+class OperationSummary(models.Model):
+    """What retention keeps of an ended sandbox's deleted operation rows: counts per
+    (sandbox, kind, status, error code), the duration sum and the duration histogram
+    (cumulative counts per ``EXEC_BUCKETS`` bound, over finished operations), and the
+    first and last creation time. The metrics add these to the live rows, so counters
+    stay monotonic across pruning."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    # indexed by the unique key, which starts with the sandbox
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.PROTECT, related_name="+", db_index=False)
+    kind = models.CharField(max_length=16)
+    status = models.CharField(max_length=16)
+    error_code = models.CharField(max_length=64, blank=True)
+    count = models.PositiveIntegerField(default=0)
+    finished = models.PositiveIntegerField(default=0)
+    duration_s = models.FloatField(default=0.0)
+    buckets = models.JSONField(default=list)  # cumulative, one count per EXEC_BUCKETS bound
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["sandbox", "kind", "status", "error_code"],
+                name="uniq_operationsummary_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sandbox_id} {self.kind}/{self.status}: {self.count}"
 
 
 class ReconcileRun(models.Model):

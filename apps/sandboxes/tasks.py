@@ -152,6 +152,16 @@ def admission_sweep() -> dict[str, int]:
 
 
 @shared_task(soft_time_limit=300, time_limit=360)
-def usage_sweep() -> int:
-    """Repairs the usage ledger and the storage ledger (what a crashed worker missed)."""
-    return usage_metering.usage_sweep() + storage_metering.storage_sweep()
+def usage_sweep(full: bool = False) -> int:
+    """Repairs the usage ledger and the storage ledger (what a crashed worker missed):
+    minutely over the sandboxes that moved recently, daily over all (``full``)."""
+    return usage_metering.usage_sweep(full=full) + storage_metering.storage_sweep()
+
+
+@shared_task(soft_time_limit=600, time_limit=660)
+def apply_retention() -> dict[str, Any]:
+    """Bounded (``HEDGEROW_RETENTION_MAX_BATCHES`` × ``HEDGEROW_RETENTION_BATCH``) and
+    idempotent: beat runs it every ``HEDGEROW_RETENTION_INTERVAL_S``."""
+    from apps.sandboxes.services.retention import retention_apply
+
+    return retention_apply().as_dict()

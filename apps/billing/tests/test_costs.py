@@ -257,11 +257,12 @@ def test_it_repairs_a_missing_or_unclosed_record_from_the_ledger(make_tenant, bo
     sandbox = ledger_sandbox(tenant, T0, [("provisioning", 0), ("deleted", 3600)])
     Sandbox.objects.filter(pk=sandbox.pk).update(provisioning_started_at=T0)
     UsageRecord.objects.filter(sandbox=sandbox).delete()  # the hook's write was lost
-    assert usage_sweep() == 1
+    assert usage_sweep() == 0  # the minutely sweep: this ledger moved months ago
+    assert usage_sweep(full=True) == 1  # the daily one sees every sandbox
     record = UsageRecord.objects.get(sandbox=sandbox)
     assert record.ended_at == T0 + timedelta(hours=1) and money(_cost(sandbox)) == Decimal("0.29")
     UsageRecord.objects.filter(sandbox=sandbox).update(ended_at=None, end_state="")
-    assert usage_sweep() == 1  # the sandbox ended but the record stayed open
+    assert usage_sweep(full=True) == 1  # the sandbox ended but the record stayed open
     assert UsageRecord.objects.get(sandbox=sandbox).end_state == "deleted"
     assert usage_rollup(day="2026-03-10") == 2  # total and image (no labels)
 

@@ -366,6 +366,9 @@ def render_stream(meta: dict[str, Any]) -> str:
     """The text a human or a model reads: whole stream, or head + marker + tail."""
     if not meta:
         return ""
+    if meta.get("pruned"):  # retention dropped it (docs/operations.md "Retention")
+        size = meta.get("total_bytes")
+        return f"[… output pruned by retention{f' ({size} bytes)' if size else ''} …]"
     if meta.get("encoding") == "base64":
         head = base64.b64decode(meta.get("head", "")).decode("utf-8", "replace")
         tail = base64.b64decode(meta.get("tail", "")).decode("utf-8", "replace")

@@ -20,10 +20,11 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -311,17 +312,50 @@ def _enqueue_drain() -> None:
     admission_drain.delay()
 
 
-def usage_sweep(*, limit: int = 2000) -> int:
+def usage_sweep(*, limit: int = 2000, full: bool = False, now: datetime | None = None) -> int:
     """Repairs records the hook missed: billable sandboxes without a record, and open
-    records whose sandbox has ended. Returns how many it synced."""
-    missing = Sandbox.objects.filter(
-        provisioning_started_at__isnull=False, usage__isnull=True
-    ).values_list("pk", flat=True)[:limit]
-    stale = UsageRecord.objects.filter(
-        ended_at__isnull=True, sandbox__state__in=FINAL_STATES
-    ).values_list("sandbox_id", flat=True)[:limit]
+    records whose sandbox has ended. Returns how many it synced.
+
+    The minutely sweep (``full=False``) looks only at sandboxes the ledger shows moving
+    (to provisioning, ready or an end) in the last ``HEDGEROW_USAGE_SWEEP_LOOKBACK_S``:
+    the ledger's ``at`` index makes that read follow the rate of change, not the
+    number of sandboxes live or ever created (it anti-joined every sandbox row each
+    minute). ``full=True`` (daily, ``usage-sweep-full``) checks every sandbox: the
+    backstop for a sweep that was down longer than the look-back."""
+    if full:
+        missing = Sandbox.objects.filter(
+            provisioning_started_at__isnull=False, usage__isnull=True
+        ).values_list("pk", flat=True)[:limit]
+        stale = UsageRecord.objects.filter(
+            ended_at__isnull=True, sandbox__state__in=FINAL_STATES
+        ).values_list("sandbox_id", flat=True)[:limit]
+        candidates = [*missing, *stale]
+    else:
+        since = (now or timezone.now()) - timedelta(
+            seconds=settings.HEDGEROW_USAGE_SWEEP_LOOKBACK_S
+        )
+        moved = (
+            SandboxEvent.objects.filter(
+                at__gte=since,
+                event="transition",
+                to_state__in=(State.PROVISIONING, State.READY, *FINAL_STATES),
+            )
+            .order_by()
+            .values_list("sandbox_id", flat=True)
+            .distinct()
+        )
+        ids = list(moved[: limit * 2])
+        has_record = dict(
+            UsageRecord.objects.filter(sandbox_id__in=ids).values_list("sandbox_id", "ended_at")
+        )
+        ended = set(
+            Sandbox.objects.filter(pk__in=ids, state__in=FINAL_STATES).values_list("pk", flat=True)
+        )
+        candidates = [
+            pk for pk in ids if pk not in has_record or (has_record[pk] is None and pk in ended)
+        ]
     synced = 0
-    for sandbox_id in [*missing, *stale]:
+    for sandbox_id in candidates:
         with transaction.atomic():
             if usage_record_sync(sandbox_id=sandbox_id) is not None:
                 synced += 1

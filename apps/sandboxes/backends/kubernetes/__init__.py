@@ -63,6 +63,8 @@ def config_from_settings() -> KubernetesConfig:
         or DEFAULT_EGRESS_EXCEPT_V4 + DEFAULT_EGRESS_EXCEPT_V6,
         ready_timeout_s=settings.HEDGEROW_K8S_READY_TIMEOUT_S,
         max_concurrency=settings.HEDGEROW_K8S_MAX_CONCURRENCY,
+        api_qps=settings.HEDGEROW_K8S_API_QPS,
+        api_burst=settings.HEDGEROW_K8S_API_BURST,
         api_retries=settings.HEDGEROW_K8S_API_RETRIES,
         user_namespaces=settings.HEDGEROW_K8S_USER_NAMESPACES,
         run_as_user=settings.HEDGEROW_K8S_RUN_AS_USER or "auto",  # empty = the default

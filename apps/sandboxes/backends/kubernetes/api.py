@@ -1,10 +1,15 @@
-"""The Kubernetes API as the backend uses it: bounded concurrency, retries with backoff.
+"""The Kubernetes API as the backend uses it: a request rate, bounded concurrency,
+retries with backoff.
 
-Every call goes through ``KubeApi.call``: at most ``max_concurrency`` requests in
-flight per process (a burst of creates must not stampede the API server), and 429,
-5xx and connection errors are retried with exponential backoff and jitter (honouring
-``Retry-After``). Other API errors surface at once as ``ApiException``; exhausted
-retries become a transient ``BackendError`` so Celery retries the task.
+Every call goes through ``KubeApi.call``: at most ``api_qps`` requests per second on
+average (``api_burst`` at once; a token bucket, as client-go's), at most
+``max_concurrency`` in flight per process (a burst of creates must not stampede the API
+server), and 429, 5xx and connection errors are retried with exponential backoff and
+jitter. A 429's ``Retry-After`` holds *every* call of the process until it has passed,
+not only the one that got it: the server said it is overloaded, and N threads each
+retrying on their own would be the storm it asked to stop. Other API errors surface at
+once as ``ApiException``; exhausted retries become a transient ``BackendError`` so
+Celery retries the task. Watches are long-lived and not counted.
 """
 
 from __future__ import annotations
@@ -27,6 +32,50 @@ T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
+class RateLimiter:
+    """A token bucket: ``qps`` requests per second on average, ``burst`` at once
+    (``qps`` 0: no rate limit). ``hold`` stops every caller until a moment (a 429's
+    ``Retry-After``). A caller reserves its token and sleeps outside the lock, so
+    waiting callers queue in order instead of polling."""
+
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = float(self.burst)
+        self._updated = clock()
+        self._not_before = 0.0
+        self._lock = threading.Lock()
+        self.waited_s = 0.0  # observed by tests and the benchmark
+
+    def acquire(self) -> float:
+        """Takes a token, sleeping as long as needed; returns the seconds slept."""
+        with self._lock:
+            now = self._clock()
+            wait = max(0.0, self._not_before - now)
+            if self.qps > 0:
+                self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.qps)
+                self._updated = now
+                self._tokens -= 1
+                if self._tokens < 0:
+                    wait = max(wait, -self._tokens / self.qps)
+            self.waited_s += wait
+        if wait > 0:
+            self._sleep(wait)
+        return wait
+
+    def hold(self, seconds: float) -> None:
+        with self._lock:
+            self._not_before = max(self._not_before, self._clock() + seconds)
+
+
 class KubeApi:
     def __init__(
         self, api_client: client.ApiClient, config: KubernetesConfig, backoff_s: float = 0.2
@@ -37,6 +86,7 @@ class KubeApi:
         self.config = config
         self.backoff_s = backoff_s
         self._slots = threading.BoundedSemaphore(config.max_concurrency)
+        self.limiter = RateLimiter(config.api_qps, config.api_burst)
         self.retries_done = 0  # observed by tests and logged by operators
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -46,6 +96,7 @@ class KubeApi:
         attempts = self.config.api_retries
         for attempt in range(attempts):
             delay: float | None = None
+            self.limiter.acquire()  # before taking a slot: a waiting call holds none
             try:
                 with self._slots:
                     return fn(*args, **kwargs)
@@ -58,6 +109,9 @@ class KubeApi:
                         ) from exc
                     raise
                 delay = _retry_after(exc)
+                if delay is not None and exc.status == 429:
+                    self.limiter.hold(delay)  # every call of this process waits it out
+                    delay = 0.0  # the next acquire() does the waiting
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt == attempts - 1:
                     raise BackendError(

@@ -91,6 +91,10 @@ class KubernetesConfig:
     resolver_ip: str = ""
     ready_timeout_s: float = 120.0  # pod scheduled + image pulled + agent started
     max_concurrency: int = 8  # API calls in flight per process
+    # API requests per second per process on average, and at once (a token bucket;
+    # api.py); 0 qps: no rate limit (only max_concurrency)
+    api_qps: float = 20.0
+    api_burst: int = 40
     api_retries: int = 5  # attempts on 429/5xx/connection errors, exponential backoff
     api_timeout_s: float = 30.0
     watch_timeout_s: int = 240  # server-side timeout of one WATCH request; then resume
@@ -143,6 +147,8 @@ class KubernetesConfig:
                 raise BackendError(f"namespace {ns!r} is not a DNS label")
         if self.max_concurrency < 1 or self.api_retries < 1:
             raise BackendError("max_concurrency and api_retries must be >= 1")
+        if self.api_qps < 0 or self.api_burst < 1:
+            raise BackendError("api_qps must be >= 0 and api_burst >= 1")
         for cidr in (*self.dns_cidrs, *self.agent_ingress_cidrs, *self.dns_nameservers):
             try:
                 ipaddress.ip_network(cidr, strict=False)

@@ -58,6 +58,9 @@ def make_config(**overrides: Any) -> KubernetesConfig:
         "ready_timeout_s": 10.0,
         "watch_timeout_s": 1,
         "api_retries": 3,
+        # no request rate: these tests make bursts of calls on purpose; the limiter has
+        # its own tests (test_rate_limit.py)
+        "api_qps": 0.0,
     }
     fields.update(overrides)
     return KubernetesConfig(**fields)

@@ -34,10 +34,10 @@ client runs unmodified against it:
   backend's tests run as the worker's ServiceAccount, conftest.py), namespaces and
   resourceNames aside;
 * faults: ``fail_next`` (answer the next requests with these statuses,
-  ``Retry-After: 0``) and ``stall_next`` (hold the next requests this long before
-  answering: request timeouts), ``stall_open_watches`` (the watches open now deliver
-  nothing more, not even bookmarks, until their timeout: a dead connection, a stalled
-  informer; new watches work);
+  ``Retry-After: <retry_after>``, 0 unless set) and ``stall_next`` (hold the next
+  requests this long before answering: request timeouts), ``stall_open_watches``
+  (the watches open now deliver nothing more, not even bookmarks, until their timeout:
+  a dead connection, a stalled informer; new watches work);
 * pod status: ``set_pod_status`` (phase, IP and ``podIPs``, container and init
   container states, conditions ``PodScheduled``/``Ready``) and ``load_status`` (the
   status of a real pod, from the JSON fixtures in ``fixtures/pods``).
@@ -199,6 +199,7 @@ class FakeKube:
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.accepts: list[tuple[str, str, str]] = []  # (method, path, Accept header)
         self.failures: list[int] = []  # statuses to answer the next requests with
+        self.retry_after = "0"  # the Retry-After header of those answers
         self.stalls: list[float] = []  # seconds to hold the next requests
         self.auto_start = False  # play a kubelet that starts every pod at once
         # Pods honour their grace period: deleted, they keep a deletionTimestamp until
@@ -719,7 +720,9 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 time.sleep(stall)  # the fake server is slow; the client's timeout decides
             if failure is not None:
                 self._send(
-                    failure, status(failure, "ServiceUnavailable", "fake"), {"Retry-After": "0"}
+                    failure,
+                    status(failure, "ServiceUnavailable", "fake"),
+                    {"Retry-After": kube.retry_after},
                 )
                 return
             for pattern, api_version in _PATHS:

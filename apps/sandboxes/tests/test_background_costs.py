@@ -1,0 +1,204 @@
+"""Background costs that follow change, not size (issue 20): the rows a periodic round
+reads, counted by Postgres itself (``pg_stat_xact_user_tables``: this transaction's
+sequential and index tuple reads), at N = 100 and N = 2,000 sandbox rows (DB rows,
+not running sandboxes)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from apps.billing.models import PriceBook, UsageRecord
+from apps.sandboxes.metering import usage
+from apps.sandboxes.models import FINAL_STATES, Sandbox, SandboxEvent, State
+
+pytestmark = pytest.mark.django_db
+
+TABLES = ("sandboxes_sandbox", "sandboxes_sandboxevent", "billing_usagerecord")
+
+
+def _rows_read() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0) "
+            "FROM pg_stat_xact_user_tables WHERE relname = ANY(%s)",
+            [list(TABLES)],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def _cost(fn: Callable[[], Any]) -> tuple[int, int, Any]:
+    """(rows read, statements, result) of one round, read through the indexes: a table
+    of 2,000 rows is small enough that the planner reads all of it rather than probe
+    an index 20 times, which it does not at the sizes this is about (10^5-10^6 rows),
+    so sequential scans are priced out for the round (``SET LOCAL``: this test's
+    transaction only). A round that must read everything still does, through an index."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    before = _rows_read()
+    with CaptureQueriesContext(connection) as queries:
+        result = fn()
+    return _rows_read() - before, len(queries), result
+
+
+def _add(tenant: Any, n: int, *, state: str, moved_ago: timedelta) -> list[Sandbox]:
+    """``n`` sandbox rows that held resources, with their ledger's first move and last
+    transition ``moved_ago`` and a usage record (closed when ended)."""
+    at = timezone.now() - moved_ago
+    book = PriceBook.objects.filter(is_reference=False).order_by("-effective_from").first()
+    ended = state in FINAL_STATES
+    rows = Sandbox.objects.bulk_create(
+        Sandbox(
+            tenant=tenant,
+            external_id=f"x-{uuid.uuid4().hex[:12]}",
+            state=state,
+            generation=1,
+            image="host",
+            cpu_millis=1000,
+            memory_mib=512,
+            ttl_seconds=86400,
+            expires_at=timezone.now() + timedelta(days=1),
+            backend="local",
+            created_at=at,
+            provisioning_started_at=at,
+            ready_at=at,
+            terminated_at=at if ended else None,
+        )
+        for _ in range(n)
+    )
+    events = []
+    for s in rows:
+        events.append(
+            SandboxEvent(sandbox=s, tenant=tenant, at=at, event="created", to_state=State.REQUESTED)
+        )
+        for frm, to in (("requested", "provisioning"), ("provisioning", "ready")):
+            events.append(
+                SandboxEvent(
+                    sandbox=s, tenant=tenant, at=at, event="transition", from_state=frm, to_state=to
+                )
+            )
+        if ended:
+            events.append(
+                SandboxEvent(
+                    sandbox=s,
+                    tenant=tenant,
+                    at=at,
+                    event="transition",
+                    from_state="ready",
+                    to_state=state,
+                    reason="destroyed",
+                )
+            )
+    SandboxEvent.objects.bulk_create(events)
+    UsageRecord.objects.bulk_create(
+        UsageRecord(
+            sandbox=s,
+            tenant=tenant,
+            image="host",
+            backend="local",
+            cpu_millis=1000,
+            memory_mib=512,
+            started_at=at,
+            ended_at=at if ended else None,
+            end_state=state if ended else "",
+            price_book=book,
+            hourly_rate=Decimal("0.045"),
+            startup_fee=Decimal("0.0005"),
+        )
+        for s in rows
+    )
+    return rows
+
+
+def _analyze() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {', '.join(TABLES)}")
+
+
+def test_the_minutely_usage_sweep_reads_what_moved_not_what_exists(make_tenant: Any) -> None:
+    tenant, _ = make_tenant()
+    # The same recent change in both rounds: 20 sandboxes that just moved, one of which
+    # lost its record, one whose record was left open after it ended.
+    recent = _add(tenant, 10, state=State.READY, moved_ago=timedelta(minutes=1))
+    recent += _add(tenant, 10, state=State.DELETED, moved_ago=timedelta(minutes=1))
+    lost_record, left_open = recent[0], recent[-1]
+
+    def breakage() -> None:
+        UsageRecord.objects.filter(sandbox=lost_record).delete()
+        UsageRecord.objects.filter(sandbox=left_open).update(ended_at=None, end_state="")
+
+    measured: dict[int, dict[str, int]] = {}
+    for n in (100, 2000):
+        have = Sandbox.objects.filter(tenant=tenant).count() - len(recent)
+        grow = n - have
+        # half idle live sandboxes (ready for hours), half history (ended days ago)
+        _add(tenant, grow // 2, state=State.READY, moved_ago=timedelta(hours=3))
+        _add(tenant, grow - grow // 2, state=State.DELETED, moved_ago=timedelta(days=3))
+        _analyze()
+        breakage()
+        rows, statements, synced = _cost(lambda: usage.usage_sweep())
+        assert synced == 2  # both repaired, whatever N
+        assert UsageRecord.objects.filter(sandbox=lost_record, ended_at=None).exists()
+        assert UsageRecord.objects.get(sandbox=left_open).end_state == State.DELETED
+        breakage()
+        full_rows, _, full_synced = _cost(lambda: usage.usage_sweep(full=True))
+        assert full_synced == 2
+        measured[n] = {"rows": rows, "statements": statements, "full_rows": full_rows}
+
+    small, large = measured[100], measured[2000]
+    # what the minutely round reads follows the 20 that moved: within 2x (here: equal
+    # up to index page noise), and the statements are the same
+    assert large["rows"] <= 2 * small["rows"], measured
+    assert large["statements"] == small["statements"], measured
+    # the daily backstop reads every sandbox: it is the one that grows with N
+    assert large["full_rows"] >= 10 * small["full_rows"] and large["full_rows"] >= 2000, measured
+
+
+def test_retention_reads_what_is_due_not_the_history(make_tenant: Any) -> None:
+    from apps.sandboxes.services.retention import retention_apply
+
+    tenant, _ = make_tenant()
+    measured: dict[int, int] = {}
+    for n in (100, 2000):
+        have = Sandbox.objects.filter(tenant=tenant).count()
+        # ended and already summarized (retention's earlier runs), plus idle live ones
+        done = _add(tenant, (n - have) // 2, state=State.DELETED, moved_ago=timedelta(days=200))
+        Sandbox.objects.filter(pk__in=[s.pk for s in done]).update(retention=2)
+        _add(tenant, (n - have) - (n - have) // 2, state=State.READY, moved_ago=timedelta(days=1))
+        # the same 5 newly due in both rounds
+        due = _add(tenant, 5, state=State.DELETED, moved_ago=timedelta(days=100))
+        Sandbox.objects.filter(pk__in=[s.pk for s in due]).update(
+            updated_at=timezone.now() - timedelta(days=100)
+        )
+        _analyze()
+        rows, _, result = _cost(lambda: retention_apply())
+        assert result.sandboxes_summarized == 5
+        measured[n] = rows
+    assert measured[2000] <= 2 * measured[100], measured
+
+
+def test_the_daily_roll_up_reads_the_days_records_not_the_history(make_tenant: Any) -> None:
+    from apps.billing.reports import daily_usage_rebuild
+
+    tenant, _ = make_tenant()
+    today = timezone.now().date()
+    _add(tenant, 10, state=State.READY, moved_ago=timedelta(hours=3))  # open: they overlap
+    _add(tenant, 10, state=State.DELETED, moved_ago=timedelta(minutes=5))
+    measured: dict[int, int] = {}
+    for n in (100, 2000):
+        have = Sandbox.objects.filter(tenant=tenant).count() - 20
+        # history: records that ended days ago and overlap neither yesterday nor today
+        _add(tenant, n - have, state=State.DELETED, moved_ago=timedelta(days=5))
+        _analyze()
+        rows, _, written = _cost(lambda: daily_usage_rebuild(day=today))
+        assert written == 2  # total and image, whatever the history
+        measured[n] = rows
+    assert measured[2000] <= 2 * measured[100], measured
