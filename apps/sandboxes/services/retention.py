@@ -130,7 +130,7 @@ def _drop_streams(pks: list[Any], result: RetentionResult) -> None:
     Redis being down costs nothing here: the keys expire anyway."""
     if not pks:
         return
-    from apps.sandboxes.events import redis_client
+    from apps.core.redis_sync import redis_client
 
     keys: list[str] = []
     for pk in pks:

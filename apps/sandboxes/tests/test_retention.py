@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from apps.billing.models import UsageRecord
 from apps.billing.usage import cost_for_sandboxes
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.api.serializers import render_stream
-from apps.sandboxes.events import redis_client
 from apps.sandboxes.metrics import HedgerowCollector
 from apps.sandboxes.models import (
     EXEC_BUCKETS,
