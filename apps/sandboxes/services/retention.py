@@ -39,6 +39,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import JSONObject
 from django.utils import timezone
 
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.models import (
     EXEC_BUCKETS,
     FINAL_STATES,
@@ -130,8 +131,6 @@ def _drop_streams(pks: list[Any], result: RetentionResult) -> None:
     Redis being down costs nothing here: the keys expire anyway."""
     if not pks:
         return
-    from apps.core.redis_sync import redis_client
-
     keys: list[str] = []
     for pk in pks:
         keys += [replay.frames_key(str(pk)), replay.bytes_key(str(pk))]
