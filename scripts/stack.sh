@@ -75,6 +75,12 @@ install_system() {
 }
 
 install_python() {
+  # A worktree whose .venv links to another checkout's venv does not manage it: that
+  # checkout does. Installing from here would repoint the shared editable SDK at this
+  # tree and reinstall packages under the other trees' running tests.
+  if [ -L "$VENV" ]; then
+    return 0
+  fi
   if [ ! -x "$PY" ]; then
     log "creating virtualenv"
     python3 -m venv "$VENV"
