@@ -76,6 +76,19 @@ def test_every_exempt_path_is_still_mentioned() -> None:
     assert sorted(EXEMPT.keys() - named) == []
 
 
+def test_every_document_is_two_hops_from_the_readme() -> None:
+    """README -> docs/architecture.md (the map) -> every other document."""
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/architecture.md" in readme
+    the_map = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = sorted(
+        doc.name
+        for doc in (ROOT / "docs").glob("*.md")
+        if doc.name != "architecture.md" and f"docs/{doc.name}" not in the_map
+    )
+    assert unnamed == [], f"docs/architecture.md does not point to: {unnamed}"
+
+
 def test_the_scan_finds_paths_and_judges_them() -> None:
     text = (
         "see `apps/sandboxes/services/lifecycle.py:120` and `services/waiting.py`, "
