@@ -46,6 +46,9 @@ from apps.sandboxes.backends.base import (
 )
 from apps.sandboxes.backends.local.images import ImageError
 from apps.sandboxes.backends.local.images import parse as parse_reference
+from apps.sandboxes.events import publish_tenant_event
+from apps.sandboxes.models import LIVE_STATES, Sandbox
+from apps.sandboxes.pull_progress import PROGRESS_MIN_INTERVAL_S, merge_progress
 from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -54,7 +57,6 @@ HOST_IMAGE = "host"
 # A row still ``pulling`` with no progress written for this long lost its worker: a new
 # POST starts the pull again instead of returning the dead one forever.
 PULL_STALE_S = 300
-PROGRESS_MIN_INTERVAL_S = 0.25  # at most 4 progress writes (and UI events) a second
 WAIT_MAX_S = 600.0
 
 # code → HTTP status (docs/images.md); every other image code is a 422
@@ -194,8 +196,6 @@ def image_get(*, tenant: Tenant | None, image_id: str) -> Image:
 
 
 def _with_sandbox_counts(qs: QuerySet[Image]) -> QuerySet[Image]:
-    from apps.sandboxes.models import LIVE_STATES, Sandbox
-
     live = (
         Sandbox.objects.filter(
             tenant=OuterRef("tenant"), image_digest=OuterRef("digest"), state__in=LIVE_STATES
@@ -271,25 +271,6 @@ def image_wait(*, image: Image, timeout_s: float) -> Image:
     return image
 
 
-def merge_progress(event: dict[str, Any], last: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The contract's progress shape ``{"phase", "layers", "bytes", "total"}`` (and
-    ``message`` while a pull backs off, e.g. a registry's rate limit on Kubernetes)."""
-    merged = {"phase": "queued", "layers": 0, "bytes": 0, "total": 0, **(last or {})}
-    phase = str(event.get("phase", merged["phase"]))
-    merged["phase"] = "unpacking" if phase == "unpacked" else phase
-    for key in ("layers", "bytes", "total"):
-        if isinstance(event.get(key), int):
-            merged[key] = event[key]
-    if phase == "unpacked" and isinstance(event.get("layer"), int):
-        merged["layer"] = event["layer"]
-    if isinstance(event.get("message"), str):
-        # why the pull is waiting (a registry's refusal the kubelet retries)
-        merged["message"] = event["message"][:500]
-    elif merged["phase"] != (last or {}).get("phase"):
-        merged.pop("message", None)  # it was about the phase before
-    return merged
-
-
 @dataclass
 class ProgressWriter:
     """The pull's progress callback: merged into the contract's shape, written to the
@@ -321,8 +302,6 @@ def publish_image(
     progress: dict[str, Any] | None,
     error: dict[str, str] | None = None,
 ) -> None:
-    from apps.sandboxes.events import publish_tenant_event
-
     publish_tenant_event(
         tenant_id,
         {
@@ -469,7 +448,6 @@ def image_delete(*, tenant: Tenant, image: Image) -> None:
     """Forgets the tenant's image; 409 ``image_in_use`` while one of the tenant's live
     sandboxes runs it. The cached content goes only when no other record (any tenant)
     and no live sandbox use its digest; a backend lease keeps it until collection."""
-    from apps.sandboxes.models import LIVE_STATES, Sandbox
 
     digest = image.digest
     with transaction.atomic():
@@ -535,6 +513,21 @@ def image_mark_used(*, tenant: Tenant, digests: Iterable[str]) -> None:
     found = [d for d in digests if d]
     if found:
         Image.objects.filter(tenant=tenant, digest__in=found).update(last_used_at=timezone.now())
+
+
+class Catalog:
+    """What the sandboxes app asks of images (``apps/sandboxes/image_catalog.py``),
+    registered from ``ImagesConfig.ready``: sandboxes sit a floor below and never
+    import this module."""
+
+    def credentials_for(self, tenant: Tenant, reference: str) -> RegistryCredentials | None:
+        return credentials_for(tenant, reference)
+
+    def resolve_digest(self, tenant: Tenant, image: str) -> str:
+        return image_resolve_for_sandbox(tenant=tenant, image=image).digest
+
+    def mark_used(self, tenant: Tenant, digests: Iterable[str]) -> None:
+        image_mark_used(tenant=tenant, digests=digests)
 
 
 def _normalised_or_none(image: str) -> str | None:

@@ -22,14 +22,7 @@ PRODUCT = ("apps", "frontend", "controlplane")
 FIRST_PARTY = ("apps", "frontend", "controlplane")
 
 # (file, imported module) -> why it is still deferred. Remove an entry with its import.
-ALLOWED: dict[tuple[str, str], str] = {
-    # images <-> sandboxes: the next circle of issue 18 (a create resolves its image;
-    # an image counts the live sandboxes that run it and publishes on their topic).
-    ("apps/images/services.py", "apps.sandboxes.models"): "images <-> sandboxes circle",
-    ("apps/images/services.py", "apps.sandboxes.events"): "images <-> sandboxes circle",
-    ("apps/sandboxes/services/lifecycle.py", "apps.images.services"): "images <-> sandboxes",
-    ("apps/sandboxes/services/provisioning.py", "apps.images.services"): "images <-> sandboxes",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _own(path: Path) -> str:

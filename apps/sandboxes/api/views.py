@@ -285,6 +285,16 @@ class SandboxDnsLogView(APIView):
 
 
 class ExecView(APIView):
+    """``POST /api/v1/sandboxes/<id>/exec`` for what the fast path hands on.
+
+    Most REST execs never reach this view: ``api/exec_fastpath.py`` (ASGI middleware in
+    front of Django) answers the plain case on the event loop through
+    ``services/exec_async.py`` and gives everything else, body replayed, to this view
+    (session auth, ``stream: true``, a body its strict check doubts, a replay, a refused
+    admission, Redis or Postgres trouble). Both answer byte for byte alike
+    (``tests/test_exec_fastpath.py``); docs/architecture.md, "An exec, end to end".
+    """
+
     @extend_schema(
         request=ExecSerializer,
         responses={200: OperationSerializer, 202: OperationSerializer, **ERROR_RESPONSES},

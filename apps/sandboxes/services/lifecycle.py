@@ -21,6 +21,7 @@ from apps.core.egress import EgressError, EgressPolicy, parse_egress
 from apps.core.errors import Conflict, ValidationFailed
 from apps.sandboxes.admission import admission_check
 from apps.sandboxes.events import publish_sandbox_state
+from apps.sandboxes.image_catalog import image_catalog
 from apps.sandboxes.metering.usage import (
     UsageWrite,
     usage_after_transition,
@@ -363,7 +364,6 @@ def sandbox_create(
     (``services/disk_guard.py``). Never leaves a half-created row: the row, its ledger
     event and the enqueue happen together or not at all.
     """
-    from apps.images.services import image_mark_used, image_resolve_for_sandbox
     from apps.sandboxes.services.disk_guard import disk_guard
     from apps.sandboxes.services.warm_pool import warm_pool_claim, warm_pool_record_claim
     from apps.sandboxes.tasks import provision_sandbox
@@ -403,7 +403,7 @@ def sandbox_create(
         # The image can be had by this tenant (its registry credentials, the registry's
         # answer now), or a typed 4xx before anything is recorded: never a sandbox that
         # fails later for an image it could never get, never another image instead.
-        digest = image_resolve_for_sandbox(tenant=tenant, image=request.image).digest
+        digest = image_catalog().resolve_digest(tenant, request.image)
     external_id = request.external_id or _new_external_id()
     now = timezone.now()
     try:
@@ -449,7 +449,7 @@ def sandbox_create(
                 created_by=actor,
                 created_at=now,
             )
-            image_mark_used(tenant=tenant, digests=[digest])
+            image_catalog().mark_used(tenant, [digest])
             if warm is not None:
                 # The row, its two ledger rows and its usage record: one statement.
                 warm_pool_record_claim(sandbox=sandbox, claimed=warm, actor=actor)

@@ -16,15 +16,15 @@ from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachabl
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, Endpoint, SandboxSpec, StateDivergence
 from apps.sandboxes.faults import fault_point
+from apps.sandboxes.image_catalog import image_catalog
 from apps.sandboxes.models import Sandbox, State
+from apps.sandboxes.pull_progress import PROGRESS_MIN_INTERVAL_S, merge_progress
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
 
 log = logging.getLogger(__name__)
 
 
 def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
-    from apps.images.services import credentials_for
-
     return SandboxSpec(
         sandbox_id=sandbox.id.hex,
         tenant_id=str(sandbox.tenant_id),
@@ -38,7 +38,7 @@ def sandbox_spec(sandbox: Sandbox) -> SandboxSpec:
         disk_mib=settings.HEDGEROW_SANDBOX_DISK_MIB,
         labels=dict(sandbox.labels),
         # the tenant's login for the image's registry, decrypted in memory only
-        registry_credentials=credentials_for(sandbox.tenant, sandbox.image),
+        registry_credentials=image_catalog().credentials_for(sandbox.tenant, sandbox.image),
         snapshot_id=sandbox.snapshot_id.hex if sandbox.snapshot_id else "",
     )
 
@@ -53,8 +53,6 @@ class _ProvisionProgress:
         self.written_at = 0.0
 
     def __call__(self, event: dict[str, Any]) -> None:
-        from apps.images.services import PROGRESS_MIN_INTERVAL_S, merge_progress
-
         self.last = merge_progress(event, self.last)
         now = time.monotonic()
         if now - self.written_at < PROGRESS_MIN_INTERVAL_S:
