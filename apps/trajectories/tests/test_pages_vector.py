@@ -51,3 +51,33 @@ def test_the_episode_page_shows_the_per_test_vector(make_tenant, api_client, mak
     # another team's member sees none of it
     client.force_login(make_user("otto", (other_tenant, "owner")))
     assert client.get(f"/trajectories/{reported}/").status_code == 404
+
+
+def test_a_json_result_file_gives_the_same_vector(make_tenant, api_client):
+    from apps.trajectories.models import Step
+
+    _, secret = make_tenant()
+    api = api_client(secret)
+    pytest_json = (
+        '{"tests": [{"nodeid": "tests/test_a.py::test_ok", "outcome": "passed"},'
+        ' {"nodeid": "tests/test_a.py::test_bad", "outcome": "failed"},'
+        ' {"nodeid": "tests/test_a.py::test_x", "outcome": "xfailed"}]}'
+    )
+    plain = '{"results": {"pkg.TestA.test_ok": "passed", "pkg.TestA.test_err": "error"}}'
+    runs = {
+        "pytest-json": _episode_with_verifier(api, "vec-json", pytest_json),
+        "plain": _episode_with_verifier(api, "vec-json", plain),
+        "bad": _episode_with_verifier(
+            api, "vec-json", '{"tests": [{"nodeid": "t", "outcome": "ok"}]}'
+        ),
+    }
+    steps = {name: Step.objects.get(episode__episode_id=ep).verifier for name, ep in runs.items()}
+    assert steps["pytest-json"]["results"] == {
+        "tests/test_a.py::test_ok": "passed",
+        "tests/test_a.py::test_bad": "failed",
+        "tests/test_a.py::test_x": "skipped",
+    }
+    assert steps["pytest-json"]["report"]["format"] == "json"
+    assert steps["plain"]["summary"] == {"passed": 1, "failed": 0, "error": 1, "skipped": 0}
+    assert "results" not in steps["bad"] and steps["bad"]["report"]["format"] == "json"
+    assert "outcome 'ok'" in steps["bad"]["report"]["error"]
