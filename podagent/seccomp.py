@@ -202,6 +202,26 @@ def guard_rules(agent_uid: int) -> List[Rule]:
     return out
 
 
+def nice_rules(agent_uid: int) -> List[Rule]:
+    """A filter every sandboxed agent loads for its commands: no lowering the agent's
+    priority. A command's effective uid is the agent's, which is all ``setpriority``
+    (and sched/ioprio changes) compare, so ``renice 19 <agent>``, ``SCHED_IDLE`` or a
+    one-CPU affinity would let a busy command starve the agent into answering late, a
+    route to an ``environment`` verdict. Refused: the agent's pid (or its process
+    group: same number) and, for ``setpriority``/``ioprio_set``'s PRIO_USER, the
+    agent's uid. The agent never does any of these to itself."""
+    eperm = _act_errno(errno.EPERM)
+    out: List[Rule] = [
+        ("setpriority", eperm, (1, _PID_MASK, AGENT_PID)),
+        ("setpriority", eperm, (1, _PID_MASK, agent_uid)),
+        ("ioprio_set", eperm, (1, _PID_MASK, AGENT_PID)),
+        ("ioprio_set", eperm, (1, _PID_MASK, agent_uid)),
+    ]
+    for name in ("sched_setscheduler", "sched_setparam", "sched_setattr", "sched_setaffinity"):
+        out.append((name, eperm, (0, _PID_MASK, AGENT_PID)))
+    return out
+
+
 def compile_filter(rule_list: Optional[List[Rule]] = None) -> bytes:
     """The profile (or ``rule_list``) as a classic BPF program (struct sock_filter[]),
     for this machine's architecture and its compat ABIs."""

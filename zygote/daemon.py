@@ -123,6 +123,8 @@ _launcher_mnt: Optional[int] = None
 _seccomp_bpf: Optional[bytes] = None
 # the commands' extra filter where they keep capabilities (seccomp.guard_rules)
 _guard_bpf: Optional[bytes] = None
+# the commands' filter in every sandbox: no renicing the agent (seccomp.nice_rules)
+_nice_bpf: Optional[bytes] = None
 
 
 class ZygoteError(Exception):
@@ -507,6 +509,8 @@ def _agent_main(
             # the sandbox's filter, as bwrap gave pause: the agent is no bwrap descendant
             assert _seccomp_bpf is not None  # spawn checked it
             seccomp.load(_seccomp_bpf)
+            assert _nice_bpf is not None
+            seccomp.load(_nice_bpf)
             if req.get("caps"):
                 # an image's root keeps CAP_KILL/CAP_SETUID over this user namespace:
                 # the agent's uid alone does not keep its commands from signalling it
@@ -704,12 +708,13 @@ def serve(path: str) -> int:
     """Binds ``path``, then daemonizes: the starting process exits 0 once the socket
     listens (the backend waits for that), the daemon serves until the socket file is
     removed or replaced (instance torn down) or it is told to shut down."""
-    global _launcher_mnt, _seccomp_bpf, _guard_bpf
+    global _launcher_mnt, _seccomp_bpf, _guard_bpf, _nice_bpf
     version = source_version()
     # before the fork below: without libseccomp the zygote does not start (the backend
     # sees its exit status and error), rather than starting unfiltered sandboxes
     _seccomp_bpf = seccomp.program()
     _guard_bpf = seccomp.compile_filter(seccomp.guard_rules(AGENT_UID))
+    _nice_bpf = seccomp.compile_filter(seccomp.nice_rules(AGENT_UID))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # the backend starts us under its lock, after a failed ping
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

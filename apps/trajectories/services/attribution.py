@@ -9,6 +9,7 @@ the verifier's verdict and the reward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,15 +34,34 @@ DETECTION_GRACE = timedelta(seconds=60)
 POLICY_ENDINGS = frozenset({"step_budget", "wall_clock", "token_budget", "agent_gave_up"})
 VERIFIER_BROKEN = frozenset({VerifierOutcome.ERROR, VerifierOutcome.TIMEOUT})
 
+# What apps above trajectories know about an episode's task (import-linter keeps this
+# app below them): a check returns facts saying the task's verifier cannot be trusted
+# (e.g. apps.datasets: it failed the task's reference solution), or nothing. Any fact
+# makes the episode ``verifier``: its verdict does not judge the policy.
+TaskVerifierCheck = Callable[[Episode], list[dict[str, Any]]]
+_task_verifier_checks: dict[str, TaskVerifierCheck] = {}
+
+
+def register_task_verifier_check(name: str, check: TaskVerifierCheck) -> None:
+    """Registers (or replaces) the check called ``name`` (e.g. in AppConfig.ready())."""
+    _task_verifier_checks[name] = check
+
+
+def _task_verifier_facts(episode: Episode) -> list[dict[str, Any]]:
+    return [fact for check in _task_verifier_checks.values() for fact in check(episode)]
+
 
 @dataclass
 class Verdict:
     failure_class: str
     rule: str
     evidence: list[dict[str, Any]] = field(default_factory=list)
+    verdict_class: str | None = None  # what a suspect verifier's verdict alone gave
 
     def as_evidence(self) -> list[dict[str, Any]]:
-        decided = {"class": self.failure_class, "rule": self.rule, "decisive": True}
+        decided: dict[str, Any] = {"class": self.failure_class, "rule": self.rule, "decisive": True}
+        if self.verdict_class:
+            decided["verdict_class"] = self.verdict_class
         return [decided, *self.evidence]
 
 
@@ -345,10 +365,32 @@ def _verdict_at(episode: Episode, end: datetime, outcome: str) -> datetime | Non
     return None
 
 
+# The verdicts a suspect verifier gave: its pass/fail, or the reward the harness took from it.
+VERDICT_RULES = frozenset({"verifier_pass", "verifier_fail", "reward"})
+
+
 def episode_attribution(*, episode: Episode, now: datetime | None = None) -> Verdict:
     """Applies the decision procedure to a closed episode. Pure read: the caller stores
     the verdict. First matching rule wins, in this order: startup, environment,
-    observation (failed episodes only), inference, verifier, then the verdict."""
+    observation (failed episodes only), inference, verifier, then the verdict. A verdict
+    from the verifier of a task registered checks call suspect is ``verifier``; the
+    decisive fact keeps what the verdict said (``verdict_class``), which is what a
+    reference run taken from the episode records."""
+    verdict = _procedure(episode, now)
+    if verdict.rule not in VERDICT_RULES:
+        return verdict
+    suspect = _task_verifier_facts(episode)
+    if not suspect:
+        return verdict
+    return Verdict(
+        FailureClass.VERIFIER,
+        "task_verifier_suspect",
+        suspect + verdict.evidence,
+        verdict_class=verdict.failure_class,
+    )
+
+
+def _procedure(episode: Episode, now: datetime | None) -> Verdict:
     start, end = episode_window(episode, now)
     links = [link for link in episode.sandbox_links.select_related("sandbox") if link.sandbox]
     notes: list[dict[str, Any]] = []

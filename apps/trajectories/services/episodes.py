@@ -36,7 +36,7 @@ from apps.trajectories.models import (
 )
 from apps.trajectories.services import lineage
 from apps.trajectories.services.attribution import DETECTION_GRACE, episode_attribution
-from apps.trajectories.services.junit import ReportInvalid, parse_junit
+from apps.trajectories.services.junit import ReportInvalid, parse_report
 from apps.trajectories.services.lineage import raw_event_record
 from apps.trajectories.services.secrets import EpisodeSecrets
 from apps.trajectories.services.step_schema import step_problem
@@ -486,8 +486,10 @@ def _verifier_record(declared: dict[str, Any]) -> dict[str, Any]:
     if not text:
         report["error"] = "the verifier wrote no report"
         return record
+    if text.lstrip().startswith("{"):
+        report["format"] = "json"
     try:
-        parsed = parse_junit(text)
+        report["format"], parsed = parse_report(text)
     except ReportInvalid as exc:
         report["error"] = str(exc)
         return record

@@ -98,6 +98,32 @@ def test_the_agents_pid_killed_by_number_from_inside_is_refused(
     assert_agent_lives_and_answers(sb, agent)
 
 
+def test_a_command_cannot_lower_the_agents_priority(
+    zygote_sandbox: Callable[..., Sandbox],
+) -> None:
+    sb = zygote_sandbox()
+    agent = agent_of(sb)
+    code, out, err = sb.sh("pgrep -x hedgerow-agent")
+    assert code == 0, err
+    (inside,) = out.split()
+    # renice (setpriority by pid, its group, its user), SCHED_IDLE, one CPU: all refused
+    for command in (
+        f"renice -n 19 -p {inside}",
+        f"renice -n 19 -g {inside}",
+        "python3 -c 'import os; os.sched_setscheduler("
+        f"{inside}, os.SCHED_IDLE, os.sched_param(0))'",
+        f"python3 -c 'import os; os.sched_setaffinity({inside}, {{0}})'",
+        "python3 -c 'import os; os.setpriority(os.PRIO_USER, 65535, 19)'",
+    ):
+        code, out, err = sb.sh(f"{command}; echo rc=$?")
+        assert "rc=0" not in out, (command, out, err)
+        assert "ermission denied" in err or "not permitted" in err, (command, out, err)
+    assert Path(f"/proc/{agent[0]}/stat").read_text().rsplit(")", 1)[1].split()[16] == "0"
+    # a command still renices itself and its own children
+    assert sb.sh("renice -n 5 -p $$ >/dev/null; nice")[1] == "5\n"
+    assert_agent_lives_and_answers(sb, agent)
+
+
 def test_the_sandboxs_pid_1_cannot_be_killed_from_inside(
     zygote_sandbox: Callable[..., Sandbox],
 ) -> None:
