@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.trajectories.models import Episode
+from apps.trajectories.services.attribution import register_task_verifier_check
 
 SUSPECT_RULES = frozenset({"verifier_fails_reference", "verifier_passes_initial_state"})
 
@@ -44,6 +45,4 @@ def task_verifier_suspect_facts(episode: Episode) -> list[dict[str, Any]]:
 
 
 def connect() -> None:
-    from apps.trajectories.services.attribution import register_task_verifier_check
-
     register_task_verifier_check("datasets.verifier_suspect", task_verifier_suspect_facts)
