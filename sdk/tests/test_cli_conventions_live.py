@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import hedgerow
@@ -137,4 +140,86 @@ def test_ls_rm_and_help_follow_conventions(live, make_tenant, tmp_path):
     for text in ("list the team's sandboxes", "delete sandboxes", "run a command"):
         assert text in helped.stdout
     assert "do not ask before --all" in cli("sandbox", "rm", "--help").stdout
+    wait_all_deleted(tenant)
+
+
+def _read_until(fd: int, needle: bytes, seen: bytearray, timeout: float = 60.0) -> None:
+    """Reads the terminal's output into ``seen`` until ``needle`` is in it (or EOF)."""
+    while needle not in seen:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"nothing more on the terminal; waiting for {needle!r}, saw {bytes(seen)!r}"
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            chunk = b""
+        if not chunk:
+            return
+        seen += chunk
+
+
+def test_login_prompts_for_the_key_on_a_terminal_without_echo(live, make_tenant, tmp_path):
+    # Defect 2: "read the key from a prompt without echo". On a real terminal (a pty
+    # that is the child's controlling tty) the key typed at the prompt never shows.
+    tenant, secret = make_tenant()
+    config = tmp_path / "config.json"
+    cli = Cli(config)
+    argv = [sys.executable, "-m", "hedgerow.cli", "login", "--url", live.url]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its stdin, stdout, stderr and /dev/tty
+        try:
+            os.execve(sys.executable, argv, cli.env)
+        finally:
+            os._exit(127)
+    seen = bytearray()
+    try:
+        _read_until(fd, b"API key: ", seen)
+        assert b"API key: " in seen, bytes(seen)
+        os.write(fd, secret.encode() + b"\n")
+        _read_until(fd, b"\0never", seen)  # to EOF
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+    finally:
+        if pid:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, bytes(seen)
+    assert secret.encode() not in seen
+    assert b"logged in to" in seen
+    assert json.loads(config.read_text()) == {"url": live.url, "api_key": secret}
+    wait_all_deleted(tenant)
+
+
+def test_exec_streams_output_while_the_command_runs(live, make_tenant, tmp_path):
+    # Defect 8: "exec buffers all output until the end". The command prints a line and
+    # then blocks on a FIFO; the line must reach the CLI's stdout before it ends.
+    tenant, secret = make_tenant()
+    cli = Cli(tmp_path / "config.json")
+    assert cli("login", "--url", live.url, "--key", secret).returncode == 0
+    with Client(live.url, secret) as hr, hr.create_sandbox() as sandbox:
+        script = "mkfifo /tmp/go && echo first && read x < /tmp/go && echo second"
+        argv = [sys.executable, "-m", "hedgerow.cli", "sandbox", "exec", sandbox.id]
+        proc = subprocess.Popen(
+            [*argv, "--", "sh", "-c", script],
+            env=cli.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()))
+            reader.start()
+            reader.join(timeout=60)
+            assert lines == ["first\n"], proc.stderr.read() if proc.poll() is not None else ""
+            assert proc.poll() is None  # the command is still blocked on the FIFO
+            assert sandbox.exec(["sh", "-c", "echo go > /tmp/go"]).exit_code == 0
+            rest, errors = proc.communicate(timeout=60)
+            assert (proc.returncode, rest) == (0, "second\n"), errors
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     wait_all_deleted(tenant)

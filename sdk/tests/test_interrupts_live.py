@@ -161,6 +161,43 @@ def test_sigint_while_the_create_request_is_on_its_way_leaves_nothing(live, make
     wait_all_deleted(tenant)
 
 
+def test_sigint_in_a_sync_loop_while_a_create_answer_is_on_its_way_leaves_nothing(
+    live, make_tenant
+):
+    """The issue's sync loop (9 of 30 runs leaked one): the server has made the third
+    sandbox, its answer has not reached the client when Ctrl-C arrives."""
+    tenant, secret = make_tenant()
+    proxy = _HoldingProxy(live.url, hold="response")
+    proc = _python(
+        """
+        from hedgerow import Client
+
+        hr = Client()
+        for _ in range(3):
+            hr.create_sandbox(wait=False)
+        print("created")
+        """,
+        _env(proxy.url, secret),
+    )
+    try:
+        proxy.release(2)  # the first two answers get through; the third is held
+        _until(lambda: proxy.forwarded == 3, "the third create to be made")
+        assert Sandbox.objects.filter(tenant=tenant).count() == 3
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+        assert code in (-signal.SIGINT, 1), proc.stderr.read() if proc.stderr else code
+        assert "created" not in (proc.stdout.read() if proc.stdout else "")
+        assert sorted(proxy.deletes) == sorted(
+            Sandbox.objects.filter(tenant=tenant).values_list("external_id", flat=True)
+        )
+        assert _live(tenant) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.close()
+    wait_all_deleted(tenant)
+
+
 def test_sigint_during_an_async_gather_of_creates_deletes_them_all(live, make_tenant):
     tenant, secret = make_tenant()
     proxy = _HoldingProxy(live.url, hold="response")
