@@ -12,7 +12,9 @@ logged where the control plane reads it). A query is answered after:
   sources are REFUSED;
 * a per-sandbox token bucket (``RATE``/``BURST``): over it, REFUSED and flagged
   ``rate_limited``; long labels (> ``LONG_LABEL``) and TXT/NULL/ANY queries are
-  flagged ``tunnel_suspect`` (answered only if the name is allowed anyway);
+  flagged ``tunnel_suspect`` (answered only if the name is allowed anyway); names
+  longer than ``LONG_NAME`` and messages larger than ``LARGE_QUERY`` bytes (data split
+  over many short labels, padding) are flagged ``oversized``, likewise;
 * a name the policy does not permit: NXDOMAIN;
 * a permitted one: forwarded to the upstream as is (UDP, TCP on truncation); for an
   allowlist sandbox every A record of the answer becomes ``sandbox . address`` in the
@@ -57,6 +59,10 @@ RATE = 20.0  # queries per second per sandbox, sustained
 BURST = 40.0
 LONG_LABEL = 40
 SUSPECT_TYPES = frozenset({"TXT", "NULL", "ANY"})
+# a name of this many characters or more carries data, not a host; a plain query
+# (one question, an EDNS OPT) is well under 512 bytes whatever the name
+LONG_NAME = 100
+LARGE_QUERY = 512
 LOG_BYTES = 256 * 1024
 MAX_TTL = 3600
 UPSTREAM_TIMEOUT = 3.0
@@ -182,6 +188,8 @@ class Resolver:
         flags = []
         if any(len(label) > LONG_LABEL for label in q.name.labels) or qtype in SUSPECT_TYPES:
             flags.append("tunnel_suspect")
+        if len(name) > LONG_NAME or len(wire) > LARGE_QUERY:
+            flags.append("oversized")
         entry: dict[str, Any] = {
             "ts": round(time.time(), 3),
             "generation": client.generation,

@@ -187,6 +187,22 @@ def test_floods_are_limited_and_tunnel_like_queries_flagged(
     assert all(e["rcode"] == "REFUSED" and not e["allowed"] for e in limited)
 
 
+def test_long_names_of_short_labels_are_flagged_oversized(
+    make: Callable[[Any], Sandbox], backend: LocalBackend, net: Internet
+) -> None:
+    """Tunnels split their data over many labels each under the long-label mark: the
+    name's length is what gives them away."""
+    sb = make({"allow": ["*.wild.test"]})
+    gw = backend.network.gateway
+    chunked = ".".join(["b" * 36] * 4) + ".wild.test"  # 157 characters, labels of 36
+    assert raw(sb, gw, chunked) == ["0"]  # allowed: answered, but flagged
+    assert raw(sb, gw, "z.wild.test") == ["0"]
+    entries = {e["name"]: e for e in backend.dns_log(sb.id)}
+    assert entries[chunked]["flags"] == ["oversized"], entries[chunked]
+    assert entries[chunked]["allowed"] is True
+    assert entries["z.wild.test"]["flags"] == [], entries["z.wild.test"]
+
+
 def test_all_resolves_every_name_through_the_resolver_and_none_reaches_no_dns(
     make: Callable[[Any], Sandbox], backend: LocalBackend, net: Internet
 ) -> None:

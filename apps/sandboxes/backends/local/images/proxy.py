@@ -14,7 +14,9 @@ resolves to, resolved once here — and opened to exactly the address that was c
 
 A refusal is ``403`` (skopeo reports a failed connection) and is recorded in
 ``refused`` and the log. Go's HTTP client never proxies ``localhost`` and loopback
-literals: those connections skip the proxy (docs/security.md "Registry egress").
+literals: those connections skip the proxy, so skopeo runs in a network namespace of
+its own where loopback is not this machine's (jail.py; docs/security.md "Registry
+egress").
 Plain Python, threads, stdlib only.
 """
 

@@ -9,9 +9,11 @@ docker/containers auth files are never used for a tenant's pull.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import errors
+from .jail import Jail, is_loopback
 from .reference import Reference
 
 TIMEOUT_S = 600
@@ -114,19 +117,55 @@ class Skopeo:
         env.update(HTTPS_PROXY=url, HTTP_PROXY=url, https_proxy=url, http_proxy=url)
         return env
 
-    def _run(self, ref: str, args: list[str]) -> bytes:
+    def _jail(self, env: dict[str, str] | None, registry: Reference | None) -> Jail | None:
+        """skopeo's own network namespace (jail.py): loopback there reaches only the
+        proxy and, for a loopback registry (already allowed by the store), that
+        registry's port — never another service of this machine."""
+        if env is None:
+            return None
+        proxy_port = int(env["HTTPS_PROXY"].rsplit(":", 1)[1])
+        forwards = {proxy_port: ("127.0.0.1", proxy_port)}
+        if registry is not None and is_loopback(registry.host):
+            host = "127.0.0.1" if registry.host.lower() == "localhost" else registry.host
+            port = (
+                registry.registry.rsplit(":", 1)[1]
+                if "]:" in registry.registry
+                or (":" in registry.registry and not registry.registry.startswith("["))
+                else None
+            )
+            for p in [int(port)] if port else [443, 80]:
+                # only a port that listens now: a closed one stays closed in the
+                # namespace (skopeo says "connection refused", not a forwarder's EOF)
+                with contextlib.suppress(OSError):
+                    socket.create_connection((host, p), timeout=5).close()
+                    forwards[p] = (host, p)
+        return Jail.open(forwards)
+
+    def _run(self, ref: str, args: list[str], registry: Reference | None = None) -> bytes:
+        env = self._env()
+        try:
+            jail = self._jail(env, registry)
+        except OSError as e:
+            raise errors.ImageStoreError(ref, f"no network namespace for skopeo: {e}") from e
+        argv = [self.binary, *args]
+        if jail is not None:
+            argv = ["nsenter", f"--net=/proc/self/fd/{jail.fd}", *argv]
         try:
             out = subprocess.run(
-                [self.binary, *args],
+                argv,
                 capture_output=True,
                 timeout=TIMEOUT_S,
                 check=False,
-                env=self._env(),
+                env=env,
+                pass_fds=(jail.fd,) if jail is not None else (),
             )
         except FileNotFoundError as e:
             raise errors.ImageStoreError(ref, f"{self.binary} is not installed") from e
         except subprocess.TimeoutExpired as e:
             raise errors.RegistryUnreachable(ref, f"no answer within {TIMEOUT_S} s") from e
+        finally:
+            if jail is not None:
+                jail.close()
         if out.returncode != 0:
             raise classify(ref, out.stderr.decode(errors="replace"))
         return out.stdout
@@ -138,7 +177,7 @@ class Skopeo:
     def manifest(self, ref: Reference, what: str, auth: Path, insecure: bool) -> bytes:
         """The raw manifest (or index) bytes the registry serves for what (a transport)."""
         args = ["inspect", "--raw", "--retry-times", str(self.retry_times), "--authfile", str(auth)]
-        return self._run(str(ref), args + self._tls(insecure, "--tls-verify") + [what])
+        return self._run(str(ref), args + self._tls(insecure, "--tls-verify") + [what], ref)
 
     def copy(self, ref: Reference, digest: str, layout: Path, auth: Path, insecure: bool) -> None:
         """Fetch the image manifest digest names into the OCI layout (blobs already
@@ -154,7 +193,7 @@ class Skopeo:
             ref.with_digest(digest),
             f"oci:{layout}",
         ]
-        self._run(str(ref), args)
+        self._run(str(ref), args, ref)
 
     def copy_from(self, ref: str, source: str, layout: Path) -> None:
         """Copy a local image (``oci:<dir>``, ``docker-archive:<tar>``) into an OCI

@@ -170,3 +170,47 @@ def test_the_proxy_refuses_names_that_resolve_to_non_public_addresses() -> None:
     finally:
         proxy.close()
         target.shutdown()
+
+
+def test_a_redirect_to_loopback_reaches_nothing_of_this_machine(tmp_path: Path) -> None:
+    """Go never proxies loopback literals: a listed registry redirecting to
+    127.0.0.1:<port> would reach this machine's service directly. skopeo runs in its own
+    network namespace (jail.py), where that port is nobody's; the registry itself,
+    loopback too, still answers there."""
+    hits: list[str] = []
+    target = _serve(type("Local", (_Recorder,), {"hits": hits}), "127.0.0.1")
+    port = target.server_address[1]
+    served: list[str] = []
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            served.append(self.path)
+            if self.path == "/v2/":
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{port}/stolen{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    registry = _serve(Registry, "127.0.0.1")
+    host = f"127.0.0.1:{registry.server_address[1]}"
+    try:
+        store = ImageStore(
+            tmp_path / "store",
+            policy=RegistryPolicy.of(insecure=[host]),
+            skopeo=Skopeo(retry_times=0),
+        )
+        with pytest.raises(ImageError):
+            store.resolve(f"{host}/a/b:c")
+        assert any(p.startswith("/v2/a/b/manifests/") for p in served), served  # reached
+        assert hits == []  # the redirect found nothing on loopback
+    finally:
+        registry.shutdown()
+        target.shutdown()
