@@ -3,10 +3,13 @@ and JSON. Selectors only — nothing here writes."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from apps.sandboxes.models import AuditRun, ReconcileRun, Sandbox, SandboxEvent
-from apps.sandboxes.services.audit import TERMS
+from django.utils import timezone
+
+from apps.sandboxes.models import AuditRun, AuditStatus, ReconcileRun, Sandbox, SandboxEvent
+from apps.sandboxes.services.audit import AUDIT_STALE_S, TERMS
 from apps.tenancy.models import Tenant
 
 HISTORY = 50
@@ -56,7 +59,12 @@ def _tenant(slug: str) -> Tenant | None:
 
 def leak_report_context(*, tenant_slug: str = "") -> dict[str, Any]:
     tenant = _tenant(tenant_slug)
-    history = audit_history(tenant=tenant)
+    runs = audit_history(tenant=tenant)
+    fresh = timezone.now() - timedelta(seconds=AUDIT_STALE_S)  # older: its worker died
+    pending = next(
+        (r for r in runs if r.status == AuditStatus.RUNNING and r.created_at >= fresh), None
+    )
+    history = [r for r in runs if r.status != AuditStatus.RUNNING]
     latest = history[0] if history else None
     recent_reclaims = (
         SandboxEvent.objects.filter(event="leak_reclaimed")
@@ -69,6 +77,7 @@ def leak_report_context(*, tenant_slug: str = "") -> dict[str, Any]:
         "tenants": Tenant.objects.order_by("slug"),
         "latest": latest_row,
         "latest_terms": _terms(latest_row),
+        "pending": audit_row(pending) if pending else None,  # asked, not computed yet
         "history": [audit_row(run) for run in history],
         "rounds": list(ReconcileRun.objects.order_by("-started_at", "-id")[:10]),
         "reclaims": list(recent_reclaims),

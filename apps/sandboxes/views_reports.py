@@ -13,8 +13,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.sandboxes import reports
 from apps.sandboxes.metrics import render_metrics
-from apps.sandboxes.services.audit import audit_run
-from apps.sandboxes.services.reconcile import sandbox_reconcile
+from apps.sandboxes.services.audit import audit_request_installation
 from apps.tenancy.pages import page, render_page, staff_page
 from apps.tenancy.principal import Principal
 
@@ -51,10 +50,11 @@ def leak_report(request: HttpRequest) -> HttpResponse:
 @staff_page
 @require_POST
 def leak_report_run(request: HttpRequest) -> HttpResponse:
-    """Runs a reconciler round (if asked) and an installation-wide audit now."""
-    if request.POST.get("reconcile"):
-        sandbox_reconcile()
-    audit_run(reclaim=bool(request.POST.get("reclaim")), trigger="manual")
+    """Asks a worker for a reconciler round (if asked) and an installation-wide audit
+    now; the page shows it running, then its result."""
+    audit_request_installation(
+        reconcile=bool(request.POST.get("reconcile")), reclaim=bool(request.POST.get("reclaim"))
+    )
     return redirect("leak-report")
 
 

@@ -67,6 +67,7 @@ from apps.sandboxes.services.reconcile import (
     InventoryView,
     inventory_view,
     leak_reclaim,
+    sandbox_reconcile,
 )
 from apps.sandboxes.services.warm_pool import warm_pool_member_ids
 from apps.tenancy.models import Tenant
@@ -528,17 +529,62 @@ def audit_request(
     return run
 
 
+def audit_request_installation(*, reconcile: bool, reclaim: bool) -> AuditRun:
+    """The staff page's "Run audit now": an installation-wide audit (of the last 24
+    hours, after a reconciler round if ``reconcile``) stored ``running`` and computed
+    by a worker (``tasks.run_audit`` → ``audit_fill``). Not in the web process: it
+    lists the backend's inventory, which the web's service account may not do on
+    Kubernetes. One at a time: while one is running, asking again returns it."""
+    from apps.sandboxes.tasks import run_audit
+
+    end = timezone.now()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                [f"hedgerow-audit:{settings.HEDGEROW_INSTANCE}:installation"],
+            )
+        running = AuditRun.objects.filter(
+            tenant=None,
+            image="",
+            node="",
+            backend="",
+            status=AuditStatus.RUNNING,
+            created_at__gte=end - timedelta(seconds=AUDIT_STALE_S),
+        ).first()
+        if running is not None:
+            return running
+        run = AuditRun.objects.create(
+            period_start=end - timedelta(hours=24),
+            period_end=end,
+            trigger="manual",
+            status=AuditStatus.RUNNING,
+            report={"requested": {"reconcile": reconcile, "reclaim": reclaim}},
+        )
+        transaction.on_commit(lambda: run_audit.delay(run.pk))
+    return run
+
+
 def audit_fill(run_id: int) -> AuditRun | None:
-    """The worker's half of ``audit_request``: computes the audit into its row."""
+    """The worker's half of ``audit_request`` and ``audit_request_installation``:
+    computes the audit into its row."""
     run = AuditRun.objects.filter(pk=run_id, status=AuditStatus.RUNNING).first()
     if run is None:
         return None  # done already (a redelivered task) or gone
+    requested = (run.report or {}).get("requested") or {}
+    start, end = run.period_start, run.period_end
     try:
+        if requested:  # staff's "audit now": as of now, after the round it asked for
+            if requested.get("reconcile"):
+                sandbox_reconcile()
+            end = timezone.now()
+            start = end - (run.period_end - run.period_start)
         return audit_run(
-            period_start=run.period_start,
-            period_end=run.period_end,
+            period_start=start,
+            period_end=end,
             audit_slice=AuditSlice(tenant=run.tenant, image=run.image),
             trigger=run.trigger,
+            reclaim=bool(requested.get("reclaim")),
             into=run,
         )
     except Exception as exc:

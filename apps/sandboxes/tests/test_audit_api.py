@@ -155,3 +155,65 @@ def test_it_serves_metrics_to_staff_and_the_token_only(settings: Any, make_tenan
         line = f'hedgerow_sandboxes{{state="deleted",tenant="{tenant.slug}"}} 1.0'
         assert line in response.content.decode()
     assert client.get("/reports/leaks.json").json()["results"] == []
+
+
+def test_staffs_audit_now_runs_in_a_worker_and_the_page_shows_it_pending_then_done(
+    make_tenant: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    tenant, _ = make_tenant()
+    _deleted(tenant, "sb-counted")
+    client = Client()
+    client.force_login(User.objects.create_user("ops", password="x", is_staff=True))
+    enqueued: list[int] = []
+    monkeypatch.setattr(tasks.run_audit, "delay", enqueued.append)
+    rounds: list[str] = []
+    monkeypatch.setattr(audit, "sandbox_reconcile", lambda: rounds.append("round"))
+
+    def no_inventory() -> None:
+        raise AssertionError("the web process listed the backend")
+
+    with monkeypatch.context() as web:  # the web's account may not list (Kubernetes)
+        web.setattr(audit, "get_backend", no_inventory)
+        web.setattr(reconcile, "get_backend", no_inventory)
+        with django_capture_on_commit_callbacks(execute=True):
+            posted = client.post("/reports/leaks/run", {"reconcile": "1", "reclaim": "1"})
+        assert posted.status_code == 302
+        (run,) = AuditRun.objects.filter(tenant=None)
+        assert run.status == "running" and enqueued == [run.pk] and rounds == []
+        assert run.report == {"requested": {"reconcile": True, "reclaim": True}}
+        page = client.get("/reports/leaks").content.decode()
+        assert 'id="audit-pending"' in page and 'http-equiv="refresh"' in page
+        assert 'id="no-audit"' in page  # no result yet
+        with django_capture_on_commit_callbacks(execute=True):  # asked again: the same one
+            client.post("/reports/leaks/run", {"reclaim": "1"})
+        assert enqueued == [run.pk] and AuditRun.objects.filter(tenant=None).count() == 1
+
+    audit_fill(run.pk)  # the worker's half
+    run.refresh_from_db()
+    assert run.status == "done" and run.created == 1 and run.deleted == 1 and run.balanced
+    assert rounds == ["round"]  # reconciled first, in the worker
+    page = client.get("/reports/leaks").content.decode()
+    assert 'id="audit-pending"' not in page and 'http-equiv="refresh"' not in page
+    assert 'id="latest-audit"' in page and "balanced" in page
+    assert [r["status"] for r in client.get("/reports/leaks.json").json()["results"]] == ["done"]
+
+
+def test_a_failed_staff_audit_says_why_on_the_page(
+    monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    client = Client()
+    client.force_login(User.objects.create_user("ops", password="x", is_staff=True))
+    enqueued: list[int] = []
+    monkeypatch.setattr(tasks.run_audit, "delay", enqueued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post("/reports/leaks/run", {})
+
+    def broken() -> None:
+        raise RuntimeError("forbidden: cannot list pods")
+
+    monkeypatch.setattr(audit, "audit_compute", lambda **_: broken())
+    with pytest.raises(RuntimeError):
+        audit_fill(enqueued[0])
+    page = client.get("/reports/leaks").content.decode()
+    assert 'id="audit-failed"' in page and "forbidden: cannot list pods" in page
+    assert 'id="audit-pending"' not in page

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from apps.sandboxes.backends.base import (
@@ -44,7 +44,7 @@ from .config import (
     identity,
     object_name,
 )
-from .informer import PodInformer, PodView, keep_registry_message, pod_view
+from .informer import PodInformer, PodView, RawWatch, keep_registry_message, pod_view
 from .specs import (
     build_egress_policy,
     build_namespace_policy,
@@ -380,10 +380,10 @@ class KubernetesBackend:
                 raise BackendError(
                     f"cannot read pod {name}: {exc.status} {exc.reason}", transient=True
                 ) from exc
-            view = seen(pod_view(pod))
+            view = seen(pod_view(self.api.api_client.sanitize_for_serialization(pod)))
             if view.settled:
                 return view
-            stream = watch.Watch()
+            stream = RawWatch()
             try:
                 for event in stream.stream(
                     self.api.core.list_namespaced_pod,
@@ -396,7 +396,7 @@ class KubernetesBackend:
                 ):
                     if event["type"] == "BOOKMARK":
                         continue
-                    view = seen(pod_view(event["object"]))
+                    view = seen(pod_view(event["raw_object"]))
                     if event["type"] == "DELETED":
                         return dataclasses.replace(view, deleting=True)
                     if view.settled or time.monotonic() >= deadline:
@@ -475,10 +475,8 @@ class KubernetesBackend:
             live = [p for p in self.informer.for_sandbox(sandbox_id) if self.informer.usable(p)]
         else:  # no informer in this process: that sandbox's pods, by label
             try:
-                pods, _ = self.api.list_all(
-                    self.pods.listing,
-                    self.config.namespace,
-                    label_selector=self.config.sandbox_selector(sandbox_id),
+                pods, _ = self.api.list_json(
+                    self._path(self.pods), labelSelector=self.config.sandbox_selector(sandbox_id)
                 )
             except ApiException as exc:
                 raise BackendError(
@@ -507,30 +505,31 @@ class KubernetesBackend:
         a forced deletion."""
         items: list[InventoryItem] = []
         selector = self.config.sandbox_selector()
-        ns = self.config.namespace
         now = datetime.now(UTC)
         try:
-            pods, _ = self.api.list_all(self.pods.listing, ns, label_selector=selector)
+            pods, _ = self.api.list_json(self._path(self.pods), labelSelector=selector)
             # metadata only, and never secrets: they are owned by their pod
             metadata = [
                 (self.policies.name, self.api.list_metadata(self._path(self.policies), selector))
             ]
         except ApiException as exc:
             raise BackendError(f"cannot list the inventory: {exc.status} {exc.reason}") from exc
-        for pod in pods:
-            meta = pod.metadata
+        for pod in pods:  # the API server's JSON: no generated models (see list_json)
+            meta = pod.get("metadata") or {}
+            phase = (pod.get("status") or {}).get("phase")
             name = "pod"
-            if meta.deletion_timestamp is not None:
-                age = (now - meta.deletion_timestamp).total_seconds()
+            deleted = meta.get("deletionTimestamp")
+            if deleted is not None:
+                age = (now - _timestamp(deleted)).total_seconds()
                 if age < self.config.terminating_grace_s:
                     continue
                 name = "pod_terminating"
-            elif pod.status and pod.status.phase in ("Failed", "Succeeded"):
+            elif phase in ("Failed", "Succeeded"):
                 name = "pod_exited"
-            elif pod.status and pod_view(pod).lost_code:
+            elif pod.get("status") and pod_view(pod).lost_code:
                 name = "pod_lost"
-            node = (pod.spec.node_name if pod.spec else None) or ""
-            items.append(_item(name, meta.name, meta.labels, node))
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            items.append(_item(name, meta.get("name") or "", meta.get("labels"), node))
         for kind, listed in metadata:
             for obj in listed:
                 meta_d = obj.get("metadata") or {}
@@ -622,6 +621,11 @@ def _rejects_host_users(exc: ApiException) -> bool:
     # 400 "strict decoding error: unknown field "spec.hostUsers"" (a server without the
     # field), 422 "spec.hostUsers: Forbidden/Invalid …" (one that validates it away)
     return exc.status in (400, 422) and "hostUsers" in _message(exc)
+
+
+def _timestamp(value: str) -> datetime:
+    """An API server timestamp (RFC 3339, ``2026-01-02T03:04:05Z``) as an aware time."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _item(kind: str, name: str, labels: dict[str, str] | None, node: str) -> InventoryItem:

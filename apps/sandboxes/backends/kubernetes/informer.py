@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import queue
 import threading
@@ -132,72 +131,85 @@ class PodView:
         )
 
 
-def _memory_limit(pod: Any) -> str:
-    for container in (pod.spec.containers or []) if pod.spec else []:
-        if container.name == "sandbox" and container.resources and container.resources.limits:
-            return str(container.resources.limits.get("memory", ""))
+def _memory_limit(pod: dict[str, Any]) -> str:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == "sandbox":
+            limits = (container.get("resources") or {}).get("limits") or {}
+            return str(limits.get("memory", ""))
     return ""
 
 
-def pod_view(pod: Any) -> PodView:
-    meta, status = pod.metadata, pod.status
-    labels = meta.labels or {}
+def pod_view(pod: dict[str, Any]) -> PodView:
+    """The fields Hedgerow uses of a pod as the API server's JSON (camelCase dict, as
+    a LIST read raw or a watch event's ``raw_object``): never the generated models,
+    whose deserialisation dominated the cost of listing 10,000 pods."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    spec = pod.get("spec") or {}
+    labels = meta.get("labels") or {}
     running = ready = False
     problem = image_digest = pull_reason = pull_message = ""
     lost_code = lost_message = ""
-    for cs in list(status.init_container_statuses or []) + list(status.container_statuses or []):
-        state = cs.state
-        if state and state.waiting and state.waiting.reason in FATAL_WAITING:
-            problem = f"{cs.name}: {state.waiting.reason}: {state.waiting.message or ''}".strip()
-        if state and state.terminated and state.terminated.exit_code not in (0, None):
+    statuses = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+    for cs in statuses:
+        state = cs.get("state") or {}
+        waiting = state.get("waiting")
+        terminated = state.get("terminated")
+        name = cs.get("name")
+        if waiting and waiting.get("reason") in FATAL_WAITING:
+            problem = f"{name}: {waiting['reason']}: {waiting.get('message') or ''}".strip()
+        if terminated and terminated.get("exitCode") not in (0, None):
             problem = (
-                f"{cs.name} exited {state.terminated.exit_code} "
-                f"({state.terminated.reason or 'Error'}) {state.terminated.message or ''}"
+                f"{name} exited {terminated['exitCode']} "
+                f"({terminated.get('reason') or 'Error'}) {terminated.get('message') or ''}"
             ).strip()
-        if cs.name == "sandbox":
-            running = bool(state and state.running)
-            ready = bool(cs.ready)
-            image_digest = image_digest_of(cs.image_id or "")
-            if state and state.waiting and state.waiting.reason in PULL_FAILURES:
-                pull_reason = state.waiting.reason
-                pull_message = state.waiting.message or ""
-            if state and state.terminated and state.terminated.reason == "OOMKilled":
+        if name == "sandbox":
+            running = bool(state.get("running"))
+            ready = bool(cs.get("ready"))
+            image_digest = image_digest_of(cs.get("imageID") or "")
+            if waiting and waiting.get("reason") in PULL_FAILURES:
+                pull_reason = waiting["reason"]
+                pull_message = waiting.get("message") or ""
+            if terminated and terminated.get("reason") == "OOMKilled":
                 limit = _memory_limit(pod)
                 lost_code = RESOURCE_EXHAUSTED
                 lost_message = (
                     f"resource_exhausted: memory: the sandbox went over its memory limit"
                     f"{' of ' + limit if limit else ''} and the kernel killed it (OOMKilled, "
-                    f"exit {state.terminated.exit_code}; with cgroup v2 the kubelet kills "
+                    f"exit {terminated.get('exitCode')}; with cgroup v2 the kubelet kills "
                     "every process of the container, see docs/deploy-kubernetes.md)"
                 )
     pending_reason = not_ready_reason = ""
-    disruption = None
-    for cond in status.conditions or []:
-        if cond.type == "PodScheduled" and cond.status == "False":
-            pending_reason = f"{cond.reason}: {cond.message or ''}".strip()
-        if cond.type == "DisruptionTarget" and cond.status == "True":
+    disruption: dict[str, Any] | None = None
+    for cond in status.get("conditions") or []:
+        kind, value = cond.get("type"), cond.get("status")
+        if kind == "PodScheduled" and value == "False":
+            pending_reason = f"{cond.get('reason')}: {cond.get('message') or ''}".strip()
+        if kind == "DisruptionTarget" and value == "True":
             disruption = cond
-        if cond.type == "Ready" and cond.status == "False":
+        if kind == "Ready" and value == "False":
             # the node controller writes this for a node that stopped answering; the
             # container statuses (the kubelet's) still say ready
-            not_ready_reason = cond.reason or "NotReady"
+            not_ready_reason = cond.get("reason") or "NotReady"
             ready = False
-    if status.reason == "Evicted":
+    if status.get("reason") == "Evicted":
         lost_code = EVICTED
-        lost_message = f"evicted by the kubelet: {(status.message or '').strip()}".strip(": ")
+        message = (status.get("message") or "").strip()
+        lost_message = f"evicted by the kubelet: {message}".strip(": ")
     elif not lost_code and disruption is not None:
-        lost_code = NODE_LOST if disruption.reason in NODE_LOST_REASONS else DISRUPTED
-        lost_message = f"{lost_code} ({disruption.reason}): {disruption.message or ''}".strip(": ")
+        reason = disruption.get("reason")
+        lost_code = NODE_LOST if reason in NODE_LOST_REASONS else DISRUPTED
+        lost_message = f"{lost_code} ({reason}): {disruption.get('message') or ''}".strip(": ")
     return PodView(
-        name=meta.name,
+        name=meta.get("name") or "",
         sandbox_id=labels.get(L_SANDBOX, ""),
         generation=generation_of(labels),
-        phase=status.phase or "Pending",
-        ip=status.pod_ip or "",
-        node=pod.spec.node_name or "" if pod.spec else "",
+        phase=status.get("phase") or "Pending",
+        ip=status.get("podIP") or "",
+        node=spec.get("nodeName") or "",
         running=running,
         ready=ready,
-        deleting=meta.deletion_timestamp is not None,
+        deleting=meta.get("deletionTimestamp") is not None,
         problem=problem,
         pending_reason=pending_reason,
         image_digest=image_digest,
@@ -206,7 +218,7 @@ def pod_view(pod: Any) -> PodView:
         lost_code=lost_code,
         lost_message=lost_message,
         not_ready_reason=not_ready_reason,
-        resource_version=meta.resource_version or "",
+        resource_version=meta.get("resourceVersion") or "",
     )
 
 
@@ -237,7 +249,7 @@ class PodInformer:
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._watch: watch.Watch | None = None
+        self._watch: RawWatch | None = None
         self._response: Any = None  # the open WATCH response, closed by stop()
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -297,12 +309,10 @@ class PodInformer:
     # ---- list and watch -----------------------------------------------------------
 
     def _relist(self) -> None:
-        items, version = self.api.list_all(
-            self.api.core.list_namespaced_pod,
-            self.config.namespace,
-            label_selector=self.config.sandbox_selector(),
+        items, version = self.api.list_json(
+            pods_path(self.config.namespace), labelSelector=self.config.sandbox_selector()
         )
-        fresh = {p.metadata.name: pod_view(p) for p in items}
+        fresh = {view.name: view for view in map(pod_view, items)}
         with self._cond:
             for name in set(self.pods) - set(fresh):
                 self._forget(name)
@@ -315,10 +325,9 @@ class PodInformer:
         self._synced.set()
 
     def _watch_once(self) -> None:
-        self._watch = watch.Watch()
+        self._watch = RawWatch()
         list_pods = self.api.core.list_namespaced_pod
 
-        @functools.wraps(list_pods)  # Watch reads the return type from the docstring
         def list_and_keep_response(*args: Any, **kwargs: Any) -> Any:
             self._response = list_pods(*args, **kwargs)
             return self._response
@@ -341,7 +350,7 @@ class PodInformer:
             if kind == "BOOKMARK":
                 self.resource_version = version or self.resource_version
                 continue
-            view = pod_view(event["object"])
+            view = pod_view(raw)
             with self._cond:
                 if kind == "DELETED":
                     self.pods.pop(view.name, None)
@@ -486,6 +495,18 @@ class PodInformer:
             if before is None or _rv(view.resource_version) > _rv(before.resource_version):
                 self._apply(view)
                 self._cond.notify_all()
+
+
+class RawWatch(watch.Watch):  # type: ignore[misc]  # untyped client
+    """A watch whose events are left as the API server's JSON (``raw_object``; no
+    generated model in ``object``): ``pod_view`` reads the dict."""
+
+    def get_return_type(self, func: Any) -> str:
+        return ""
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
 
 
 def _rv(version: str) -> int:

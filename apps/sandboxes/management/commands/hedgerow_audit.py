@@ -11,9 +11,10 @@ from apps.sandboxes.services.reconcile import sandbox_reconcile
 class Command(BaseCommand):
     help = (
         "Runs an installation-wide leak audit now (a reconciler round first with "
-        "--reconcile; reclaiming what it finds with --reclaim), like the staff page's "
-        "'Run audit now'. On Kubernetes run it in a worker pod: the only account that "
-        "may delete sandbox resources (docs/deploy-kubernetes.md)."
+        "--reconcile; reclaiming what it finds with --reclaim), in this process (the staff "
+        "page's 'Run audit now' asks a worker for the same). On Kubernetes run it in a "
+        "worker pod: the only account that may delete sandbox resources "
+        "(docs/deploy-kubernetes.md)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
