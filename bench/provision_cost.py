@@ -105,6 +105,8 @@ def main() -> int:
         HEDGEROW_INSTANCE=f"pc{os.getpid()}",
         HEDGEROW_LOG_LEVEL="WARNING",
         HEDGEROW_LOCAL_AGENT_LAUNCH=launch,
+        # a benchmark, not a multi-tenant service: exec launch is measured too
+        HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH="1",
     )
     os.environ.setdefault("HEDGEROW_SECRET_KEY", uuid.uuid4().hex * 2)
     sys.path.insert(0, str(ROOT))

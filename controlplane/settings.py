@@ -240,6 +240,10 @@ HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
 # interpreter start per sandbox), exec (python3 -m podagent as bwrap's payload), or
 # auto (zygote when gcc can build its pause binary). docs/local-backend.md
 HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
+# Exec launch leaves the agent killable by commands: refused unless opted into.
+HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH = env_bool(
+    "HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH", False
+)
 # Egress allowlists (docs/egress.md): the upstream DNS server of the instance's resolver
 # ("ip" or "ip:port"; "": the host's first IPv4 nameserver) and how long an address it
 # handed out stays allowed past the record's TTL.

@@ -51,6 +51,14 @@ class DiskExhausted(BackendError):
     code = "disk_exhausted"
 
 
+class UnprotectedLaunch(BackendError):
+    """The local backend would start the agent by exec launch, where a command can
+    kill or renice it (no uid split, no guard filter): refused unless the operator
+    opted in (``HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH``). Nothing is created."""
+
+    code = "unprotected_agent_launch"
+
+
 class SnapshotFailed(BackendError):
     """A capture that did not complete (the sandbox is gone or not running, the
     storage refused the snapshot, …): nothing of it is left and nothing is reported

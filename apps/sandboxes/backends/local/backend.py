@@ -42,6 +42,7 @@ from apps.sandboxes.backends.base import (
     SnapshotNotFound,
     StateDivergence,
     UnknownImage,
+    UnprotectedLaunch,
 )
 from podagent import seccomp
 from podagent.userns import RANGE as USERNS_RANGE
@@ -374,6 +375,23 @@ class LocalBackend:
                 self._zygote_off = True
         return self._pause
 
+    def _check_launch_protected(self) -> None:
+        """Refuse, before anything is made, a sandbox whose agent would start by exec
+        launch (isolated, no zygote): there a command can kill or renice its agent,
+        turning its own failing episode into an ``environment`` one. Opt-in:
+        ``allow_unprotected_exec_launch``."""
+        if (
+            self.isolated
+            and self._zygote_pause() is None
+            and not self.config.allow_unprotected_exec_launch
+        ):
+            raise UnprotectedLaunch(
+                "agents here start by exec launch (agent_launch="
+                f"{self.config.agent_launch!r}; the zygote is unavailable or off), where "
+                "a command can kill or renice the agent; build the zygote's pause (gcc) "
+                "or set HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH=1 for single-tenant use"
+            )
+
     @property
     def agent_launch(self) -> str:
         """ "zygote" or "exec": how this backend starts isolated agents now."""
@@ -539,6 +557,7 @@ class LocalBackend:
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
+        self._check_launch_protected()
         if spec.snapshot_id:
             manifest = self._snapshot_manifest(spec.snapshot_id)
             if manifest["image"] != spec.image:

@@ -55,6 +55,11 @@ class LocalBackendConfig:
     # the pool. docs/operations.md "Density"
     subnet_prefix: int = 24
     agent_launch: str = "auto"  # AGENT_LAUNCH_MODES
+    # Exec launch (no zygote) lacks the agent's immunity to commands (no uid split, no
+    # guard seccomp filter: a command can kill or renice the agent), so an isolated
+    # backend that would start agents by exec refuses to provision unless this opt-in
+    # is set (single-tenant/dev use). docs/local-backend.md "Commands cannot signal the agent"
+    allow_unprotected_exec_launch: bool = False
     # Size of the instance's sandbox storage (storage.py), fixed when it is first
     # created; 0: min(64 GiB, half the free space of the state dir's filesystem).
     disk_size_mib: int = 0

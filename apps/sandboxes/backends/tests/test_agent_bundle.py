@@ -128,6 +128,7 @@ def bundle_backend(
             isolation="netns",
             agent_bundle=bundle,
             agent_launch="exec",  # the bundle is for exec-started agents
+            allow_unprotected_exec_launch=True,
         )
     )
     backend.import_image("busybox", busybox_rootfs_tarball(tmp))
@@ -186,6 +187,7 @@ def test_it_refuses_an_image_without_python_when_no_bundle_is_configured(
             podagent_dir=PODAGENT,
             isolation="netns",
             agent_launch="exec",
+            allow_unprotected_exec_launch=True,
         )
     )
     spec = new_spec(image="busybox", sandbox_id=uuid.uuid4().hex)

@@ -6,17 +6,21 @@ immunity")."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from apps.sandboxes.backends.base import UnprotectedLaunch
 from apps.sandboxes.backends.local import LocalBackend, wait_healthy
 from apps.sandboxes.backends.local._sys import is_alive, proc_start_time
 
-from .conftest import Sandbox, needs_root, new_spec
+from .conftest import Sandbox, make_config, needs_root, new_spec
 from .test_local_exhaustion import meta, post_exec, until
 from .test_local_zygote import pty_roundtrip
 
@@ -249,3 +253,63 @@ def test_a_terminal_starts_through_the_helper_too(
     assert code == 3, output
     assert output.split() == [b"Uid:", b"0", b"0", b"0", b"0"], output
     assert_agent_lives_and_answers(sb, agent)
+
+
+# ---- exec launch: not immune, so refused unless opted into ---------------------------
+# Exec launch (python3 -m podagent as bwrap's payload) has no uid split, no exec helper
+# and no guard filter: the tests above would fail there (a command kills the agent).
+# Until it gets those protections, an isolated backend that would start agents by exec
+# refuses to provision unless allow_unprotected_exec_launch is set.
+
+
+def assert_nothing_made(b: LocalBackend, sandbox_id: str) -> None:
+    assert not b._dir(sandbox_id).exists()
+    assert b.endpoint(sandbox_id) is None
+    assert sandbox_id not in {item.sandbox_id for item in b.inventory()}
+
+
+def test_an_explicit_exec_launch_is_refused_without_the_opt_in_and_nothing_is_made(
+    backend: LocalBackend,
+) -> None:
+    exec_backend = LocalBackend(replace(backend.config, agent_launch="exec"))
+    spec = new_spec()
+    with pytest.raises(UnprotectedLaunch, match="HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH"):
+        exec_backend.provision(spec)
+    assert UnprotectedLaunch.code == "unprotected_agent_launch"
+    assert_nothing_made(exec_backend, spec.sandbox_id)
+
+
+def test_an_auto_launch_that_falls_back_to_exec_is_refused_without_the_opt_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_which = shutil.which
+
+    def which(name: str, mode: int = os.F_OK | os.X_OK, path: str | None = None) -> str | None:
+        return None if name == "gcc" else real_which(name, mode, path)
+
+    monkeypatch.setattr(shutil, "which", which)
+    config = make_config(tmp_path, f"x{os.getpid()}", "netns")
+    # a fresh runtime dir: no pause built there, and gcc "missing" cannot build one
+    config = replace(config, claims_dir=tmp_path / "run" / "subnets")
+    b = LocalBackend(config)
+    assert b.agent_launch == "exec"
+    spec = new_spec()
+    with pytest.raises(UnprotectedLaunch, match="exec launch"):
+        b.provision(spec)
+    assert_nothing_made(b, spec.sandbox_id)
+
+
+def test_with_the_opt_in_exec_launch_provisions_and_records_it(backend: LocalBackend) -> None:
+    exec_backend = LocalBackend(
+        replace(backend.config, agent_launch="exec", allow_unprotected_exec_launch=True)
+    )
+    spec = new_spec()
+    endpoint = exec_backend.provision(spec)
+    try:
+        wait_healthy(endpoint, spec.agent_token, timeout=20)
+        sb = Sandbox(exec_backend, spec, endpoint)
+        assert meta(sb)["launch"] == "exec"
+        assert sb.sh("echo ok") == (0, "ok\n", "")
+    finally:
+        exec_backend.destroy(spec.sandbox_id)
+    assert_nothing_made(exec_backend, spec.sandbox_id)

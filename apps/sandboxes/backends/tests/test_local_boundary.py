@@ -46,7 +46,13 @@ Factory = Callable[..., Sandbox]
 def make_sandbox(request: pytest.FixtureRequest, backend: LocalBackend) -> Iterator[Factory]:
     """Sandboxes of the session's instance, started by the zygote or by exec."""
     mode = request.param
-    b = backend if mode == "zygote" else LocalBackend(replace(backend.config, agent_launch="exec"))
+    b = (
+        backend
+        if mode == "zygote"
+        else LocalBackend(
+            replace(backend.config, agent_launch="exec", allow_unprotected_exec_launch=True)
+        )
+    )
     made: list[str] = []
 
     def make(**overrides: object) -> Sandbox:

@@ -46,7 +46,9 @@ def launched(
     b = (
         backend
         if request.param == "zygote"
-        else LocalBackend(replace(backend.config, agent_launch="exec"))
+        else LocalBackend(
+            replace(backend.config, agent_launch="exec", allow_unprotected_exec_launch=True)
+        )
     )
     made: list[str] = []
 

@@ -240,7 +240,9 @@ def test_roots_mounted_after_the_zygote_started_reach_it(
 def test_exec_launch_runs_an_image(
     backend: LocalBackend, image_sandbox: Callable[..., Sandbox], debian_image: str
 ) -> None:
-    exec_backend = LocalBackend(replace(backend.config, agent_launch="exec"))
+    exec_backend = LocalBackend(
+        replace(backend.config, agent_launch="exec", allow_unprotected_exec_launch=True)
+    )
     sb = image_sandbox(debian_image, on=exec_backend)
     assert exec_backend.endpoint(sb.id) is not None
     assert json.loads((backend._dir(sb.id) / "meta.json").read_text())["launch"] == "exec"

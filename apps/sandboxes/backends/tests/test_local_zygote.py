@@ -60,7 +60,9 @@ def host_status(pid: int) -> dict[str, str]:
 @pytest.fixture
 def exec_sandbox(backend: LocalBackend) -> Iterator[Sandbox]:
     """A sandbox of the same instance whose agent is bwrap's payload, for comparison."""
-    exec_backend = LocalBackend(replace(backend.config, agent_launch="exec"))
+    exec_backend = LocalBackend(
+        replace(backend.config, agent_launch="exec", allow_unprotected_exec_launch=True)
+    )
     spec = new_spec()
     endpoint = exec_backend.provision(spec)
     try:
