@@ -30,6 +30,39 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
+def peak_concurrency(
+    *, tenant: Tenant, start: datetime, end: datetime, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The most sandboxes the team held at once on each UTC day of [start, end), from
+    the usage ledger (one interval per sandbox; a live one runs to ``now``): a sweep
+    over start/end instants, where instants that tie are applied together so a sandbox
+    ending as another starts is never counted twice."""
+    now = now or timezone.now()
+    events: list[tuple[datetime, int]] = []
+    rows = records_overlapping(start=start, end=end, tenant=tenant).only("started_at", "ended_at")
+    for record in rows.iterator():
+        lo, hi = max(record.started_at, start), min(record.ended_at or now, end)
+        if lo < hi:
+            events += [(lo, 1), (hi, -1)]
+    events.sort()
+    days: list[dict[str, Any]] = []
+    current = index = 0
+    day = start.date()
+    while datetime.combine(day, time.min, tzinfo=UTC) < end:
+        lo, hi = day_bounds(day)
+        at_start = index < len(events) and events[index][0] == lo
+        peak = 0 if at_start else current  # held over from the day before
+        while index < len(events) and events[index][0] < hi:
+            instant = events[index][0]
+            while index < len(events) and events[index][0] == instant:
+                current += events[index][1]
+                index += 1
+            peak = max(peak, current)
+        days.append({"day": day.isoformat(), "peak": peak})
+        day += timedelta(days=1)
+    return days
+
+
 def _slices(record: UsageRecord) -> list[tuple[str, str]]:
     slices = [("total", ""), ("image", record.image)]
     slices += [("label", f"{k}={v}"[:300]) for k, v in sorted(record.labels.items())]

@@ -13,7 +13,13 @@ from django.views.decorators.http import require_GET
 
 from apps.billing.api.usage_views import cost_report_csv, parse_window, window_end_date
 from apps.billing.quotas import quota_usage
-from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, current_price_book, tenant_report
+from apps.billing.reports import (
+    COST_REPORT_COLUMNS,
+    cost_report,
+    current_price_book,
+    peak_concurrency,
+    tenant_report,
+)
 from apps.core.errors import ValidationFailed
 from apps.tenancy.pages import page, render_page, staff_page
 from apps.tenancy.principal import Principal
@@ -76,6 +82,7 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
     month = report["month_to_date"]
     budget = Decimal(month["budget"]) if month["budget"] else None
     spent = Decimal(month["cost"])
+    concurrency = peak_concurrency(tenant=principal.tenant, start=start, end=end)
     return render_page(
         request,
         principal,
@@ -92,6 +99,14 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
             "budget_percent": min(100, round(100 * spent / budget)) if budget else 0,
             "cost_chart": _chart(report["days"], "cost_exact", "Cost (USD)", " $"),
             "hours_chart": _chart(report["days"], "sandbox_hours", "Sandbox-hours", " h"),
+            "concurrency": concurrency,
+            "concurrency_chart": {
+                "labels": [d["day"][5:] for d in concurrency],
+                "datasets": [
+                    {"label": "Peak concurrent", "data": [d["peak"] for d in concurrency]}
+                ],
+                "unit": "",
+            },
             # Images and labels are different slicings of the same cost (a sandbox has
             # one image and several labels): one chart each, never one axis mixing both.
             "image_chart": _slice_chart(report["by_image"], "image"),
