@@ -16,6 +16,7 @@ from apps.billing.api.usage_views import cost_report_csv, parse_window, window_e
 from apps.billing.quotas import quota_get, quota_usage
 from apps.billing.reports import (
     COST_REPORT_COLUMNS,
+    cost_by_key,
     cost_report,
     current_price_book,
     peak_concurrency,
@@ -133,6 +134,7 @@ def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]
         # one image and several labels): one chart each, never one axis mixing both.
         "image_chart": _slice_chart(report["by_image"], "image"),
         "label_chart": _slice_chart(report["by_label"], "label"),
+        "by_key": cost_by_key(tenant=principal.tenant, start=start, end=end),
         "budget_alert": alert,
         "alert_reached": alert is not None and spent >= alert,
         "alert_value": "" if alert is None else f"{alert:.2f}",
