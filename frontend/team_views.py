@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
+from apps.core import keyset
 from apps.core.errors import ApiError, NotFound
 from apps.tenancy import activity, selectors, services
 from apps.tenancy.auth import principal_for_session
@@ -61,9 +62,17 @@ def team_switch(request: HttpRequest) -> HttpResponse:
     return redirect(target)
 
 
-def _keys_context(principal: Principal) -> dict[str, Any]:
+KEYS_PAGE = 50  # keys per page of the keys list (cursor pages, newest first)
+
+
+def _keys_context(principal: Principal, cursor: str = "") -> dict[str, Any]:
+    page_ = keyset.newest_first(
+        selectors.api_key_list(tenant=principal.tenant), cursor=cursor, limit=KEYS_PAGE
+    )
     return {
-        "keys": list(selectors.api_key_list(tenant=principal.tenant)),
+        "keys": page_.rows,
+        "cursor": cursor,
+        "next_cursor": page_.next_cursor,
         "scopes": [s.value for s in Scope],
         "expiry_choices": EXPIRY_CHOICES,
         "now": timezone.now(),
@@ -78,7 +87,7 @@ def _keys_context(principal: Principal) -> dict[str, Any]:
 def keys(request: HttpRequest, principal: Principal) -> HttpResponse:
     """Lists keys; POST issues one, then redirects (post/redirect/get: a reload must not
     mint a second key) to this page, which shows its secret once."""
-    context = _keys_context(principal)
+    context = _keys_context(principal, request.GET.get("cursor", ""))
     if request.method == "GET":
         shown = _take_issued_key(request, principal)
         if shown is not None:

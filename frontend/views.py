@@ -14,6 +14,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.billing.usage import cost_for_sandboxes
+from apps.core import keyset
 from apps.core.errors import ApiError, NotFound
 from apps.images.models import Image, ImageStatus
 from apps.sandboxes import selectors
@@ -303,26 +304,27 @@ def sandbox_operations(request: HttpRequest, principal: Principal, sandbox_id: s
         request,
         principal,
         "frontend/sandboxes/_operations.html",
-        operations_context(principal, sandbox, request.GET.get("shown")),
+        operations_context(principal, sandbox, request.GET.get("cursor")),
     )
 
 
-OPERATIONS_PAGE = 20  # the newest commands on the sandbox page; "Show older" adds as many
-OPERATIONS_MAX = 500
+OPERATIONS_PAGE = 20  # commands per page of the sandbox page's operations panel
 
 
-def operations_context(principal: Principal, sandbox: Any, shown: str | None) -> dict[str, Any]:
-    """The newest ``shown`` operations (20, 40, … up to 500: a bad value is the
-    default), and whether older ones exist, so none is unreachable from the page."""
-    count = int(shown) if shown and shown.isdigit() else OPERATIONS_PAGE
-    count = min(max(count, OPERATIONS_PAGE), OPERATIONS_MAX)
-    rows = list(selectors.operation_list(tenant=principal.tenant, sandbox=sandbox)[: count + 1])
+def operations_context(principal: Principal, sandbox: Any, cursor: str | None) -> dict[str, Any]:
+    """One page of the sandbox's operations, newest first: keyset pages on
+    (created_at, id), so every command is reachable however many ran, and a page stays
+    put while new ones arrive. A bad cursor is the newest page."""
+    page_ = keyset.newest_first(
+        selectors.operation_list(tenant=principal.tenant, sandbox=sandbox),
+        cursor=cursor or "",
+        limit=OPERATIONS_PAGE,
+    )
     return {
         "sandbox": sandbox,
-        "operations": rows[:count],
-        "shown": count,
-        "older": len(rows) > count and count < OPERATIONS_MAX,
-        "next_shown": min(count + OPERATIONS_PAGE, OPERATIONS_MAX),
+        "operations": page_.rows,
+        "ops_cursor": cursor or "",
+        "ops_next_cursor": page_.next_cursor,
     }
 
 

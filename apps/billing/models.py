@@ -34,6 +34,9 @@ class TenantQuota(models.Model):
         help_text="total bytes of kept snapshots, paused sandboxes' state included",
     )
     monthly_budget = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    # Set by the team's owners (the budget above is staff's hard cap): the Usage page
+    # warns once month-to-date spend reaches it. Null: no alert.
+    budget_alert = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     queue_by_default = models.BooleanField(
         default=False, help_text="creates over a limit wait in the admission queue"
     )

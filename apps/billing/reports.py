@@ -22,12 +22,45 @@ from apps.billing.pricing import (
 )
 from apps.billing.storage import storage_totals, storage_window_cost
 from apps.billing.usage import Totals, month_start, record_window, records_overlapping
-from apps.tenancy.models import Tenant
+from apps.tenancy.models import ApiKey, Tenant
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
     start = datetime.combine(day, time.min, tzinfo=UTC)
     return start, start + timedelta(days=1)
+
+
+def peak_concurrency(
+    *, tenant: Tenant, start: datetime, end: datetime, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The most sandboxes the team held at once on each UTC day of [start, end), from
+    the usage ledger (one interval per sandbox; a live one runs to ``now``): a sweep
+    over start/end instants, where instants that tie are applied together so a sandbox
+    ending as another starts is never counted twice."""
+    now = now or timezone.now()
+    events: list[tuple[datetime, int]] = []
+    rows = records_overlapping(start=start, end=end, tenant=tenant).only("started_at", "ended_at")
+    for record in rows.iterator():
+        lo, hi = max(record.started_at, start), min(record.ended_at or now, end)
+        if lo < hi:
+            events += [(lo, 1), (hi, -1)]
+    events.sort()
+    days: list[dict[str, Any]] = []
+    current = index = 0
+    day = start.date()
+    while datetime.combine(day, time.min, tzinfo=UTC) < end:
+        lo, hi = day_bounds(day)
+        at_start = index < len(events) and events[index][0] == lo
+        peak = 0 if at_start else current  # held over from the day before
+        while index < len(events) and events[index][0] < hi:
+            instant = events[index][0]
+            while index < len(events) and events[index][0] == instant:
+                current += events[index][1]
+                index += 1
+            peak = max(peak, current)
+        days.append({"day": day.isoformat(), "peak": peak})
+        day += timedelta(days=1)
+    return days
 
 
 def _slices(record: UsageRecord) -> list[tuple[str, str]]:
@@ -138,6 +171,28 @@ def _totals_dict(t: Totals) -> dict[str, Any]:
         # the pages show as "<$0.01" rather than a misleading "$0.00"
         "cost_exact": str(t.cost.quantize(Decimal("0.000001"))),
     }
+
+
+def cost_by_key(*, tenant: Tenant, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """The window's usage per API key that created the sandboxes (the sandbox's
+    ``created_by``, ``key:<prefix>``; the key's name when it still exists), most
+    expensive first. Sandboxes created from the dashboard or by staff are one row,
+    ``key`` empty, so the rows add up to the period's total."""
+    now = timezone.now()
+    per_creator: dict[str, Totals] = defaultdict(Totals)
+    records = records_overlapping(start=start, end=end, tenant=tenant).select_related("sandbox")
+    for record in records.iterator():
+        creator = record.sandbox.created_by
+        prefix = creator.removeprefix("key:") if creator.startswith("key:") else ""
+        per_creator[prefix].add(record, record_window(record, start=start, end=end, now=now))
+    names = dict(
+        ApiKey.objects.filter(tenant=tenant, prefix__in=list(per_creator)).values_list(
+            "prefix", "name"
+        )
+    )
+    # most expensive first; ties: keys by prefix, then the dashboard's row
+    rows = sorted(per_creator.items(), key=lambda kv: (-kv[1].cost, kv[0] == "", kv[0]))
+    return [{"key": prefix, "name": names.get(prefix, ""), **_totals_dict(t)} for prefix, t in rows]
 
 
 def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantReport:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import transaction
 
 from apps.billing.models import TenantQuota
+from apps.core.errors import ValidationFailed
 from apps.tenancy.activity import activity_record
 from apps.tenancy.models import Action
 
@@ -39,6 +41,34 @@ def quota_update(
                 details=changed,
             )
     return quota
+
+
+BUDGET_ALERT_MAX = Decimal("1000000000")
+
+
+def budget_alert_set(*, quota: TenantQuota, value: str, actor: str) -> TenantQuota:
+    """An owner's spending alert: a dollar amount (cents at most; 0.01 to 1e9), or
+    empty to clear it. Bad input is a ``ValidationFailed`` naming the field and
+    nothing changes; a change is in the team's activity log like any limit's."""
+    text = value.strip().removeprefix("$").replace(",", "")
+    amount: Decimal | None = None
+    if text:
+        try:
+            amount = Decimal(text)
+        except InvalidOperation:
+            amount = None
+        if (
+            amount is None
+            or not amount.is_finite()
+            or amount != amount.quantize(Decimal("0.01"))
+            or not Decimal("0.01") <= amount <= BUDGET_ALERT_MAX
+        ):
+            raise ValidationFailed(
+                "Enter an amount in dollars from 0.01 to 1,000,000,000 (cents at most), "
+                "or leave it empty for no alert.",
+                field="budget_alert",
+            )
+    return quota_update(quota=quota, changes={"budget_alert": amount}, actor=actor)
 
 
 def _plain(value: Any) -> Any:

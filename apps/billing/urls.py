@@ -6,5 +6,6 @@ app_name = "billing"
 
 urlpatterns = [
     path("usage/", views.usage_page, name="usage"),
+    path("usage/alert", views.budget_alert_view, name="budget-alert"),
     path("staff/costs/", views.cost_report_page, name="cost-report"),
 ]

@@ -7,13 +7,22 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
 
 from apps.billing.api.usage_views import cost_report_csv, parse_window, window_end_date
-from apps.billing.quotas import quota_usage
-from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, current_price_book, tenant_report
+from apps.billing.quotas import quota_get, quota_usage
+from apps.billing.reports import (
+    COST_REPORT_COLUMNS,
+    cost_by_key,
+    cost_report,
+    current_price_book,
+    peak_concurrency,
+    tenant_report,
+)
+from apps.billing.services import budget_alert_set
 from apps.core.errors import ValidationFailed
 from apps.tenancy.pages import page, render_page, staff_page
 from apps.tenancy.principal import Principal
@@ -70,34 +79,66 @@ def _chart(days: list[dict[str, Any]], field: str, label: str, unit: str) -> dic
 @require_GET
 @page()
 def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
+    return render_page(request, principal, "billing/usage.html", _usage_context(request, principal))
+
+
+@require_POST
+@page("admin")
+def budget_alert_view(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """Owners set (or clear) the team's spending alert, then back to the Usage page
+    (post/redirect/get); a refused amount re-renders the page with the error by it."""
+    value = request.POST.get("budget_alert", "")
+    try:
+        quota = budget_alert_set(
+            quota=quota_get(tenant=principal.tenant), value=value, actor=principal.actor
+        )
+    except ValidationFailed as exc:
+        context = _usage_context(request, principal)
+        context.update(alert_error=exc.message, alert_value=value)
+        return render_page(request, principal, "billing/usage.html", context)
+    if quota.budget_alert is None:
+        messages.success(request, "Spending alert cleared.")
+    else:
+        messages.success(request, f"Spending alert set at ${quota.budget_alert:,.2f} a month.")
+    return redirect("billing:usage")
+
+
+def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]:
     start, end, error = _window(request)
     report = tenant_report(tenant=principal.tenant, start=start, end=end).as_dict()
     usage = quota_usage(tenant=principal.tenant)
     month = report["month_to_date"]
     budget = Decimal(month["budget"]) if month["budget"] else None
     spent = Decimal(month["cost"])
-    return render_page(
-        request,
-        principal,
-        "billing/usage.html",
-        {
-            "nav_section": "usage",
-            "report": report,
-            "error": error,
-            "start": start.date().isoformat(),
-            "end": window_end_date(end),
-            "bars": quota_bars(usage),
-            "budget": budget,
-            "spent": spent,
-            "budget_percent": min(100, round(100 * spent / budget)) if budget else 0,
-            "cost_chart": _chart(report["days"], "cost_exact", "Cost (USD)", " $"),
-            "hours_chart": _chart(report["days"], "sandbox_hours", "Sandbox-hours", " h"),
-            # Images and labels are different slicings of the same cost (a sandbox has
-            # one image and several labels): one chart each, never one axis mixing both.
-            "image_chart": _slice_chart(report["by_image"], "image"),
-            "label_chart": _slice_chart(report["by_label"], "label"),
+    concurrency = peak_concurrency(tenant=principal.tenant, start=start, end=end)
+    alert = quota_get(tenant=principal.tenant).budget_alert
+    return {
+        "nav_section": "usage",
+        "report": report,
+        "error": error,
+        "start": start.date().isoformat(),
+        "end": window_end_date(end),
+        "bars": quota_bars(usage),
+        "budget": budget,
+        "spent": spent,
+        "budget_percent": min(100, round(100 * spent / budget)) if budget else 0,
+        "cost_chart": _chart(report["days"], "cost_exact", "Cost (USD)", " $"),
+        "hours_chart": _chart(report["days"], "sandbox_hours", "Sandbox-hours", " h"),
+        "concurrency": concurrency,
+        "concurrency_chart": {
+            "labels": [d["day"][5:] for d in concurrency],
+            "datasets": [{"label": "Peak concurrent", "data": [d["peak"] for d in concurrency]}],
+            "unit": "",
         },
-    )
+        # Images and labels are different slicings of the same cost (a sandbox has
+        # one image and several labels): one chart each, never one axis mixing both.
+        "image_chart": _slice_chart(report["by_image"], "image"),
+        "label_chart": _slice_chart(report["by_label"], "label"),
+        "by_key": cost_by_key(tenant=principal.tenant, start=start, end=end),
+        "budget_alert": alert,
+        "alert_reached": alert is not None and spent >= alert,
+        "alert_value": "" if alert is None else f"{alert:.2f}",
+    }
 
 
 def _slice_chart(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:

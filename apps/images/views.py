@@ -15,24 +15,32 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from apps.core import keyset
 from apps.core.errors import ApiError
 from apps.images import services
 from apps.images.models import ImageStatus, RegistryCredential
 from apps.tenancy.pages import page, render_page
 from apps.tenancy.principal import Principal
 
+IMAGES_PAGE = 50  # images per page (cursor pages, newest first, like the sandboxes list)
 
-def _images_context(principal: Principal) -> dict[str, Any]:
-    images = list(services.image_list(tenant=principal.tenant))
+
+def _images_context(principal: Principal, cursor: str = "") -> dict[str, Any]:
+    all_images = services.image_list(tenant=principal.tenant)
+    page_ = keyset.newest_first(all_images, cursor=cursor, limit=IMAGES_PAGE)
     return {
-        "images": images,
-        "pulling": any(i.status == ImageStatus.PULLING for i in images),
+        "images": page_.rows,
+        "cursor": cursor,
+        "next_cursor": page_.next_cursor,
+        # any pull of the team, on this page or not: the table keeps re-reading until
+        # none runs, so a pull on another page still shows its end when paged to
+        "pulling": all_images.filter(status=ImageStatus.PULLING).exists(),
     }
 
 
-def _page_context(principal: Principal) -> dict[str, Any]:
+def _page_context(principal: Principal, cursor: str = "") -> dict[str, Any]:
     return {
-        **_images_context(principal),
+        **_images_context(principal, cursor),
         "credentials": list(RegistryCredential.objects.for_tenant(principal.tenant)),
         "form": {},
         "errors": {},
@@ -47,7 +55,7 @@ def _page_context(principal: Principal) -> dict[str, Any]:
 def image_list_page(request: HttpRequest, principal: Principal) -> HttpResponse:
     """GET lists; POST (writers) asks for a pull: access is proved now, so a bad
     reference or a refused login is shown by the field and nothing is recorded."""
-    context = _page_context(principal)
+    context = _page_context(principal, request.GET.get("cursor", ""))
     if request.method == "POST":
         if not principal.has_scope("write"):
             return render_page(
@@ -76,7 +84,12 @@ def image_list_page(request: HttpRequest, principal: Principal) -> HttpResponse:
 def image_table(request: HttpRequest, principal: Principal) -> HttpResponse:
     """The images table alone, re-read when a pull ends (and polled while one runs
     without a realtime socket)."""
-    return render_page(request, principal, "images/_table.html", _images_context(principal))
+    return render_page(
+        request,
+        principal,
+        "images/_table.html",
+        _images_context(principal, request.GET.get("cursor", "")),
+    )
 
 
 @require_POST

@@ -98,33 +98,60 @@ def test_a_truncated_stream_keeps_its_marker_and_another_teams_operation_is_not_
         )
 
 
-def test_older_operations_are_reachable_twenty_at_a_time(make_tenant, make_user):
-    """Only the newest 20 were listed: an SDK loop's earlier commands had no row to
-    open. "Show older commands" adds 20 at a time, and the panel's refresh keeps them."""
+def test_older_operations_are_reachable_in_cursor_pages(make_tenant, make_user):
+    """Only the newest 20 were listed (later: up to 500): an SDK loop's earlier commands
+    had no row to open. The panel pages by cursor, 20 at a time, newest first, to the
+    very first command; a page's live refresh keeps its cursor; another sandbox's
+    commands are on no page."""
+    import re
     from datetime import timedelta
+    from html import unescape
 
     from django.utils import timezone
 
+    from frontend.views import OPERATIONS_PAGE
+
     tenant, _ = make_tenant()
     sandbox = make_sandbox(tenant)
+    neighbour = make_sandbox(tenant)
+    _operation(neighbour, "op-neighbour", {"head": "n\n"}, {})
     start = timezone.now() - timedelta(hours=1)
-    for i in range(45):
+    total = 2 * OPERATIONS_PAGE + 5
+    for i in range(total):
         op = _operation(sandbox, f"op-{i:02d}", {"head": f"{i}\n"}, {})
-        Operation.objects.filter(pk=op.pk).update(created_at=start + timedelta(seconds=i))
+        # the first ten share one instant: the id breaks the tie, none repeats or hides
+        at = start + timedelta(seconds=max(i, 9))
+        Operation.objects.filter(pk=op.pk).update(created_at=at)
     client = _signed_in(make_user, tenant, "opolder")
-    detail = client.get(f"/sandboxes/{sandbox.external_id}/").content.decode()
     base = f"/sandboxes/{sandbox.external_id}/operations"
-    assert detail.count('aria-label="Output of op-') == 20
-    assert "Output of op-44" in detail and "Output of op-25" in detail
-    assert "Output of op-24" not in detail
-    assert f'hx-get="{base}?shown=20" hx-trigger="refresh"' in detail
-    assert f'hx-get="{base}?shown=40"' in detail and "Show older commands" in detail
+    detail = client.get(f"/sandboxes/{sandbox.external_id}/").content.decode()
+    assert f'hx-get="{base}" hx-trigger="refresh"' in detail
+    assert "Newest commands" not in detail
 
-    more = client.get(base, {"shown": "40"}).content.decode()
-    assert more.count('aria-label="Output of op-') == 40 and "Output of op-05" in more
-    assert f'hx-get="{base}?shown=40" hx-trigger="refresh"' in more  # a refresh keeps 40
-    last = client.get(base, {"shown": "60"}).content.decode()
-    assert last.count('aria-label="Output of op-') == 45 and "Output of op-00" in last
-    assert "Show older commands" not in last
-    for bad in ("-5", "x", "7"):  # not a count: the newest 20
-        assert client.get(base, {"shown": bad}).content.decode().count("Output of op-") == 20
+    def ops(html: str) -> list[str]:
+        return re.findall(r'aria-label="Output of (op-[^"]+)"', html)
+
+    def older(html: str) -> str | None:
+        found = re.search(r'hx-get="([^"]*\?cursor=[^"]+)"\s+hx-target="#operations"', html)
+        return unescape(found.group(1)) if found else None
+
+    pages = [ops(detail)]
+    url = older(detail)
+    while url is not None:
+        html = client.get(url).content.decode()
+        pages.append(ops(html))
+        query = url.split("?", 1)[1]
+        assert f'hx-get="{base}?{query}" hx-trigger="refresh"' in html.replace("&amp;", "&")
+        assert "Newest commands" in html
+        refreshed = client.get(url).content.decode()  # what the live refresh fetches
+        assert ops(refreshed) == pages[-1]
+        url = older(html)
+        assert len(pages) < 10
+    assert [len(p) for p in pages] == [OPERATIONS_PAGE, OPERATIONS_PAGE, 5]
+    expected = Operation.objects.filter(sandbox=sandbox).order_by("-created_at", "-id")
+    seen = [op_id for page in pages for op_id in page]
+    assert seen == [o.operation_id for o in expected]
+    assert pages[0][0] == f"op-{total - 1:02d}" and "op-neighbour" not in seen
+
+    for bad in ("x", "Zm9v", "-5"):  # not a cursor this page gave: the newest page
+        assert ops(client.get(base, {"cursor": bad}).content.decode()) == pages[0]

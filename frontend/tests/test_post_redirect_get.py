@@ -41,6 +41,10 @@ PROVED_ELSEWHERE = {
         "frontend.tests.test_images_page::"
         "test_a_login_is_stored_encrypted_never_shown_and_then_used_for_the_pull"
     ),
+    "billing:budget-alert": (
+        "apps.billing.tests.test_budget_alert::"
+        "test_an_owner_sets_and_clears_the_alert_with_a_redirect"
+    ),
     "images:credential-delete": (
         "frontend.tests.test_images_page::"
         "test_a_login_is_stored_encrypted_never_shown_and_then_used_for_the_pull"

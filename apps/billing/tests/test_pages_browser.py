@@ -84,8 +84,10 @@ def test_it_shows_usage_charts_budget_and_hosted_comparison(live, make_tenant):
         expect(page.locator("#month-budget")).to_have_text("$5.00")
         expect(page.locator('[data-quota="concurrent_sandboxes"]')).to_contain_text("/ 20")
         expect(page.locator("#by-image tbody tr")).to_have_count(2)
-        # Chart.js drew every chart (per day ×2, by image, by label): canvases marked mounted.
-        expect(page.locator("canvas[data-mounted=yes]")).to_have_count(4)
+        # Chart.js drew every chart (per day ×2, peak concurrency, by image, by label):
+        # canvases marked mounted.
+        expect(page.locator("canvas[data-mounted=yes]")).to_have_count(5)
+        expect(page.locator('#concurrency canvas[data-mounted="yes"]')).to_have_count(1)
         page.wait_for_timeout(1500)  # let Chart.js finish its grow-in animation (picture only)
         screenshot(page, "billing-usage")
         page.close()
