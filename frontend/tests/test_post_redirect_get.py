@@ -57,6 +57,8 @@ PROVED_HERE = {
     "frontend:team-switch",
     "frontend:keys",
     "frontend:key-revoke",
+    "frontend:key-rename",
+    "frontend:key-rotate",
     "members",  # frontend/members.html posts to itself: add, change role, remove
     "frontend:sandbox-create",
     "frontend:sandbox-delete",
@@ -130,6 +132,28 @@ def test_key_issue_and_revoke_redirect(make_tenant: Any, make_user: Any) -> None
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert ApiKey.objects.filter(tenant=tenant, name="ci").count() == 1
+
+
+def test_key_rename_and_rotate_redirect_and_a_reload_rotates_nothing(
+    make_tenant: Any, make_user: Any
+) -> None:
+    tenant, _ = make_tenant()
+    client = _client(make_user, "prgrot", (tenant, "owner"))
+    client.post("/keys/", {"name": "ci", "scopes": ["read"]})
+    key = ApiKey.objects.get(tenant=tenant, name="ci")
+    _redirects(client.post(f"/keys/{key.pk}/rename", {"name": "ci-2"}), client, "/keys/")
+    key.refresh_from_db()
+    assert key.name == "ci-2"
+    before = key.secret_hash
+    rotated = client.post(f"/keys/{key.pk}/rotate", {"grace_seconds": "3600"})
+    _redirects(rotated, client, "/keys/")
+    key.refresh_from_db()
+    after = key.secret_hash
+    assert after != before and key.previous_secret_hash == before  # rotated once
+    # the reload of the page the redirect landed on is a GET: it rotates nothing again
+    assert client.get("/keys/").status_code == 200
+    key.refresh_from_db()
+    assert key.secret_hash == after
 
 
 def test_member_add_role_change_and_remove_redirect(make_tenant: Any, make_user: Any) -> None:
