@@ -3,7 +3,7 @@ the signal and how many sandboxes it leaves live (issue 26 defect 1: "exit promp
 the issue measured 100 / 94 / 16 / 0 leaked after 0.2 / 0.5 / 1.5 / 3 s, exiting 7.5-9 s
 after the signal).
 
-    .venv/bin/python -m bench.interrupt_exit [--count 50] [--after 0.2 0.5 1.5 3]
+    .venv/bin/python -m bench.interrupt_exit [--count 50] [--after 0.2 0.5 1.5 3] [--sdk DIR]
 
 A private stack (bench/_stack.py). Per delay: a child Python runs
 ``asyncio.gather`` of --count ``create_sandbox()`` calls through the SDK; the bench
@@ -44,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=50)
     parser.add_argument("--after", type=float, nargs="+", default=[0.2, 0.5, 1.5, 3.0])
+    parser.add_argument("--sdk", default=str(SDK_DIR), help="SDK dir (before/after runs)")
     parser.add_argument("--hang", type=float, default=60.0, help="seconds before 'hung'")
     args = parser.parse_args()
 
@@ -56,7 +57,7 @@ def main() -> None:
         gone = (State.TERMINATING, State.DELETED, State.FAILED, State.LOST)
         tenant = Tenant.objects.get(slug="bench")
         env = {k: v for k, v in os.environ.items() if not k.startswith("HEDGEROW_")}
-        env.update(HEDGEROW_URL=stack.url, HEDGEROW_API_KEY=secret, PYTHONPATH=str(SDK_DIR))
+        env.update(HEDGEROW_URL=stack.url, HEDGEROW_API_KEY=secret, PYTHONPATH=args.sdk)
         code = textwrap.dedent(CHILD.format(count=args.count))
         print(f"async gather of {args.count} creates, SIGINT after the delay")
         print(f"{'after s':>8} {'exit s':>7} {'code':>5} {'made':>5} {'leaked':>7}")

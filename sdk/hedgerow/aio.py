@@ -25,7 +25,7 @@ from hedgerow import _common as common
 from hedgerow import streaming, trees
 from hedgerow._common import Command
 from hedgerow.aterminal import AsyncTerminal
-from hedgerow.cleanup import registry
+from hedgerow.cleanup import asent_trace, registry
 from hedgerow.commands import AsyncCommandHandle
 from hedgerow.episode import AsyncEpisode, current_async_episode
 from hedgerow.errors import HedgerowError, NotFound, error_from_response
@@ -215,7 +215,11 @@ class AsyncClient:
         try:
             data = (
                 await self.request(
-                    "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
+                    "POST",
+                    "/sandboxes",
+                    json=body,
+                    headers={"Idempotency-Key": key},
+                    extensions=asent_trace(self.url, chosen_id) if registered else None,
                 )
             ).json()
         except HedgerowError as exc:

@@ -2,14 +2,19 @@
 is told to stop (SIGTERM), so a crashed or killed rollout leaves nothing running.
 
 Clients register a sandbox *before* its create request is sent (the SDK chooses the
-sandbox id itself), so a create that is in flight when Ctrl-C arrives is cleaned up
-too: its DELETE is retried while the server has not yet recorded the create (a 404
-for a create that may have been sent), for at most ``PENDING_GRACE_S`` seconds. Once a
-signal has started the cleanup, new creates are refused (``Interrupted``) instead of
-being sent, so worker threads cannot leak sandboxes after the signal. Deletes run in
-parallel. Signal handlers are installed once, from the main thread, chain to the
-handlers that were there before, and can be turned off with
-``Client(handle_signals=False)``; interpreter exit is covered by ``atexit``.
+sandbox id itself), and an httpcore trace callback marks it *sent* (``mark_sent``)
+just before its request is written to the socket, under the registry lock. A create
+that is in flight when Ctrl-C arrives is cleaned up too: its DELETE is retried while
+the server has not yet recorded the create (a 404 for a create that was sent), for at
+most ``PENDING_GRACE_S`` seconds. A create registered but never sent is simply dropped
+(no DELETE, no retries), and once a cleanup has started ``mark_sent`` refuses
+(``Interrupted``), so no create can slip out after it. Deletes run in parallel.
+
+The signal handler does no blocking work: it sets the flag, starts the cleanup in a
+fresh thread and chains to the previous handler (by default ``KeyboardInterrupt``),
+so the main thread unwinds and releases the locks it held; ``atexit`` then waits for
+that thread (bounded) and deletes anything left. Signal handlers are installed once,
+from the main thread, and can be turned off with ``Client(handle_signals=False)``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import httpx
 
@@ -42,6 +47,7 @@ class Interrupted(HedgerowError):
 class _Entry:
     api_key: str
     confirmed: bool = False  # the server answered the create: it exists
+    sent: bool = False  # its create request was handed to the transport
 
 
 class CleanupRegistry:
@@ -52,6 +58,10 @@ class CleanupRegistry:
         self._signals_installed = False
         self._previous: Dict[int, Any] = {}
         self.interrupted = False
+        self._cleanup_thread: Optional[threading.Thread] = None
+        # Keys whose create was never sent when a cleanup dropped them (for tests and
+        # diagnostics: they needed no DELETE).
+        self.dropped_unsent: List[_Key] = []
 
     def add(
         self,
@@ -84,6 +94,16 @@ class CleanupRegistry:
             if entry is not None:
                 entry.confirmed = True
 
+    def mark_sent(self, url: str, sandbox_id: str) -> None:
+        """Called (from the httpx request hook) just before a create is sent. Raises
+        ``Interrupted`` once a cleanup has started, so the request is never sent."""
+        with self._lock:
+            if self.interrupted:
+                raise Interrupted("interrupted: not creating more sandboxes", code="interrupted")
+            entry = self._live.get((url, sandbox_id))
+            if entry is not None:
+                entry.sent = True
+
     def discard(self, url: str, sandbox_id: str) -> None:
         with self._lock:
             self._live.pop((url, sandbox_id), None)
@@ -98,9 +118,16 @@ class CleanupRegistry:
 
     def cleanup_all(self) -> int:
         """Deletes every registered sandbox, in parallel; returns how many the server
-        accepted (or already had gone)."""
+        accepted (or already had gone). Sandboxes whose create was never sent are
+        dropped without a DELETE; from here on no create is sent."""
+        running = self._cleanup_thread
+        if running is not None and running is not threading.current_thread():
+            running.join(PENDING_GRACE_S + 15.0)  # the signal's cleanup, bounded
         with self._lock:
-            items, self._live = list(self._live.items()), {}
+            self.interrupted = True
+            everything, self._live = list(self._live.items()), {}
+            items = [(k, e) for k, e in everything if e.sent or e.confirmed]
+            self.dropped_unsent.extend(k for k, e in everything if not (e.sent or e.confirmed))
         if not items:
             return 0
         deadline = time.monotonic() + PENDING_GRACE_S
@@ -172,18 +199,49 @@ class CleanupRegistry:
                 continue
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        with self._lock:
-            self.interrupted = True
-        self.cleanup_all()
+        # No blocking cleanup here: the interrupted main thread may hold locks (the
+        # import lock, a connection pool's) that the delete threads need, which once
+        # hung a child forever. The flag is set without waiting (RLock: the main
+        # thread may be inside add(); another thread holds it only for a moment).
+        self.interrupted = True
+        if self._cleanup_thread is None:
+            thread = threading.Thread(target=self.cleanup_all, name="hedgerow-cleanup")
+            thread.daemon = True
+            self._cleanup_thread = thread
+            thread.start()
         previous = self._previous.get(signum)
         if callable(previous):
-            previous(signum, frame)
+            previous(signum, frame)  # default SIGINT: KeyboardInterrupt, main unwinds
             return
         if previous == signal.SIG_IGN:
             return
-        # The default action: die of the same signal, so the exit status tells the truth.
+        # The default action (SIGTERM): die of the same signal, so the exit status
+        # tells the truth -- after the cleanup, which is bounded.
+        self._cleanup_thread.join(PENDING_GRACE_S + 15.0)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
 
 registry = CleanupRegistry()
+
+# A create passes ``extensions=sent_trace(url, id)`` (or ``asent_trace``): httpcore's
+# trace callback marks it sent just before its request headers are written to the
+# socket -- not while it waits for a pooled connection -- and refuses it once a
+# cleanup has started (the callback's exception means nothing is written).
+_SENDING = "send_request_headers.started"
+
+
+def sent_trace(url: str, sandbox_id: str) -> Dict[str, Any]:
+    def trace(name: str, info: Dict[str, Any]) -> None:
+        if name.endswith(_SENDING):
+            registry.mark_sent(url, sandbox_id)
+
+    return {"trace": trace}
+
+
+def asent_trace(url: str, sandbox_id: str) -> Dict[str, Any]:
+    async def trace(name: str, info: Dict[str, Any]) -> None:
+        if name.endswith(_SENDING):
+            registry.mark_sent(url, sandbox_id)
+
+    return {"trace": trace}

@@ -29,7 +29,7 @@ import httpx
 from hedgerow import _common as common
 from hedgerow import streaming, trees
 from hedgerow._common import Command
-from hedgerow.cleanup import registry
+from hedgerow.cleanup import registry, sent_trace
 from hedgerow.commands import CommandHandle
 from hedgerow.episode import Episode, current_episode
 from hedgerow.errors import HedgerowError, NotFound, error_from_response
@@ -243,7 +243,11 @@ class Client:
         )  # fmt: skip
         try:
             data = self.request(
-                "POST", "/sandboxes", json=body, headers={"Idempotency-Key": key}
+                "POST",
+                "/sandboxes",
+                json=body,
+                headers={"Idempotency-Key": key},
+                extensions=sent_trace(self.url, chosen_id) if registered else None,
             ).json()
         except HedgerowError as exc:
             if exc.status and registered:  # the server answered: nothing was created

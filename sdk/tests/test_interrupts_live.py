@@ -336,3 +336,45 @@ def test_a_script_that_exits_without_deleting_leaves_nothing_running(live, make_
         created
     )
     wait_all_deleted(tenant)
+
+
+def test_sigint_drops_creates_never_sent_without_deleting_them(live, make_tenant):
+    """The audit's 15 s exit: cleanup retried the DELETE (404 after 404) of every
+    registered create, even those never sent. Two creates are on the wire (held by the
+    proxy), six wait for a pooled connection: only the two sent are deleted, the six
+    are dropped without a request, and none of them is sent after the signal."""
+    tenant, secret = make_tenant()
+    proxy = _HoldingProxy(live.url, hold="request")
+    proc = _python(
+        """
+        import asyncio
+        from hedgerow import AsyncClient
+
+        async def main():
+            async with AsyncClient(max_connections=2) as hr:
+                await asyncio.gather(*(hr.create_sandbox() for _ in range(8)))
+
+        asyncio.run(main())
+        print("created")
+        """,
+        _env(proxy.url, secret),
+    )
+    try:
+        _until(lambda: proxy.arrived == 2, "two creates to reach the proxy")
+        proc.send_signal(signal.SIGINT)
+        # The cleanup asks for the two sent ones while their creates are still held.
+        _until(lambda: len(set(proxy.deletes)) >= 2 or proc.poll() is not None, "deletes")
+        proxy.release()
+        code = proc.wait(timeout=60)
+        assert code in (-signal.SIGINT, 1), proc.stderr.read() if proc.stderr else code
+        assert "created" not in (proc.stdout.read() if proc.stdout else "")
+        assert proxy.arrived == 2  # nothing was sent after the signal
+        made = set(Sandbox.objects.filter(tenant=tenant).values_list("external_id", flat=True))
+        assert len(made) == 2
+        assert set(proxy.deletes) == made  # no DELETE for the six never sent
+        assert _live(tenant) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.close()
+    wait_all_deleted(tenant)
