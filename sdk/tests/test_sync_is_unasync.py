@@ -40,6 +40,7 @@ RENAMES = {
     "current_async_episode": "current_episode",
     "_current_async": "_current",
     "aclose": "close",
+    "asent_trace": "sent_trace",  # the create's "request was sent" hook (sdk/hedgerow/cleanup.py)
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "__aiter__": "__iter__",
