@@ -90,7 +90,7 @@ def read_unary(request: HttpRequest) -> dict[str, Any]:
     raw = request.read(MAX_MESSAGE + 1)
     if len(raw) > MAX_MESSAGE:
         raise ConnectError("resource_exhausted", "the message is too large")
-    return _decode(raw)
+    return decode_json_message(raw)
 
 
 def read_client_stream(request: HttpRequest) -> list[dict[str, Any]]:
@@ -113,7 +113,7 @@ def read_client_stream(request: HttpRequest) -> list[dict[str, Any]]:
         offset += 5 + length
         if flags & END_STREAM:
             break
-        messages.append(_decode(body))
+        messages.append(decode_json_message(body))
     return messages
 
 
@@ -127,10 +127,12 @@ def read_stream_request(request: HttpRequest) -> dict[str, Any]:
         raise ConnectError("unimplemented", "compressed messages are not accepted")
     if length > MAX_MESSAGE or len(raw) != 5 + length:
         raise ConnectError("invalid_argument", "the envelope's length does not match its body")
-    return _decode(raw[5:])
+    return decode_json_message(raw[5:])
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
+def decode_json_message(raw: bytes) -> dict[str, Any]:
+    """One Connect message in the JSON codec (the only one the SDK sends): an object, or
+    a typed ``invalid_argument``."""
     if not raw:
         return {}
     try:

@@ -15,7 +15,6 @@ client always gets the answer rather than a broken pipe).
 
 from __future__ import annotations
 
-import json
 import logging
 import struct
 import time
@@ -76,18 +75,6 @@ async def _envelopes(receive: Receive) -> AsyncIterator[tuple[int, bytes]]:
         more = bool(event.get("more_body", False))
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise ConnectError("invalid_argument", "the message is not JSON") from None
-    if not isinstance(data, dict):
-        raise ConnectError("invalid_argument", "the message must be a JSON object")
-    return data
-
-
 def _open(request: _Request, selector: Any) -> Operation:
     try:
         _, sandbox = envd_sandbox(request, "write")  # type: ignore[arg-type]
@@ -110,7 +97,7 @@ async def _feed(scope: Scope, envelopes: AsyncIterator[tuple[int, bytes]]) -> No
             raise ConnectError("unimplemented", "compressed messages are not accepted")
         if flags & connect.END_STREAM:
             break
-        message = _decode(raw)
+        message = connect.decode_json_message(raw)
         if operation is None:
             if not isinstance(message.get("start"), dict):
                 raise ConnectError("invalid_argument", "the stream must begin with a start event")
