@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.db import connection
@@ -13,6 +11,7 @@ from django.db.models import Q, QuerySet
 
 from apps.core.dbrows import instance_from_row, select_list
 from apps.core.errors import NotFound, ValidationFailed
+from apps.core.keyset import decode_cursor, encode_cursor
 from apps.sandboxes.models import Operation, Sandbox, SandboxEvent, Snapshot, SnapshotState
 from apps.tenancy.models import Tenant
 
@@ -64,7 +63,7 @@ def sandbox_keyset_page(
     op = "lt" if newest_first else "gt"
     qs = qs.order_by(*(("-created_at", "-id") if newest_first else ("created_at", "id")))
     if cursor:
-        after = _decode_cursor(cursor)
+        after = decode_cursor(cursor)
         if after is None or after[0].tzinfo is None:
             raise ValidationFailed("cursor is not a cursor this server gave", field="cursor")
         created_at, pk = after
@@ -75,7 +74,7 @@ def sandbox_keyset_page(
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]
-    return rows, _encode_cursor(rows[-1].created_at, rows[-1].pk)
+    return rows, encode_cursor(rows[-1].created_at, rows[-1].pk)
 
 
 def sandbox_get(*, tenant: Tenant | None, sandbox_id: str) -> Sandbox:
@@ -193,7 +192,7 @@ def sandbox_page(
             | Q(labels__icontains=f'"{term}"')
             | Q(labels__has_key=term)
         )
-    after = _decode_cursor(cursor)
+    after = decode_cursor(cursor)
     if after is not None:
         last, pk = after
         op = "lt" if descending else "gt"
@@ -202,24 +201,8 @@ def sandbox_page(
     rows = list(qs.order_by(*order)[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
-    next_cursor = _encode_cursor(getattr(rows[-1], field), rows[-1].pk) if more else ""
+    next_cursor = encode_cursor(getattr(rows[-1], field), rows[-1].pk) if more else ""
     return SandboxPage(rows, next_cursor)
-
-
-def _encode_cursor(value: datetime, pk: uuid.UUID) -> str:
-    raw = f"{value.isoformat()}|{pk}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID] | None:
-    if not cursor:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        value, pk = raw.split("|", 1)
-        return datetime.fromisoformat(value), uuid.UUID(pk)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def snapshot_list(*, tenant: Tenant | None, sandbox: Sandbox | None = None) -> QuerySet[Snapshot]:

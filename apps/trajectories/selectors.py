@@ -3,8 +3,6 @@ raw and conditional, per-task success) and their timelines."""
 
 from __future__ import annotations
 
-import base64
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -15,6 +13,7 @@ from django.db.models import Count, Q, QuerySet
 from django.utils.dateparse import parse_datetime
 
 from apps.core.errors import Conflict, NotFound, ValidationFailed
+from apps.core.keyset import decode_cursor, encode_cursor
 from apps.sandboxes.models import SandboxEvent
 from apps.tenancy.models import Tenant
 from apps.trajectories import provenance
@@ -138,7 +137,7 @@ def episode_page(
     on (started_at, id): "next" stays right while episodes are recorded, which an offset
     would not. An unknown sort is newest first; a bad cursor starts over."""
     field_name, descending = EPISODE_SORTS.get(sort, EPISODE_SORTS["newest"])
-    after = _decode_episode_cursor(cursor)
+    after = decode_cursor(cursor)
     if after is not None:
         last, pk = after
         op = "lt" if descending else "gt"
@@ -152,20 +151,8 @@ def episode_page(
     next_cursor = ""
     if more:
         last_row = rows[-1]
-        raw = f"{getattr(last_row, field_name).isoformat()}|{last_row.pk}".encode()
-        next_cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        next_cursor = encode_cursor(getattr(last_row, field_name), last_row.pk)
     return EpisodePage(rows, next_cursor)
-
-
-def _decode_episode_cursor(cursor: str) -> tuple[datetime, uuid.UUID] | None:
-    if not cursor:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        value, pk = raw.split("|", 1)
-        return datetime.fromisoformat(value), uuid.UUID(pk)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def episode_provenance_groups(
