@@ -72,6 +72,13 @@ class Sandbox(models.Model):
     expires_at = models.DateTimeField()
     heartbeat_timeout_s = models.PositiveIntegerField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When the heartbeat reaper next has to look at this sandbox: never later than its
+    # real deadline (``last_heartbeat_at or created_at`` + ``heartbeat_timeout_s``), so
+    # the reaper reads only rows whose ``heartbeat_due_at`` has passed (or is unset) by
+    # the partial index below. A heartbeat moves it only when it is within half a
+    # timeout of now, so most heartbeats leave every indexed column alone (a HOT
+    # update); the reaper moves it up to the real deadline when it finds one early.
+    heartbeat_due_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=128, null=True, blank=True)
     request_hash = models.CharField(max_length=64, blank=True)
     backend = models.CharField(max_length=32)
@@ -117,6 +124,13 @@ class Sandbox(models.Model):
         ]
         indexes = [
             models.Index(fields=["state", "expires_at"], name="sandbox_state_expiry"),
+            # The heartbeat reaper's read (issue 20): ready sandboxes with a heartbeat
+            # timeout, by when they are next due, so a round reads what is due.
+            models.Index(
+                fields=["heartbeat_due_at"],
+                name="sandbox_heartbeat_due",
+                condition=Q(state="ready", heartbeat_timeout_s__isnull=False),
+            ),
             # What retention still has to thin, oldest end first: only ended sandboxes
             # not yet summarized have an entry, so a live sandbox's transitions never
             # write to it and the job's read is bounded by what is due, not by history.

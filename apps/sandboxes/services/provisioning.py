@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -237,10 +238,25 @@ def sandbox_reap(*, now: datetime | None = None) -> dict[str, int]:
         ):
             destroy_sandbox.delay(str(sandbox.id))
             counts["ttl_expired"] += 1
-    for sandbox in Sandbox.objects.filter(state=State.READY, heartbeat_timeout_s__isnull=False):
+    # Only rows whose ``heartbeat_due_at`` (a lower bound on the real deadline) has
+    # passed or was never set, by the partial index: a round reads what is due, not
+    # every live sandbox (issue 20). The real deadline still decides.
+    due = Sandbox.objects.filter(
+        Q(heartbeat_due_at__lt=now) | Q(heartbeat_due_at__isnull=True),
+        state=State.READY,
+        heartbeat_timeout_s__isnull=False,
+    )
+    for sandbox in due:
         assert sandbox.heartbeat_timeout_s is not None
         last = sandbox.last_heartbeat_at or sandbox.created_at
-        if last + timedelta(seconds=sandbox.heartbeat_timeout_s) >= now:
+        deadline = last + timedelta(seconds=sandbox.heartbeat_timeout_s)
+        if deadline >= now:
+            # Early (it beat since, or was never looked at): not due before its real
+            # deadline. Only ever moved later, so a racing heartbeat's value stands.
+            Sandbox.objects.filter(
+                Q(heartbeat_due_at__lt=deadline) | Q(heartbeat_due_at__isnull=True),
+                pk=sandbox.pk,
+            ).update(heartbeat_due_at=deadline)
             continue
         if sandbox_transition(
             sandbox=sandbox,

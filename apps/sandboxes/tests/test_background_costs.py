@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import pytest
@@ -202,3 +203,41 @@ def test_the_daily_roll_up_reads_the_days_records_not_the_history(make_tenant: A
         assert written == 2  # total and image, whatever the history
         measured[n] = rows
     assert measured[2000] <= 2 * measured[100], measured
+
+
+def test_the_heartbeat_reaper_reads_what_is_due_not_every_live_sandbox(
+    make_tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.sandboxes.services import provisioning
+
+    destroyed: list[str] = []
+    monkeypatch.setattr("apps.sandboxes.tasks.destroy_sandbox.delay", destroyed.append)
+    tenant, _ = make_tenant()
+    measured: dict[int, dict[str, int]] = {}
+    for n in (100, 2000):
+        now = timezone.now()
+        have = Sandbox.objects.filter(tenant=tenant, state=State.READY).count()
+        # idle live sandboxes whose clients beat: the last heartbeat set the due time
+        # a timeout ahead (as sandbox_heartbeat does)
+        live = _add(tenant, n - have, state=State.READY, moved_ago=timedelta(hours=3))
+        Sandbox.objects.filter(pk__in=[s.pk for s in live]).update(
+            heartbeat_timeout_s=300,
+            last_heartbeat_at=now - timedelta(seconds=10),
+            heartbeat_due_at=now + timedelta(seconds=290),
+        )
+        # the same 5 gone silent in both rounds, their due time passed
+        silent = _add(tenant, 5, state=State.READY, moved_ago=timedelta(hours=3))
+        Sandbox.objects.filter(pk__in=[s.pk for s in silent]).update(
+            heartbeat_timeout_s=300,
+            last_heartbeat_at=now - timedelta(seconds=400),
+            heartbeat_due_at=now - timedelta(seconds=100),
+        )
+        _analyze()
+        rows, statements, counts = _cost(partial(provisioning.sandbox_reap, now=now))
+        assert counts["heartbeat_expired"] == 5, counts
+        assert set(destroyed[-5:]) == {str(s.id) for s in silent}
+        assert Sandbox.objects.filter(tenant=tenant, state=State.READY).count() == n
+        measured[n] = {"rows": rows, "statements": statements}
+    # 5 expired rows read (and moved) per round whatever N: within 2x, same statements
+    assert measured[2000]["rows"] <= 2 * measured[100]["rows"], measured
+    assert measured[2000]["statements"] == measured[100]["statements"], measured

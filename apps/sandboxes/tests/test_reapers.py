@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps.sandboxes.models import SandboxEvent, State
+from apps.sandboxes.models import Sandbox, SandboxEvent, State
 from apps.sandboxes.services import provisioning
 from apps.sandboxes.tests.factories import make_sandbox
 
@@ -102,3 +102,55 @@ def test_it_is_safe_when_two_reapers_race(make_tenant, destroyed):
     second = provisioning.sandbox_reap(now=now)
     assert (first["ttl_expired"], second["ttl_expired"]) == (1, 0)
     assert len(destroyed) == 1
+
+
+def test_the_heartbeat_reaper_goes_by_the_real_deadline_not_the_due_time(make_tenant, destroyed):
+    """``heartbeat_due_at`` only says when to look: a row found early is kept and its due
+    time moved up to the real deadline, where it is then reaped."""
+    tenant, _ = make_tenant()
+    now = timezone.now()
+    early = make_sandbox(
+        tenant,
+        heartbeat_timeout_s=30,
+        last_heartbeat_at=now - timedelta(seconds=20),
+        heartbeat_due_at=now - timedelta(seconds=25),
+    )
+    assert provisioning.sandbox_reap(now=now)["heartbeat_expired"] == 0
+    early.refresh_from_db()
+    assert early.state == State.READY
+    assert early.heartbeat_due_at == now + timedelta(seconds=10)
+    assert provisioning.sandbox_reap(now=now + timedelta(seconds=10))["heartbeat_expired"] == 0
+    assert provisioning.sandbox_reap(now=now + timedelta(seconds=11))["heartbeat_expired"] == 1
+    early.refresh_from_db()
+    assert early.state == State.TERMINATING
+    assert destroyed == [str(early.id)]
+
+
+def _beat_and_due(client, url, sandbox):
+    """Heartbeats through the API; (last_heartbeat_at, heartbeat_due_at) after it."""
+    assert client.post(url).status_code == 200
+    sandbox.refresh_from_db()
+    last, due = sandbox.last_heartbeat_at, sandbox.heartbeat_due_at
+    assert last is not None and due is not None
+    return last, due
+
+
+def test_a_heartbeat_moves_the_due_time_only_near_it(make_tenant, api_client, destroyed):
+    tenant, secret = make_tenant()
+    sandbox = make_sandbox(tenant, heartbeat_timeout_s=30, last_heartbeat_at=timezone.now())
+    client = api_client(secret)
+    url = f"/api/v1/sandboxes/{sandbox.external_id}/heartbeat"
+    first, first_due = _beat_and_due(client, url, sandbox)
+    assert first_due == first + timedelta(seconds=30)
+    # more than half a timeout away: the next heartbeat leaves the indexed column alone
+    second, second_due = _beat_and_due(client, url, sandbox)
+    assert second > first and second_due == first_due
+    # within half a timeout of it: the heartbeat moves it to its own deadline
+    Sandbox.objects.filter(pk=sandbox.pk).update(
+        heartbeat_due_at=timezone.now() + timedelta(seconds=14)
+    )
+    last, due = _beat_and_due(client, url, sandbox)
+    assert due == last + timedelta(seconds=30)
+    # and the reaper still goes by the real deadline
+    assert provisioning.sandbox_reap(now=last + timedelta(seconds=30))["heartbeat_expired"] == 0
+    assert provisioning.sandbox_reap(now=last + timedelta(seconds=31))["heartbeat_expired"] == 1
