@@ -487,6 +487,11 @@ HEDGEROW_K8S_INFORMER_EVERYWHERE = env_bool("HEDGEROW_K8S_INFORMER_EVERYWHERE", 
 # process unless accepted explicitly here.
 HEDGEROW_K8S_ALLOW_NO_BOUNDARY = env_bool("HEDGEROW_K8S_ALLOW_NO_BOUNDARY", False)
 HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR = env_bool("HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR", False)
+# Each process asks the API server (SelfSubjectAccessReview) for the permissions its
+# role needs when it builds the backend; 1 skips it. The role is read from the command
+# line unless set (web, watcher, worker).
+HEDGEROW_K8S_SKIP_PERMISSION_CHECK = env_bool("HEDGEROW_K8S_SKIP_PERMISSION_CHECK", False)
+HEDGEROW_K8S_PROCESS_ROLE = os.environ.get("HEDGEROW_K8S_PROCESS_ROLE", "")
 # safe-to-evict "false" / karpenter.sh/do-not-disrupt "true" on sandbox pods (true), or
 # safe-to-evict "true" (false): docs/deploy-kubernetes.md "Autoscalers"
 HEDGEROW_K8S_PROTECT_FROM_DISRUPTION = env_bool("HEDGEROW_K8S_PROTECT_FROM_DISRUPTION", True)

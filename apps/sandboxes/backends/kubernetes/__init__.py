@@ -24,12 +24,14 @@ from .config import (
     startup_refusals,
 )
 from .config import KubernetesConfig as KubernetesConfig
+from .permissions import permission_refusal, process_role
 
 __all__ = [
     "KubeApi",
     "KubernetesBackend",
     "KubernetesConfig",
     "build_kubernetes_backend",
+    "check_permissions",
     "check_startup",
     "config_from_settings",
 ]
@@ -124,7 +126,23 @@ def api_client_from_settings(max_concurrency: int) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def check_permissions(api: KubeApi) -> None:
+    """ImproperlyConfigured naming every permission this process's role needs and the
+    API server says it lacks (SelfSubjectAccessReview), unless
+    HEDGEROW_K8S_SKIP_PERMISSION_CHECK."""
+    if settings.HEDGEROW_K8S_SKIP_PERMISSION_CHECK:
+        return
+    try:
+        role = process_role(settings.HEDGEROW_K8S_PROCESS_ROLE)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    refusal = permission_refusal(api, role)
+    if refusal:
+        raise ImproperlyConfigured("the kubernetes backend refuses to start: " + refusal)
+
+
 def build_kubernetes_backend() -> KubernetesBackend:
     config = check_startup()
     api = KubeApi(api_client_from_settings(config.max_concurrency), config)
+    check_permissions(api)
     return KubernetesBackend(config, api)

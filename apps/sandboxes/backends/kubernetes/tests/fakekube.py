@@ -33,6 +33,9 @@ client runs unmodified against it:
   grant; a request with that token for anything else is a ``403 Forbidden`` (the
   backend's tests run as the worker's ServiceAccount, conftest.py), namespaces and
   resourceNames aside;
+* SelfSubjectAccessReview (``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``):
+  allowed or not from the same ``grants`` (any token may ask, as ``system:basic-user``
+  lets every authenticated user); ``access_reviews`` records what was asked;
 * faults: ``fail_next`` (answer the next requests with these statuses,
   ``Retry-After: <retry_after>``, 0 unless set) and ``stall_next`` (hold the next
   requests this long before answering: request timeouts), ``stall_open_watches``
@@ -158,6 +161,9 @@ _VERB_PATH = re.compile(
 )
 
 
+SELF_SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
 def request_verb(method: str, path: str, query: dict[str, list[str]]) -> tuple[str, str, str]:
     """(api group, resource, verb) of a request, as the API server's authorizer sees it."""
     m = _VERB_PATH.match(path)
@@ -218,6 +224,7 @@ class FakeKube:
         # API server's authorizer. Tokens not listed are unrestricted (the test itself).
         self.grants: dict[str, set[tuple[str, str, str]]] = {}
         self.forbidden: list[tuple[str, str, str, str]] = []  # (token, group, resource, verb)
+        self.access_reviews: list[tuple[str, dict[str, Any]]] = []  # (token, review asked)
         self.gated_pod_fields: set[str] = set()
         self._ip = 0
         self._confirmed: set[tuple[str, str, str]] = set()  # terminations the kubelet saw
@@ -226,6 +233,29 @@ class FakeKube:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def access_review(self, token: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A SelfSubjectAccessReview answered from ``grants`` (tokens not listed are
+        unrestricted), as the API server answers from the Roles it enforces."""
+        with self.cond:
+            self.access_reviews.append((token, body))
+        attributes = (body.get("spec") or {}).get("resourceAttributes") or {}
+        asked = (
+            attributes.get("group") or "",
+            attributes.get("resource") or "",
+            attributes.get("verb") or "",
+        )
+        allowed = token not in self.grants or asked in self.grants[token]
+        answer: dict[str, Any] = {"allowed": allowed}
+        if allowed and token in self.grants:
+            answer["reason"] = "RBAC: allowed by RoleBinding"
+        return {
+            "kind": "SelfSubjectAccessReview",
+            "apiVersion": "authorization.k8s.io/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": body.get("spec") or {},
+            "status": answer,
+        }
 
     def start(self) -> FakeKube:
         self._thread.start()
@@ -705,6 +735,11 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
             token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if method == "POST" and url.path == SELF_SUBJECT_ACCESS_REVIEWS:
+                # every authenticated user may ask (system:basic-user); answered from
+                # the same grants the authorizer below enforces
+                self._send(201, kube.access_review(token, body if isinstance(body, dict) else {}))
+                return
             if token in kube.grants:
                 group, resource, verb = request_verb(method, url.path, query)
                 if (group, resource, verb) not in kube.grants[token]:

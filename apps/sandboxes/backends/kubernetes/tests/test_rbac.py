@@ -17,6 +17,7 @@ from apps.sandboxes.backends.base import BackendError, RegistryCredentials
 from apps.sandboxes.backends.kubernetes import KubernetesBackend
 from apps.sandboxes.backends.kubernetes.config import sandbox_labels
 from apps.sandboxes.backends.kubernetes.egress_allow import AllowlistEgress
+from apps.sandboxes.backends.kubernetes.permissions import REQUIRED
 
 from .conftest import NS, eventually, new_spec
 from .fakekube import FakeKube, request_verb
@@ -162,6 +163,7 @@ def test_the_worker_is_granted_exactly_what_it_calls(
 ) -> None:
     used = worker_calls(fake, make_backend)
     assert used == granted(docs, "hedgerow-worker")
+    assert used == REQUIRED["worker"]  # what the worker asks for at start-up
     assert not {v for v in used if v[1] == "secrets" and v[2] not in ("create", "get", "delete")}
 
 
@@ -186,6 +188,7 @@ def test_the_web_and_the_watcher_only_read_pods(
         }
     )
     assert ("", "pods", "list") in used and ("", "pods", "watch") in used
+    assert used == REQUIRED["watcher" if watcher else "web"]  # asked for at start-up
 
 
 def test_beat_and_migrate_get_no_token_and_nothing_lists_secrets(
