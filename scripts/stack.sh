@@ -250,7 +250,22 @@ secret_key() {
   fi
 }
 
-services_up() { install_system; install_python; secret_key; pg_up; redis_up; }
+# The default ports (55432, 56379) lie in Linux's ephemeral range (32768-60999): on a busy
+# machine an outgoing connection can hold one when Postgres or Redis starts, which then
+# fails with "Address already in use". As root, reserve our listening ports so the kernel
+# never hands them out as source ports (a machine-wide list; ours are added, none removed).
+reserve_ports() {
+  local file=/proc/sys/net/ipv4/ip_local_reserved_ports current port
+  [ "$(id -u)" = 0 ] && [ -w "$file" ] || return 0
+  current="$(cat "$file")"
+  for port in "$@"; do
+    case ",$current," in *",$port,"*) continue ;; esac
+    current="${current:+$current,}$port"
+  done
+  echo "$current" >"$file" 2>/dev/null || true
+}
+
+services_up() { install_system; install_python; secret_key; reserve_ports "$PG_PORT" "$REDIS_PORT" "$WEB_PORT"; pg_up; redis_up; }
 
 start_bg() {  # name, command...
   local name="$1"; shift
