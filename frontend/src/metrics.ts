@@ -41,6 +41,7 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
   let timer: number | undefined;
   let stopped = false;
   let inflight = false;
+  let leavingAt = -Infinity;
 
   const chart = (
     key: keyof typeof canvases,
@@ -106,7 +107,15 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
 
   const poll = async () => {
     timer = undefined;
+    // The header follows the sandbox's state (realtime): once it is no longer ready
+    // there is nothing to read, and asking would only earn a 409.
+    const state = document.querySelector<HTMLElement>("#sandbox-header [data-state]")?.dataset.state;
+    if (state && state !== "ready") stopped = true;
     if (stopped || inflight || document.visibilityState !== "visible") return;
+    if (performance.now() - leavingAt < 3000) {
+      schedule();
+      return;
+    }
     inflight = true;
     try {
       record(await api<Sample>(`/api/v1/sandboxes/${encodeURIComponent(sandboxId)}/metrics`));
@@ -130,6 +139,13 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
     }
   };
 
+  // Leaving the page (the Delete form posts and navigates): no poll may start while the
+  // sandbox is being deleted underneath it.
+  // A link that turns out to be a download also fires beforeunload and the page stays:
+  // skip a poll for a moment rather than stop for good.
+  window.addEventListener("beforeunload", () => {
+    leavingAt = performance.now();
+  });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible" && timer === undefined) void poll();
     else if (document.visibilityState !== "visible" && timer !== undefined) {
