@@ -1,7 +1,7 @@
 """GET /api/v1/sandboxes/<id>/metrics on a real sandbox: the counters come from its
 cgroups (memory grows by what a process allocates, pids count a background process,
-CPU time grows with work), another team's sandbox is not found, and a sandbox that is
-not ready has none (409 sandbox_not_ready)."""
+CPU time grows with work) and its disk quota (a committed write), another team's
+sandbox is not found, and a sandbox that is not ready has none (409 sandbox_not_ready)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from apps.sandboxes.backends import get_backend
 from apps.sandboxes.tests.test_files_live import _api, _error, _ready, _sh
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,6 +55,14 @@ def test_metrics_follow_what_the_sandbox_does(live: Any, make_tenant: Any) -> No
     _sh(http, sandbox_id, "python3 -c 'sum(range(3 * 10**7))'")
     worked = _sample(http, sandbox_id)
     assert worked["cpu_usage_ns"] > held["cpu_usage_ns"] + 50_000_000, (held, worked)
+
+    # disk: what the sandbox's quota group references, once the write is committed
+    _sh(http, sandbox_id, "head -c 8M /dev/urandom > /workspace/blob && sync -f /workspace/blob")
+    wrote = _sample(http, sandbox_id)
+    if getattr(get_backend(), "storage", None) is None:  # unbounded storage: no quota
+        assert before["disk_bytes"] is None and wrote["disk_bytes"] is None, wrote
+    else:
+        assert wrote["disk_bytes"] >= before["disk_bytes"] + 8 * MIB, (before, wrote)
 
     outsider = _api(live, other_secret)
     _error(outsider.get(f"/sandboxes/{sandbox_id}/metrics"), 404, "sandbox_not_found")
