@@ -183,7 +183,9 @@ class CgroupDriver:
         a process that exits before its parent waits for it is not counted. v2 reads
         ``memory.current``, ``pids.current`` and ``cpu.stat`` ``usage_usec``. Raises
         FileNotFoundError when the sandbox has no cgroups."""
-        if self.mode == "v2" and "unified" in created:
+        # by the recorded dirs, not this process's mode: the web process that reads them
+        # may sit in other cgroups than the worker that made them
+        if "unified" in created:
             unified = created["unified"]
             stat = dict(
                 line.split(" ", 1) for line in _strict_read(unified / "cpu.stat").splitlines()
@@ -194,7 +196,7 @@ class CgroupDriver:
                 int(_strict_read(unified / "pids.current")),
                 "cgroup",
             )
-        if self.mode != "v1" or "memory" not in created or "pids" not in created:
+        if "memory" not in created or "pids" not in created:
             raise FileNotFoundError("no memory and pids cgroups")
         memory = int(_strict_read(created["memory"] / "memory.usage_in_bytes"))
         pids = int(_strict_read(created["pids"] / "pids.current"))
