@@ -9,6 +9,11 @@ import { openTerminal, type TerminalHandle } from "./terminal";
 
 const page = document.querySelector<HTMLElement>("[data-sandbox-page]");
 if (page) setup(page);
+// Chart.js only where the metrics panel is (a ready sandbox): its own chunk.
+const metricsPanel = document.querySelector<HTMLElement>("#metrics[data-metrics]");
+if (page && metricsPanel) {
+  void import("./metrics").then((m) => m.startMetrics(metricsPanel, page.dataset.sandboxId ?? ""));
+}
 
 function setup(page: HTMLElement): void {
   const sandboxId = page.dataset.sandboxId ?? "";

@@ -22,6 +22,11 @@ urlpatterns = [
         name="sandbox-dns",
     ),
     path(
+        "sandboxes/<str:sandbox_id>/metrics",
+        views.SandboxMetricsView.as_view(),
+        name="sandbox-metrics",
+    ),
+    path(
         "sandboxes/<str:sandbox_id>/timeout",
         views.SandboxTimeoutView.as_view(),
         name="sandbox-timeout",

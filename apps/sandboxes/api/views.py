@@ -39,6 +39,7 @@ from apps.sandboxes.services.operations import (
     operation_send_stdin,
 )
 from apps.sandboxes.services.patching import sandbox_apply_patch
+from apps.sandboxes.services.sandbox_metrics import sandbox_metrics
 from apps.sandboxes.services.streaming import operation_exec_stream, operation_recover
 from apps.sandboxes.services.waiting import sandbox_wait_settled
 from apps.tenancy.permissions import principal_of
@@ -282,6 +283,36 @@ class SandboxDnsLogView(APIView):
             raise ValidationFailed("limit must be a positive integer", field="limit")
         entries = sandbox_dns_log(sandbox=sandbox, limit=int(raw))
         return Response({"sandbox": sandbox.external_id, "results": entries})
+
+
+class SandboxMetricsView(APIView):
+    @extend_schema(
+        responses={
+            200: inline_serializer(
+                "SandboxMetrics",
+                {
+                    "sandbox": serializers.CharField(),
+                    "ts": serializers.FloatField(),
+                    "memory_bytes": serializers.IntegerField(),
+                    "cpu_usage_ns": serializers.IntegerField(),
+                    "pids": serializers.IntegerField(),
+                    "disk_bytes": serializers.IntegerField(allow_null=True),
+                    "cpu_source": serializers.CharField(),
+                    "memory_limit_bytes": serializers.IntegerField(),
+                    "cpu_millis": serializers.IntegerField(),
+                },
+            ),
+            **ERROR_RESPONSES,
+        },
+        description="The ready sandbox's counters now, from its cgroups (docs/frontend.md "
+        '"Metrics"): memory bytes, cumulative CPU ns (a rate needs two samples), pids, '
+        "disk bytes of its quota (null without one). One sample, nothing stored. 409 "
+        "`metrics_unavailable` on a backend without counters (kubernetes).",
+    )
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        principal = principal_of(request)
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+        return Response(sandbox_metrics(sandbox=sandbox))
 
 
 class ExecView(APIView):

@@ -86,6 +86,26 @@ class StateDivergence(BackendError):
         self.diff = diff
 
 
+class MetricsUnavailable(BackendError):
+    """This backend (or this sandbox, gone or without cgroups) has no resource counters
+    to read: the API answers 409 ``metrics_unavailable``."""
+
+    code = "metrics_unavailable"
+
+
+@dataclass(frozen=True)
+class SandboxMetrics:
+    """One sample of a live sandbox's counters, read from its cgroups (docs/frontend.md
+    "Metrics"). ``cpu_usage_ns`` is cumulative: a rate needs two samples."""
+
+    ts: float  # unix time of the read
+    memory_bytes: int  # memory charged to the sandbox's cgroup (page cache included)
+    cpu_usage_ns: int  # cumulative CPU time
+    pids: int  # tasks (threads included) in the sandbox's pids cgroup
+    disk_bytes: int | None = None  # bytes its disk quota group references; None: no quota
+    cpu_source: str = "cgroup"  # "cgroup" (cpu.stat), or "proc" (v1 without cpuacct)
+
+
 @dataclass(frozen=True)
 class SnapshotInfo:
     """A captured snapshot: the sandbox's writable root (upper dir), /workspace and

@@ -23,8 +23,10 @@ from apps.sandboxes.backends.base import (
     ImageInfo,
     ImageUnavailable,
     InventoryItem,
+    MetricsUnavailable,
     ProgressCallback,
     RegistryCredentials,
+    SandboxMetrics,
     SandboxSpec,
     SnapshotFailed,
     SnapshotInfo,
@@ -151,6 +153,12 @@ class KubernetesBackend:
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         raise SnapshotNotFound(f"no snapshot {snapshot_id}: the kubernetes backend keeps none")
+
+    # ---- metrics (the pod's cgroups are the kubelet's: metrics-server is not read yet)
+
+    def metrics(self, sandbox_id: str) -> SandboxMetrics:
+        check_sandbox_id(sandbox_id)
+        raise MetricsUnavailable("the kubernetes backend does not read sandbox metrics yet")
 
     # ---- provision ---------------------------------------------------------------
 

@@ -34,8 +34,10 @@ from apps.sandboxes.backends.base import (
     ImageInfo,
     ImageUnavailable,
     InventoryItem,
+    MetricsUnavailable,
     ProgressCallback,
     RegistryCredentials,
+    SandboxMetrics,
     SandboxSpec,
     SnapshotFailed,
     SnapshotInfo,
@@ -1269,6 +1271,26 @@ class LocalBackend:
         if meta and meta.get("state") == "started" and self._alive(meta):
             return self._endpoint_of(meta)
         return None
+
+    def metrics(self, sandbox_id: str) -> SandboxMetrics:
+        """The live sandbox's counters now, from its cgroups (and its disk quota group
+        where storage is bounded). MetricsUnavailable when it runs without cgroups or
+        they are gone."""
+        check_sandbox_id(sandbox_id)
+        meta = self._meta(sandbox_id)
+        if not meta or not self._alive(meta):
+            raise MetricsUnavailable(f"sandbox {sandbox_id} is not running here")
+        created = {c: Path(p) for c, p in (meta.get("cgroups") or {}).items()}
+        try:
+            memory, cpu_ns, pids, source = self.cgroups.usage(created)
+        except (OSError, ValueError) as exc:
+            raise MetricsUnavailable(f"no cgroup counters for {sandbox_id}: {exc}") from exc
+        disk: int | None = None
+        if self.storage is not None:
+            used = self.storage.quota_files(sandbox_id).get("disk_used", [])
+            with contextlib.suppress(OSError, ValueError):
+                disk = int(Path(used[0]).read_text()) if used else None
+        return SandboxMetrics(time.time(), memory, cpu_ns, pids, disk, source)
 
     def _resolv_conf(self) -> Path:
         """``/run/hedgerow/dns/<table>.conf`` naming the gateway (the instance's resolver).

@@ -172,6 +172,40 @@ class CgroupDriver:
             files["pids_max"] = [str(unified / "pids.max")]
         return files
 
+    def usage(self, created: dict[str, Path]) -> tuple[int, int, int, str]:
+        """(memory bytes, cumulative CPU ns, pids, cpu source) of the sandbox's cgroups
+        ``created`` (controller → dir, as provisioning recorded them).
+
+        v1 reads ``memory.usage_in_bytes`` and ``pids.current`` of the sandbox's own dir
+        (hierarchical: agent and cmds included). The v1 ``cpu`` controller keeps no usage
+        counter (that is ``cpuacct``, not one of ours), so CPU time there is the sum of
+        utime+stime+cutime+cstime of the tasks in the sandbox's pids groups, from /proc:
+        a process that exits before its parent waits for it is not counted. v2 reads
+        ``memory.current``, ``pids.current`` and ``cpu.stat`` ``usage_usec``. Raises
+        FileNotFoundError when the sandbox has no cgroups."""
+        # by the recorded dirs, not this process's mode: the web process that reads them
+        # may sit in other cgroups than the worker that made them
+        if "unified" in created:
+            unified = created["unified"]
+            stat = dict(
+                line.split(" ", 1) for line in _strict_read(unified / "cpu.stat").splitlines()
+            )
+            return (
+                int(_strict_read(unified / "memory.current")),
+                int(stat.get("usage_usec", "0")) * 1000,
+                int(_strict_read(unified / "pids.current")),
+                "cgroup",
+            )
+        if "memory" not in created or "pids" not in created:
+            raise FileNotFoundError("no memory and pids cgroups")
+        memory = int(_strict_read(created["memory"] / "memory.usage_in_bytes"))
+        pids = int(_strict_read(created["pids"] / "pids.current"))
+        tasks: set[int] = set()
+        for d in [created["pids"], *(p for p in created["pids"].iterdir() if p.is_dir())]:
+            with contextlib.suppress(FileNotFoundError):
+                tasks.update(int(x) for x in _read(d / "cgroup.procs").split())
+        return memory, sum(_proc_cpu_ns(pid) for pid in tasks), pids, "proc"
+
     def _limit(self, controller: str, path: Path, limits: Limits) -> None:
         quota = max(1000, limits.cpu_millis * CFS_PERIOD_US // 1000)
         if controller == "memory":
@@ -303,6 +337,24 @@ def _with_reserve(controller: str, limits: Limits) -> Limits:
     if controller == "memory":
         return Limits(limits.memory_bytes + AGENT_MEMORY_RESERVE, limits.cpu_millis, limits.pids)
     return Limits(limits.memory_bytes, limits.cpu_millis, limits.pids + AGENT_PIDS_RESERVE)
+
+
+_CLOCK_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_ns(pid: int) -> int:
+    """utime+stime+cutime+cstime of ``pid`` in ns; 0 once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    # fields after the ")" that closes comm: state is field 3, utime 14 … cstime 17
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return sum(int(x) for x in fields[11:15]) * _CLOCK_TICK_NS
+
+
+def _strict_read(path: Path) -> str:
+    return path.read_text().strip()
 
 
 def _read(path: Path) -> str:
