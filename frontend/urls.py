@@ -49,6 +49,7 @@ urlpatterns = [
         name="sandbox-file-exists",
     ),
     path("sandboxes/<str:sandbox_id>/delete", views.sandbox_delete_view, name="sandbox-delete"),
+    path("sandboxes/<str:sandbox_id>/ttl", views.sandbox_ttl_view, name="sandbox-ttl"),
     path("snapshots/<str:snapshot_id>/", snapshot_views.snapshot_detail, name="snapshot"),
     path(
         "snapshots/<str:snapshot_id>/fork", snapshot_views.snapshot_fork_view, name="snapshot-fork"

@@ -6,6 +6,7 @@ import posixpath
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -24,7 +25,7 @@ from apps.sandboxes.metering.usage import sandbox_cost
 from apps.sandboxes.models import LIVE_STATES, State
 from apps.sandboxes.services import files
 from apps.sandboxes.services.egress import sandbox_dns_log
-from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete
+from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_set_expiry
 from apps.tenancy.pages import is_htmx, page, render_page
 from apps.tenancy.principal import Principal
 from frontend.forms import sandbox_form_errors
@@ -208,6 +209,34 @@ def sandbox_delete_view(
     return redirect(target)
 
 
+# The sandbox page's "Keep it for" choices (seconds from now; the API takes any value up
+# to HEDGEROW_MAX_TTL_S, which caps these too).
+TTL_CHOICES = [(3600, "1 hour"), (4 * 3600, "4 hours"), (24 * 3600, "24 hours")]
+
+
+@require_POST
+@page("write")
+def sandbox_ttl_view(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    """Sets a live sandbox's TTL to the chosen time from now (the REST API's
+    ``POST /sandboxes/{id}/timeout`` does the same with any value); answers a redirect to
+    its page with what happened, so a reload changes nothing again."""
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    raw = request.POST.get("seconds", "")
+    try:
+        seconds = int(raw)
+    except ValueError:
+        messages.error(request, "Choose how long to keep the sandbox.")
+    else:
+        try:
+            sandbox_set_expiry(sandbox=sandbox, seconds=seconds)
+        except ApiError as exc:
+            messages.error(request, f"The TTL was not changed: {exc.message}.")
+        else:
+            label = dict(TTL_CHOICES).get(seconds, f"{seconds} s")
+            messages.success(request, f"{sandbox.external_id} now ends in {label}.")
+    return redirect("frontend:sandbox", sandbox.external_id)
+
+
 @require_POST
 @page("write")
 def sandbox_bulk_delete_view(request: HttpRequest, principal: Principal) -> HttpResponse:
@@ -247,6 +276,7 @@ def _detail_context(principal: Principal, sandbox_id: str) -> dict[str, Any]:
         "sandbox": sandbox,
         "events": list(selectors.sandbox_events(sandbox=sandbox)),
         "cost": sandbox_cost(sandbox=sandbox),
+        "ttl_choices": [c for c in TTL_CHOICES if c[0] <= settings.HEDGEROW_MAX_TTL_S],
     }
 
 

@@ -62,6 +62,7 @@ PROVED_HERE = {
     "members",  # frontend/members.html posts to itself: add, change role, remove
     "frontend:sandbox-create",
     "frontend:sandbox-delete",
+    "frontend:sandbox-ttl",
     "frontend:sandbox-bulk-delete",
     "frontend:snapshot-fork",
     "images:delete",
@@ -188,6 +189,42 @@ def test_sandbox_create_delete_and_bulk_delete_redirect_without_htmx(
     one.refresh_from_db()
     two.refresh_from_db()
     assert one.state != State.READY and two.state != State.READY
+
+
+def test_setting_the_ttl_redirects_and_refusals_change_nothing(
+    make_tenant: Any, make_user: Any
+) -> None:
+    tenant, _ = make_tenant()
+    other, _ = make_tenant()
+    client = _client(make_user, "prgttl", (tenant, "member"))
+    sandbox = make_sandbox(tenant, expires_at=timezone.now() + timedelta(minutes=5))
+    page = f"/sandboxes/{sandbox.external_id}/"
+    assert 'action="/sandboxes/' + sandbox.external_id + '/ttl"' in client.get(page).text
+    before = timezone.now()
+    _redirects(client.post(f"{page}ttl", {"seconds": "14400"}), client, page)
+    sandbox.refresh_from_db()
+    assert before + timedelta(hours=4) <= sandbox.expires_at <= timezone.now() + timedelta(hours=4)
+    kept = sandbox.expires_at
+    # beyond HEDGEROW_MAX_TTL_S, not a number, or a sandbox that is ending: a message, a
+    # redirect, and the expiry unchanged
+    for seconds, said in ((str(10**9), "The TTL was not changed"), ("soon", "Choose how long")):
+        refused = client.post(f"{page}ttl", {"seconds": seconds})
+        assert refused.status_code == 302 and refused["Location"] == page
+        assert said in client.get(page).text  # the message, shown once after the redirect
+    ending = make_sandbox(tenant, state=State.TERMINATING)
+    _redirects(client.post(f"/sandboxes/{ending.external_id}/ttl", {"seconds": "3600"}), client)
+    ending.refresh_from_db()
+    sandbox.refresh_from_db()
+    assert sandbox.expires_at == kept and ending.state == State.TERMINATING
+    # another team's sandbox is not found; a viewer may not change it
+    theirs = make_sandbox(other)
+    assert (
+        client.post(f"/sandboxes/{theirs.external_id}/ttl", {"seconds": "3600"}).status_code == 404
+    )
+    viewer = _client(make_user, "prgttlv", (tenant, "viewer"))
+    assert viewer.post(f"{page}ttl", {"seconds": "3600"}).status_code == 403
+    sandbox.refresh_from_db()
+    assert sandbox.expires_at == kept
 
 
 def test_a_fork_redirects_even_when_refused(make_tenant: Any, make_user: Any) -> None:
