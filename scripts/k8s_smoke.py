@@ -1,6 +1,7 @@
 """The public lifecycle against a Hedgerow running on a real Kubernetes cluster.
 
-create → wait ready → exec → upload/download/list → isolation probe → delete →
+create → wait ready → exec → upload/download/list → isolation probes (API server,
+kubelet, metadata, pod to pod, DNS enumeration; with and without egress) → delete →
 nothing left in the sandbox namespace → the tenant's leak audit balances.
 
 Run through `make k8s-smoke` (scripts/k8s_smoke.sh sets HEDGEROW_URL and
@@ -87,6 +88,66 @@ def kubectl_pod_field(sandbox_label: str, jsonpath: str) -> str:
     return out.stdout.strip()
 
 
+def tcp_probe(host: str, port: int | str) -> str:
+    """A command printing "open" when a TCP connection to host:port succeeds in 5 s."""
+    return (
+        f"timeout 5 bash -c 'exec 3<>/dev/tcp/{host}/{port}' 2>/dev/null"
+        " && echo open || echo closed"
+    )
+
+
+def run_in(sid: str, command: str) -> str:
+    ran = http.post(f"/sandboxes/{sid}/exec", json={"command": command, "timeout": 30})
+    return str(ran.json().get("stdout", "")).strip()
+
+
+def kubectl_value(*args: str) -> str:
+    out = subprocess.run(["kubectl", *args], capture_output=True, text=True, check=False)
+    return out.stdout.strip()
+
+
+def isolation_probes(sid: str, sandbox_label: str) -> None:
+    """What only a real cluster can show (docs/deploy-kubernetes.md): from a sandbox
+    without network access and from one with `egress: all`, the API server's ClusterIP,
+    the node's kubelet, the cloud metadata service and another sandbox's agent are
+    unreachable, and cluster DNS does not enumerate services."""
+    api_ip = kubectl_value("-n", "default", "get", "svc", "kubernetes", "-o",
+                           "jsonpath={.spec.clusterIP}")  # fmt: skip
+    node_ip = kubectl_pod_field(sandbox_label, "{.items[0].status.hostIP}")
+    peer_ip = kubectl_pod_field(sandbox_label, "{.items[0].status.podIP}")
+    agent_port = (
+        kubectl_pod_field(sandbox_label, "{.items[0].spec.containers[0].ports[0].containerPort}")
+        or "7777"
+    )
+    net = http.post(
+        "/sandboxes",
+        json={"image": IMAGE, "labels": {"smoke": RUN_ID + "-net"}, "ttl_seconds": 900,
+              "egress": "all"},
+        headers={"Idempotency-Key": RUN_ID + "-net"},
+    )  # fmt: skip
+    step("create a sandbox with egress: all", net.status_code == 201, net.text)
+    other = net.json()["id"]
+    try:
+        waited = http.get(f"/sandboxes/{other}/wait", params={"timeout": 170})
+        step("it is ready", waited.json().get("state") == "ready", waited.text)
+        for name, target in (("without network", sid), ("with egress: all", other)):
+            if api_ip:
+                step(f"API server's ClusterIP closed ({name})",
+                     run_in(target, tcp_probe(api_ip, 443)) == "closed")  # fmt: skip
+            if node_ip:
+                step(f"node's kubelet closed ({name})",
+                     run_in(target, tcp_probe(node_ip, 10250)) == "closed")  # fmt: skip
+            step(f"cloud metadata closed ({name})",
+                 run_in(target, tcp_probe("169.254.169.254", 80)) == "closed")  # fmt: skip
+        if peer_ip:
+            step("another sandbox's agent closed (pod to pod)",
+                 run_in(other, tcp_probe(peer_ip, agent_port)) == "closed")  # fmt: skip
+        dns = run_in(other, "getent hosts kubernetes.default.svc.cluster.local || echo none")
+        step("cluster DNS does not enumerate services", dns == "none", dns)
+    finally:
+        http.delete(f"/sandboxes/{other}")
+
+
 def main() -> None:
     started = time.time()
     created = http.post(
@@ -143,6 +204,7 @@ def main() -> None:
             },
         )
         step("egress denied", "open" not in probe.json().get("stdout", "open"), probe.text)
+        isolation_probes(sid, sandbox_label)
     finally:
         deleted = http.delete(f"/sandboxes/{sid}")
         step("delete", deleted.status_code == 202, deleted.text)
