@@ -17,16 +17,18 @@ from apps.sandboxes.backends.local.network import BRIDGE_MAX_PORTS, Network, usa
 from .conftest import PODAGENT
 
 
-def network(tmp_path: Path, **config: object) -> Network:
+def network(tmp_path: Path, instance: str = "cap", **config: object) -> Network:
+    """An instance's network claims under ``tmp_path`` (its state dir named after it),
+    sharing the machine-wide claims dir with every other instance made here."""
     cfg = LocalBackendConfig(
-        state_dir=tmp_path / "state",
-        instance="cap",
+        state_dir=tmp_path / instance,
+        instance=instance,
         podagent_dir=PODAGENT,
         claims_dir=tmp_path / "subnets",
         **config,  # type: ignore[arg-type]
     )
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    return Network(cfg, Names("cap"))
+    return Network(cfg, Names(instance))
 
 
 def test_a_pool_instance_claims_a_subnet_of_the_configured_size(tmp_path: Path) -> None:
@@ -35,18 +37,7 @@ def test_a_pool_instance_claims_a_subnet_of_the_configured_size(tmp_path: Path) 
     assert subnet.prefixlen == 22 and subnet.subnet_of(ipaddress.IPv4Network("198.18.0.0/16"))
     assert usable_addresses(subnet) == 1021
     # a second instance on the machine gets a different /22
-    other = Network(
-        LocalBackendConfig(
-            state_dir=tmp_path / "state2",
-            instance="cap2",
-            podagent_dir=PODAGENT,
-            claims_dir=tmp_path / "subnets",
-            subnet_pool="198.18.0.0/16",
-            subnet_prefix=22,
-        ),
-        Names("cap2"),
-    )
-    (tmp_path / "state2").mkdir()
+    other = network(tmp_path, "cap2", subnet_pool="198.18.0.0/16", subnet_prefix=22)
     assert not other.subnet.overlaps(subnet)
 
 
@@ -61,18 +52,7 @@ def test_a_prefix_outside_the_pool_or_too_small_is_refused_by_name(
 
 def test_an_exhausted_pool_says_what_frees_it(tmp_path: Path) -> None:
     network(tmp_path, subnet_pool="198.18.0.0/23", subnet_prefix=23).subnet  # noqa: B018
-    second = Network(
-        LocalBackendConfig(
-            state_dir=tmp_path / "s2",
-            instance="cap2",
-            podagent_dir=PODAGENT,
-            claims_dir=tmp_path / "subnets",
-            subnet_pool="198.18.0.0/23",
-            subnet_prefix=23,
-        ),
-        Names("cap2"),
-    )
-    (tmp_path / "s2").mkdir()
+    second = network(tmp_path, "cap2", subnet_pool="198.18.0.0/23", subnet_prefix=23)
     with pytest.raises(BackendError, match=r"no free /23 left in 198\.18\.0\.0/23.*gc"):
         second.subnet  # noqa: B018
 
