@@ -17,6 +17,7 @@ from django.utils import timezone
 from apps.billing.quotas import quota_get
 from apps.datasets.models import ReferenceRun
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
+from apps.sandboxes.services.audit import AuditSlice, audit_compute
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -99,6 +100,7 @@ def test_a_good_reference_is_checked_once_per_key_in_a_sandbox_that_is_deleted(
     tenant, secret = make_tenant()
     _, other_secret = make_tenant()
     client, other = api_client(secret), api_client(other_secret)
+    started = timezone.now()
 
     # registration with a reference queues the check
     put = client.put("/api/v1/tasks/adder", {"reference": _reference(GOOD)}, format="json")
@@ -164,6 +166,19 @@ def test_a_good_reference_is_checked_once_per_key_in_a_sandbox_that_is_deleted(
     assert run2.detail["apply"] == {"patch": "applied"}
     assert _deleted_by_the_check(tenant, run2).pk != _deleted_by_the_check(tenant, run).pk
     assert Sandbox.objects.filter(tenant=tenant).count() == sandboxes + 1
+
+    # the reclaim-leak audit: both check sandboxes were created and deleted, none leaked
+    deadline = time.monotonic() + 60
+    while Sandbox.objects.filter(tenant=tenant).exclude(state=State.DELETED).exists():
+        assert time.monotonic() < deadline, "a check sandbox was never destroyed"
+        time.sleep(0.2)
+    report = audit_compute(
+        period_start=started,
+        period_end=timezone.now() + timedelta(seconds=1),
+        audit_slice=AuditSlice(tenant=tenant),
+    )
+    assert report.created == 2 and report.inventory_error == ""
+    assert (report.terms["deleted"], report.terms["live"], report.terms["leaked"]) == (2, 0, 0)
 
 
 def test_a_verifier_that_fails_the_reference_or_passes_the_initial_state_is_suspect(
