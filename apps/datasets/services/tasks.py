@@ -116,7 +116,8 @@ def reference_record(
         if not isinstance(value, str) or len(value) > 100:
             raise ValidationFailed(f"{name} is a string of at most 100 characters", field=name)
         key[name] = value
-    fields: dict[str, Any] = {"detail": {}}
+    # a reported run is done as recorded (it replaces a check of the same key)
+    fields: dict[str, Any] = {"detail": {}, "status": "done"}
     if data.get("reference_episode_id") is not None:
         fields["reference_outcome"], fields["episode"] = _episode_outcome(
             tenant, data["reference_episode_id"], "reference_episode_id"
