@@ -27,7 +27,7 @@ from apps.core.errors import ApiError, NotFound, ValidationFailed
 from apps.datasets.models import ReferenceRun, Task
 from apps.datasets.services.difficulty import health_refresh
 from apps.sandboxes.image_catalog import image_catalog
-from apps.sandboxes.models import Operation, Sandbox, State
+from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services.files import file_open, file_write
 from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create, sandbox_delete
 from apps.sandboxes.services.operations import ExecRequest, operation_exec
@@ -269,13 +269,34 @@ class CheckBroke(Exception):
     """The check itself failed (not the verifier): recorded as status ``error``."""
 
 
+def _still_ready(sandbox: Sandbox, generation: int) -> None:
+    sandbox.refresh_from_db()
+    if sandbox.state != State.READY or sandbox.generation != generation:
+        raise CheckBroke(
+            f"the sandbox {sandbox.external_id} went away during the check "
+            f"({sandbox.state}, generation {sandbox.generation})"
+        )
+
+
 def _exec(principal: Principal, sandbox: Sandbox, command: Any, **kw: Any) -> Operation:
+    """One command; a sandbox that went away, was re-provisioned, or whose agent failed
+    is the check breaking (its commands may have been killed with it), never a verdict."""
+    generation = sandbox.generation
+    _still_ready(sandbox, generation)
     try:
-        return operation_exec(
-            principal=principal, sandbox=sandbox, request=ExecRequest(command=command, **kw)
+        op = operation_exec(
+            principal=principal,
+            sandbox=sandbox,
+            request=ExecRequest(command=command, **kw),
+            expected_generation=generation,
         )
     except ApiError as exc:
         raise CheckBroke(f"exec refused: {exc.code}: {exc.message}") from exc
+    _still_ready(sandbox, generation)
+    error = op.error or {}
+    if op.status == OperationStatus.FAILED and error.get("code") != "resource_exhausted":
+        raise CheckBroke(f"the exec failed: {error.get('code')}: {error.get('message')}")
+    return op
 
 
 def _read_report(sandbox: Sandbox, path: str) -> str | None:

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from apps.billing.quotas import quota_get
 from apps.datasets.models import ReferenceRun
-from apps.sandboxes.models import Sandbox, SandboxEvent, State
+from apps.sandboxes.models import Operation, OperationStatus, Sandbox, SandboxEvent, State
 from apps.sandboxes.services.audit import AuditSlice, audit_compute
 
 pytestmark = pytest.mark.timeout(300)
@@ -285,6 +285,35 @@ def test_a_check_that_breaks_on_its_own_is_an_error_never_evidence(live, make_te
     assert _checked(tenant, "starved").status == "error"
     ReferenceRun.objects.filter(pk=run.pk).update(status="running")
     assert client.post("/api/v1/tasks/starved/reference-check").status_code == 200
+
+
+def test_a_sandbox_lost_mid_check_is_an_error_not_a_broken_verifier(live, make_tenant, api_client):
+    tenant, secret = make_tenant()
+    client = api_client(secret)
+    # fails the initial state at once; on the reference it blocks until killed (the
+    # last run: nothing after it would notice the sandbox is gone)
+    command = ["sh", "-c", "test -f /workspace/solution.py || exit 1; sleep 120"]
+    slow = _reference({"command": command, "timeout": 150})
+    assert client.put("/api/v1/tasks/lost", {"reference": slow}, format="json").status_code == 201
+    # another client deletes the check's sandbox while the verifier runs: its command
+    # is killed with the sandbox, which says nothing about the verifier
+    deadline = time.monotonic() + 120
+    while not Operation.objects.filter(
+        tenant=tenant, status=OperationStatus.RUNNING, request__command=command
+    ).exists():
+        assert time.monotonic() < deadline, "the check's verifier never started"
+        time.sleep(0.2)
+    sandbox = Sandbox.objects.get(tenant=tenant)
+    assert client.delete(f"/api/v1/sandboxes/{sandbox.external_id}").status_code in (200, 202)
+    run = _checked(tenant, "lost")
+    assert run.status == "error", run.detail
+    assert run.detail["initial"]["outcome"] == "fail" and "reference" not in run.detail
+    assert "went away" in run.detail["error"] or "sandbox_" in run.detail["error"], run.detail
+    health = client.get("/api/v1/tasks/lost/difficulty").json()
+    assert (health["verifier_suspect"], health["quarantine"]) == (False, False)
+    # the ledger: deleted by the other client, not by the check
+    deleted = SandboxEvent.objects.get(sandbox=sandbox, to_state=State.TERMINATING)
+    assert deleted.reason != "reference_check_done"
 
 
 def test_bad_references_are_refused_and_nothing_is_registered(make_tenant, api_client):
