@@ -339,3 +339,10 @@ def test_bad_references_are_refused_and_nothing_is_registered(make_tenant, api_c
     none = client.post("/api/v1/tasks/plain/reference-check")
     assert none.status_code == 400 and none.json()["error"]["code"] == "no_reference"
     assert client.post("/api/v1/tasks/nope/reference-check").status_code == 404
+    # a read-only key may look, not make sandboxes
+    _, read_secret = make_tenant(scopes=["read"])
+    reader = api_client(read_secret)
+    assert reader.post("/api/v1/tasks/plain/reference-check").status_code == 403
+    put = reader.put("/api/v1/tasks/x", {"reference": _reference(GOOD)}, format="json")
+    assert put.status_code == 403
+    assert not ReferenceRun.objects.exists() and not Sandbox.objects.exists()
