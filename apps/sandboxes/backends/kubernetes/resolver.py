@@ -6,7 +6,8 @@ What differs is only where it looks and writes:
 
 * who asks: the sandbox pod whose ``status.podIP`` is the query's source address (a
   LIST by field selector, this installation's sandbox pods only; none or several:
-  REFUSED), its sandbox and generation from its labels, its policy from the
+  REFUSED; one being deleted or ended does not count), its sandbox and generation from
+  its labels, its policy from the
   ``hedgerow.dev/egress-policy`` annotation of its ``-egress`` NetworkPolicy (no such
   policy: "none"). The control plane writes that annotation at create and on a live
   change (``set_egress``); a lookup is kept ``cache_s`` seconds, so a change applies
@@ -102,7 +103,14 @@ class PodDirectory:
             labelSelector=self.config.sandbox_selector(),
             fieldSelector=f"status.podIP={ip}",
         )
-        live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        # a pod that ended keeps its address in its status while the address may already
+        # be another pod's: only a live one speaks for it
+        live = [
+            p
+            for p in pods
+            if not (p.get("metadata") or {}).get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
         if len(live) != 1:
             return None
         labels = dict(live[0]["metadata"].get("labels") or {})

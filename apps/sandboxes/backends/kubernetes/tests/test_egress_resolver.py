@@ -153,6 +153,11 @@ def test_the_in_cluster_resolver_answers_opens_and_logs_by_the_asking_pod(
         assert log[0]["answer"] == [{"address": "203.0.113.7", "ttl": 300}]
         assert worker.dns_log(other.sandbox_id) == []
 
+        # a pod that ended keeps its address in its status: it speaks for it no more
+        fake.set_pod_status(NS, f"hr-{spec.sandbox_id}-1", phase="Failed", pod_ip=ip)
+        assert _ask(resolver, ip, "pkg.example.org").rcode() == dns.rcode.REFUSED
+        fake.set_pod_status(NS, f"hr-{spec.sandbox_id}-1", phase="Running", pod_ip=ip, running=True)
+
         # expiry: the sweep closes what outlived TTL + grace, destroy the rest
         egress = AllowlistEgress(as_resolver.api, as_resolver.policies, as_resolver.config)
         assert egress.sweep() == []
