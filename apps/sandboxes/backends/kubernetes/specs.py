@@ -57,6 +57,7 @@ SECRET_VOLUME = "hedgerow-secret"
 WORKSPACE_VOLUME = "workspace"
 TMP_VOLUME = "tmp"
 STATE_VOLUME = "state"  # with snapshots: the claim /workspace and /tmp are subPaths of
+STATE_MOUNT = "/hedgerow-state"  # where the init container sees the whole claim
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 SNAPSHOT_VERSION = "v1"
 TMP = "/tmp"  # an emptyDir of the pod's own, not the node's /tmp
@@ -212,6 +213,9 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
             f"{SECRET_MOUNT}/{TOKEN_KEY}",
             "--token-to",
             f"{TOKEN_MOUNT}/{TOKEN_KEY}",
+            # the state claim's subPaths, made with the emptyDirs' modes (the kubelet
+            # would make missing ones root's, unwritable by a non-root sandbox)
+            *(("--state-dir", STATE_MOUNT) if config.snapshots_enabled else ()),
         ),
         resources=client.V1ResourceRequirements(
             requests={"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "16Mi"},
@@ -233,6 +237,11 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
             client.V1VolumeMount(name=BUNDLE_VOLUME, mount_path=BUNDLE_MOUNT),
             client.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT),
             client.V1VolumeMount(name=SECRET_VOLUME, mount_path=SECRET_MOUNT, read_only=True),
+            *(
+                [client.V1VolumeMount(name=STATE_VOLUME, mount_path=STATE_MOUNT)]
+                if config.snapshots_enabled
+                else []
+            ),
         ],
     )
     main = client.V1Container(

@@ -5,9 +5,13 @@ data, which the fake has none of (docs/snapshots.md "Kubernetes")."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import stat
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,6 +78,35 @@ def test_the_state_lives_on_one_claim_owned_by_the_pod(
     assert "dataSource" not in claim["spec"]
     assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
     assert claim["status"]["phase"] == "Bound"
+    # the init container makes the claim's subPaths with the emptyDirs' modes
+    (init,) = pod["spec"]["initContainers"]
+    assert init["command"][-2:] == ["--state-dir", "/hedgerow-state"]
+    assert {"name": "state", "mountPath": "/hedgerow-state"} in init["volumeMounts"]
+
+
+def test_the_injector_makes_missing_state_dirs_writable_and_keeps_restored_ones(
+    tmp_path: Path,
+) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "hedgerow_launcher", Path(__file__).resolve().parents[5] / "bundle/hedgerow_launcher.py"
+    )
+    assert spec is not None and spec.loader is not None
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    fresh, restored = tmp_path / "fresh", tmp_path / "restored"
+    fresh.mkdir()
+    (restored / "workspace").mkdir(parents=True)
+    (restored / "workspace").chmod(0o750)  # as the snapshot has it
+    old = os.umask(0o022)
+    try:
+        assert launcher.prepare_state(str(fresh)) == ["workspace", "tmp"]
+        assert launcher.prepare_state(str(restored)) == ["tmp"]
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((fresh / "workspace").stat().st_mode) == 0o777
+    assert stat.S_IMODE((fresh / "tmp").stat().st_mode) == 0o1777
+    assert stat.S_IMODE((restored / "workspace").stat().st_mode) == 0o750
+    assert launcher.prepare_state(str(fresh)) == []  # idempotent
 
 
 def test_a_capture_waits_for_the_volume_snapshot_to_be_ready(
