@@ -44,8 +44,8 @@ from .config import (
     COMPONENT_SNAPSHOT,
     L_COMPONENT,
     L_SANDBOX,
-    L_TENANT,
     L_SNAPSHOT,
+    L_TENANT,
     KubernetesConfig,
     UserNamespacesUnavailable,
     check_image_ref,
@@ -128,6 +128,7 @@ class KubernetesBackend:
             core.delete_namespaced_persistent_volume_claim,
             core.list_namespaced_persistent_volume_claim,
             core.delete_collection_namespaced_persistent_volume_claim,
+            core.replace_namespaced_persistent_volume_claim,
         )
         self.isolation = f"pod+{config.runtime_class}" if config.runtime_class else "pod"
         self.informer = PodInformer(api, config, self.isolation)
