@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
 from apps.core.egress import EgressPolicy
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.backends.base import (
     BackendError,
     BackendEvent,
@@ -882,8 +883,6 @@ class KubernetesBackend:
     def dns_log(self, sandbox_id: str, limit: int = 1000) -> list[dict[str, Any]]:
         """The sandbox's DNS queries as the in-cluster resolver logged them (Redis,
         dnslog.py), oldest first."""
-        from apps.core.redis_sync import redis_client
-
         check_sandbox_id(sandbox_id)
         return dnslog.read(redis_client(), self.config.instance, sandbox_id, limit)
 
