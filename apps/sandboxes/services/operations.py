@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
-from apps.billing.limits import exec_admit_operation
+from apps.billing.limits import ExecLease, exec_admit_operation
 from apps.core import jsonsafe
 from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.sandboxes import exec_env
@@ -320,6 +320,51 @@ def operation_record_failure(
     return operation
 
 
+def operation_begin(
+    *,
+    principal: Principal,
+    sandbox: Sandbox,
+    request: ExecRequest,
+    operation_id: str | None,
+    expected_generation: int | None,
+) -> tuple[Operation, bool]:
+    """The steps "validate" and "record the row" of an exec through the ORM (streamed
+    or not): the sandbox is ``ready`` at the expected generation (409s), the request
+    carries no NUL (400), then the ``running`` row or the replayed one (409 on another
+    body). The event loop runs both as one statement (``exec_async._START_SQL``) and
+    hands every case it does not take (not ready, a replay…) back to this one."""
+    ensure_ready(sandbox, expected_generation)
+    return operation_start(
+        principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
+    )
+
+
+def operation_admit(
+    *, principal: Principal, operation: Operation, is_new: bool, request: ExecRequest
+) -> ExecLease:
+    """The step "admit" through the ORM path: the operation's liveness key is claimed
+    (so recovery, ``operation_recover``, leaves a command that someone still relays or
+    waits for alone), then billing's exec limits (concurrent execs, per key, the rate;
+    429s, and a refused new row is removed). A refusal gives the key back: nothing ran.
+    The event loop takes the same lease and key in one Redis round trip
+    (``exec_async._admit``, billing's ``exec_admit_plan``)."""
+    from apps.sandboxes.services.streaming import pumps  # imports this module
+
+    pk = str(operation.pk)
+    pumps.claim(pk)
+    try:
+        return exec_admit_operation(
+            principal=principal,
+            operation=operation,
+            is_new=is_new,
+            timeout_s=_agent_timeout(request),
+        )
+    except BaseException:
+        # Not kept alive forever by the heartbeat thread for a command that never ran.
+        pumps.release(pk)
+        raise
+
+
 def operation_exec(
     *,
     principal: Principal,
@@ -336,9 +381,12 @@ def operation_exec(
     the operation and raised as 400s; an unreachable agent is a 502 and the operation
     ends ``failed`` — never stuck ``running``.
     """
-    ensure_ready(sandbox, expected_generation)
-    operation, is_new = operation_start(
-        principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
+    operation, is_new = operation_begin(
+        principal=principal,
+        sandbox=sandbox,
+        request=request,
+        operation_id=operation_id,
+        expected_generation=expected_generation,
     )
     if not is_new and operation.status != OperationStatus.RUNNING:
         from apps.sandboxes.services.recovery import operation_recover_answer
@@ -353,23 +401,10 @@ def operation_exec(
         )
     from apps.sandboxes.services.streaming import pumps  # imports this module
 
-    # Advertised like a stream's pump so recovery (operation_recover) leaves a
-    # command that this request is still waiting for alone.
     pk = str(operation.pk)
-    pumps.claim(pk)
-    # Quotas (billing): concurrent execs, per-key concurrency and the exec rate; 429s.
-    try:
-        lease = exec_admit_operation(
-            principal=principal,
-            operation=operation,
-            is_new=is_new,
-            timeout_s=_agent_timeout(request),
-        )
-    except BaseException:
-        # A refused exec ran nothing: its liveness key must not be kept alive forever
-        # by the heartbeat thread.
-        pumps.release(pk)
-        raise
+    lease = operation_admit(
+        principal=principal, operation=operation, is_new=is_new, request=request
+    )
     agent = agent_for(sandbox)
     if "pool" in connection.settings_dict.get("OPTIONS", {}) and not connection.in_atomic_block:
         # Back to the pool while the command runs (it may take minutes): a thousand
