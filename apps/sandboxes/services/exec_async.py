@@ -509,17 +509,20 @@ async def finish_fields(operation_pk: str, fields: dict[str, Any]) -> bool:
     return await _finish(db, uuid.UUID(operation_pk), fields)
 
 
+# How each of ``_FINISH_SQL``'s parameters is sent: JSON columns as JSON text, text as
+# ``str`` (a choices enum as its value), the rest as they are. Looked up once.
+_AS_TEXT: Final[dict[str, Callable[[Any], str]]] = {"JSONField": json.dumps, "CharField": str}
+_FINISH_ENCODERS: Final = [
+    (field.name, _AS_TEXT.get(field.get_internal_type())) for field in _RESULT_FIELDS
+]
+
+
 def _finish_params(pk: uuid.UUID, fields: dict[str, Any]) -> list[Any]:
-    """``_FINISH_SQL``'s parameters: JSON columns as JSON text, text as ``str``."""
+    """``_FINISH_SQL``'s parameters, in ``RESULT_COLUMNS`` order after the row's id."""
     params: list[Any] = [pk]
-    for field in _RESULT_FIELDS:
-        value = fields[field.name]
-        kind = field.get_internal_type()
-        if value is not None and kind == "JSONField":
-            value = json.dumps(value)
-        elif value is not None and kind == "CharField":
-            value = str(value)
-        params.append(value)
+    for name, encode in _FINISH_ENCODERS:
+        value = fields[name]
+        params.append(value if encode is None or value is None else encode(value))
     return params
 
 
