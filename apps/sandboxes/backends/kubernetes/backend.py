@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from apps.core.egress import EgressPolicy
 from apps.sandboxes.backends.base import (
     BackendError,
     BackendEvent,
@@ -34,10 +35,11 @@ from apps.sandboxes.backends.base import (
     UnknownImage,
 )
 
-from . import egress_allow
+from . import dnslog, egress_allow
 from .api import KubeApi, is_status
 from .config import (
     L_SANDBOX,
+    L_TENANT,
     KubernetesConfig,
     UserNamespacesUnavailable,
     check_image_ref,
@@ -70,6 +72,7 @@ class Kind:
     delete: Callable[..., Any]
     listing: Callable[..., Any]
     delete_collection: Callable[..., Any]
+    replace: Callable[..., Any]
 
 
 class KubernetesBackend:
@@ -86,6 +89,7 @@ class KubernetesBackend:
             core.delete_namespaced_pod,
             core.list_namespaced_pod,
             core.delete_collection_namespaced_pod,
+            core.replace_namespaced_pod,
         )
         self.secrets = Kind(
             "secret",
@@ -94,6 +98,7 @@ class KubernetesBackend:
             core.delete_namespaced_secret,
             core.list_namespaced_secret,
             core.delete_collection_namespaced_secret,
+            core.replace_namespaced_secret,
         )
         self.policies = Kind(
             "network_policy",
@@ -102,7 +107,9 @@ class KubernetesBackend:
             net.delete_namespaced_network_policy,
             net.list_namespaced_network_policy,
             net.delete_collection_namespaced_network_policy,
+            net.replace_namespaced_network_policy,
         )
+        self.cilium: Kind | None = _cilium_kind(api) if config.cni == "cilium" else None
         self.isolation = f"pod+{config.runtime_class}" if config.runtime_class else "pod"
         self.informer = PodInformer(api, config, self.isolation)
         self._namespace_policy_ok = False
@@ -208,6 +215,11 @@ class KubernetesBackend:
                 policy.metadata.owner_references = [owner]
                 self._create_or_adopt(self.policies, policy)
                 owned.append((self.policies, policy.metadata.name))
+                fqdn = egress_allow.build_cilium_policy(self.config, spec)
+                if fqdn is not None and self.cilium is not None:
+                    fqdn["metadata"]["ownerReferences"] = [_owner_json(owner)]
+                    self._put(self.cilium, fqdn["metadata"]["name"], fqdn)
+                    owned.append((self.cilium, fqdn["metadata"]["name"]))
             return self._wait_started(pod.metadata.name, spec.image, progress)
         except Exception as exc:
             try:
@@ -434,9 +446,10 @@ class KubernetesBackend:
         grants no ``list secrets``): they are owned by their pod and go with it (the
         garbage collector), and an older generation's are also deleted by name."""
         selector = self.config.sandbox_selector(sandbox_id)
+        kinds = (self.pods, self.policies, *((self.cilium,) if self.cilium else ()))
         if keep is None:
             # one request per kind, whatever the number of generations
-            for kind in (self.pods, self.policies):
+            for kind in kinds:
                 self.api.call(
                     kind.delete_collection,
                     self.config.namespace,
@@ -445,7 +458,7 @@ class KubernetesBackend:
                 )
             return
         older: set[int] = set()
-        for kind in (self.pods, self.policies):
+        for kind in kinds:
             for meta in self.api.list_metadata(self._path(kind), selector):  # metadata only
                 generation = generation_of((meta.get("metadata") or {}).get("labels"))
                 if generation != keep:
@@ -460,6 +473,9 @@ class KubernetesBackend:
         ns = self.config.namespace
         if kind is self.policies:
             return f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+        if kind is self.cilium:
+            group = f"{egress_allow.CILIUM_GROUP}/{egress_allow.CILIUM_VERSION}"
+            return f"/apis/{group}/namespaces/{ns}/{egress_allow.CILIUM_PLURAL}"
         return f"/api/v1/namespaces/{ns}/{'pods' if kind is self.pods else 'secrets'}"
 
     def _delete(self, kind: Kind, name: str, grace_s: int | None = None) -> None:
@@ -518,7 +534,8 @@ class KubernetesBackend:
             pods, _ = self.api.list_json(self._path(self.pods), labelSelector=selector)
             # metadata only, and never secrets: they are owned by their pod
             metadata = [
-                (self.policies.name, self.api.list_metadata(self._path(self.policies), selector))
+                (kind.name, self.api.list_metadata(self._path(kind), selector))
+                for kind in (self.policies, *((self.cilium,) if self.cilium else ()))
             ]
         except ApiException as exc:
             raise BackendError(f"cannot list the inventory: {exc.status} {exc.reason}") from exc
@@ -547,6 +564,8 @@ class KubernetesBackend:
     def reclaim(self, item: InventoryItem) -> None:
         kinds = {"pod": self.pods, "pod_exited": self.pods, "pod_lost": self.pods}
         kinds.update({"network_policy": self.policies, "secret": self.secrets})
+        if self.cilium is not None:
+            kinds[self.cilium.name] = self.cilium
         if item.kind == "pod_terminating":
             # its kubelet never confirmed (node lost): force the deletion, or the name
             # and the API object stay forever
@@ -556,6 +575,89 @@ class KubernetesBackend:
         if kind is None:
             raise BackendError(f"unknown inventory kind {item.kind!r}")
         self._delete(kind, item.name)
+
+    # ---- egress (egress_allow.py, docs/egress.md "Kubernetes") --------------------
+
+    def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        """Changes a running sandbox's policy: its ``-egress`` NetworkPolicy (and
+        CiliumNetworkPolicy) replaced, created or deleted, which also carries the
+        policy the resolver reads on the next query; then the resolved addresses the
+        new policy no longer allows are closed (narrowing cuts what it must). A pod
+        created without the resolver as its nameserver cannot take an allowlist (a
+        pod's DNS is fixed when it is created)."""
+        check_sandbox_id(sandbox_id)
+        egress_allow.check_supported(self.config, policy)
+        try:
+            pods, _ = self.api.list_json(
+                self._path(self.pods), labelSelector=self.config.sandbox_selector(sandbox_id)
+            )
+        except ApiException as exc:
+            raise BackendError(
+                f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}",
+                transient=True,
+            ) from exc
+        live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        if not live:
+            raise BackendError(f"sandbox {sandbox_id} has no pod")
+        pod = max(live, key=lambda p: generation_of(p["metadata"].get("labels")) or 0)
+        meta = pod["metadata"]
+        if policy.mode == "allow" and not egress_allow.uses_resolver(pod, self.config):
+            raise BackendError(
+                "this sandbox's pod was created without the resolver as its nameserver "
+                "(a pod's DNS cannot change): an allowlist must be given at create"
+            )
+        target = egress_allow.Target(
+            sandbox_id=sandbox_id,
+            tenant_id=(meta.get("labels") or {}).get(L_TENANT, ""),
+            generation=generation_of(meta.get("labels")) or 0,
+            egress_policy=policy,
+        )
+        owner = client.V1OwnerReference(
+            api_version="v1", kind="Pod", name=meta["name"], uid=meta["uid"]
+        )
+        name = object_name(sandbox_id, target.generation, "-egress")
+        body = egress_allow.egress_policy_for(self.config, target)
+        if body is None and policy.mode == "all":
+            body = build_egress_policy(self.config, target)
+        try:
+            if body is None:
+                self._delete(self.policies, name)
+            else:
+                body.metadata.owner_references = [owner]
+                self._put(self.policies, name, body)
+            if self.cilium is not None:
+                fqdn = egress_allow.build_cilium_policy(self.config, target)
+                fqdn_name = object_name(sandbox_id, target.generation, "-fqdn")
+                if fqdn is None:
+                    self._delete(self.cilium, fqdn_name)
+                else:
+                    fqdn["metadata"]["ownerReferences"] = [_owner_json(owner)]
+                    self._put(self.cilium, fqdn_name, fqdn)
+            egress_allow.AllowlistEgress(self.api, self.policies, self.config).close_unallowed(
+                sandbox_id, policy
+            )
+        except ApiException as exc:
+            raise BackendError(
+                f"cannot change the egress of {sandbox_id}: {exc.status} {exc.reason}",
+                transient=True,
+            ) from exc
+
+    def _put(self, kind: Kind, name: str, body: Any) -> None:
+        """Replaces ``name`` with ``body`` (an unconditional PUT), or creates it."""
+        try:
+            self.api.call(kind.replace, name, self.config.namespace, body)
+        except ApiException as exc:
+            if not is_status(exc, 404):
+                raise
+            self.api.call(kind.create, self.config.namespace, body)
+
+    def dns_log(self, sandbox_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The sandbox's DNS queries as the in-cluster resolver logged them (Redis,
+        dnslog.py), oldest first."""
+        from apps.core.redis_sync import redis_client
+
+        check_sandbox_id(sandbox_id)
+        return dnslog.read(redis_client(), self.config.instance, sandbox_id, limit)
 
     # ---- events --------------------------------------------------------------------
 
@@ -608,6 +710,33 @@ def owner_reference(pod: Any) -> client.V1OwnerReference:
     garbage collector (background propagation), whoever deletes the pod."""
     return client.V1OwnerReference(
         api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+    )
+
+
+def _owner_json(owner: client.V1OwnerReference) -> dict[str, Any]:
+    return {
+        "apiVersion": owner.api_version,
+        "kind": owner.kind,
+        "name": owner.name,
+        "uid": owner.uid,
+    }
+
+
+def _cilium_kind(api: KubeApi) -> Kind:
+    """CiliumNetworkPolicies through the custom objects API, with the signatures of
+    the other kinds (``name, namespace`` / ``namespace, body``)."""
+    custom = api.custom
+    g, v, p = egress_allow.CILIUM_GROUP, egress_allow.CILIUM_VERSION, egress_allow.CILIUM_PLURAL
+    return Kind(
+        "cilium_network_policy",
+        lambda ns, body, **kw: custom.create_namespaced_custom_object(g, v, ns, p, body, **kw),
+        lambda name, ns, **kw: custom.get_namespaced_custom_object(g, v, ns, p, name, **kw),
+        lambda name, ns, **kw: custom.delete_namespaced_custom_object(g, v, ns, p, name, **kw),
+        lambda ns, **kw: custom.list_namespaced_custom_object(g, v, ns, p, **kw),
+        lambda ns, **kw: custom.delete_collection_namespaced_custom_object(g, v, ns, p, **kw),
+        lambda name, ns, body, **kw: custom.replace_namespaced_custom_object(
+            g, v, ns, p, name, body, **kw
+        ),
     )
 
 

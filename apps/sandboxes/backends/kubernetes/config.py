@@ -60,6 +60,7 @@ DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SE
 # "image" = the image's user always; "nonroot" = the image's user, which must not be
 # root (kubelet refuses a root image); a number = that uid (and gid).
 RUN_AS_MODES = ("auto", "image", "nonroot")
+CNIS = ("", "cilium")  # the CNIs whose own egress policies the backend can render
 NONROOT_UID = 65532  # the conventional "nonroot" uid (distroless); no host account has it
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -89,6 +90,12 @@ class KubernetesConfig:
     # Egress allowlists (egress_allow.py, docs/egress.md "Kubernetes"): the ClusterIP of
     # the installation's in-cluster resolver; "" refuses allowlists.
     resolver_ip: str = ""
+    # the port the resolver's pods listen on (the Service maps 53 to it): a
+    # NetworkPolicy sees the pod after the Service's DNAT, so it allows this port too
+    resolver_port: int = 5353
+    # "cilium": allowlists also get a CiliumNetworkPolicy with toFQDNs rules (the CNI
+    # learns the addresses from the DNS answers itself); "": NetworkPolicies only
+    cni: str = ""
     ready_timeout_s: float = 120.0  # pod scheduled + image pulled + agent started
     max_concurrency: int = 8  # API calls in flight per process
     # API requests per second per process on average, and at once (a token bucket;
@@ -154,6 +161,15 @@ class KubernetesConfig:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError as exc:
                 raise BackendError(f"{cidr!r} is not an IP address or CIDR") from exc
+        if self.resolver_ip:
+            try:
+                ipaddress.IPv4Address(self.resolver_ip)
+            except ValueError as exc:
+                raise BackendError(
+                    f"resolver_ip {self.resolver_ip!r} is not an IPv4 address"
+                ) from exc
+        if self.cni not in CNIS:
+            raise BackendError(f"cni {self.cni!r} must be one of {', '.join(map(repr, CNIS))}")
         if self.run_as_user not in RUN_AS_MODES and not _UID.match(self.run_as_user):
             raise BackendError(
                 f"run_as_user {self.run_as_user!r} must be one of {', '.join(RUN_AS_MODES)} "

@@ -39,9 +39,29 @@ REQUIRED: dict[str, frozenset[Permission]] = {
         ("networking.k8s.io", "networkpolicies", verb)
         for verb in ("create", "get", "list", "patch", "update", "delete", "deletecollection")
     },
+    # the in-cluster resolver (egress allowlists): finds the pod asking, reads its
+    # policy, opens and closes the addresses it hands out
+    "resolver": frozenset({("", "pods", "list")})
+    | {
+        ("networking.k8s.io", "networkpolicies", verb)
+        for verb in ("create", "get", "list", "delete")
+    },
 }
 
 ROLES = tuple(REQUIRED)
+
+# with HEDGEROW_K8S_CNI=cilium the worker also keeps each allowlist sandbox's
+# CiliumNetworkPolicy (deploy/overlays/cilium grants these)
+CILIUM_WORKER: frozenset[Permission] = frozenset(
+    ("cilium.io", "ciliumnetworkpolicies", verb)
+    for verb in ("create", "list", "update", "delete", "deletecollection")
+)
+
+
+def required(role: str, cni: str = "") -> frozenset[Permission]:
+    """What ``role`` needs with this CNI setting."""
+    extra = CILIUM_WORKER if role == "worker" and cni == "cilium" else frozenset()
+    return REQUIRED[role] | extra
 
 
 def process_role(configured: str, argv: Sequence[str] | None = None) -> str:
@@ -57,6 +77,8 @@ def process_role(configured: str, argv: Sequence[str] | None = None) -> str:
     args = list(sys.argv if argv is None else argv)
     if "hedgerow_watch" in args:
         return "watcher"
+    if "hedgerow_k8s_resolver" in args:
+        return "resolver"
     if any("celery" in a for a in args[:2]) and "worker" in args:
         return "worker"
     return "web"
@@ -67,7 +89,7 @@ def missing_permissions(api: KubeApi, role: str) -> list[Permission]:
     in the sandbox namespace (sorted; [] = all granted)."""
     authz = client.AuthorizationV1Api(api.api_client)
     missing = []
-    for group, resource, verb in sorted(REQUIRED[role]):
+    for group, resource, verb in sorted(required(role, api.config.cni)):
         review = client.V1SelfSubjectAccessReview(
             spec=client.V1SelfSubjectAccessReviewSpec(
                 resource_attributes=client.V1ResourceAttributes(

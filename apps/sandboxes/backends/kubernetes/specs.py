@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Protocol
 
 from kubernetes import client
 
@@ -67,7 +68,18 @@ def launcher_argv(bundle: str, *args: str) -> list[str]:
     ]
 
 
-def _meta(config: KubernetesConfig, spec: SandboxSpec, suffix: str = "") -> client.V1ObjectMeta:
+class Identity(Protocol):
+    """What names and labels an object: a SandboxSpec, or egress_allow.Target."""
+
+    @property
+    def sandbox_id(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def generation(self) -> int: ...
+
+
+def _meta(config: KubernetesConfig, spec: Identity, suffix: str = "") -> client.V1ObjectMeta:
     return client.V1ObjectMeta(
         name=object_name(spec.sandbox_id, spec.generation, suffix),
         namespace=config.namespace,
@@ -371,7 +383,7 @@ def _host_cidr(address: str) -> str:
     return address if "/" in address else f"{address}/{128 if ':' in address else 32}"
 
 
-def build_egress_policy(config: KubernetesConfig, spec: SandboxSpec) -> client.V1NetworkPolicy:
+def build_egress_policy(config: KubernetesConfig, spec: Identity) -> client.V1NetworkPolicy:
     """Allows this sandbox (this generation) to reach the internet and cluster DNS only."""
     meta = _meta(config, spec, "-egress")
     v4 = [c for c in config.egress_except if ":" not in c]

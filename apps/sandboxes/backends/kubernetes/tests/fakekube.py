@@ -5,12 +5,14 @@ API server's behaviour where the backend depends on it, so the official ``kubern
 client runs unmodified against it:
 
 * create/get/list/delete/deletecollection/PATCH/PUT of pods, secrets and network
-  policies in a namespace; ``409 AlreadyExists``; strict field validation of pod specs
+  policies in a namespace, and of CiliumNetworkPolicies (``cilium.io/v2``, stored as
+  sent: no CRD schema); ``409 AlreadyExists``; strict field validation of pod specs
   (``unknown_pod_fields``, ``gated_pod_fields`` play older servers);
 * LIST with ``limit``/``continue`` pagination (``metadata.continue``,
   ``remainingItemCount``; a continue token older than the compaction is ``410
   Expired``, as a Status), label selectors and field selectors (``metadata.name``,
-  ``metadata.namespace``, ``spec.nodeName``, ``status.phase``; ``=``, ``==``, ``!=``);
+  ``metadata.namespace``, ``spec.nodeName``, ``status.phase``, ``status.podIP``;
+  ``=``, ``==``, ``!=``);
 * the metadata-only listing (``Accept: …;as=PartialObjectMetadataList;g=meta.k8s.io``):
   items without ``data``/``spec``/``status``;
 * PATCH: server-side apply (``application/apply-patch+yaml``: creates when absent,
@@ -79,14 +81,31 @@ _PATHS = [
         ),
         "networking.k8s.io/v1",
     ),
+    (
+        re.compile(
+            r"^/apis/cilium\.io/v2/namespaces/([^/]+)/(ciliumnetworkpolicies)(?:/([^/]+))?$"
+        ),
+        "cilium.io/v2",
+    ),
 ]
-_KIND = {"pods": "Pod", "secrets": "Secret", "networkpolicies": "NetworkPolicy"}
-_API_VERSION = {"pods": "v1", "secrets": "v1", "networkpolicies": "networking.k8s.io/v1"}
+_KIND = {
+    "pods": "Pod",
+    "secrets": "Secret",
+    "networkpolicies": "NetworkPolicy",
+    "ciliumnetworkpolicies": "CiliumNetworkPolicy",
+}
+_API_VERSION = {
+    "pods": "v1",
+    "secrets": "v1",
+    "networkpolicies": "networking.k8s.io/v1",
+    "ciliumnetworkpolicies": "cilium.io/v2",
+}
 _FIELDS = {
     "metadata.name": lambda o: o["metadata"].get("name"),
     "metadata.namespace": lambda o: o["metadata"].get("namespace"),
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
     "status.phase": lambda o: (o.get("status") or {}).get("phase") or "",
+    "status.podIP": lambda o: (o.get("status") or {}).get("podIP") or "",
 }
 METADATA_ONLY = "as=PartialObjectMetadataList"
 
@@ -156,7 +175,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 _VERB_PATH = re.compile(
-    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v1)/namespaces/[^/]+/(?P<resource>[^/]+)"
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v\d+)/namespaces/[^/]+/(?P<resource>[^/]+)"
     r"(?:/(?P<name>[^/]+))?$"
 )
 

@@ -242,7 +242,7 @@ def test_sandbox_pods_pass_baseline_and_miss_restricted_only_where_documented(
 
 def test_control_plane_pods_pass_restricted(docs: list[dict[str, Any]]) -> None:
     workloads = [d for d in docs if d["kind"] in ("Deployment", "Job")]
-    assert len(workloads) == 5
+    assert len(workloads) == 6  # web, worker, beat, watcher, resolver, migrate
     for workload in workloads:
         spec = copy.deepcopy(workload["spec"]["template"]["spec"])
         assert restricted_violations(spec) == set(), workload["metadata"]["name"]
