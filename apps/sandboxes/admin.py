@@ -16,6 +16,8 @@ class SandboxAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     list_filter = ["state", "tenant", "backend"]
     search_fields = ["external_id", "id"]
+    # Only services/lifecycle.py moves a sandbox (ledger and usage ledger with it).
+    readonly_fields = ["state", "generation"]
 
 
 @admin.register(SandboxEvent)

@@ -48,16 +48,18 @@ from apps.billing.limits import (
 )
 from apps.core.pg_async import PgPool, Statement
 from apps.core.redis_async import Batches, ReplyError, batches_for_url
-from apps.sandboxes import exec_env
 from apps.sandboxes.agent_async import agent_exec
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
 from apps.sandboxes.models import Operation, OperationStatus
 from apps.sandboxes.services.operations import (
+    RESULT_COLUMNS,
     ExecRequest,
     _agent_timeout,
     operation_agent_failed,
+    operation_finish,
     result_fields,
 )
+from apps.sandboxes.services.operations import request_record as operation_request_record
 from apps.sandboxes.services.streaming import PUMP_TTL_S, _PumpJob, pump_key, pumps
 from apps.tenancy.principal import Principal
 
@@ -133,13 +135,23 @@ WITH s AS (
 SELECT s.id, s.generation, s.endpoint_host, s.endpoint_port, (SELECT count(*) FROM ins)
 FROM s
 """  # noqa: S608 - built from model metadata, no input
-_FINISH_SQL = """
-UPDATE sandboxes_operation SET status = $2::text, termination = $3::text,
-  exit_code = $4::integer, signal = $5::integer, stdout = $6::jsonb, stderr = $7::jsonb,
-  usage = $8::jsonb, children_remained = $9::boolean, error = $10::jsonb,
-  finished_at = $11::timestamptz
-WHERE id = $1::uuid AND status = 'running'
-"""
+
+
+def build_finish_update(table: str) -> str:
+    """The end's compare-and-set UPDATE of ``RESULT_COLUMNS`` (``operation_finish`` as
+    one prepared statement): columns and types from ``Operation``'s metadata, the row's
+    id as ``$1``."""
+    db = connections["default"]
+    sets = ", ".join(
+        f"{field.column} = ${n}::{field.db_type(db)}"
+        for n, field in enumerate(_RESULT_FIELDS, start=2)
+    )
+    return f"UPDATE {table} SET {sets}\nWHERE id = $1::uuid AND status = 'running'"  # noqa: S608
+
+
+_COLUMNS_BY_NAME: Final = {f.name: f for f in Operation._meta.concrete_fields}
+_RESULT_FIELDS: Final = [_COLUMNS_BY_NAME[name] for name in RESULT_COLUMNS]
+_FINISH_SQL = build_finish_update(Operation._meta.db_table)
 _FORGET_SQL = "DELETE FROM sandboxes_operation WHERE id = $1::uuid AND status = 'running'"
 _START = Statement(b"hedgerow_exec_start", _START_SQL.encode())
 _FINISH = Statement(b"hedgerow_exec_finish", _FINISH_SQL.encode())
@@ -256,23 +268,11 @@ async def _release(client: Batches, plan: ExecAdmitPlan) -> None:
         pass  # the lease expires at its deadline, as in exec_release
 
 
-_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(ExecRequest))
-
-
 def request_record(request: ExecRequest) -> tuple[str, str]:
-    """(the ``request`` column's JSON, ``request.fingerprint()``), without
-    ``dataclasses.asdict``'s deep copy, which was a measurable share of the path's CPU
-    (a test holds both to the dataclass's own)."""
-    data = {name: getattr(request, name) for name in _REQUEST_FIELDS}
-    hashed = {name: value for name, value in data.items() if name != "output_window"}
-    if not hashed["stdin_open"]:
-        del hashed["stdin_open"]  # as ExecRequest.fingerprint
-    fingerprint = exec_env.request_fingerprint(hashed)
-    return json.dumps(exec_env.request_record_fields(data)), fingerprint
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
+    """(the ``request`` column as JSON text, the fingerprint): ``operations.
+    request_record``, the one definition, for a text parameter."""
+    record, fingerprint = operation_request_record(request)
+    return json.dumps(record), fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -509,20 +509,25 @@ async def finish_fields(operation_pk: str, fields: dict[str, Any]) -> bool:
     return await _finish(db, uuid.UUID(operation_pk), fields)
 
 
+# How each of ``_FINISH_SQL``'s parameters is sent: JSON columns as JSON text, text as
+# ``str`` (a choices enum as its value), the rest as they are. Looked up once.
+_AS_TEXT: Final[dict[str, Callable[[Any], str]]] = {"JSONField": json.dumps, "CharField": str}
+_FINISH_ENCODERS: Final = [
+    (field.name, _AS_TEXT.get(field.get_internal_type())) for field in _RESULT_FIELDS
+]
+
+
+def _finish_params(pk: uuid.UUID, fields: dict[str, Any]) -> list[Any]:
+    """``_FINISH_SQL``'s parameters, in ``RESULT_COLUMNS`` order after the row's id."""
+    params: list[Any] = [pk]
+    for name, encode in _FINISH_ENCODERS:
+        value = fields[name]
+        params.append(value if encode is None or value is None else encode(value))
+    return params
+
+
 async def _finish(db: PgPool, pk: uuid.UUID, fields: dict[str, Any]) -> bool:
-    params = [
-        pk,
-        str(fields["status"]),
-        fields["termination"],
-        fields["exit_code"],
-        fields["signal"],
-        json.dumps(fields["stdout"]),
-        json.dumps(fields["stderr"]),
-        json.dumps(fields["usage"]),
-        fields["children_remained"],
-        _dumps(fields["error"]),
-        fields["finished_at"],
-    ]
+    params = _finish_params(pk, fields)
     try:
         result = await db.execute(_FINISH, params)
         return bool(result.command_tuples)
@@ -575,7 +580,7 @@ def _in_thread(fn: Callable[P, R]) -> Callable[P, R]:
 
 @_in_thread
 def _finish_orm(pk: uuid.UUID, fields: dict[str, Any]) -> bool:
-    return bool(Operation.objects.filter(pk=pk, status=OperationStatus.RUNNING).update(**fields))
+    return operation_finish(pk, fields)
 
 
 @_in_thread

@@ -1,4 +1,13 @@
-"""Every sandbox state change. Transitions are compare-and-set and write the ledger."""
+"""Every sandbox state change. Transitions are compare-and-set and write the ledger.
+
+This module is the one writer of ``Sandbox.state`` (issue 18): a create's first state
+(``sandbox_insert``, or ``sandbox_insert_claimed`` for a warm-pool claim, born
+``ready``), every later move (``sandbox_transition``), each with its ledger rows and
+its usage-ledger write in the same statement, then the same after-step
+(``_after_move``: the metering repair and the state event). No other product module
+writes the column or a ledger row; ``apps/sandboxes/tests/test_transition_writer.py``
+scans for one.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +22,9 @@ from datetime import timedelta
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
-from django.db.models.sql import UpdateQuery
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
 from apps.core.egress import EgressError, EgressPolicy, parse_egress
@@ -25,6 +34,7 @@ from apps.sandboxes.events import publish_sandbox_state
 from apps.sandboxes.image_catalog import image_catalog
 from apps.sandboxes.metering.usage import (
     UsageWrite,
+    open_record_sql,
     usage_after_transition,
     usage_write_for_transition,
 )
@@ -178,6 +188,8 @@ def sandbox_transition(
     # a view that has just fetched it): when the row is still as the caller saw it,
     # the compare-and-set is the statement alone. Otherwise (a stale instance, a lost
     # race) read and retry.
+    if "state" in fields or "generation" in fields:
+        raise TypeError("sandbox_transition: the state and generation are its own to set")
     seen: tuple[str, int] | None = None
     if sandbox.state in from_states and sandbox.generation is not None:
         seen = (sandbox.state, sandbox.generation)
@@ -217,13 +229,9 @@ def sandbox_transition(
     else:
         sandbox.refresh_from_db()
         return False
-    usage_after_transition(
-        sandbox=sandbox,
-        to_state=to_state,
-        written=moved.usage_written,
-        queue_waiting=moved.queue_waiting,
+    _after_move(
+        sandbox, to_state=to_state, written=moved.usage_written, queue_waiting=moved.queue_waiting
     )
-    publish_sandbox_state(sandbox)
     log.info(
         "sandbox %s: %s -> %s (%s)",
         sandbox.external_id,
@@ -233,6 +241,19 @@ def sandbox_transition(
         extra={"sandbox_id": str(sandbox.id), "event": "transition"},
     )
     return True
+
+
+def _after_move(
+    sandbox: Sandbox, *, to_state: str, written: int | None, queue_waiting: bool
+) -> None:
+    """What follows every write of the state, once its statement ran: the usage
+    ledger's repair when the statement could not write it (``written == 0``), the
+    admission queue's drain when capacity was freed, and the state event for waiters
+    (after commit)."""
+    usage_after_transition(
+        sandbox=sandbox, to_state=to_state, written=written, queue_waiting=queue_waiting
+    )
+    publish_sandbox_state(sandbox)
 
 
 @dataclass(frozen=True)
@@ -342,6 +363,78 @@ def _compare_and_set(
     return _Moved(event_id=row[0], usage_written=row[1], queue_waiting=bool(row[2]))
 
 
+def sandbox_insert(*, sandbox: Sandbox, state: str, actor: str) -> None:
+    """Inserts a new ``sandbox`` (not saved yet) in its first state (``requested`` or
+    ``queued``) with its ``created`` ledger row, inside the caller's transaction. Its
+    first state meters nothing (a record opens at ``provisioning``)."""
+    sandbox.state = state
+    sandbox.save(force_insert=True)
+    _event(sandbox, event="created", to_state=state, reason="api", actor=actor)
+    publish_sandbox_state(sandbox)
+
+
+def sandbox_insert_claimed(*, sandbox: Sandbox, reason: str, message: str, actor: str) -> None:
+    """Inserts the ``sandbox`` of a warm-pool claim (not saved yet) in ``ready`` with its
+    ledger — ``created`` (requested, as every create) then requested → ready with
+    ``reason`` — and opens its usage record at that event: one statement.
+
+    The same rows the ORM way writes (``Sandbox.objects.create``, two
+    ``SandboxEvent.objects.create`` and the ``post_save`` usage hook, a savepoint and
+    five or more statements): Postgres's data-modifying CTEs see one snapshot and
+    commit together. A usage record the statement could not open (no price book) is
+    opened the ORM's way (``_after_move``), as a transition's is.
+    """
+    sandbox.state = State.READY
+    created_at = sandbox.created_at or timezone.now()
+    ready_at = timezone.now()
+    insert = InsertQuery(Sandbox)
+    insert.insert_values([f for f in Sandbox._meta.concrete_fields if not f.generated], [sandbox])
+    ((insert_sql, insert_params),) = insert.get_compiler(connection.alias).as_sql()
+    usage_sql, usage_params = open_record_sql(sandbox=sandbox, at=ready_at)
+    quote = connection.ops.quote_name
+    table = quote(Sandbox._meta.db_table)
+    returning = ", ".join(f"{table}.{quote(c)}" for c in MOVED_ROW_COLUMNS)
+    events = quote(SandboxEvent._meta.db_table)
+    columns = ", ".join(quote(c) for c in LEDGER_COLUMNS)
+    # Names from the models, values as parameters: not an injection. The ledger rows
+    # are inserted in ``ord`` order, so their ids are in ledger order as before.
+    sql = (
+        f"WITH moved AS ({insert_sql} RETURNING {returning}), "  # noqa: S608
+        f"logged AS (INSERT INTO {events} ({columns}) "
+        "SELECT m.id, m.tenant_id, v.at, v.event, v.from_state, v.to_state, v.reason, "
+        "v.message, %s, %s FROM moved AS m CROSS JOIN (VALUES "
+        "(1, %s::timestamptz, 'created', '', %s, 'api', ''), "
+        "(2, %s::timestamptz, 'transition', %s, %s, %s, %s)) "
+        "AS v(ord, at, event, from_state, to_state, reason, message) "
+        "ORDER BY v.ord RETURNING 1), "
+        f"metered AS ({usage_sql}) "
+        "SELECT (SELECT count(*) FROM logged), (SELECT count(*) FROM metered)"
+    )
+    params = [
+        *insert_params,
+        actor,
+        sandbox.generation,
+        created_at,
+        State.REQUESTED.value,
+        ready_at,
+        State.REQUESTED.value,
+        State.READY.value,
+        reason,
+        message,
+        *usage_params,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None or row[0] != 2:
+        # Raised inside the create's transaction: it rolls back, the member goes back
+        # to the pool and the client gets a 500, never a sandbox with half a ledger.
+        raise DatabaseError(f"warm pool claim wrote {row!r} ledger rows, expected 2")
+    sandbox._state.adding = False
+    sandbox._state.db = connection.alias
+    _after_move(sandbox, to_state=State.READY, written=row[1], queue_waiting=False)
+
+
 def _new_external_id() -> str:
     return f"sb-{secrets.token_hex(6)}"
 
@@ -424,9 +517,9 @@ def sandbox_create(
                 if admitted and request.egress in ("none", "all")
                 else None
             )
+            # Its state is the writer's to set (``sandbox_insert``, the claim's insert).
             sandbox = Sandbox(
                 **(warm.sandbox_fields(now) if warm else {}),
-                state=State.READY if warm else State.REQUESTED if admitted else State.QUEUED,
                 admitted_at=now if admitted else None,
                 tenant=tenant,
                 external_id=external_id,
@@ -453,9 +546,9 @@ def sandbox_create(
                 # The row, its two ledger rows and its usage record: one statement.
                 warm_pool_record_claim(sandbox=sandbox, claimed=warm, actor=actor)
                 return sandbox, True
-            sandbox.save(force_insert=True)
-            _event(sandbox, event="created", to_state=sandbox.state, reason="api", actor=actor)
-            publish_sandbox_state(sandbox)
+            sandbox_insert(
+                sandbox=sandbox, state=State.REQUESTED if admitted else State.QUEUED, actor=actor
+            )
             sandbox_id = str(sandbox.id)
             if admitted:  # a queued sandbox is provisioned when the queue admits it
                 transaction.on_commit(lambda: provision_sandbox.delay(sandbox_id))

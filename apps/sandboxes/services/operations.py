@@ -9,15 +9,16 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
-from dataclasses import asdict, dataclass, field
-from typing import Any, NoReturn
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
+from typing import Any, Final, NoReturn
 from urllib.parse import quote
 
 from django.conf import settings
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
-from apps.billing.limits import exec_admit_operation
+from apps.billing.limits import ExecLease, exec_admit_operation
 from apps.core import jsonsafe
 from apps.core.errors import ApiError, Conflict, ValidationFailed
 from apps.sandboxes import exec_env
@@ -52,10 +53,7 @@ class ExecRequest:
     stdin_open: bool = False
 
     def fingerprint(self) -> str:
-        data = {k: v for k, v in asdict(self).items() if k not in ("output_window",)}
-        if not data["stdin_open"]:
-            del data["stdin_open"]  # fingerprints of requests made before it existed
-        return exec_env.request_fingerprint(data)
+        return _fingerprint(_request_data(self))
 
     def agent_body(self, operation_id: str) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -87,6 +85,26 @@ class ExecRequest:
 
 
 # Env values at rest: apps/sandboxes/exec_env.py (names kept, values sealed).
+_REQUEST_FIELDS = tuple(f.name for f in dataclass_fields(ExecRequest))
+
+
+def _request_data(request: ExecRequest) -> dict[str, Any]:
+    # Not ``dataclasses.asdict``: its deep copy was a measurable share of an exec's CPU.
+    return {name: getattr(request, name) for name in _REQUEST_FIELDS}
+
+
+def _fingerprint(data: dict[str, Any]) -> str:
+    hashed = {name: value for name, value in data.items() if name != "output_window"}
+    if not hashed["stdin_open"]:
+        del hashed["stdin_open"]  # fingerprints of requests made before it existed
+    return exec_env.request_fingerprint(hashed)
+
+
+def request_record(request: ExecRequest) -> tuple[dict[str, Any], str]:
+    """The step "what the Operation row records" for every exec path: (the ``request``
+    column, env values sealed; the replay fingerprint, ``ExecRequest.fingerprint``)."""
+    data = _request_data(request)
+    return exec_env.request_record_fields(data), _fingerprint(data)
 
 
 def request_from_record(stored: dict[str, Any]) -> ExecRequest:
@@ -169,7 +187,7 @@ def operation_start(
     """
     request.check()
     op_id = operation_id or f"op-{uuid.uuid4().hex}"
-    fingerprint = request.fingerprint()
+    record, fingerprint = request_record(request)
     try:
         operation = Operation.objects.create(
             tenant_id=sandbox.tenant_id,
@@ -177,7 +195,7 @@ def operation_start(
             operation_id=op_id,
             kind=kind,
             generation=sandbox.generation,
-            request=exec_env.request_record_fields(asdict(request)),
+            request=record,
             request_hash=fingerprint,
             actor=principal.actor,
         )
@@ -244,14 +262,48 @@ def result_fields(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# The columns an exec's end writes (``result_fields``, ``failure_fields``), in this
+# order: the event loop's UPDATE is built from them and the model (exec_async.py).
+RESULT_COLUMNS: Final = (
+    "status",
+    "termination",
+    "exit_code",
+    "signal",
+    "stdout",
+    "stderr",
+    "usage",
+    "children_remained",
+    "error",
+    "finished_at",
+)
+
+
+def failure_fields(code: str, message: str, kind: str | None = None) -> dict[str, Any]:
+    """The Operation fields of an exec that ended without a result: ``failed`` with the
+    typed error (``agent_unreachable``, the agent's own code, ``sandbox_terminating``…)."""
+    error: dict[str, Any] = {"code": code, "message": jsonsafe.text(message)}
+    if kind is not None:
+        error["kind"] = kind
+    return {
+        "status": OperationStatus.FAILED,
+        "termination": "agent_error",
+        "error": error,
+        "finished_at": timezone.now(),
+    }
+
+
+def operation_finish(pk: Any, fields: dict[str, Any]) -> bool:
+    """The step "record the end" through the ORM: only a ``running`` row is finished
+    (compare-and-set), so a late or duplicate end never overwrites a stored one. True
+    when this call finished it. The event loop runs the same update as one prepared
+    statement (``exec_async._FINISH_SQL``, built from ``RESULT_COLUMNS``)."""
+    return bool(Operation.objects.filter(pk=pk, status=OperationStatus.RUNNING).update(**fields))
+
+
 def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> Operation:
-    """Stores the agent's typed result. Only a ``running`` row is finished (CAS), so a
-    late or duplicate result never overwrites a stored one."""
+    """Stores the agent's typed result (``operation_finish``)."""
     fields = result_fields(result)
-    updated = Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(
-        **fields
-    )
-    if updated:
+    if operation_finish(operation.pk, fields):
         # What we wrote is what the row holds: no read-back on the hot path.
         for name, value in fields.items():
             setattr(operation, name, value)
@@ -263,17 +315,54 @@ def operation_record_result(*, operation: Operation, result: dict[str, Any]) -> 
 def operation_record_failure(
     *, operation: Operation, code: str, message: str, kind: str | None = None
 ) -> Operation:
-    error: dict[str, Any] = {"code": code, "message": jsonsafe.text(message)}
-    if kind is not None:
-        error["kind"] = kind
-    Operation.objects.filter(pk=operation.pk, status=OperationStatus.RUNNING).update(
-        status=OperationStatus.FAILED,
-        termination="agent_error",
-        error=error,
-        finished_at=timezone.now(),
-    )
+    operation_finish(operation.pk, failure_fields(code, message, kind))
     operation.refresh_from_db()
     return operation
+
+
+def operation_begin(
+    *,
+    principal: Principal,
+    sandbox: Sandbox,
+    request: ExecRequest,
+    operation_id: str | None,
+    expected_generation: int | None,
+) -> tuple[Operation, bool]:
+    """The steps "validate" and "record the row" of an exec through the ORM (streamed
+    or not): the sandbox is ``ready`` at the expected generation (409s), the request
+    carries no NUL (400), then the ``running`` row or the replayed one (409 on another
+    body). The event loop runs both as one statement (``exec_async._START_SQL``) and
+    hands every case it does not take (not ready, a replay…) back to this one."""
+    ensure_ready(sandbox, expected_generation)
+    return operation_start(
+        principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
+    )
+
+
+def operation_admit(
+    *, principal: Principal, operation: Operation, is_new: bool, request: ExecRequest
+) -> ExecLease:
+    """The step "admit" through the ORM path: the operation's liveness key is claimed
+    (so recovery, ``operation_recover``, leaves a command that someone still relays or
+    waits for alone), then billing's exec limits (concurrent execs, per key, the rate;
+    429s, and a refused new row is removed). A refusal gives the key back: nothing ran.
+    The event loop takes the same lease and key in one Redis round trip
+    (``exec_async._admit``, billing's ``exec_admit_plan``)."""
+    from apps.sandboxes.services.streaming import pumps  # imports this module
+
+    pk = str(operation.pk)
+    pumps.claim(pk)
+    try:
+        return exec_admit_operation(
+            principal=principal,
+            operation=operation,
+            is_new=is_new,
+            timeout_s=_agent_timeout(request),
+        )
+    except BaseException:
+        # Not kept alive forever by the heartbeat thread for a command that never ran.
+        pumps.release(pk)
+        raise
 
 
 def operation_exec(
@@ -292,9 +381,12 @@ def operation_exec(
     the operation and raised as 400s; an unreachable agent is a 502 and the operation
     ends ``failed`` — never stuck ``running``.
     """
-    ensure_ready(sandbox, expected_generation)
-    operation, is_new = operation_start(
-        principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
+    operation, is_new = operation_begin(
+        principal=principal,
+        sandbox=sandbox,
+        request=request,
+        operation_id=operation_id,
+        expected_generation=expected_generation,
     )
     if not is_new and operation.status != OperationStatus.RUNNING:
         from apps.sandboxes.services.recovery import operation_recover_answer
@@ -309,23 +401,10 @@ def operation_exec(
         )
     from apps.sandboxes.services.streaming import pumps  # imports this module
 
-    # Advertised like a stream's pump so recovery (operation_recover) leaves a
-    # command that this request is still waiting for alone.
     pk = str(operation.pk)
-    pumps.claim(pk)
-    # Quotas (billing): concurrent execs, per-key concurrency and the exec rate; 429s.
-    try:
-        lease = exec_admit_operation(
-            principal=principal,
-            operation=operation,
-            is_new=is_new,
-            timeout_s=_agent_timeout(request),
-        )
-    except BaseException:
-        # A refused exec ran nothing: its liveness key must not be kept alive forever
-        # by the heartbeat thread.
-        pumps.release(pk)
-        raise
+    lease = operation_admit(
+        principal=principal, operation=operation, is_new=is_new, request=request
+    )
     agent = agent_for(sandbox)
     if "pool" in connection.settings_dict.get("OPTIONS", {}) and not connection.in_atomic_block:
         # Back to the pool while the command runs (it may take minutes): a thousand

@@ -93,17 +93,40 @@ def start_on_loop(loop: asyncio.AbstractEventLoop, job: Any) -> None:
     loop.call_soon_threadsafe(spawn)
 
 
+def _new_http() -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_keepalive_connections=64, max_connections=512),
+        timeout=httpx.Timeout(10.0),
+        trust_env=False,
+    )
+
+
 def _clients() -> tuple[httpx.AsyncClient, aioredis.Redis]:
     global _http, _redis
     if _http is None:
-        _http = httpx.AsyncClient(
-            limits=httpx.Limits(max_keepalive_connections=64, max_connections=512),
-            timeout=httpx.Timeout(10.0),
-            trust_env=False,
-        )
+        _http = _new_http()
     if _redis is None:
         _redis = aioredis.Redis.from_url(settings.REDIS_URL)
     return _http, _redis
+
+
+def run_in_thread(job: Any) -> None:
+    """The relay in a process that no event loop serves (a Celery worker, a management
+    command): the same ``_pump`` on a private loop in this thread, with clients of its
+    own (a client belongs to the loop it was made on)."""
+
+    async def relay() -> None:
+        http, redis = _new_http(), aioredis.Redis.from_url(settings.REDIS_URL)
+        try:
+            await _pump(job, (http, redis))
+        finally:
+            await http.aclose()
+            await redis.aclose()
+
+    try:
+        asyncio.run(relay())
+    finally:
+        close_old_connections()
 
 
 def redis_client_async() -> aioredis.Redis:
@@ -177,9 +200,9 @@ async def _frames(http: httpx.AsyncClient, job: Any) -> Any:
                 yield json.loads(line)
 
 
-async def _pump(job: Any) -> None:
+async def _pump(job: Any, clients: tuple[httpx.AsyncClient, aioredis.Redis] | None = None) -> None:
     pk = job.operation_pk
-    http, redis = _clients()
+    http, redis = clients or _clients()
     on_loop = bool(getattr(job, "on_loop", False))
     # A pump started on the loop (exec_async) hands each frame to its listener at once
     # and stores it in the background, in order (each store waits for the one before),

@@ -20,7 +20,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +27,9 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 
-from apps.billing.limits import ExecLease, exec_admit_operation
+from apps.billing.limits import ExecLease
 from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable
 from apps.sandboxes.models import Operation, OperationStatus, State
@@ -39,10 +38,10 @@ from apps.sandboxes.services.operations import (
     ExecRequest,
     _agent_timeout,
     agent_for,
-    ensure_ready,
+    operation_admit,
+    operation_begin,
     operation_record_failure,
     operation_record_result,
-    operation_start,
     request_from_record,
 )
 from apps.sandboxes.services.replay import frames_key as frames_key
@@ -198,20 +197,19 @@ def operation_exec_stream(
     returned as is, a running one is recovered if its pump died. Raises like
     ``operation_exec`` for a sandbox that is not ready or a conflicting replay.
     """
-    ensure_ready(sandbox, expected_generation)
-    operation, is_new = operation_start(
-        principal=principal, sandbox=sandbox, request=request, operation_id=operation_id
+    operation, is_new = operation_begin(
+        principal=principal,
+        sandbox=sandbox,
+        request=request,
+        operation_id=operation_id,
+        expected_generation=expected_generation,
     )
     if not is_new:
         if operation.status == OperationStatus.RUNNING:
             operation = operation_recover(operation=operation)
         return operation, False
-    # Quotas (billing): concurrent execs, per-key concurrency and the exec rate; 429s.
-    lease = exec_admit_operation(
-        principal=principal, operation=operation, is_new=True, timeout_s=_agent_timeout(request)
-    )
+    lease = operation_admit(principal=principal, operation=operation, is_new=True, request=request)
     pk = str(operation.pk)
-    pumps.claim(pk)
     job = _PumpJob(
         operation_pk=pk,
         agent=agent_for(sandbox),
@@ -225,59 +223,21 @@ def operation_exec_stream(
 
 
 def _start_pump(job: _PumpJob) -> None:
+    """Starts the relay (``stream_pump``: one implementation) on the loop that serves
+    this process, or, in a process no loop serves (a Celery worker, a management
+    command, recovery's sweep), on a private loop in a thread."""
     from apps.sandboxes.services import stream_pump  # imports this module
 
     loop = stream_pump.running_loop()
     if loop is not None:
         stream_pump.start_on_loop(loop, job)
         return
-    # No event loop in this process (a worker, a management command): a thread.
     threading.Thread(
-        target=_pump, args=(job,), name=f"hedgerow-pump-{job.operation_pk[:8]}", daemon=True
+        target=stream_pump.run_in_thread,
+        args=(job,),
+        name=f"hedgerow-pump-{job.operation_pk[:8]}",
+        daemon=True,
     ).start()
-
-
-def _pump(job: _PumpJob) -> None:
-    try:
-        _pump_frames(job)
-    except Exception:
-        log.exception("exec pump crashed", extra={"operation": job.operation_pk})
-        _finish_failed(job.operation_pk, "internal_error", "the stream relay failed")
-    finally:
-        pumps.release(job.operation_pk)
-        if job.lease is not None:
-            job.lease.release()
-        close_old_connections()
-
-
-def _pump_frames(job: _PumpJob) -> None:
-    last = buffer_last_seq(job.operation_pk)
-    for attempt in range(REATTACH_ATTEMPTS):
-        try:
-            # A replayed operation id attaches to the running command and streams it
-            # from frame 0, so a re-attach re-sends what we have: skip by seq.
-            for agent_frame in _frames(job):
-                seq = int(agent_frame["seq"])
-                if seq <= last:
-                    continue
-                if agent_frame.get("type") == "exit":
-                    _finish_with_result(job.operation_pk, agent_frame.get("result") or {}, seq)
-                    return
-                buffer_append(operation_pk=job.operation_pk, frame=client_frame(agent_frame))
-                last = seq
-        except AgentError as exc:
-            _finish_failed(job.operation_pk, exc.code, exc.message, exc.kind)
-            return
-        except AgentUnreachable as exc:
-            log.warning("agent stream broke; re-attaching", extra={"error": str(exc)})
-            if attempt + 1 < REATTACH_ATTEMPTS:
-                time.sleep(0.2 * (attempt + 1))
-        # The stream ended without an exit frame (or broke): re-attach by operation id.
-    _finish_failed(job.operation_pk, "agent_unreachable", "the agent's stream broke repeatedly")
-
-
-def _frames(job: _PumpJob) -> Iterator[dict[str, Any]]:
-    yield from job.agent.exec_stream(job.body, timeout=job.timeout)
 
 
 def record_exit(operation_pk: str, result: dict[str, Any]) -> None:

@@ -36,20 +36,17 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import Count
-from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_client import agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, SandboxSpec
-from apps.sandboxes.events import publish_sandbox_state
-from apps.sandboxes.metering.usage import open_record_sql, usage_after_transition
-from apps.sandboxes.models import Sandbox, SandboxEvent, State, WarmMember, WarmMemberState
+from apps.sandboxes.models import Sandbox, SandboxEvent, WarmMember, WarmMemberState
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
-from apps.sandboxes.services.lifecycle import LEDGER_COLUMNS, MOVED_ROW_COLUMNS
+from apps.sandboxes.services.lifecycle import sandbox_insert_claimed
 
 log = logging.getLogger(__name__)
 
@@ -224,68 +221,17 @@ def _enqueue_destroy(member_hex: str) -> None:
 
 
 def warm_pool_record_claim(*, sandbox: Sandbox, claimed: Claimed, actor: str) -> None:
-    """Inserts the claimed ``sandbox`` (not saved yet, in ``ready``) with its ledger —
-    ``created`` (requested, as every create) then requested → ready with reason
-    ``warm_pool`` — and opens its usage record at that event: one statement.
-
-    The same rows the ORM way writes (``Sandbox.objects.create``, two
-    ``SandboxEvent.objects.create`` and the ``post_save`` usage hook, a savepoint and
-    five or more statements): Postgres's data-modifying CTEs see one snapshot and
-    commit together. A usage record the statement could not open (no price book) is
-    opened the ORM's way (``usage_after_transition``), as a transition's is.
-    """
-    created_at = sandbox.created_at or timezone.now()
-    ready_at = timezone.now()
+    """Inserts the claimed ``sandbox`` (not saved yet) in ``ready``, its ledger and its
+    usage record in one statement, through the one writer of sandbox states
+    (``lifecycle.sandbox_insert_claimed``); the transition's message names the member's
+    warm time."""
     warm_since = claimed.warm_at.isoformat() if claimed.warm_at else "?"
-    insert = InsertQuery(Sandbox)
-    insert.insert_values([f for f in Sandbox._meta.concrete_fields if not f.generated], [sandbox])
-    ((insert_sql, insert_params),) = insert.get_compiler(connection.alias).as_sql()
-    usage_sql, usage_params = open_record_sql(sandbox=sandbox, at=ready_at)
-    quote = connection.ops.quote_name
-    table = quote(Sandbox._meta.db_table)
-    returning = ", ".join(f"{table}.{quote(c)}" for c in MOVED_ROW_COLUMNS)
-    events = quote(SandboxEvent._meta.db_table)
-    columns = ", ".join(quote(c) for c in LEDGER_COLUMNS)
-    # Names from the models, values as parameters: not an injection. The ledger rows
-    # are inserted in ``ord`` order, so their ids are in ledger order as before.
-    sql = (
-        f"WITH moved AS ({insert_sql} RETURNING {returning}), "  # noqa: S608
-        f"logged AS (INSERT INTO {events} ({columns}) "
-        "SELECT m.id, m.tenant_id, v.at, v.event, v.from_state, v.to_state, v.reason, "
-        "v.message, %s, %s FROM moved AS m CROSS JOIN (VALUES "
-        "(1, %s::timestamptz, 'created', '', %s, 'api', ''), "
-        "(2, %s::timestamptz, 'transition', %s, %s, %s, %s)) "
-        "AS v(ord, at, event, from_state, to_state, reason, message) "
-        "ORDER BY v.ord RETURNING 1), "
-        f"metered AS ({usage_sql}) "
-        "SELECT (SELECT count(*) FROM logged), (SELECT count(*) FROM metered)"
+    sandbox_insert_claimed(
+        sandbox=sandbox,
+        reason=CLAIM_REASON,
+        message=f"claimed a warm pool member (warm since {warm_since})",
+        actor=actor,
     )
-    params = [
-        *insert_params,
-        actor,
-        sandbox.generation,
-        created_at,
-        State.REQUESTED.value,
-        ready_at,
-        State.REQUESTED.value,
-        State.READY.value,
-        CLAIM_REASON,
-        f"claimed a warm pool member (warm since {warm_since})",
-        *usage_params,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None or row[0] != 2:
-        # Raised inside the create's transaction: it rolls back, the member goes back
-        # to the pool and the client gets a 500, never a sandbox with half a ledger.
-        raise DatabaseError(f"warm pool claim wrote {row!r} ledger rows, expected 2")
-    sandbox._state.adding = False
-    sandbox._state.db = connection.alias
-    usage_after_transition(
-        sandbox=sandbox, to_state=State.READY, written=row[1], queue_waiting=False
-    )
-    publish_sandbox_state(sandbox)
 
 
 # ---- refill (Celery) ---------------------------------------------------------------

@@ -275,3 +275,39 @@ def test_it_streams_an_operation_and_state_over_the_browser_socket(live, make_te
     assert [f["seq"] for f in exec_frames] == list(range(len(exec_frames)))
     assert _stdout(exec_frames) == b"via-realtime\n"
     assert exec_frames[-1]["result"]["exit_code"] == 0
+
+
+def test_a_process_no_loop_serves_relays_a_stream_with_the_same_pump(live, make_tenant):
+    """A Celery worker or a management command (no event loop serves it) starts a
+    streamed exec: the one relay (``stream_pump``) runs on a private loop in a thread and
+    stores the frames, the end and the row as the web process's relay does; its
+    liveness key is given back when it ends."""
+    from apps.sandboxes.models import Sandbox
+    from apps.sandboxes.services import stream_pump
+    from apps.sandboxes.services.operations import ExecRequest
+    from apps.sandboxes.services.streaming import operation_exec_stream, pump_alive
+    from apps.sandboxes.tests.faults import until
+    from apps.tenancy.principal import Principal
+
+    tenant, secret = make_tenant()
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
+    sandbox = Sandbox.objects.get(external_id=sandbox_id)
+    assert stream_pump.running_loop() is None  # this test process: no serving loop
+    operation, started = operation_exec_stream(
+        principal=Principal(tenant=tenant, scopes=frozenset({"write"})),
+        sandbox=sandbox,
+        request=ExecRequest(command=SCRIPT),
+        operation_id="op-no-loop",
+    )
+    assert started
+    path = f"/ws/v1/sandboxes/{sandbox_id}/operations/op-no-loop/stream"
+    with _ws(live, path, secret) as ws:
+        frames = _frames(ws)
+    assert _stdout(frames) == EXPECTED
+    assert [f["seq"] for f in frames] == sorted({f["seq"] for f in frames})  # in order, once
+    assert frames[-1]["type"] == "exec.exit"
+    operation.refresh_from_db()
+    assert (operation.status, operation.exit_code) == (OperationStatus.COMPLETED, 3)
+    assert operation.stderr["head"] == "err\n"
+    until(lambda: not pump_alive(str(operation.pk)), what="the relay to give its key back")
