@@ -16,7 +16,9 @@ from apps.sandboxes.tests.live_api import api_client, ready_sandbox
 pytestmark = pytest.mark.timeout(300)
 
 PROBES = [
-    {"name": "files", "command": "ls -la /workspace /tmp | sed 1d; cat /workspace/state.txt"},
+    # -A, not -a: `..` of /workspace and /tmp is the sandbox's own root, made when the
+    # sandbox started, so a child started in the next minute lists a different time for it
+    {"name": "files", "command": "ls -lA /workspace /tmp | sed 1d; cat /workspace/state.txt"},
     {"name": "sum", "command": ["sh", "-c", "sha256sum /workspace/data.bin"]},
 ]
 
