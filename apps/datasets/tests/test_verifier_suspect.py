@@ -186,6 +186,19 @@ def test_closed_episodes_move_to_verifier_when_the_task_becomes_suspect_and_back
         ("verifier", "success", "task_verifier_cleared"),
     ]
     assert client.get("/api/v1/episodes/stats", {"task": "t"}).json()["valid"] == 3
+    # the API answers the same history (the list and one episode), another tenant nothing
+    shown = client.get(f"/api/v1/episodes/{passed}").json()["reattributions"]
+    assert [(r["from_class"], r["to_class"], r["verdict_class"], r["cause"]) for r in shown] == [
+        ("success", "verifier", "success", "task_verifier_suspect"),
+        ("verifier", "success", "success", "task_verifier_cleared"),
+    ]
+    assert shown[0]["evidence"][0]["rule"] == "verifier_fails_reference"
+    listed = {
+        e["id"]: e["reattributions"] for e in client.get("/api/v1/episodes").json()["results"]
+    }
+    assert len(listed[passed]) == 2 and listed[other_version] == []
+    assert other.get(f"/api/v1/episodes/{passed}").status_code == 404
+    assert other.get(f"/api/v1/episodes/{theirs}").json()["reattributions"] == []
 
 
 def test_the_episode_page_shows_the_move(make_tenant, api_client, make_user, client):
