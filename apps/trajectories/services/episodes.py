@@ -719,19 +719,23 @@ def episodes_reattribute_recent(*, now: datetime | None = None, limit: int = 100
     )
     changed = 0
     for episode in recent:
-        if episode_attribution(episode=episode).failure_class != episode.auto_failure_class:
-            episode_attribute(episode=episode)
+        if episode_reattribute(
+            episode=episode,
+            cause="ledger_changed_in_grace",
+            reason="a linked sandbox's ledger changed within the detection grace after close",
+        ):
             changed += 1
     return changed
 
 
 def episode_reattribute(
-    *, episode: Episode, cause: str, reason: str, evidence: list[dict[str, Any]]
+    *, episode: Episode, cause: str, reason: str, evidence: list[dict[str, Any]] | None = None
 ) -> EpisodeReattribution | None:
     """Re-runs attribution of a closed, non-imported episode after something it reads
     changed (``cause``, e.g. its task's verifier became suspect). Idempotent: nothing
     is written unless the automatic class changes; a change is recorded (from, to, the
-    verifier's verdict, cause, reason, evidence). A person's relabel still stands."""
+    verifier's verdict, cause, reason, evidence — by default the new verdict's facts). A
+    person's relabel still stands."""
     with transaction.atomic():
         locked = Episode.objects.select_for_update().filter(pk=episode.pk).first()
         if locked is None or locked.status != EpisodeStatus.CLOSED or locked.imported:
@@ -752,7 +756,7 @@ def episode_reattribute(
             verdict_class=verdict_class,
             cause=cause,
             reason=reason,
-            evidence=evidence,
+            evidence=verdict.evidence if evidence is None else evidence,
         )
 
 
