@@ -21,6 +21,18 @@ def task_verifier_suspect_facts(episode: Episode) -> list[dict[str, Any]]:
     ).first()
     if health is None:
         return []
+    facts = [fact for fact in health.evidence if fact.get("rule") in SUSPECT_RULES]
+    # a reference run keyed to a task version judges that version's episodes (and those
+    # that name none); an episode of another version had a verifier no run found broken
+    mine = [
+        fact
+        for fact in facts
+        if not fact.get("task_version")
+        or not episode.task_version
+        or fact["task_version"] == episode.task_version
+    ]
+    if facts and not mine:
+        return []
     return [
         {
             "class": "verifier",
@@ -33,8 +45,7 @@ def task_verifier_suspect_facts(episode: Episode) -> list[dict[str, Any]]:
                 if k in fact
             },
         }
-        for fact in health.evidence
-        if fact.get("rule") in SUSPECT_RULES
+        for fact in mine
     ] or [
         {
             "class": "verifier",

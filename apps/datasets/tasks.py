@@ -17,3 +17,15 @@ def run_reference_check(run_pk: int) -> str | None:
 
     run = reference_check_run(run_pk=run_pk)
     return run.status if run is not None else None
+
+
+@shared_task(soft_time_limit=300, time_limit=360)
+def reattribute_task_episodes(tenant_id: str, task_id: str, after: str | None = None) -> int:
+    """A task's verifier_suspect flag flipped: its closed episodes are attributed again,
+    one bounded batch per run; a full batch queues the next one."""
+    from apps.datasets.services.verifier_health import task_episodes_reattribute
+
+    changed, cursor = task_episodes_reattribute(tenant_id=tenant_id, task_id=task_id, after=after)
+    if cursor is not None:
+        reattribute_task_episodes.delay(tenant_id, task_id, cursor)
+    return changed

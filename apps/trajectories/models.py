@@ -271,6 +271,27 @@ class EpisodeRelabel(models.Model):
         ordering = ["at", "id"]
 
 
+class EpisodeReattribution(models.Model):
+    """Append-only: the control plane changed a closed episode's automatic class after
+    the fact, because something the procedure reads changed (e.g. its task's verifier
+    became suspect, or was cleared). ``verdict_class`` is what the verifier's verdict
+    (the claim) gave, ``to_class`` what the episode is now attributed; ``evidence`` is
+    what caused the change. A person's relabel still wins (``failure_class``)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    episode = models.ForeignKey(Episode, on_delete=models.CASCADE, related_name="reattributions")
+    from_class = models.CharField(max_length=16)
+    to_class = models.CharField(max_length=16)
+    verdict_class = models.CharField(max_length=16, blank=True)
+    cause = models.CharField(max_length=64)
+    reason = models.TextField()
+    evidence = models.JSONField(default=list, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
 # -- secrets taken out of the data (apps/trajectories/redaction.py) --------------------
 
 

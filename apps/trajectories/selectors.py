@@ -354,6 +354,11 @@ def episode_relabels(*, episode: Episode) -> QuerySet[Any]:
     return episode.relabels.all()
 
 
+def episode_reattributions(*, episode: Episode) -> QuerySet[Any]:
+    """The control plane's later changes of the episode's class (tenant-scoped by it)."""
+    return episode.reattributions.filter(tenant_id=episode.tenant_id)
+
+
 def episode_compare(*, a: Episode, b: Episode) -> list[tuple[Step | None, Step | None]]:
     """Steps of two episodes of the same task paired by index (409 for different tasks)."""
     if a.task_id != b.task_id:

@@ -110,6 +110,7 @@ def episode_detail_page(
             "episode": episode,
             "timeline": selectors.episode_timeline(episode=episode),
             "relabels": list(selectors.episode_relabels(episode=episode)),
+            "reattributions": list(selectors.episode_reattributions(episode=episode)),
             "classes": CLASS_ORDER,
             "siblings": list(siblings),
         },

@@ -140,6 +140,7 @@ class EpisodeData(TypedDict, total=False):
     failure_evidence: Any
     valid: bool
     relabeled: Any
+    reattributions: List[Any]
     imported: bool
     sandboxes: List[Any]
     parent: Optional[str]

@@ -301,6 +301,18 @@ def health_refresh(*, tenant_id: Any, task_id: str) -> TaskHealth:
             }
         )
     quarantine = suspect or mostly_infra
+    was_suspect = TaskHealth.objects.filter(
+        tenant_id=tenant_id, task_id=task_id, verifier_suspect=True
+    ).exists()
+    if was_suspect != suspect:
+        # the task's closed episodes move to (or back from) class verifier: in bulk,
+        # after this commits (services/verifier_health.py)
+        from apps.datasets.tasks import reattribute_task_episodes
+
+        transaction.on_commit(
+            lambda: reattribute_task_episodes.delay(str(tenant_id), task_id),
+            robust=True,
+        )
     health, _ = TaskHealth.objects.update_or_create(
         tenant_id=tenant_id,
         task_id=task_id,

@@ -226,6 +226,7 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "failure_evidence",
             "valid",
             "relabeled",
+            "reattributions",
             "imported",
             "sandboxes",
             "parent",
@@ -265,6 +266,27 @@ class EpisodeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
 
     def get_relabeled(self, obj: Episode) -> bool:
         return obj.relabels.exists()
+
+    reattributions = serializers.SerializerMethodField(
+        help_text="the control plane's later changes of the automatic class (e.g. the "
+        "task's verifier became suspect): from_class, to_class, verdict_class, cause, "
+        "reason, evidence, at"
+    )
+
+    def get_reattributions(self, obj: Episode) -> list[dict[str, Any]]:
+        return [
+            {
+                "from_class": r.from_class,
+                "to_class": r.to_class,
+                "verdict_class": r.verdict_class,
+                "cause": r.cause,
+                "reason": r.reason,
+                "evidence": r.evidence,
+                "at": r.at.isoformat(),
+            }
+            for r in obj.reattributions.all()
+            if r.tenant_id == obj.tenant_id
+        ]
 
     def get_sandboxes(self, obj: Episode) -> list[dict[str, Any]]:
         return [

@@ -68,7 +68,7 @@ class EpisodeListCreateView(APIView):
         qs = selectors.episode_list(tenant=principal_of(request).tenant, filters=_filters(request))
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(
-            qs.prefetch_related("sandbox_links", "relabels"), request, view=self
+            qs.prefetch_related("sandbox_links", "relabels", "reattributions"), request, view=self
         )
         return paginator.get_paginated_response(EpisodeSerializer(page, many=True).data)
 

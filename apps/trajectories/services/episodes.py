@@ -26,6 +26,7 @@ from apps.trajectories.cost import episode_sandbox_cost, sharing_episodes
 from apps.trajectories.models import (
     TERMINATION_REASONS,
     Episode,
+    EpisodeReattribution,
     EpisodeRelabel,
     EpisodeSandbox,
     EpisodeStatus,
@@ -35,7 +36,11 @@ from apps.trajectories.models import (
     VerifierOutcome,
 )
 from apps.trajectories.services import lineage
-from apps.trajectories.services.attribution import DETECTION_GRACE, episode_attribution
+from apps.trajectories.services.attribution import (
+    DETECTION_GRACE,
+    VERDICT_RULES,
+    episode_attribution,
+)
 from apps.trajectories.services.junit import ReportInvalid, parse_report
 from apps.trajectories.services.lineage import raw_event_record
 from apps.trajectories.services.secrets import EpisodeSecrets
@@ -714,10 +719,45 @@ def episodes_reattribute_recent(*, now: datetime | None = None, limit: int = 100
     )
     changed = 0
     for episode in recent:
-        if episode_attribution(episode=episode).failure_class != episode.auto_failure_class:
-            episode_attribute(episode=episode)
+        if episode_reattribute(
+            episode=episode,
+            cause="ledger_changed_in_grace",
+            reason="a linked sandbox's ledger changed within the detection grace after close",
+        ):
             changed += 1
     return changed
+
+
+def episode_reattribute(
+    *, episode: Episode, cause: str, reason: str, evidence: list[dict[str, Any]] | None = None
+) -> EpisodeReattribution | None:
+    """Re-runs attribution of a closed, non-imported episode after something it reads
+    changed (``cause``, e.g. its task's verifier became suspect). Idempotent: nothing
+    is written unless the automatic class changes; a change is recorded (from, to, the
+    verifier's verdict, cause, reason, evidence — by default the new verdict's facts). A
+    person's relabel still stands."""
+    with transaction.atomic():
+        locked = Episode.objects.select_for_update().filter(pk=episode.pk).first()
+        if locked is None or locked.status != EpisodeStatus.CLOSED or locked.imported:
+            return None
+        verdict = episode_attribution(episode=locked)
+        if verdict.failure_class == locked.auto_failure_class:
+            return None
+        before = locked.auto_failure_class
+        episode_attribute(episode=locked)
+        verdict_class = verdict.verdict_class or (
+            verdict.failure_class if verdict.rule in VERDICT_RULES else ""
+        )
+        return EpisodeReattribution.objects.create(
+            tenant_id=locked.tenant_id,
+            episode=locked,
+            from_class=before,
+            to_class=verdict.failure_class,
+            verdict_class=verdict_class,
+            cause=cause,
+            reason=reason,
+            evidence=verdict.evidence if evidence is None else evidence,
+        )
 
 
 def _imported_attribute(episode: Episode) -> Episode:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.sandboxes.models import Operation, OperationStatus, SandboxEvent, State
 from apps.sandboxes.tests.factories import make_sandbox
-from apps.trajectories.models import Episode
+from apps.trajectories.models import Episode, EpisodeReattribution
 from apps.trajectories.selectors import episode_list, episode_stats
 from apps.trajectories.services.episodes import episodes_reattribute_recent
 
@@ -277,6 +277,18 @@ def test_a_loss_noticed_in_the_grace_is_attributed_without_a_manual_call(make_te
         e["id"]: e["failure_class"] for e in client.get("/api/v1/episodes").json()["results"]
     }
     assert classes == {crashed["id"]: "environment", verified["id"]: "success"}
+    # the move is recorded with the ledger fact that caused it
+    moved = EpisodeReattribution.objects.get(episode__episode_id=crashed["id"])
+    assert (moved.from_class, moved.to_class, moved.cause) == (
+        "undetermined",
+        "environment",
+        "ledger_changed_in_grace",
+    )
+    assert moved.evidence[0]["source"] == "ledger"
+    assert moved.evidence[0]["reason"] == "backend_resource_gone"
+    assert not EpisodeReattribution.objects.filter(episode__episode_id=verified["id"]).exists()
+    assert episodes_reattribute_recent() == 0  # idempotent: nothing more to move or record
+    assert EpisodeReattribution.objects.count() == 1
     # Past the grace nothing is re-run, whatever the ledger says now.
     Episode.objects.filter(episode_id=verified["id"]).update(auto_failure_class="task")
     assert episodes_reattribute_recent(now=timezone.now() + timedelta(hours=1)) == 0
