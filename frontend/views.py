@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.billing.notices import notices_current
 from apps.billing.usage import cost_for_sandboxes
 from apps.core import keyset
 from apps.core.errors import ApiError, NotFound
@@ -131,6 +132,7 @@ def sandbox_list(request: HttpRequest, principal: Principal) -> HttpResponse:
             "form": FORM_DEFAULTS,
             "errors": {},
             "nav_section": "sandboxes",
+            "budget_notices": notices_current(tenant=principal.tenant),
         },
     )
 
