@@ -394,6 +394,12 @@ HEDGEROW_AUDIT_MIN_INTERVAL_S = env_float("HEDGEROW_AUDIT_MIN_INTERVAL_S", 60.0)
 HEDGEROW_OPERATION_RECOVERY_AFTER_S = env_float("HEDGEROW_OPERATION_RECOVERY_AFTER_S", 30.0)
 # Bearer token for Prometheus scrapes of /metrics (staff sessions work too); empty: staff only.
 HEDGEROW_METRICS_TOKEN = env_str("HEDGEROW_METRICS_TOKEN", "")
+# A sandbox's metrics history on the server (apps/sandboxes/services/sandbox_metrics.py):
+# each read of its metrics is kept (at most one per MIN_GAP_S), newest SAMPLES of them
+# (360 at the page's 5 s = 30 min), expiring TTL_S after the last; dropped on destroy.
+HEDGEROW_METRICS_HISTORY_SAMPLES = env_int("HEDGEROW_METRICS_HISTORY_SAMPLES", 360)
+HEDGEROW_METRICS_HISTORY_MIN_GAP_S = env_float("HEDGEROW_METRICS_HISTORY_MIN_GAP_S", 4.0)
+HEDGEROW_METRICS_HISTORY_TTL_S = env_float("HEDGEROW_METRICS_HISTORY_TTL_S", 3600.0)
 CELERY_BEAT_SCHEDULE["reconcile-sandboxes"] = {
     "task": "apps.sandboxes.tasks.reconcile_sandboxes",
     "schedule": HEDGEROW_RECONCILE_INTERVAL_S,
