@@ -258,3 +258,21 @@ def test_the_webhook_form_refuses_bad_urls_without_echoing_and_members_cannot_se
     assert owner.post("/billing/usage/webhook", {"alert_webhook_url": ""}).status_code == 302
     assert quota_get(tenant=tenant).alert_webhook_url == ""
     assert "No webhook is set." in owner.get("/billing/usage/").content.decode()
+
+
+def test_the_django_admin_never_shows_the_webhook(make_tenant):
+    tenant, _ = make_tenant()
+    _set(tenant, alert_webhook_url=f"https://h.example/{TOKEN}")
+    User.objects.create_superuser("root-w", password="pw")
+    staff = Client()
+    staff.force_login(User.objects.get(username="root-w"))
+    quota = quota_get(tenant=tenant)
+    for url in (
+        f"/admin/billing/tenantquota/{quota.pk}/change/",
+        f"/admin/tenancy/tenant/{tenant.pk}/change/",
+    ):
+        page = staff.get(url)
+        assert page.status_code == 200, url
+        assert (
+            TOKEN not in page.content.decode() and "alert_webhook_url" not in page.content.decode()
+        )
