@@ -364,7 +364,13 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env_str("HEDGEROW_LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}},
+    "loggers": {
+        "django.request": {"level": "ERROR"},
+        # httpx logs every request's full URL at INFO: a webhook's URL may carry a token
+        # (docs/billing.md, budget notices), so only its warnings and errors are kept.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+    },
 }
 
 CELERY_BEAT_SCHEDULE = {
@@ -388,6 +394,12 @@ HEDGEROW_AUDIT_MIN_INTERVAL_S = env_float("HEDGEROW_AUDIT_MIN_INTERVAL_S", 60.0)
 HEDGEROW_OPERATION_RECOVERY_AFTER_S = env_float("HEDGEROW_OPERATION_RECOVERY_AFTER_S", 30.0)
 # Bearer token for Prometheus scrapes of /metrics (staff sessions work too); empty: staff only.
 HEDGEROW_METRICS_TOKEN = env_str("HEDGEROW_METRICS_TOKEN", "")
+# A sandbox's metrics history on the server (apps/sandboxes/services/sandbox_metrics.py):
+# each read of its metrics is kept (at most one per MIN_GAP_S), newest SAMPLES of them
+# (360 at the page's 5 s = 30 min), expiring TTL_S after the last; dropped on destroy.
+HEDGEROW_METRICS_HISTORY_SAMPLES = env_int("HEDGEROW_METRICS_HISTORY_SAMPLES", 360)
+HEDGEROW_METRICS_HISTORY_MIN_GAP_S = env_float("HEDGEROW_METRICS_HISTORY_MIN_GAP_S", 4.0)
+HEDGEROW_METRICS_HISTORY_TTL_S = env_float("HEDGEROW_METRICS_HISTORY_TTL_S", 3600.0)
 CELERY_BEAT_SCHEDULE["reconcile-sandboxes"] = {
     "task": "apps.sandboxes.tasks.reconcile_sandboxes",
     "schedule": HEDGEROW_RECONCILE_INTERVAL_S,
@@ -529,6 +541,17 @@ CELERY_BEAT_SCHEDULE["usage-sweep-full"] = {
     "task": "apps.sandboxes.tasks.usage_sweep",
     "schedule": 24 * 3600.0,
     "kwargs": {"full": True},
+}
+# Budget notices (docs/billing.md): how often month-to-date spend is compared with each
+# team's alert and budgets (a crossing is recorded once a month and POSTed to the
+# owners' webhook, if set, with this timeout). Private/loopback webhook targets are
+# refused unless HEDGEROW_WEBHOOK_ALLOW_PRIVATE (development only).
+HEDGEROW_BUDGET_NOTICE_INTERVAL_S = env_float("HEDGEROW_BUDGET_NOTICE_INTERVAL_S", 60.0)
+HEDGEROW_WEBHOOK_TIMEOUT_S = env_float("HEDGEROW_WEBHOOK_TIMEOUT_S", 5.0)
+HEDGEROW_WEBHOOK_ALLOW_PRIVATE = env_bool("HEDGEROW_WEBHOOK_ALLOW_PRIVATE", False)
+CELERY_BEAT_SCHEDULE["budget-notices"] = {
+    "task": "apps.billing.tasks.budget_notices_check",
+    "schedule": HEDGEROW_BUDGET_NOTICE_INTERVAL_S,
 }
 CELERY_BEAT_SCHEDULE["usage-rollup"] = {
     "task": "apps.billing.tasks.usage_rollup",

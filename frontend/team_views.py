@@ -291,6 +291,7 @@ ACTION_LABELS = {
     Action.MEMBER_REMOVED: "removed member",
     Action.SANDBOX_DELETED: "deleted sandbox",
     Action.QUOTA_CHANGED: "changed",
+    Action.BUDGET_CROSSED: "crossed",
 }
 
 

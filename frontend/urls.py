@@ -50,6 +50,8 @@ urlpatterns = [
     ),
     path("sandboxes/<str:sandbox_id>/delete", views.sandbox_delete_view, name="sandbox-delete"),
     path("sandboxes/<str:sandbox_id>/ttl", views.sandbox_ttl_view, name="sandbox-ttl"),
+    path("sandboxes/<str:sandbox_id>/pause", views.sandbox_pause_view, name="sandbox-pause"),
+    path("sandboxes/<str:sandbox_id>/resume", views.sandbox_resume_view, name="sandbox-resume"),
     path("snapshots/<str:snapshot_id>/", snapshot_views.snapshot_detail, name="snapshot"),
     path(
         "snapshots/<str:snapshot_id>/fork", snapshot_views.snapshot_fork_view, name="snapshot-fork"

@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.billing.notices import notices_current
 from apps.billing.usage import cost_for_sandboxes
 from apps.core import keyset
 from apps.core.errors import ApiError, NotFound
@@ -26,6 +27,7 @@ from apps.sandboxes.models import LIVE_STATES, State
 from apps.sandboxes.services import files
 from apps.sandboxes.services.egress import sandbox_dns_log
 from apps.sandboxes.services.lifecycle import sandbox_create, sandbox_delete, sandbox_set_expiry
+from apps.sandboxes.services.snapshots import sandbox_pause, sandbox_resume
 from apps.tenancy.pages import is_htmx, page, render_page
 from apps.tenancy.principal import Principal
 from frontend.forms import sandbox_form_errors
@@ -131,6 +133,7 @@ def sandbox_list(request: HttpRequest, principal: Principal) -> HttpResponse:
             "form": FORM_DEFAULTS,
             "errors": {},
             "nav_section": "sandboxes",
+            "budget_notices": notices_current(tenant=principal.tenant),
         },
     )
 
@@ -234,6 +237,41 @@ def sandbox_ttl_view(request: HttpRequest, principal: Principal, sandbox_id: str
         else:
             label = dict(TTL_CHOICES).get(seconds, f"{seconds} s")
             messages.success(request, f"{sandbox.external_id} now ends in {label}.")
+    return redirect("frontend:sandbox", sandbox.external_id)
+
+
+@require_POST
+@page("write")
+def sandbox_pause_view(request: HttpRequest, principal: Principal, sandbox_id: str) -> HttpResponse:
+    """Pauses a ready sandbox (its state is captured, then its compute released; the
+    API's ``POST /sandboxes/{id}/pause``); a redirect to its page says what happened."""
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    try:
+        sandbox_pause(sandbox=sandbox, actor=principal.actor)
+    except ApiError as exc:
+        messages.error(request, f"{sandbox.external_id} was not paused: {exc.message}.")
+    else:
+        messages.success(
+            request,
+            f"Pausing {sandbox.external_id}: its state is being captured; Resume starts it "
+            "again where it was.",
+        )
+    return redirect("frontend:sandbox", sandbox.external_id)
+
+
+@require_POST
+@page("write")
+def sandbox_resume_view(
+    request: HttpRequest, principal: Principal, sandbox_id: str
+) -> HttpResponse:
+    """Resumes a paused sandbox (admitted like a create, restored from its pause)."""
+    sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
+    try:
+        sandbox_resume(sandbox=sandbox, actor=principal.actor)
+    except ApiError as exc:
+        messages.error(request, f"{sandbox.external_id} was not resumed: {exc.message}.")
+    else:
+        messages.success(request, f"Resuming {sandbox.external_id} from its pause.")
     return redirect("frontend:sandbox", sandbox.external_id)
 
 

@@ -19,6 +19,8 @@ class TenantQuotaInline(admin.StackedInline):  # type: ignore[type-arg]
     model = TenantQuota
     can_delete = False
     extra = 0
+    # The owners' webhook may carry a token: never shown back, not even to staff.
+    exclude = ["alert_webhook_url"]
 
 
 class ApiKeyLimitsInline(admin.StackedInline):  # type: ignore[type-arg]
@@ -79,6 +81,7 @@ class TenantQuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     list_editable = ["max_concurrent_sandboxes", "monthly_budget", "queue_by_default"]
     search_fields = ["tenant__slug"]
+    exclude = ["alert_webhook_url"]  # may carry a token (docs/billing.md)
 
     def save_model(self, request: HttpRequest, obj: TenantQuota, form: Any, change: bool) -> None:
         """Edits go through the service, so the team's activity log records them."""

@@ -37,6 +37,12 @@ class TenantQuota(models.Model):
     # Set by the team's owners (the budget above is staff's hard cap): the Usage page
     # warns once month-to-date spend reaches it. Null: no alert.
     budget_alert = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    # The team's own hard cap, set by its owners (never above what staff allow: the
+    # lower of the two refuses creates). Null: none of the team's own.
+    team_budget = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    # Where a crossed alert or budget is POSTed (owners set it; it may carry a token,
+    # so it is never shown back, logged or exported: only whether one is set).
+    alert_webhook_url = models.CharField(max_length=2000, blank=True, default="")
     queue_by_default = models.BooleanField(
         default=False, help_text="creates over a limit wait in the admission queue"
     )
@@ -224,3 +230,34 @@ class DailyUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.day} {self.dimension}={self.value}"
+
+
+class BudgetNoticeKind(models.TextChoices):
+    ALERT = "alert"  # the owners' spending alert (``budget_alert``)
+    TEAM_BUDGET = "team_budget"  # the owners' hard cap
+    MONTHLY_BUDGET = "monthly_budget"  # staff's hard cap
+
+
+class BudgetNotice(models.Model):
+    """One crossing of a team's alert or budget in one UTC month: written once (the
+    unique constraint is the "once"), with the activity entry in the same transaction;
+    the dashboard's banner reads this month's rows; a set webhook is POSTed once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budget_notices")
+    kind = models.CharField(max_length=16, choices=BudgetNoticeKind.choices)
+    period = models.CharField(max_length=7)  # "2026-12"
+    threshold = models.DecimalField(max_digits=14, decimal_places=2)
+    spent = models.DecimalField(max_digits=14, decimal_places=2)
+    at = models.DateTimeField(default=timezone.now)
+    # The webhook delivery: "" (none set), "pending", "delivered 204", "failed: <why>".
+    webhook = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "kind", "period"], name="uniq_budgetnotice_period"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.kind} {self.period}"

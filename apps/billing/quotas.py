@@ -143,10 +143,13 @@ def check_request_fits(*, quota: TenantQuota, ask: Ask) -> None:
 
 
 def check_budget(*, quota: TenantQuota) -> None:
-    if quota.monthly_budget is None:
+    """Refuses a new sandbox (or a queued one's admission) once month-to-date spend has
+    reached staff's ``monthly_budget`` or the owners' own ``team_budget``, naming the
+    budget in the way. Running sandboxes are never touched by it."""
+    if quota.monthly_budget is None and quota.team_budget is None:
         return
     spent = tenant_month_cost(tenant=quota.tenant)
-    if spent >= quota.monthly_budget:
+    if quota.monthly_budget is not None and spent >= quota.monthly_budget:
         raise limit_error(
             BudgetExhausted,
             limit="monthly_budget",
@@ -154,6 +157,16 @@ def check_budget(*, quota: TenantQuota) -> None:
             current=str(money(spent)),
             message=f"this team has spent {money(spent)} of its monthly budget of "
             f"{quota.monthly_budget}; new sandboxes start next month or when staff raise it",
+        )
+    if quota.team_budget is not None and spent >= quota.team_budget:
+        raise limit_error(
+            BudgetExhausted,
+            limit="team_budget",
+            value=str(quota.team_budget),
+            current=str(money(spent)),
+            message=f"this team has spent {money(spent)} of the monthly budget of "
+            f"{quota.team_budget} its owners set; new sandboxes start next month or when "
+            "an owner raises it",
         )
 
 
@@ -219,6 +232,10 @@ def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
         "pty_sessions": {"limit": quota.max_pty_sessions, "current": hot["pty_sessions"]},
         "monthly_budget": {
             "limit": str(budget) if budget is not None else None,
+            "current": str(money(spent)),
+        },
+        "team_budget": {
+            "limit": str(quota.team_budget) if quota.team_budget is not None else None,
             "current": str(money(spent)),
         },
         "snapshot_bytes": {

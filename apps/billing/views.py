@@ -3,6 +3,7 @@ selectors and reports only."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -13,6 +14,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.billing.api.usage_views import cost_report_csv, parse_window, window_end_date
+from apps.billing.models import TenantQuota
+from apps.billing.notices import notices_current
 from apps.billing.quotas import quota_get, quota_usage
 from apps.billing.reports import (
     COST_REPORT_COLUMNS,
@@ -22,7 +25,7 @@ from apps.billing.reports import (
     peak_concurrency,
     tenant_report,
 )
-from apps.billing.services import budget_alert_set
+from apps.billing.services import owner_settings_update
 from apps.core.errors import ValidationFailed
 from apps.tenancy.pages import page, render_page, staff_page
 from apps.tenancy.principal import Principal
@@ -82,25 +85,66 @@ def usage_page(request: HttpRequest, principal: Principal) -> HttpResponse:
     return render_page(request, principal, "billing/usage.html", _usage_context(request, principal))
 
 
-@require_POST
-@page("admin")
-def budget_alert_view(request: HttpRequest, principal: Principal) -> HttpResponse:
-    """Owners set (or clear) the team's spending alert, then back to the Usage page
-    (post/redirect/get); a refused amount re-renders the page with the error by it."""
-    value = request.POST.get("budget_alert", "")
+def _owner_setting_post(
+    request: HttpRequest, principal: Principal, field: str, done: Callable[[TenantQuota], str]
+) -> HttpResponse:
+    """Owners change one of their settings, then back to the Usage page
+    (post/redirect/get); a refused value re-renders the page with the error by it."""
+    value = request.POST.get(field, "")
     try:
-        quota = budget_alert_set(
-            quota=quota_get(tenant=principal.tenant), value=value, actor=principal.actor
+        quota = owner_settings_update(
+            quota=quota_get(tenant=principal.tenant),
+            values={field: value},
+            actor=principal.actor,
         )
     except ValidationFailed as exc:
         context = _usage_context(request, principal)
-        context.update(alert_error=exc.message, alert_value=value)
+        context["form_errors"] = {field: exc.message}
+        # the webhook is never echoed back (it may carry a token), not even refused
+        context["form_values"] = {field: "" if field == "alert_webhook_url" else value}
         return render_page(request, principal, "billing/usage.html", context)
-    if quota.budget_alert is None:
-        messages.success(request, "Spending alert cleared.")
-    else:
-        messages.success(request, f"Spending alert set at ${quota.budget_alert:,.2f} a month.")
+    messages.success(request, done(quota))
     return redirect("billing:usage")
+
+
+@require_POST
+@page("admin")
+def budget_alert_view(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """The team's spending alert (a warning: nothing is refused)."""
+    return _owner_setting_post(
+        request,
+        principal,
+        "budget_alert",
+        lambda q: "Spending alert cleared."
+        if q.budget_alert is None
+        else f"Spending alert set at ${q.budget_alert:,.2f} a month.",
+    )
+
+
+@require_POST
+@page("admin")
+def team_budget_view(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """The team's own hard monthly budget (new sandboxes are refused once it is spent)."""
+    return _owner_setting_post(
+        request,
+        principal,
+        "team_budget",
+        lambda q: "Team budget cleared."
+        if q.team_budget is None
+        else f"Team budget set at ${q.team_budget:,.2f} a month.",
+    )
+
+
+@require_POST
+@page("admin")
+def alert_webhook_view(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """Where a crossed alert or budget is POSTed (never shown back: it may hold a token)."""
+    return _owner_setting_post(
+        request,
+        principal,
+        "alert_webhook_url",
+        lambda q: "Webhook set." if q.alert_webhook_url else "Webhook removed.",
+    )
 
 
 def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]:
@@ -111,7 +155,8 @@ def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]
     budget = Decimal(month["budget"]) if month["budget"] else None
     spent = Decimal(month["cost"])
     concurrency = peak_concurrency(tenant=principal.tenant, start=start, end=end)
-    alert = quota_get(tenant=principal.tenant).budget_alert
+    quota = quota_get(tenant=principal.tenant)
+    alert = quota.budget_alert
     return {
         "nav_section": "usage",
         "report": report,
@@ -137,7 +182,16 @@ def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]
         "by_key": cost_by_key(tenant=principal.tenant, start=start, end=end),
         "budget_alert": alert,
         "alert_reached": alert is not None and spent >= alert,
-        "alert_value": "" if alert is None else f"{alert:.2f}",
+        "team_budget": quota.team_budget,
+        "team_budget_reached": quota.team_budget is not None and spent >= quota.team_budget,
+        "webhook_set": bool(quota.alert_webhook_url),
+        "notices": notices_current(tenant=principal.tenant),
+        "form_values": {
+            "budget_alert": "" if alert is None else f"{alert:.2f}",
+            "team_budget": "" if quota.team_budget is None else f"{quota.team_budget:.2f}",
+            "alert_webhook_url": "",
+        },
+        "form_errors": {},
     }
 
 

@@ -107,6 +107,7 @@ class Action(models.TextChoices):
     MEMBER_REMOVED = "member.removed"
     SANDBOX_DELETED = "sandbox.deleted"
     QUOTA_CHANGED = "quota.changed"
+    BUDGET_CROSSED = "budget.crossed"
 
 
 class Activity(models.Model):

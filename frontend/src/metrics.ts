@@ -1,23 +1,29 @@
 // The sandbox page's metrics panel (docs/frontend.md "Metrics"): polls
 // GET /api/v1/sandboxes/{id}/metrics every 5 s while the tab is visible and draws the
-// samples taken since the page opened (the last MAX_SAMPLES) as small line charts.
-// Nothing is stored server-side: a reload starts the history again.
+// last MAX_SAMPLES as small line charts. The server keeps a bounded history of every
+// read, so the first poll asks for the last HISTORY_S (`?since=`) and a reopened page
+// starts from what was sampled before it.
 import type { Chart } from "chart.js";
 import { ApiError, api } from "./api";
 import { lineChart } from "./charts";
 import { bytes } from "./format";
 
-const MAX_SAMPLES = 60; // 5 minutes at 5 s
+const MAX_SAMPLES = 360; // 30 minutes at 5 s (the server keeps as many)
+const HISTORY_S = 1800;
 const MIB = 1 << 20;
 
-interface Sample {
+interface Kept {
   ts: number;
   memory_bytes: number;
   cpu_usage_ns: number;
   pids: number;
   disk_bytes: number | null;
+}
+
+interface Sample extends Kept {
   memory_limit_bytes: number;
   cpu_millis: number;
+  history?: Kept[];
 }
 
 interface Point {
@@ -37,7 +43,8 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
   };
   const points: Point[] = [];
   const charts: Partial<Record<keyof typeof canvases, Chart>> = {};
-  let last: Sample | null = null;
+  let last: Kept | null = null;
+  let fromServer = 0; // points that were sampled before this page opened
   let timer: number | undefined;
   let stopped = false;
   let inflight = false;
@@ -72,9 +79,10 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
     el.dataset.value = String(value);
   };
 
-  const record = (sample: Sample) => {
+  const add = (sample: Kept): number | null => {
     let cpu: number | null = null;
-    if (last && sample.ts > last.ts) {
+    if (last && sample.ts <= last.ts) return null; // already drawn
+    if (last) {
       const used = Math.max(0, sample.cpu_usage_ns - last.cpu_usage_ns);
       cpu = (used / ((sample.ts - last.ts) * 1e9)) * 100;
     }
@@ -86,6 +94,14 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
       pids: sample.pids,
     });
     if (points.length > MAX_SAMPLES) points.shift();
+    return cpu;
+  };
+
+  const record = (sample: Sample) => {
+    const earlier = (sample.history ?? []).filter((h) => h.ts < sample.ts);
+    for (const kept of earlier) add(kept);
+    fromServer += earlier.length;
+    const cpu = add(sample);
     // the first sample has no CPU rate: the CPU chart starts at the second
     const rated = points.filter((p) => p.cpuPercent !== null);
     chart("cpu", "CPU % of one core", "%", rated, (p) => p.cpuPercent ?? 0);
@@ -101,7 +117,8 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
     if (sample.disk_bytes !== null) show("disk", bytes(sample.disk_bytes), sample.disk_bytes);
     panel.dataset.samples = String(points.length);
     if (status) {
-      status.textContent = `${points.length} sample${points.length === 1 ? "" : "s"} since this page opened, every ${interval / 1000} s while it is visible.`;
+      const kept = Math.min(fromServer, points.length);
+      status.textContent = `${points.length} sample${points.length === 1 ? "" : "s"}${kept ? ` (${kept} kept by the server from before this page opened)` : " since this page opened"}, every ${interval / 1000} s while it is visible.`;
     }
   };
 
@@ -118,7 +135,11 @@ export function startMetrics(panel: HTMLElement, sandboxId: string): void {
     }
     inflight = true;
     try {
-      record(await api<Sample>(`/api/v1/sandboxes/${encodeURIComponent(sandboxId)}/metrics`));
+      // the first read also asks for what the server kept of the last HISTORY_S
+      const since = last === null ? `?since=${Math.floor(Date.now() / 1000 - HISTORY_S)}` : "";
+      record(
+        await api<Sample>(`/api/v1/sandboxes/${encodeURIComponent(sandboxId)}/metrics${since}`),
+      );
     } catch (err) {
       if (err instanceof ApiError && err.status === 409) {
         stopped = true;

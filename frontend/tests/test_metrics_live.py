@@ -1,6 +1,7 @@
 """Per-sandbox metrics on the sandbox page (issue 24): the page polls
-/api/v1/sandboxes/<id>/metrics and draws what it sampled since it opened as CPU, memory
-and pids charts, with the latest values beside them. Real sandbox, real Chromium, axe."""
+/api/v1/sandboxes/<id>/metrics and draws CPU, memory and pids charts, with the latest
+values beside them; reopened, it starts from the history the server kept. Real sandbox,
+real Chromium, axe."""
 
 from __future__ import annotations
 
@@ -71,5 +72,18 @@ def test_the_sandbox_page_charts_its_metrics(live: Any, make_tenant: Any, make_u
         screenshot(page, "sandbox-metrics")
         assert axe_violations(page) == []
         assert sideways_overflow(page) == []
+
+        # reopened: the server kept what the first visit sampled, so the charts start
+        # with it instead of from nothing
+        drawn = int(panel.get_attribute("data-samples") or 0)
+        page.reload()
+        expect(panel.locator("[data-metrics-status]")).to_contain_text(
+            "kept by the server from before this page opened"
+        )
+        assert int(panel.get_attribute("data-samples") or 0) >= 2
+        assert int(panel.get_attribute("data-samples") or 0) >= min(drawn, 2)
+        for metric in ("memory", "pids"):
+            canvas = panel.locator(f'canvas[data-metric="{metric}"]')
+            expect(canvas).to_have_attribute("data-points", re.compile(r"^([2-9]|\d\d+)$"))
         page.close()
     assert console.errors == []

@@ -45,6 +45,22 @@ PROVED_ELSEWHERE = {
         "apps.billing.tests.test_budget_alert::"
         "test_an_owner_sets_and_clears_the_alert_with_a_redirect"
     ),
+    "billing:team-budget": (
+        "apps.billing.tests.test_team_budget::"
+        "test_an_owner_sets_and_clears_the_team_budget_on_the_page"
+    ),
+    "billing:alert-webhook": (
+        "apps.billing.tests.test_budget_notices::"
+        "test_the_webhook_gets_one_post_and_its_url_is_never_shown_or_logged"
+    ),
+    "frontend:sandbox-pause": (
+        "frontend.tests.test_pause_resume_live::"
+        "test_a_member_pauses_and_resumes_a_sandbox_from_its_page"
+    ),
+    "frontend:sandbox-resume": (
+        "frontend.tests.test_pause_resume_live::"
+        "test_a_member_pauses_and_resumes_a_sandbox_from_its_page"
+    ),
     "images:credential-delete": (
         "frontend.tests.test_images_page::"
         "test_a_login_is_stored_encrypted_never_shown_and_then_used_for_the_pull"

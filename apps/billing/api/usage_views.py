@@ -18,9 +18,12 @@ from rest_framework.views import APIView
 from apps.billing import services
 from apps.billing.api.serializers import PriceBookSerializer, TenantQuotaSerializer
 from apps.billing.models import PriceBook
+from apps.billing.notices import notices_current
+from apps.billing.pricing import money
 from apps.billing.quotas import quota_get, quota_usage
 from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, tenant_report
-from apps.core.errors import NotFound, ValidationFailed
+from apps.billing.usage import tenant_month_cost
+from apps.core.errors import ApiError, NotFound, ValidationFailed
 from apps.tenancy.models import Tenant
 from apps.tenancy.permissions import principal_of
 
@@ -83,6 +86,56 @@ class QuotaView(APIView):
     def get(self, request: Request) -> Response:
         """This team's limits next to its current use (null limit = unlimited)."""
         return Response(quota_usage(tenant=principal_of(request).tenant))
+
+
+def budget_settings(*, tenant: Tenant) -> dict[str, object]:
+    """The team's budgets, alert and month-to-date spend; the webhook only as set or not
+    (its URL may carry a token)."""
+    quota = quota_get(tenant=tenant)
+    spent = tenant_month_cost(tenant=tenant)
+
+    def text(value: object) -> str | None:
+        return None if value is None else str(value)
+
+    return {
+        "team_budget": text(quota.team_budget),
+        "budget_alert": text(quota.budget_alert),
+        "monthly_budget": text(quota.monthly_budget),
+        "month_to_date": str(money(spent)),
+        "alert_webhook_set": bool(quota.alert_webhook_url),
+        "notices": notices_current(tenant=tenant),
+    }
+
+
+class BudgetView(APIView):
+    """``GET``: any key that can read. ``PATCH``: admin scope (owners and admins)."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        """The team's own hard budget, its alert, staff's budget and this month's spend."""
+        return Response(budget_settings(tenant=principal_of(request).tenant))
+
+    @extend_schema(request=dict, responses={200: dict})
+    def patch(self, request: Request) -> Response:
+        """Sets any of ``team_budget`` and ``budget_alert`` (USD strings, cents at most;
+        null clears) and ``alert_webhook_url`` (http/https; "" or null removes it).
+        One bad field: 400 naming it, nothing changed."""
+        principal = principal_of(request)
+        if not principal.has_scope("admin"):
+            raise ApiError(
+                "setting the team's budget, alert or webhook needs the admin scope "
+                "(an owner or admin)",
+                code="permission_denied",
+                status_code=403,
+            )
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("expected a JSON object", field=None)
+        services.owner_settings_update(
+            quota=quota_get(tenant=principal.tenant),
+            values=dict(request.data),
+            actor=principal.actor,
+        )
+        return Response(budget_settings(tenant=principal.tenant))
 
 
 class UsageView(APIView):

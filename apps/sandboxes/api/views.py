@@ -300,19 +300,27 @@ class SandboxMetricsView(APIView):
                     "cpu_source": serializers.CharField(),
                     "memory_limit_bytes": serializers.IntegerField(),
                     "cpu_millis": serializers.IntegerField(),
+                    "history": serializers.ListField(child=serializers.DictField(), required=False),
                 },
             ),
             **ERROR_RESPONSES,
         },
         description="The ready sandbox's counters now, from its cgroups (docs/frontend.md "
         '"Metrics"): memory bytes, cumulative CPU ns (a rate needs two samples), pids, '
-        "disk bytes of its quota (null without one). One sample, nothing stored. 409 "
-        "`metrics_unavailable` on a backend without counters (kubernetes).",
+        "disk bytes of its quota (null without one). Each read is also kept on the server "
+        "(a bounded per-sandbox history, dropped with the sandbox): `?since=<unix s>` adds "
+        "`history`, the kept samples after it, oldest first. 409 `metrics_unavailable` on "
+        "a backend without counters (kubernetes).",
+        parameters=[
+            OpenApiParameter(
+                "since", float, description="unix seconds: also return the kept samples after it"
+            )
+        ],
     )
     def get(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
-        return Response(sandbox_metrics(sandbox=sandbox))
+        return Response(sandbox_metrics(sandbox=sandbox, since=request.query_params.get("since")))
 
 
 class ExecView(APIView):

@@ -21,6 +21,7 @@ from apps.sandboxes.image_catalog import image_catalog
 from apps.sandboxes.models import Sandbox, State
 from apps.sandboxes.pull_progress import PROGRESS_MIN_INTERVAL_S, merge_progress
 from apps.sandboxes.services.lifecycle import sandbox_record_event, sandbox_transition
+from apps.sandboxes.services.sandbox_metrics import metrics_history_drop
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ def sandbox_destroy(*, sandbox_id: str) -> Sandbox | None:
     if sandbox is None or sandbox.state == State.DELETED:
         return sandbox
     get_backend().destroy(sandbox.id.hex)
+    metrics_history_drop(sandbox_pk=sandbox.id)  # its kept samples go with it
     if sandbox.state == State.TERMINATING:
         sandbox_transition(
             sandbox=sandbox,
