@@ -320,6 +320,7 @@ def operation_exec(
             operation=operation,
             is_new=is_new,
             timeout_s=_agent_timeout(request),
+            sandbox_key=str(sandbox.external_id),
         )
     except BaseException:
         # A refused exec ran nothing: its liveness key must not be kept alive forever

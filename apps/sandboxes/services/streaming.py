@@ -208,7 +208,11 @@ def operation_exec_stream(
         return operation, False
     # Quotas (billing): concurrent execs, per-key concurrency and the exec rate; 429s.
     lease = exec_admit_operation(
-        principal=principal, operation=operation, is_new=True, timeout_s=_agent_timeout(request)
+        principal=principal,
+        operation=operation,
+        is_new=True,
+        timeout_s=_agent_timeout(request),
+        sandbox_key=str(sandbox.external_id),
     )
     pk = str(operation.pk)
     pumps.claim(pk)
