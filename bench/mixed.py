@@ -263,8 +263,9 @@ async def transfer_loop(
             t0 = time.perf_counter()
             got = 0
             async with http.stream("GET", url, params=path) as response:
+                if response.status_code == 429:
+                    await response.aread()  # the typed error's body, to name the limit
                 if run.refusal("download", response):
-                    await response.aread()
                     await asyncio.sleep(float(response.headers.get("retry-after", "1")))
                     continue
                 async for chunk in response.aiter_raw(CHUNK):
@@ -359,7 +360,10 @@ async def mixed(args: argparse.Namespace, url: str, secret: str, ids: list[str])
     run = Run()
     stop = time.monotonic() + args.seconds
     ws_base = url.replace("http://", "ws://")
-    tasks = [long_loop(client, run, sid, args.long_seconds, stop) for sid in ids]
+    # --long-seconds 0: no long commands (to attribute what each kind adds)
+    tasks = [
+        long_loop(client, run, sid, args.long_seconds, stop) for sid in ids if args.long_seconds
+    ]
     tasks += [short_loop(client, run, ids, stop) for _ in range(args.short_clients)]
     tasks += [
         transfer_loop(http, run, ids, args.bytes, stop, i) for i in range(args.transfer_clients)
@@ -407,7 +411,7 @@ def main() -> int:
     parser.add_argument("--sandboxes", type=int, default=200)
     parser.add_argument("--bytes", type=parse_bytes, default=parse_bytes("200MB"))
     parser.add_argument("--seconds", type=int, default=60, help="length of the mixed phase")
-    parser.add_argument("--long-seconds", type=int, default=30)
+    parser.add_argument("--long-seconds", type=int, default=30, help="0: no long commands")
     parser.add_argument("--short-clients", type=int, default=8)
     parser.add_argument("--transfer-clients", type=int, default=4)
     parser.add_argument("--stream-clients", type=int, default=4)
