@@ -314,6 +314,27 @@ HEDGEROW_REAPER_INTERVAL_S = env_float("HEDGEROW_REAPER_INTERVAL_S", 10.0)
 HEDGEROW_MAX_UPLOAD_BYTES = env_int("HEDGEROW_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
 HEDGEROW_EXEC_OUTPUT_WINDOW = env_int("HEDGEROW_EXEC_OUTPUT_WINDOW", 1024 * 1024)
 HEDGEROW_EXEC_DEFAULT_TIMEOUT_S = env_float("HEDGEROW_EXEC_DEFAULT_TIMEOUT_S", 600.0)
+# Per-kind concurrency limits (docs/billing.md "Limits per operation kind"), beside the
+# tenant quota's exec limits; 0 = unlimited. An exec whose timeout (its own or the
+# default above) exceeds HEDGEROW_EXEC_LONG_AFTER_S is a *long* exec: it is counted in
+# its own pools, so test runs cannot take the slots short execs need, and weighs its
+# timeout in seconds against the execution-time limits.
+HEDGEROW_EXEC_LONG_AFTER_S = env_float("HEDGEROW_EXEC_LONG_AFTER_S", 60.0)
+HEDGEROW_EXEC_MAX_PER_SANDBOX = env_int("HEDGEROW_EXEC_MAX_PER_SANDBOX", 256)
+HEDGEROW_EXEC_MAX_PER_INSTALLATION = env_int("HEDGEROW_EXEC_MAX_PER_INSTALLATION", 0)
+HEDGEROW_LONG_EXEC_MAX_PER_SANDBOX = env_int("HEDGEROW_LONG_EXEC_MAX_PER_SANDBOX", 32)
+HEDGEROW_LONG_EXEC_MAX_PER_TENANT = env_int("HEDGEROW_LONG_EXEC_MAX_PER_TENANT", 0)
+HEDGEROW_LONG_EXEC_MAX_PER_INSTALLATION = env_int("HEDGEROW_LONG_EXEC_MAX_PER_INSTALLATION", 0)
+HEDGEROW_LONG_EXEC_SECONDS_PER_TENANT = env_int("HEDGEROW_LONG_EXEC_SECONDS_PER_TENANT", 0)
+HEDGEROW_LONG_EXEC_SECONDS_PER_INSTALLATION = env_int(
+    "HEDGEROW_LONG_EXEC_SECONDS_PER_INSTALLATION", 0
+)
+# File transfers (uploads and downloads, files and trees) in flight, and their bytes.
+HEDGEROW_FILE_TRANSFERS_PER_SANDBOX = env_int("HEDGEROW_FILE_TRANSFERS_PER_SANDBOX", 8)
+HEDGEROW_FILE_TRANSFERS_PER_TENANT = env_int("HEDGEROW_FILE_TRANSFERS_PER_TENANT", 0)
+HEDGEROW_FILE_TRANSFERS_PER_INSTALLATION = env_int("HEDGEROW_FILE_TRANSFERS_PER_INSTALLATION", 64)
+HEDGEROW_FILE_BYTES_PER_TENANT = env_int("HEDGEROW_FILE_BYTES_PER_TENANT", 0)
+HEDGEROW_FILE_BYTES_PER_INSTALLATION = env_int("HEDGEROW_FILE_BYTES_PER_INSTALLATION", 0)
 # Plain REST execs answered on the event loop in front of Django
 # (apps/sandboxes/api/exec_fastpath.py); off: every exec goes through the DRF view.
 HEDGEROW_EXEC_FAST_PATH = env_bool("HEDGEROW_EXEC_FAST_PATH", True)
@@ -346,6 +367,7 @@ HEDGEROW_STREAM_REPLAY_TTL_S = env_int("HEDGEROW_STREAM_REPLAY_TTL_S", 600)
 HEDGEROW_STREAM_REPLAY_MAX_BYTES = env_int("HEDGEROW_STREAM_REPLAY_MAX_BYTES", 1024 * 1024)
 HEDGEROW_PTY_MAX_PER_SANDBOX = env_int("HEDGEROW_PTY_MAX_PER_SANDBOX", 4)
 HEDGEROW_PTY_MAX_PER_TENANT = env_int("HEDGEROW_PTY_MAX_PER_TENANT", 32)
+HEDGEROW_PTY_MAX_PER_INSTALLATION = env_int("HEDGEROW_PTY_MAX_PER_INSTALLATION", 0)  # 0 = unlimited
 HEDGEROW_WS_MAX_MESSAGES_PER_S = env_int("HEDGEROW_WS_MAX_MESSAGES_PER_S", 200)
 # How often an open websocket re-checks its key or session (revocation, expiry, role,
 # team disabled, membership removed, sign-out); it closes with 4401/4403 within this.

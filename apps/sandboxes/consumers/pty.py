@@ -8,6 +8,8 @@ import binascii
 import contextlib
 from typing import Any
 
+from django.conf import settings
+
 from apps.core.asyncdb import db_async
 from apps.core.errors import ApiError
 from apps.sandboxes import selectors
@@ -102,7 +104,11 @@ class PtyConsumer(HedgerowConsumer):
         full = await self.slots.acquire(sandbox_limit=sandbox_limit, tenant_limit=tenant_limit)
         if full is not None:
             self.slots = None
-            limit = sandbox_limit if full == "sandbox" else tenant_limit
+            limit = {
+                "sandbox": sandbox_limit,
+                "tenant": tenant_limit,
+                "installation": settings.HEDGEROW_PTY_MAX_PER_INSTALLATION,
+            }[full]
             await self.fail(
                 "pty_limit",
                 f"at most {limit} terminals per {full} at once",

@@ -315,7 +315,13 @@ async def _begin(
             return FALLBACK
     key_id = str(principal.api_key.pk) if principal.api_key is not None else None
     timeout = _agent_timeout(request)
-    plan = exec_admit_plan(limits=limits, tenant_id=tenant_id, api_key_id=key_id, timeout_s=timeout)
+    plan = exec_admit_plan(
+        limits=limits,
+        tenant_id=tenant_id,
+        api_key_id=key_id,
+        timeout_s=timeout,
+        sandbox_key=sandbox_external_id,
+    )
     pk = uuid.uuid4()
     op_id = operation_id or f"op-{uuid.uuid4().hex}"
     created_at = timezone.now()
@@ -493,7 +499,10 @@ async def operation_exec_stream_async(
         body=request.agent_body(begun.operation_id),
         timeout=begun.timeout,
         lease=ExecLease(
-            tenant_id=str(principal.tenant.pk), api_key_id=begun.key_id, lease=begun.plan.lease
+            tenant_id=str(principal.tenant.pk),
+            api_key_id=begun.key_id,
+            lease=begun.plan.lease,
+            sandbox_key=sandbox_external_id,
         ),
         fresh=True,
         on_loop=True,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 from asgiref.sync import sync_to_async
 
-from apps.billing.limits import upload_admit, upload_record
+from apps.billing.limits import transfer_admit, transfer_release, upload_admit, upload_record
 from apps.core.errors import ApiError
 from apps.core.inputs import check_text
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
@@ -61,6 +62,18 @@ def list_limit(raw: Any) -> int:
     return limit
 
 
+@contextmanager
+def _transfer(sandbox: Sandbox, nbytes: int) -> Iterator[None]:
+    """An upload's slot in the per-kind pools (sandbox, tenant, installation) for as
+    long as its bytes flow: 429 naming the limit before any byte reaches the agent."""
+    tenant_id, key = str(sandbox.tenant_id), str(sandbox.external_id)
+    lease = transfer_admit(tenant_id=tenant_id, sandbox_key=key, nbytes=nbytes)
+    try:
+        yield
+    finally:
+        transfer_release(tenant_id=tenant_id, sandbox_key=key, lease=lease)
+
+
 def _translate(exc: AgentError) -> ApiError:
     return ApiError(exc.message, code=exc.code, field=exc.field or "path", status_code=exc.status)
 
@@ -90,14 +103,16 @@ def file_write(
     if mode:
         params["mode"] = mode
     headers = {"Content-Length": str(size)} if size is not None else None
-    try:
-        response = agent_for(sandbox).request(
-            "PUT", "/files", params=params, content=chunks, headers=headers, timeout=600
-        )
-    except AgentError as exc:
-        raise _translate(exc) from exc
-    except AgentUnreachable as exc:
-        raise AgentUnavailable(str(exc)) from exc
+    # The per-kind pools (sandbox, tenant, installation): 429 naming the limit.
+    with _transfer(sandbox, size or 0):
+        try:
+            response = agent_for(sandbox).request(
+                "PUT", "/files", params=params, content=chunks, headers=headers, timeout=600
+            )
+        except AgentError as exc:
+            raise _translate(exc) from exc
+        except AgentUnreachable as exc:
+            raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
     if size is None:  # a streamed upload of unknown length counts once its size is known
         upload_record(tenant_id=str(sandbox.tenant_id), nbytes=int(result.get("size") or 0))
@@ -187,11 +202,27 @@ class Download:
         self._response, self._context = response, context
         self.size = int(response.headers["Content-Length"])
         self._closed = False
+        self._release: Callable[[], None] | None = None
+
+    def admit(self, sandbox: Sandbox, nbytes: int) -> None:
+        """Takes the transfer's slot in the per-kind pools (429 naming the limit, the
+        download closed); ``close`` gives it back."""
+        tenant_id, key = str(sandbox.tenant_id), str(sandbox.external_id)
+        try:
+            lease = transfer_admit(tenant_id=tenant_id, sandbox_key=key, nbytes=nbytes)
+        except ApiError:
+            self.close()
+            raise
+        self._release = lambda: transfer_release(tenant_id=tenant_id, sandbox_key=key, lease=lease)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._context.__exit__(None, None, None)
+            try:
+                self._context.__exit__(None, None, None)
+            finally:
+                if self._release is not None:
+                    self._release()
 
     def read_all(self, limit: int) -> bytes:
         try:
@@ -230,7 +261,9 @@ def file_open(*, sandbox: Sandbox, path: str | None) -> Download:
         raise _translate(exc) from exc
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
-    return Download(response, context)
+    download = Download(response, context)
+    download.admit(sandbox, download.size)
+    return download
 
 
 class TreeDownload(Download):
@@ -242,6 +275,7 @@ class TreeDownload(Download):
         self.size = -1
         self.tree_bytes = int(response.headers.get("X-Tree-Bytes") or 0)
         self._closed = False
+        self._release = None
 
 
 def tree_open(*, sandbox: Sandbox, path: str | None) -> TreeDownload:
@@ -256,7 +290,9 @@ def tree_open(*, sandbox: Sandbox, path: str | None) -> TreeDownload:
         raise _translate(exc) from exc
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
-    return TreeDownload(response, context)
+    download = TreeDownload(response, context)
+    download.admit(sandbox, download.tree_bytes)
+    return download
 
 
 def tree_write(
@@ -282,19 +318,20 @@ def tree_write(
             extra={"limit": "max_upload_bytes", "value": max_bytes, "current": size},
         )
     headers = {"Content-Length": str(size)} if size is not None else None
-    try:
-        response = agent_for(sandbox).request(
-            "PUT",
-            "/files/archive",
-            params={"path": target, "max_bytes": max_bytes},
-            content=chunks,
-            headers=headers,
-            timeout=600,
-        )
-    except AgentError as exc:
-        raise _translate(exc) from exc
-    except AgentUnreachable as exc:
-        raise AgentUnavailable(str(exc)) from exc
+    with _transfer(sandbox, size or 0):
+        try:
+            response = agent_for(sandbox).request(
+                "PUT",
+                "/files/archive",
+                params={"path": target, "max_bytes": max_bytes},
+                content=chunks,
+                headers=headers,
+                timeout=600,
+            )
+        except AgentError as exc:
+            raise _translate(exc) from exc
+        except AgentUnreachable as exc:
+            raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
     if size is None:
         upload_record(tenant_id=str(sandbox.tenant_id), nbytes=int(result.get("bytes") or 0))

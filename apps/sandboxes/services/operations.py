@@ -340,7 +340,12 @@ def operation_begin(
 
 
 def operation_admit(
-    *, principal: Principal, operation: Operation, is_new: bool, request: ExecRequest
+    *,
+    principal: Principal,
+    operation: Operation,
+    is_new: bool,
+    request: ExecRequest,
+    sandbox_key: str,
 ) -> ExecLease:
     """The step "admit" through the ORM path: the operation's liveness key is claimed
     (so recovery, ``operation_recover``, leaves a command that someone still relays or
@@ -358,6 +363,7 @@ def operation_admit(
             operation=operation,
             is_new=is_new,
             timeout_s=_agent_timeout(request),
+            sandbox_key=sandbox_key,
         )
     except BaseException:
         # Not kept alive forever by the heartbeat thread for a command that never ran.
@@ -403,7 +409,11 @@ def operation_exec(
 
     pk = str(operation.pk)
     lease = operation_admit(
-        principal=principal, operation=operation, is_new=is_new, request=request
+        principal=principal,
+        operation=operation,
+        is_new=is_new,
+        request=request,
+        sandbox_key=str(sandbox.external_id),
     )
     agent = agent_for(sandbox)
     if "pool" in connection.settings_dict.get("OPTIONS", {}) and not connection.in_atomic_block:

@@ -224,11 +224,17 @@ class PtySlots:
     def __init__(self, client: aioredis.Redis, *, tenant_id: str, sandbox_pk: str) -> None:
         prefix = settings.REDIS_KEY_PREFIX
         self.client = client
-        self.keys = [f"{prefix}pty:sandbox:{sandbox_pk}", f"{prefix}pty:tenant:{tenant_id}"]
+        self.keys = [
+            f"{prefix}pty:sandbox:{sandbox_pk}",
+            f"{prefix}pty:tenant:{tenant_id}",
+            f"{prefix}pty:installation",
+        ]
         self.session_id = uuid.uuid4().hex
 
     async def acquire(self, *, sandbox_limit: int, tenant_limit: int) -> str | None:
-        """None when a slot was taken, else which bound is full (``sandbox``/``tenant``)."""
+        """None when a slot was taken, else which bound is full (``sandbox``, ``tenant``
+        or ``installation``: HEDGEROW_PTY_MAX_PER_INSTALLATION, 0 = unlimited)."""
+        installation_limit = int(settings.HEDGEROW_PTY_MAX_PER_INSTALLATION) or 2**31
         full = await self.client.eval(  # type: ignore[misc]
             _ACQUIRE,
             len(self.keys),
@@ -238,8 +244,9 @@ class PtySlots:
             self.session_id,
             str(sandbox_limit),
             str(tenant_limit),
+            str(installation_limit),
         )
-        return None if int(full) == 0 else ("sandbox", "tenant")[int(full) - 1]
+        return None if int(full) == 0 else ("sandbox", "tenant", "installation")[int(full) - 1]
 
     async def refresh(self) -> None:
         pipe = self.client.pipeline(transaction=False)

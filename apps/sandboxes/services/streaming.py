@@ -208,7 +208,13 @@ def operation_exec_stream(
         if operation.status == OperationStatus.RUNNING:
             operation = operation_recover(operation=operation)
         return operation, False
-    lease = operation_admit(principal=principal, operation=operation, is_new=True, request=request)
+    lease = operation_admit(
+        principal=principal,
+        operation=operation,
+        is_new=True,
+        request=request,
+        sandbox_key=str(sandbox.external_id),
+    )
     pk = str(operation.pk)
     job = _PumpJob(
         operation_pk=pk,
