@@ -96,6 +96,11 @@ def classify(ref: str, stderr: str) -> errors.ImageError:
     return errors.ImageStoreError(ref, errors.PUBLIC_MESSAGES["image_store_error"], detail=msg)
 
 
+class NoNetworkNamespace(errors.ImageStoreError):
+    """Not root, no namespace for skopeo, and the operator did not accept open loopback
+    (``allow_unprotected_loopback``): nothing was run."""
+
+
 _PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
@@ -156,7 +161,7 @@ class Skopeo:
             raise errors.ImageStoreError(ref, f"no network namespace for skopeo: {e}") from e
         if env is not None and jail is None and not self.allow_unprotected_loopback:
             # fail closed: nothing is sent rather than a pull loopback is open to
-            raise errors.ImageStoreError(
+            raise NoNetworkNamespace(
                 ref,
                 errors.PUBLIC_MESSAGES["image_store_error"],
                 detail="registry access refused: not root, so skopeo gets no network "
@@ -216,7 +221,12 @@ class Skopeo:
         layout, resolving an index for this platform."""
         try:
             self._run(ref, ["copy", "--quiet", source, f"oci:{layout}"])
-        except (errors.DigestMismatch, errors.DiskExhausted, errors.UnsupportedPlatform):
+        except (
+            errors.DigestMismatch,
+            errors.DiskExhausted,
+            errors.UnsupportedPlatform,
+            NoNetworkNamespace,  # not the archive's fault
+        ):
             raise
         except errors.ImageError as e:
             # no registry is involved: whatever skopeo says is about the archive

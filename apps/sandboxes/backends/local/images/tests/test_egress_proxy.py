@@ -304,7 +304,9 @@ def test_a_redirect_to_ipv6_loopback_reaches_nothing_of_this_machine(tmp_path: P
         target.shutdown()
 
 
-def _as_nobody(ref: str, authfile: Path, accept: bool) -> tuple[str, str, str]:
+def _as_nobody(
+    ref: str, authfile: Path, accept: bool, op: str = "manifest"
+) -> tuple[str, str, str]:
     """Skopeo.manifest in a child process that gave up root (uid/gid 65534): the code
     and messages of its ImageError, or ("fetched", "", "")."""
     read, write = os.pipe()
@@ -323,7 +325,10 @@ def _as_nobody(ref: str, authfile: Path, accept: bool) -> tuple[str, str, str]:
             skopeo.proxy = lambda: "http://127.0.0.1:9"
             parsed = parse(ref)
             try:
-                skopeo.manifest(parsed, parsed.transport, authfile, insecure=True)
+                if op == "manifest":
+                    skopeo.manifest(parsed, parsed.transport, authfile, insecure=True)
+                else:  # an uploaded archive's import: skopeo gets the same environment
+                    skopeo.copy_from(ref, f"oci:{authfile.parent}/none", authfile.parent / "out")
                 result = ["fetched", "", ""]
             except ImageError as e:
                 result = [e.code, e.message, e.detail]
@@ -363,6 +368,9 @@ def test_without_root_a_pull_is_refused_unless_the_operator_accepts_open_loopbac
         assert (code, message) == ("image_store_error", PUBLIC_MESSAGES["image_store_error"])
         assert "HEDGEROW_REGISTRY_ALLOW_UNPROTECTED_LOOPBACK" in detail
         assert served == []  # nothing was sent
+        # an archive import is refused the same way, not blamed on the archive
+        code, _, detail = _as_nobody(ref, auth, accept=False, op="copy_from")
+        assert code == "image_store_error" and "UNPROTECTED_LOOPBACK" in detail, detail
         code, _, detail = _as_nobody(ref, auth, accept=True)
         assert "HEDGEROW_REGISTRY_ALLOW_UNPROTECTED_LOOPBACK" not in detail
         assert any(p.startswith("/v2/a/b/manifests/") for p in served), (served, code, detail)
