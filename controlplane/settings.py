@@ -507,6 +507,12 @@ HEDGEROW_K8S_PROCESS_ROLE = os.environ.get("HEDGEROW_K8S_PROCESS_ROLE", "")
 # safe-to-evict "false" / karpenter.sh/do-not-disrupt "true" on sandbox pods (true), or
 # safe-to-evict "true" (false): docs/deploy-kubernetes.md "Autoscalers"
 HEDGEROW_K8S_PROTECT_FROM_DISRUPTION = env_bool("HEDGEROW_K8S_PROTECT_FROM_DISRUPTION", True)
+# Snapshots on Kubernetes (docs/snapshots.md "Kubernetes"): the VolumeSnapshotClass of
+# captures ("" = none: snapshots_unsupported), the StorageClass of each sandbox's state
+# claim ("" = the cluster default), how long a capture waits for readyToUse.
+HEDGEROW_K8S_SNAPSHOT_CLASS = env_str("HEDGEROW_K8S_SNAPSHOT_CLASS", "")
+HEDGEROW_K8S_SNAPSHOT_STORAGE_CLASS = env_str("HEDGEROW_K8S_SNAPSHOT_STORAGE_CLASS", "")
+HEDGEROW_K8S_SNAPSHOT_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_SNAPSHOT_READY_TIMEOUT_S", 300.0)
 
 # --- Quotas, admission queue and metering (apps/billing, apps/sandboxes/admission) ---
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.

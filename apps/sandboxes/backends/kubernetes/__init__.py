@@ -82,6 +82,9 @@ def config_from_settings() -> KubernetesConfig:
         resolver_ip=settings.HEDGEROW_K8S_RESOLVER_IP,
         resolver_port=settings.HEDGEROW_K8S_RESOLVER_PORT,
         cni=settings.HEDGEROW_K8S_CNI,
+        snapshot_class=settings.HEDGEROW_K8S_SNAPSHOT_CLASS,
+        snapshot_storage_class=settings.HEDGEROW_K8S_SNAPSHOT_STORAGE_CLASS,
+        snapshot_ready_timeout_s=settings.HEDGEROW_K8S_SNAPSHOT_READY_TIMEOUT_S,
     )
 
 

@@ -24,7 +24,8 @@ REQUIRED: dict[str, frozenset[Permission]] = {
     "web": _POD_READ,
     # the watcher runs the namespace's informer
     "watcher": _POD_READ,
-    # Celery workers provision, destroy, converge, inventory, reclaim, allow egress
+    # Celery workers provision, destroy, converge, inventory, reclaim, allow egress,
+    # snapshot and restore
     "worker": _POD_READ
     | {
         ("", "pods", "get"),
@@ -38,6 +39,12 @@ REQUIRED: dict[str, frozenset[Permission]] = {
     | {
         ("networking.k8s.io", "networkpolicies", verb)
         for verb in ("create", "get", "list", "patch", "update", "delete", "deletecollection")
+    }
+    # snapshots (docs/snapshots.md "Kubernetes"): the state claims and VolumeSnapshots
+    | {("", "persistentvolumeclaims", verb) for verb in ("create", "get")}
+    | {
+        ("snapshot.storage.k8s.io", "volumesnapshots", v)
+        for v in ("create", "get", "list", "delete")
     },
     # the in-cluster resolver (egress allowlists): finds the pod asking, reads its
     # policy, opens and closes the addresses it hands out

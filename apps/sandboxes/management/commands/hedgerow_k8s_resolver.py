@@ -5,6 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from apps.core.redis_sync import redis_client
+
 
 class Command(BaseCommand):
     help = (
@@ -24,7 +26,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        from apps.core.redis_sync import redis_client
         from apps.sandboxes.backends.kubernetes import (
             api_client_from_settings,
             check_permissions,

@@ -43,6 +43,15 @@ client runs unmodified against it:
   requests this long before answering: request timeouts), ``stall_open_watches``
   (the watches open now deliver nothing more, not even bookmarks, until their timeout:
   a dead connection, a stalled informer; new watches work);
+* persistent volume claims and ``snapshot.storage.k8s.io/v1`` VolumeSnapshots (CRUD as
+  above) with a FAKE CSI snapshot controller and provisioner, nothing of a real
+  driver: a VolumeSnapshot of an existing claim becomes ``readyToUse`` (with
+  ``boundVolumeSnapshotContentName`` and the claim's size as ``restoreSize``) once it
+  was read ``snapshot_ready_after_reads`` times, never (``snapshot_mode = "never"``),
+  or gets ``status.error`` (``"error"``, or a source claim that does not exist); a
+  claim is ``Bound`` at once, or, with a VolumeSnapshot as ``dataSource``, only when
+  that snapshot exists and is ready (else ``Pending``). No data is copied: there is
+  none;
 * pod status: ``set_pod_status`` (phase, IP and ``podIPs``, container and init
   container states, conditions ``PodScheduled``/``Ready``) and ``load_status`` (the
   status of a real pod, from the JSON fixtures in ``fixtures/pods``).
@@ -74,7 +83,19 @@ from urllib.parse import parse_qs, urlparse
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pods"
 
 _PATHS = [
-    (re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|secrets)(?:/([^/]+))?$"), "v1"),
+    (
+        re.compile(
+            r"^/api/v1/namespaces/([^/]+)/(pods|secrets|persistentvolumeclaims)(?:/([^/]+))?$"
+        ),
+        "v1",
+    ),
+    (
+        re.compile(
+            r"^/apis/snapshot\.storage\.k8s\.io/v1/namespaces/([^/]+)/(volumesnapshots)"
+            r"(?:/([^/]+))?$"
+        ),
+        "snapshot.storage.k8s.io/v1",
+    ),
     (
         re.compile(
             r"^/apis/networking\.k8s\.io/v1/namespaces/([^/]+)/(networkpolicies)(?:/([^/]+))?$"
@@ -93,12 +114,16 @@ _KIND = {
     "secrets": "Secret",
     "networkpolicies": "NetworkPolicy",
     "ciliumnetworkpolicies": "CiliumNetworkPolicy",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
+    "volumesnapshots": "VolumeSnapshot",
 }
 _API_VERSION = {
     "pods": "v1",
     "secrets": "v1",
     "networkpolicies": "networking.k8s.io/v1",
     "ciliumnetworkpolicies": "cilium.io/v2",
+    "persistentvolumeclaims": "v1",
+    "volumesnapshots": "snapshot.storage.k8s.io/v1",
 }
 _FIELDS = {
     "metadata.name": lambda o: o["metadata"].get("name"),
@@ -245,6 +270,12 @@ class FakeKube:
         self.forbidden: list[tuple[str, str, str, str]] = []  # (token, group, resource, verb)
         self.access_reviews: list[tuple[str, dict[str, Any]]] = []  # (token, review asked)
         self.gated_pod_fields: set[str] = set()
+        # the FAKE CSI snapshot controller: "ready" (after that many reads), "never",
+        # or "error" (status.error with snapshot_error)
+        self.snapshot_mode = "ready"
+        self.snapshot_ready_after_reads = 2
+        self.snapshot_error = "rpc error: code = Internal desc = fake driver refused"
+        self._snapshot_reads: dict[tuple[str, str], int] = {}
         self._ip = 0
         self._confirmed: set[tuple[str, str, str]] = set()  # terminations the kubelet saw
         self._timers: list[threading.Timer] = []
@@ -324,6 +355,10 @@ class FakeKube:
             meta["managedFields"] = [{"manager": "create", "operation": "Update"}]
             if resource == "pods":
                 obj["status"] = {"phase": "Pending"}
+            if resource == "volumesnapshots":
+                obj["status"] = {"readyToUse": False}
+            if resource == "persistentvolumeclaims":
+                obj["status"] = {"phase": self._claim_phase(ns, obj)}
             self.objects[(resource, ns, name)] = obj
             self._record(resource, ns, "ADDED", obj)
             if resource == "pods" and self.auto_start:
@@ -365,6 +400,48 @@ class FakeKube:
                 timer.start()
             self._finish(key)
             return copy.deepcopy(self.objects.get(key, obj))
+
+    def _claim_phase(self, ns: str, claim: dict[str, Any]) -> str:
+        """The fake provisioner: Bound, unless its dataSource is a VolumeSnapshot that
+        is missing or not ready (Pending, as a real provisioner waits)."""
+        source = (claim.get("spec") or {}).get("dataSource") or {}
+        if source.get("kind") != "VolumeSnapshot":
+            return "Bound"
+        snap = self.objects.get(("volumesnapshots", ns, source.get("name", "")))
+        ready = snap is not None and (snap.get("status") or {}).get("readyToUse") is True
+        return "Bound" if ready else "Pending"
+
+    def snapshot_controller(self, ns: str, name: str) -> None:
+        """What the CSI snapshotter would have done by the time of this read."""
+        with self.cond:
+            obj = self.objects.get(("volumesnapshots", ns, name))
+            if obj is None or (obj.get("status") or {}).get("readyToUse"):
+                return
+            reads = self._snapshot_reads.get((ns, name), 0) + 1
+            self._snapshot_reads[(ns, name)] = reads
+            source = ((obj.get("spec") or {}).get("source") or {}).get(
+                "persistentVolumeClaimName", ""
+            )
+            claim = self.objects.get(("persistentvolumeclaims", ns, source))
+            status: dict[str, Any] = {"readyToUse": False}
+            if claim is None:
+                status["error"] = {
+                    "message": f'persistentvolumeclaims "{source}" not found',
+                    "time": _now(),
+                }
+            elif self.snapshot_mode == "error":
+                status["error"] = {"message": self.snapshot_error, "time": _now()}
+            elif self.snapshot_mode == "ready" and reads >= self.snapshot_ready_after_reads:
+                requests = ((claim.get("spec") or {}).get("resources") or {}).get("requests")
+                status = {
+                    "readyToUse": True,
+                    "boundVolumeSnapshotContentName": f"snapcontent-{obj['metadata']['uid']}",
+                    "creationTime": _now(),
+                    "restoreSize": (requests or {}).get("storage", "0"),
+                }
+            if status != obj.get("status"):
+                obj["status"] = status
+                self._record("volumesnapshots", ns, "MODIFIED", obj)
 
     def _kubelet_confirms(self, key: tuple[str, str, str], node: str) -> None:
         with self.cond:
@@ -842,6 +919,8 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     kube.delete(resource, ns, item["metadata"]["name"], grace)
                 self._send(200, status(200, "", "deleted"))
             elif method == "GET":
+                if resource == "volumesnapshots":
+                    kube.snapshot_controller(ns, name or "")
                 with kube.cond:
                     found = kube.objects.get((resource, ns, name or ""))
                     found = copy.deepcopy(found) if found is not None else None
