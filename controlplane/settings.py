@@ -301,6 +301,12 @@ HEDGEROW_REGISTRY_ALLOW = _registry_list("HEDGEROW_REGISTRY_ALLOW")
 HEDGEROW_INSECURE_REGISTRIES = _registry_list("HEDGEROW_INSECURE_REGISTRIES")
 HEDGEROW_REGISTRY_DENY = _registry_list("HEDGEROW_REGISTRY_DENY")
 HEDGEROW_REGISTRY_ALLOW_PRIVATE = env_bool("HEDGEROW_REGISTRY_ALLOW_PRIVATE", False)
+# Not root, skopeo gets no network namespace of its own (images/jail.py), so a permitted
+# registry's redirect or token realm on loopback would reach this machine's services:
+# registry pulls are then refused unless this is set (docs/security.md "Registry egress").
+HEDGEROW_REGISTRY_ALLOW_UNPROTECTED_LOOPBACK = env_bool(
+    "HEDGEROW_REGISTRY_ALLOW_UNPROTECTED_LOOPBACK", False
+)
 HEDGEROW_IMAGE_MIN_FREE_MIB = env_int("HEDGEROW_IMAGE_MIN_FREE_MIB", 2048)
 HEDGEROW_IMAGE_CACHE_MIB = env_int("HEDGEROW_IMAGE_CACHE_MIB", 50 * 1024)
 # How often the beat collects the image cache down to HEDGEROW_IMAGE_CACHE_MIB.

@@ -53,6 +53,9 @@ def get_backend() -> Backend:
                 image_store=Path(settings.HEDGEROW_IMAGE_STORE),
                 registry_policy=registry_policy,
                 image_min_free_bytes=settings.HEDGEROW_IMAGE_MIN_FREE_MIB << 20,
+                registry_allow_unprotected_loopback=(
+                    settings.HEDGEROW_REGISTRY_ALLOW_UNPROTECTED_LOOPBACK
+                ),
                 image_cache_bytes=settings.HEDGEROW_IMAGE_CACHE_MIB << 20,
                 dns_upstream=settings.HEDGEROW_DNS_UPSTREAM,
                 dns_grace_s=settings.HEDGEROW_DNS_GRACE_S,

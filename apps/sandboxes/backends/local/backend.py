@@ -80,6 +80,7 @@ from .images import overlay as image_overlay
 from .images import reference as image_ref
 from .images import user as image_user
 from .images.overlay import unmount_rootfs
+from .images.skopeo import Skopeo
 from .network import SNI_PORT, Network
 from .storage import Storage, Volume, qgroup_of
 from .zygote import (
@@ -462,6 +463,9 @@ class LocalBackend:
                 self.config.image_store,
                 policy=self.config.registry_policy,
                 min_free_bytes=self.config.image_min_free_bytes,
+                skopeo=Skopeo(
+                    allow_unprotected_loopback=self.config.registry_allow_unprotected_loopback
+                ),
             )
         return self._store
 

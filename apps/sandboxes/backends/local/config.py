@@ -71,6 +71,8 @@ class LocalBackendConfig:
     image_store: Path = Path("/var/lib/hedgerow/images")
     registry_policy: Callable[[], RegistryPolicy] | None = None
     image_min_free_bytes: int = 2 << 30
+    # not root (no namespace for skopeo, images/jail.py): pull anyway, loopback open
+    registry_allow_unprotected_loopback: bool = False
     image_cache_bytes: int = 0
     # Egress allowlists (docs/egress.md): the upstream DNS server the instance's resolver
     # forwards permitted names to ("ip" or "ip:port"; "": the host's first IPv4

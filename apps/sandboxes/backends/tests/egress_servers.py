@@ -1,5 +1,6 @@
 """Run inside the test's 'internet' netns: TCP listeners that answer with their own
-address, and (on .2:53, UDP and TCP) an authoritative server for a test zone.
+address, UDP ones on the same addresses and ports that answer each datagram so, and
+(on .2:53, UDP and TCP) an authoritative server for a test zone.
 
 argv: <the /24's first three octets> <ip:port>...  Prints "ok" once everything listens.
 """
@@ -82,11 +83,27 @@ def dns_server(net: str) -> None:
     threading.Thread(target=serve_udp, daemon=True).start()
 
 
+def udp(addr: str, port: int) -> None:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind((addr, port))
+
+    def serve() -> None:
+        while True:
+            _, peer = srv.recvfrom(65535)
+            try:
+                srv.sendto(f"hello {addr}:{port}\n".encode(), peer)
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
 def main() -> None:
     dns_server(sys.argv[1])
     for target in sys.argv[2:]:
         addr, port = target.rsplit(":", 1)
         tcp(addr, int(port))
+        udp(addr, int(port))
     print("ok", flush=True)
     threading.Event().wait()
 

@@ -220,6 +220,42 @@ def test_all_resolves_every_name_through_the_resolver_and_none_reaches_no_dns(
     assert backend.dns_log(closed.id) == []
 
 
+# Resolve <name> and send one UDP datagram (a QUIC client's first packet, for the
+# filter) to its address on <port>: "echo" when the listener's answer comes back,
+# "none" when nothing does.
+UDP = (
+    "import socket,sys\n"
+    "name,port=sys.argv[1],int(sys.argv[2])\n"
+    "addr=socket.getaddrinfo(name,port,socket.AF_INET,socket.SOCK_DGRAM)[0][4][0]\n"
+    "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(2)\n"
+    "try:\n"
+    "    s.connect((addr,port)); s.send(b'quic initial?')\n"
+    "    print('echo' if s.recv(100).startswith(b'hello') else 'other')\n"
+    "except OSError:\n"
+    "    print('none')\n"
+)
+
+
+def datagram(sb: Sandbox, name: str, port: int) -> str:
+    r = sb.exec(["python3", "-c", UDP, name, str(port)], timeout=60)
+    assert r["termination"]["exit_code"] == 0, r
+    return str(r["stdout"]["head"]).strip()
+
+
+@pytest.mark.parametrize("match", ["ip", "sni"])
+def test_udp_such_as_quic_is_refused_to_an_allowlist_even_on_an_allowed_address(
+    make: Callable[[Any], Sandbox], net: Internet, match: str
+) -> None:
+    """Only TCP is ever opened for an allowlist (docs/egress.md "Shared addresses"):
+    the allowed name's address takes TCP 443, a UDP datagram to it (QUIC) gets
+    nothing back; under "all" the same datagram is answered, so the refusal is the
+    policy's, not the test network's."""
+    allowed = make({"allow": ["allowed.test"], "match": match})
+    assert lookup(allowed, ["allowed.test:443"]) == {"allowed.test:443": f"open {net.a}"}
+    assert datagram(allowed, "allowed.test", 443) == "none"
+    assert datagram(make("all"), "allowed.test", 443) == "echo"
+
+
 # Resolve <name>, connect to its address on <port> and send a TLS ClientHello naming
 # <server name> (443) or an HTTP request with that Host (80): prints "reached" when the
 # listener's greeting comes back, "closed" when the connection is cut.

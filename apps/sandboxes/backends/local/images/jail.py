@@ -9,11 +9,13 @@ which two kinds of listener exist, each spliced to the host side:
 * the egress proxy's port (so ``HTTPS_PROXY=http://127.0.0.1:<port>`` still works and
   every non-loopback connection is checked there);
 * the pulled reference's own registry port, when that registry is a loopback address
-  (the store's policy check has already allowed it: ``HEDGEROW_INSECURE_REGISTRIES``).
+  (the store's policy check has already allowed it: ``HEDGEROW_INSECURE_REGISTRIES``),
+  on the same loopback address (``127.0.0.1`` or ``::1``).
 
 Any other loopback port is connection refused; there is no other interface, so nothing
 leaves except through these listeners. Not root: no namespace (``Jail.open`` returns
-None) and the gap stays (docs/security.md "Registry egress").
+None); skopeo.py then refuses the call unless the operator accepted the gap
+(docs/security.md "Registry egress").
 """
 
 from __future__ import annotations
@@ -89,9 +91,9 @@ class Jail:
             ).start()
 
     @classmethod
-    def open(cls, forwards: dict[int, tuple[str, int]]) -> Jail | None:
-        """A namespace with ``127.0.0.1:<port>`` spliced to each target (host side);
-        None when this process may not create one (not root)."""
+    def open(cls, forwards: dict[tuple[str, int], tuple[str, int]]) -> Jail | None:
+        """A namespace with each ``(loopback address, port)`` key listening, spliced to
+        its target (host side); None when this process may not create one (not root)."""
         if os.geteuid() != 0:
             return None
         made: dict[str, object] = {}
@@ -104,9 +106,12 @@ class Jail:
                     raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
                 _lo_up()
                 listeners = []
-                for port, target in forwards.items():
-                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    s.bind(("127.0.0.1", port))
+                for (addr, port), target in forwards.items():
+                    v6 = ipaddress.ip_address(addr).version == 6
+                    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM)
+                    if v6:
+                        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    s.bind((addr, port))
                     s.listen(64)
                     listeners.append((s, target))
                 made["fd"] = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", 0)

@@ -96,13 +96,24 @@ def classify(ref: str, stderr: str) -> errors.ImageError:
     return errors.ImageStoreError(ref, errors.PUBLIC_MESSAGES["image_store_error"], detail=msg)
 
 
+class NoNetworkNamespace(errors.ImageStoreError):
+    """Not root, no namespace for skopeo, and the operator did not accept open loopback
+    (``allow_unprotected_loopback``): nothing was run."""
+
+
 _PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 class Skopeo:
-    def __init__(self, binary: str = "skopeo", retry_times: int = 3) -> None:
+    def __init__(
+        self, binary: str = "skopeo", retry_times: int = 3, allow_unprotected_loopback: bool = False
+    ) -> None:
         self.binary = binary
         self.retry_times = retry_times
+        # not root, there is no namespace (jail.py) and a redirect or token realm on
+        # loopback would reach this machine's services: such calls are refused unless
+        # the operator accepted that (HEDGEROW_REGISTRY_ALLOW_UNPROTECTED_LOOPBACK)
+        self.allow_unprotected_loopback = allow_unprotected_loopback
         # the registry egress proxy's URL (proxy.py), set by the store: every
         # connection skopeo opens to a registry goes through it
         self.proxy: Callable[[], str] | None = None
@@ -124,7 +135,7 @@ class Skopeo:
         if env is None:
             return None
         proxy_port = int(env["HTTPS_PROXY"].rsplit(":", 1)[1])
-        forwards = {proxy_port: ("127.0.0.1", proxy_port)}
+        forwards = {("127.0.0.1", proxy_port): ("127.0.0.1", proxy_port)}
         if registry is not None and is_loopback(registry.host):
             host = "127.0.0.1" if registry.host.lower() == "localhost" else registry.host
             port = (
@@ -138,7 +149,8 @@ class Skopeo:
                 # namespace (skopeo says "connection refused", not a forwarder's EOF)
                 with contextlib.suppress(OSError):
                     socket.create_connection((host, p), timeout=5).close()
-                    forwards[p] = (host, p)
+                    # the same address in the namespace: [::1] stays [::1]
+                    forwards[(host, p)] = (host, p)
         return Jail.open(forwards)
 
     def _run(self, ref: str, args: list[str], registry: Reference | None = None) -> bytes:
@@ -147,6 +159,15 @@ class Skopeo:
             jail = self._jail(env, registry)
         except OSError as e:
             raise errors.ImageStoreError(ref, f"no network namespace for skopeo: {e}") from e
+        if env is not None and jail is None and not self.allow_unprotected_loopback:
+            # fail closed: nothing is sent rather than a pull loopback is open to
+            raise NoNetworkNamespace(
+                ref,
+                errors.PUBLIC_MESSAGES["image_store_error"],
+                detail="registry access refused: not root, so skopeo gets no network "
+                "namespace and loopback would be unprotected "
+                "(HEDGEROW_REGISTRY_ALLOW_UNPROTECTED_LOOPBACK=1 accepts that)",
+            )
         argv = [self.binary, *args]
         if jail is not None:
             argv = ["nsenter", f"--net=/proc/self/fd/{jail.fd}", *argv]
@@ -200,7 +221,12 @@ class Skopeo:
         layout, resolving an index for this platform."""
         try:
             self._run(ref, ["copy", "--quiet", source, f"oci:{layout}"])
-        except (errors.DigestMismatch, errors.DiskExhausted, errors.UnsupportedPlatform):
+        except (
+            errors.DigestMismatch,
+            errors.DiskExhausted,
+            errors.UnsupportedPlatform,
+            NoNetworkNamespace,  # not the archive's fault
+        ):
             raise
         except errors.ImageError as e:
             # no registry is involved: whatever skopeo says is about the archive
