@@ -29,8 +29,8 @@ from bench._stack import private_stack
 from bench.lifecycle import _loop_factory, pct, reconcile_and_audit, settle
 
 # What `make up` runs (scripts/stack.sh app_up): 2 uvicorn workers with the DB pool, a
-# Celery worker with 4 processes, and a /22 (1021 sandboxes, one bridge's 1023 ports).
-MAKE_UP = {"web_workers": 2, "worker_concurrency": 4, "subnet_prefix": 22}
+# Celery worker with 4 processes, and a /21 (2045 sandboxes on four bridges of 512).
+MAKE_UP = {"web_workers": 2, "worker_concurrency": 4, "subnet_prefix": 21}
 
 
 def meminfo() -> dict[str, int]:
