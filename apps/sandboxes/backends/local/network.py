@@ -124,6 +124,14 @@ class Network:
         """The bridge whose port a sandbox with address ``ip`` is."""
         return self.names.bridge_n(self.bridge_index(ip))
 
+    def _bridges_holding(self, ip: str) -> list[str]:
+        """Where ``ip``'s neighbour entry can be: its block's bridge, or, for an address
+        outside the subnet (an entry left from a subnet this instance held before),
+        every bridge of the instance."""
+        if ipaddress.IPv4Address(ip) in self.subnet:
+            return [self.bridge_of(ip)]
+        return self.bridges()
+
     def block(self, index: int) -> ipaddress.IPv4Network:
         prefix = block_prefix(self.subnet, self.config.bridge_ports)
         first = int(self.subnet.network_address) + (index << (32 - prefix))
@@ -699,9 +707,10 @@ table inet hedgerow {{
         try:
             with Rtnl() as rt:
                 for address in ips:
-                    bridge = link_index(self.bridge_of(address))
-                    if bridge:
-                        rt.del_neigh(bridge, address)
+                    for name in self._bridges_holding(address):
+                        bridge = link_index(name)
+                        if bridge:
+                            rt.del_neigh(bridge, address)
                 # Deleting the netns would take the pair with it, but only once its
                 # last user is gone and then asynchronously: deleted here, it is gone
                 # on return.
@@ -716,12 +725,12 @@ table inet hedgerow {{
                 self.delete_allowlist(address, policy)
 
     def delete_neighbour(self, ip: str) -> None:
-        bridge = link_index(self.bridge_of(ip))
-        if not bridge:
-            return  # gone with the bridge
         try:
             with Rtnl() as rt:
-                rt.del_neigh(bridge, ip)
+                for name in self._bridges_holding(ip):
+                    bridge = link_index(name)
+                    if bridge:  # else gone with the bridge
+                        rt.del_neigh(bridge, ip)
         except OSError as exc:
             raise BackendError(f"cannot delete neighbour entry {ip}: {exc}") from exc
 

@@ -157,6 +157,24 @@ def test_the_host_routes_nothing_between_bridges_even_frames_sent_to_it(
         server.wait()
 
 
+def test_neighbour_entries_on_any_bridge_are_listed_and_reclaimed(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend
+) -> None:
+    """The reconciler's view of neighbour entries spans every bridge, including an
+    entry for an address outside the subnet (left from a subnet held before)."""
+    sb = sandbox_factory()
+    network = backend.network
+    bridge = network.bridge_of(sb.endpoint.host)
+    assert bridge != backend.names.bridge
+    stray = "198.18.99.9"  # a benchmarking address nothing routes
+    _out("ip", "neigh", "replace", stray, "lladdr", "02:68:c6:12:63:09", "dev", bridge,
+         "nud", "permanent")  # fmt: skip
+    assert {stray, sb.endpoint.host} <= set(network.list_neighbours())
+    network.delete_neighbour(stray)
+    assert stray not in network.list_neighbours()
+    assert sb.endpoint.host in network.list_neighbours()
+
+
 def test_teardown_leaves_no_bridge_route_or_table(tmp_path: Path, net: Internet) -> None:
     b = LocalBackend(_config(tmp_path, f"bt{os.getpid()}", net.a))
     specs = [new_spec(network_access=True), new_spec()]
