@@ -2,11 +2,12 @@
 
 The instance here has one port per bridge (``bridge_ports=1``): every sandbox is on a
 bridge of its own, so every pair of sandboxes is a cross-bridge pair. The isolation
-tests of test_local_network.py, test_local_egress.py and test_local_resolver.py are
-imported and run again against it (their ``backend`` is this module's), and the tests
-below prove what only several bridges have: the spread, the host routing nothing
-between bridges even when a sandbox's frames reach it, and a teardown that leaves no
-bridge, route or table behind.
+tests of test_local_network.py, test_local_egress.py and test_local_resolver.py (DNS,
+allowlists, the SNI check's port redirect) are imported and run again against it
+(their ``backend`` is this module's), and the tests below prove what only several
+bridges have: the spread, the host routing nothing between bridges even when a
+sandbox's frames reach it, neighbour clean-up on every bridge, and a teardown that
+leaves no bridge, route or table behind.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from .test_local_resolver import (  # noqa: F401
     make,
     test_all_resolves_every_name_through_the_resolver_and_none_reaches_no_dns,
     test_allowed_names_resolve_and_connect_and_nothing_else_does,
+    test_match_sni_refuses_another_site_behind_an_allowed_address,
 )
 
 pytestmark = needs_root
