@@ -125,11 +125,12 @@ class Network:
         return self.names.bridge_n(self.bridge_index(ip))
 
     def _bridges_holding(self, ip: str) -> list[str]:
-        """Where ``ip``'s neighbour entry can be: its block's bridge, or, for an address
+        """Where ``ip``'s neighbour entry can be: its block's bridge, and the first one
+        (a one-bridge layout put every sandbox there: _adopt_strays); for an address
         outside the subnet (an entry left from a subnet this instance held before),
         every bridge of the instance."""
         if ipaddress.IPv4Address(ip) in self.subnet:
-            return [self.bridge_of(ip)]
+            return sorted({self.bridge_of(ip), self.names.bridge})
         return self.bridges()
 
     def block(self, index: int) -> ipaddress.IPv4Network:
@@ -168,9 +169,39 @@ class Network:
         rt.set_link(name, up=True)
         found = link_index(name)
         block = self.block(index)
+        self._adopt_strays(rt, block, found)
         rt.replace_link_route(str(block.network_address), block.prefixlen, found, self.gateway)
         self._bridges_ready.add(index)
         return found
+
+    def _adopt_strays(self, rt: Rtnl, block: ipaddress.IPv4Network, bridge: int) -> None:
+        """Live sandboxes that a one-bridge layout (an older version, or a larger
+        ``bridge_ports``) put on the first bridge with an address of ``block`` move to
+        ``block``'s bridge before its route takes their traffic: port, forwarding entry,
+        isolation and neighbour entry. Their side does not change (every bridge has the
+        gateway's MAC). Only when a bridge is first set up in this process."""
+        first = self.names.bridge
+        base = link_index(first)
+        if not base:
+            return
+        out = run(["ip", "-j", "-4", "neigh", "show", "dev", first, "nud", "permanent"])
+        strays = [
+            n["dst"]
+            for n in json.loads(out.stdout or "[]")
+            if n.get("dst") and ipaddress.IPv4Address(n["dst"]) in block
+        ]
+        owners = dict(self.claims()) if strays else {}
+        for ip in strays:
+            owner = owners.get(ip)
+            hv = self.names.host_veth(owner) if owner else ""
+            if not owner or not link_index(hv):
+                continue  # a stale entry: the reconciler's to reclaim
+            log.info("moving sandbox %s (%s) to bridge %d of its block", owner, ip, bridge)
+            rt.set_link(hv, attr_u32(IFLA_MASTER, bridge))
+            rt.set_fdb_static(link_index(hv), _mac_for(ip))
+            rt.set_link(hv, bridge_port_isolated(), up=True)
+            rt.set_neigh(bridge, ip, _mac_for(ip))
+            rt.del_neigh(base, ip)
 
     def _claim_file(self, net: ipaddress.IPv4Network) -> Path:
         return self.config.claims_dir / str(net.network_address)

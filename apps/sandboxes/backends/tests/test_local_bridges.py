@@ -177,6 +177,44 @@ def test_neighbour_entries_on_any_bridge_are_listed_and_reclaimed(
     assert sb.endpoint.host in network.list_neighbours()
 
 
+def test_a_one_bridge_instances_live_sandboxes_move_to_their_blocks_bridge(
+    tmp_path: Path, net: Internet
+) -> None:
+    """An instance made by the one-bridge version (here: ``bridge_ports`` 1023 on a /24,
+    one block) has live sandboxes anywhere in its subnet, all on the first bridge. When
+    the layout splits (an upgrade; here ``bridge_ports`` 64: blocks of 64), the first
+    sandbox of a block's new bridge moves the old ones of that block onto it before the
+    block's route would take their traffic: they stay reachable, and their destroy
+    leaves no neighbour entry behind."""
+    instance = f"bu{os.getpid()}"
+    old = LocalBackend(replace(_config(tmp_path, instance, net.a), bridge_ports=1023))
+    new = LocalBackend(replace(_config(tmp_path, instance, net.a), bridge_ports=64))
+    try:
+        old.network._cursor = 68  # .70: block 1 of the split layout
+        before = new_spec()
+        ep = old.provision(before)
+        wait_healthy(ep, before.agent_token, timeout=20)
+        assert old.network.bridges() == [old.names.bridge]
+        new.network._cursor = 69
+        after = new_spec()
+        ep2 = new.provision(after)
+        wait_healthy(ep2, after.agent_token, timeout=20)
+        bridge = new.network.bridge_of(ep.host)
+        assert bridge == new.network.bridge_of(ep2.host) != new.names.bridge
+        for sid in (before.sandbox_id, after.sandbox_id):
+            hv = new.names.host_veth(sid)
+            [link] = json.loads(_out("ip", "-d", "-j", "link", "show", "dev", hv))
+            assert link["master"] == bridge
+            assert link["linkinfo"]["info_slave_data"]["isolated"] is True
+        assert wait_healthy(ep, before.agent_token, timeout=5)["status"] == "ok"
+        assert sorted(new.network.list_neighbours()) == sorted([ep.host, ep2.host])
+        new.destroy(before.sandbox_id)
+        new.destroy(after.sandbox_id)
+        assert new.network.list_neighbours() == []
+    finally:
+        new.teardown_instance()
+
+
 def test_teardown_leaves_no_bridge_route_or_table(tmp_path: Path, net: Internet) -> None:
     b = LocalBackend(_config(tmp_path, f"bt{os.getpid()}", net.a))
     specs = [new_spec(network_access=True), new_spec()]
