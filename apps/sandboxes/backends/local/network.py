@@ -290,6 +290,9 @@ class Network:
                 ]
             if missing:
                 _nft.host_run("".join(missing))
+                # a recreated table's sets are empty: without its private ranges
+                # egress "all" would reach them (docs/egress.md "Always denied")
+                self._tables_current = False
             if not self._tables_current:
                 self._upgrade_inet_table()
                 self._fill_private_sets()

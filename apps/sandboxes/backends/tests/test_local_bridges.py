@@ -215,6 +215,22 @@ def test_a_one_bridge_instances_live_sandboxes_move_to_their_blocks_bridge(
         new.teardown_instance()
 
 
+def test_a_host_table_deleted_by_hand_comes_back_with_its_private_ranges(
+    sandbox_factory: Callable[..., Sandbox], backend: LocalBackend
+) -> None:
+    """ensure_instance recreates a missing host table; its sets must be filled again,
+    or egress "all" reaches every private range (found: test_local_gc's teardown of
+    an instance named like the session's deleted the session's tables)."""
+    from apps.sandboxes.backends.local import _nft
+
+    sandbox_factory()
+    table = backend.names.nft_table
+    _nft.host_run(f"delete table inet {table}\n")
+    sandbox_factory()  # recreates it
+    denied = _nft.host_run(f"list set inet {table} private_deny")
+    assert all(n in denied for n in backend.network.private_ranges()[0]), denied
+
+
 def test_teardown_leaves_no_bridge_route_or_table(tmp_path: Path, net: Internet) -> None:
     b = LocalBackend(_config(tmp_path, f"bt{os.getpid()}", net.a))
     specs = [new_spec(network_access=True), new_spec()]
