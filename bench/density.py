@@ -29,8 +29,8 @@ from bench._stack import private_stack
 from bench.lifecycle import _loop_factory, pct, reconcile_and_audit, settle
 
 # What `make up` runs (scripts/stack.sh app_up): 2 uvicorn workers with the DB pool, a
-# Celery worker with 4 processes, and a /22 (1021 sandboxes, one bridge's 1023 ports).
-MAKE_UP = {"web_workers": 2, "worker_concurrency": 4, "subnet_prefix": 22}
+# Celery worker with 4 processes, and a /21 (2045 sandboxes on four bridges of 512).
+MAKE_UP = {"web_workers": 2, "worker_concurrency": 4, "subnet_prefix": 21}
 
 
 def meminfo() -> dict[str, int]:
@@ -253,7 +253,13 @@ def main() -> int:
         "--subnet-prefix",
         type=int,
         default=MAKE_UP["subnet_prefix"],
-        help="not make up's: e.g. 21 to meet the bridge's 1023-port limit before the subnet's",
+        help="the prefix of the subnet the instance claims (make up: 21, 2045 sandboxes)",
+    )
+    parser.add_argument(
+        "--bridge-ports",
+        type=int,
+        default=1023,
+        help="ports per bridge (HEDGEROW_LOCAL_BRIDGE_PORTS): lower to cross bridges with few",
     )
     args = parser.parse_args()
     MAKE_UP["subnet_prefix"] = args.subnet_prefix
@@ -266,10 +272,12 @@ def main() -> int:
     env = {
         "HEDGEROW_MAX_LIVE_SANDBOXES": "0",
         "HEDGEROW_LOCAL_SUBNET_PREFIX": str(MAKE_UP["subnet_prefix"]),
+        "HEDGEROW_LOCAL_BRIDGE_PORTS": str(args.bridge_ports),
     }
     print(
         f"configuration (as make up): {MAKE_UP['web_workers']} web workers with the DB pool, "
         f"Celery worker -c {MAKE_UP['worker_concurrency']}, subnet /{MAKE_UP['subnet_prefix']}; "
+        f"bridges of {args.bridge_ports} ports at most; "
         f"N={args.n}, {args.concurrency} creates in flight; load average "
         f"{Path('/proc/loadavg').read_text().split()[0]}"
     )

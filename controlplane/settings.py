@@ -232,9 +232,13 @@ HEDGEROW_BACKEND = env_str("HEDGEROW_BACKEND", "local")  # local | kubernetes
 HEDGEROW_LOCAL_ISOLATION = env_str("HEDGEROW_LOCAL_ISOLATION", "auto")  # auto|netns|none
 HEDGEROW_LOCAL_SUBNET = env_str("HEDGEROW_LOCAL_SUBNET", "")
 # Without HEDGEROW_LOCAL_SUBNET: the size of the subnet claimed from the pool, which caps
-# live sandboxes (/24: 253; /22, as `make up` sets it: 1021 — one bridge's 1023 ports are
-# the ceiling). docs/operations.md "Density"
+# live sandboxes (/24: 253; /21, as `make up` sets it: 2045, on four bridges).
+# docs/operations.md "Density"
 HEDGEROW_LOCAL_SUBNET_PREFIX = env_int("HEDGEROW_LOCAL_SUBNET_PREFIX", 24)
+# Ports per bridge (1..1023, a Linux bridge's limit): the subnet is cut into blocks of the
+# largest power of two not above it, one bridge each. Lower only to try several bridges
+# with few sandboxes (bench/density.py --bridge-ports).
+HEDGEROW_LOCAL_BRIDGE_PORTS = env_int("HEDGEROW_LOCAL_BRIDGE_PORTS", 1023)
 HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
 # How isolated sandboxes' agents start: zygote (forked from an imported process: no
 # interpreter start per sandbox), exec (python3 -m podagent as bwrap's payload), or

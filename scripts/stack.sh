@@ -286,9 +286,9 @@ app_up() {
   # policy refuses loopback registries otherwise (docs/security.md "Registry egress").
   # Set HEDGEROW_INSECURE_REGISTRIES (even empty) to choose otherwise.
   export HEDGEROW_INSECURE_REGISTRIES="${HEDGEROW_INSECURE_REGISTRIES-127.0.0.1:5050}"
-  # Density (docs/operations.md): a /22 holds 1021 sandboxes, one bridge's ports (1023) the
-  # ceiling; tests keep the /24 default so that many runs share the subnet pool.
-  export HEDGEROW_LOCAL_SUBNET_PREFIX="${HEDGEROW_LOCAL_SUBNET_PREFIX:-22}"
+  # Density (docs/operations.md): a /21 holds 2045 sandboxes on four bridges of 512
+  # addresses; tests keep the /24 default so that many runs share the subnet pool.
+  export HEDGEROW_LOCAL_SUBNET_PREFIX="${HEDGEROW_LOCAL_SUBNET_PREFIX:-21}"
   "$PY" "$ROOT/manage.py" migrate --noinput >/dev/null
   "$PY" "$ROOT/manage.py" collectstatic --noinput >/dev/null
   start_bg web env HEDGEROW_DB_POOL="${HEDGEROW_DB_POOL:-1}" \

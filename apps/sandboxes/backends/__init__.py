@@ -44,6 +44,7 @@ def get_backend() -> Backend:
                 instance=settings.HEDGEROW_INSTANCE,
                 subnet=settings.HEDGEROW_LOCAL_SUBNET or None,
                 subnet_prefix=settings.HEDGEROW_LOCAL_SUBNET_PREFIX,
+                bridge_ports=settings.HEDGEROW_LOCAL_BRIDGE_PORTS,
                 podagent_dir=Path(settings.BASE_DIR) / "podagent",
                 python=settings.HEDGEROW_AGENT_PYTHON,
                 isolation=settings.HEDGEROW_LOCAL_ISOLATION,

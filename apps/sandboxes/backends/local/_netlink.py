@@ -64,7 +64,8 @@ IFF_UP = 0x1
 
 IFA_ADDRESS = 1
 IFA_LOCAL = 2
-RTA_GATEWAY = 5
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC = 1, 4, 5, 7
+RT_SCOPE_LINK = 253
 RT_TABLE_MAIN = 254
 RTPROT_BOOT = 3
 RTN_UNICAST = 1
@@ -239,6 +240,24 @@ class Rtnl:
         body = _RTMSG.pack(socket.AF_INET, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
         body += attr(RTA_GATEWAY, socket.inet_aton(gateway))
         self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body)
+
+    def replace_link_route(self, dst: str, prefixlen: int, index: int, prefsrc: str) -> None:
+        """``ip route replace DST/LEN dev INDEX scope link src PREFSRC`` (main table):
+        the link's device reaches the block directly, from source ``prefsrc``."""
+        body = _RTMSG.pack(
+            socket.AF_INET,
+            prefixlen,
+            0,
+            0,
+            RT_TABLE_MAIN,
+            RTPROT_BOOT,
+            RT_SCOPE_LINK,
+            RTN_UNICAST,
+            0,
+        )
+        body += attr(RTA_DST, socket.inet_aton(dst)) + attr_u32(RTA_OIF, index)
+        body += attr(RTA_PREFSRC, socket.inet_aton(prefsrc))
+        self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, body)
 
     # ---- neighbours -----------------------------------------------------------------
 

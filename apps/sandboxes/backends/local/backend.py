@@ -669,7 +669,7 @@ class LocalBackend:
                 port=self.config.agent_port,
                 netns=self.names.netns(sid),
                 host_veth=self.names.host_veth(sid),
-                bridge=self.names.bridge,
+                bridge=self.network.bridge_of(ip),
             )
         else:
             meta.update(ip="127.0.0.1", port=_free_port())

@@ -48,12 +48,14 @@ class LocalBackendConfig:
     agent_bundle: Path | None = None
     subnet_pool: str = "10.213.0.0/16"
     # The size of the subnet an instance claims from the pool when ``subnet`` is unset,
-    # which caps its live sandboxes at 2^(32-prefix) - 3: a /24 holds 253, a /22 1021.
-    # All of them are ports of one bridge, and a Linux bridge has at most 1023 ports
-    # (BR_MAX_PORTS): a larger subnet does not hold more. `make up` asks for a /22
-    # (HEDGEROW_LOCAL_SUBNET_PREFIX); test instances keep /24s so that many runs share
-    # the pool. docs/operations.md "Density"
+    # which caps its live sandboxes at 2^(32-prefix) - 3: a /24 holds 253, a /21 2045.
+    # `make up` asks for a /21 (HEDGEROW_LOCAL_SUBNET_PREFIX); test instances keep /24s
+    # so that many runs share the pool. docs/operations.md "Density"
     subnet_prefix: int = 24
+    # Ports per bridge: the subnet is cut into aligned blocks of the largest power of
+    # two not above this, one bridge each (network.py). A Linux bridge has at most
+    # 1023 (BR_MAX_PORTS); tests make bridges tiny so that a few sandboxes span several.
+    bridge_ports: int = 1023
     agent_launch: str = "auto"  # AGENT_LAUNCH_MODES
     # Exec launch (no zygote) lacks the agent's immunity to commands (no uid split, no
     # guard seccomp filter: a command can kill or renice the agent), so an isolated
@@ -121,6 +123,11 @@ class Names:
     @property
     def bridge(self) -> str:
         return "hb" + self.ihash  # 12 chars (IFNAMSIZ is 16 incl. NUL)
+
+    def bridge_n(self, index: int) -> str:
+        """Bridge ``index`` of the instance: the first keeps the historical name, the
+        others add three hex digits (15 chars): all match ``bridge + "*"``."""
+        return self.bridge if index == 0 else f"{self.bridge}{index:03x}"
 
     @property
     def nft_table(self) -> str:

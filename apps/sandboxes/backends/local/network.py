@@ -8,6 +8,13 @@ Isolation model (see docs/local-backend.md):
   connection to the host; forwarding only for sandboxes in the ``egress`` set;
 * host table ``bridge hedgerow_<hash>`` plus bridge port isolation: no frame is
   bridged from one sandbox port to another.
+
+An instance's subnet is cut into aligned blocks of at most ``bridge_ports`` addresses
+(512 by default), one bridge each: a Linux bridge holds at most 1023 ports. Every
+bridge has the gateway's MAC; the first holds the gateway's address (and the
+subnet's connected route), each other one a route to its block with the gateway as
+source. Host rules match every bridge of the instance by name prefix, so a packet
+from one bridge to another is routed traffic the forward chain drops.
 """
 
 from __future__ import annotations
@@ -53,21 +60,29 @@ SNI_PORT = 15380
 
 
 # A Linux bridge numbers its ports in 10 bits and port 0 is reserved (BR_MAX_PORTS in
-# net/bridge/br_private.h): the 1024th veth is refused with EXFULL. Every sandbox of an
-# instance is a port of its one bridge, so this caps an instance whatever its subnet.
+# net/bridge/br_private.h): the 1024th veth is refused with EXFULL. So an instance
+# spreads its sandboxes over several bridges (one per block of its subnet).
 BRIDGE_MAX_PORTS = 1023
 
 
 def usable_addresses(net: ipaddress.IPv4Network) -> int:
     """Sandbox addresses an instance can hand out: the subnet's, less the network, the
-    bridge and the broadcast address, and no more than the bridge has ports."""
-    return max(0, min(net.num_addresses - 3, BRIDGE_MAX_PORTS))
+    gateway and the broadcast address (no bridge holds more than its ports: blocks)."""
+    return max(0, net.num_addresses - 3)
 
 
 def capacity_reason(net: ipaddress.IPv4Network) -> str:
-    if net.num_addresses - 3 > BRIDGE_MAX_PORTS:
-        return f"a Linux bridge has {BRIDGE_MAX_PORTS} ports"
     return f"a /{net.prefixlen}; a larger one: HEDGEROW_LOCAL_SUBNET_PREFIX"
+
+
+def block_prefix(net: ipaddress.IPv4Network, bridge_ports: int) -> int:
+    """The prefix of the blocks ``net`` is cut into, one bridge each: the largest power
+    of two of addresses not above ``bridge_ports`` (512 for 1023), at most ``net``."""
+    if not 1 <= bridge_ports <= BRIDGE_MAX_PORTS:
+        raise BackendError(
+            f"bridge_ports={bridge_ports}: a Linux bridge holds 1 to {BRIDGE_MAX_PORTS} ports"
+        )
+    return max(net.prefixlen, 33 - bridge_ports.bit_length())
 
 
 class Network:
@@ -79,6 +94,7 @@ class Network:
         self._subnet: ipaddress.IPv4Network | None = None
         self._cursor = 0  # where claim_ip looks first (a hint; the claim files decide)
         self._tables_current = False  # the inet table has this version's sets and rules
+        self._bridges_ready: set[int] = set()  # bridges this process has seen routed
 
     # ---- instance-wide -------------------------------------------------------------
 
@@ -95,6 +111,97 @@ class Network:
     @property
     def bridge_mac(self) -> str:
         return _mac_for(self.gateway)
+
+    # ---- bridges: one per aligned block of the subnet --------------------------------
+
+    def bridge_index(self, ip: str) -> int:
+        offset = int(ipaddress.IPv4Address(ip)) - int(self.subnet.network_address)
+        if not 0 <= offset < self.subnet.num_addresses:
+            raise BackendError(f"{ip} is not in the instance subnet {self.subnet}")
+        return offset >> (32 - block_prefix(self.subnet, self.config.bridge_ports))
+
+    def bridge_of(self, ip: str) -> str:
+        """The bridge whose port a sandbox with address ``ip`` is."""
+        return self.names.bridge_n(self.bridge_index(ip))
+
+    def _bridges_holding(self, ip: str) -> list[str]:
+        """Where ``ip``'s neighbour entry can be: its block's bridge, and the first one
+        (a one-bridge layout put every sandbox there: _adopt_strays); for an address
+        outside the subnet (an entry left from a subnet this instance held before),
+        every bridge of the instance."""
+        if ipaddress.IPv4Address(ip) in self.subnet:
+            return sorted({self.bridge_of(ip), self.names.bridge})
+        return self.bridges()
+
+    def block(self, index: int) -> ipaddress.IPv4Network:
+        prefix = block_prefix(self.subnet, self.config.bridge_ports)
+        first = int(self.subnet.network_address) + (index << (32 - prefix))
+        return ipaddress.IPv4Network((first, prefix))
+
+    def bridges(self) -> list[str]:
+        """This instance's bridges that exist (the first one first)."""
+        base = self.names.bridge
+        try:
+            links = os.listdir("/sys/class/net")
+        except OSError as exc:
+            raise BackendError(f"cannot list links: {exc}") from exc
+        found = [n for n in links if n == base or (n.startswith(base) and len(n) == len(base) + 3)]
+        return sorted(found, key=lambda n: (len(n), n))
+
+    def _ensure_bridge(self, rt: Rtnl, index: int) -> int:
+        """ifindex of bridge ``index``, created (gateway MAC, no IPv6, up, its block's
+        route) when missing. Bridge 0 is ensure_instance's."""
+        name = self.names.bridge_n(index)
+        found = link_index(name)
+        if index == 0:
+            if not found:
+                raise OSError(f"bridge {name} is missing")
+            return found
+        if found and index in self._bridges_ready:
+            return found
+        if not found:
+            try:
+                rt.add_bridge(name, self.bridge_mac)
+            except _netlink.NetlinkError as exc:
+                if exc.errno != errno.EEXIST:  # another process made it meanwhile
+                    raise
+            _disable_ipv6(name)
+        rt.set_link(name, up=True)
+        found = link_index(name)
+        block = self.block(index)
+        self._adopt_strays(rt, block, found)
+        rt.replace_link_route(str(block.network_address), block.prefixlen, found, self.gateway)
+        self._bridges_ready.add(index)
+        return found
+
+    def _adopt_strays(self, rt: Rtnl, block: ipaddress.IPv4Network, bridge: int) -> None:
+        """Live sandboxes that a one-bridge layout (an older version, or a larger
+        ``bridge_ports``) put on the first bridge with an address of ``block`` move to
+        ``block``'s bridge before its route takes their traffic: port, forwarding entry,
+        isolation and neighbour entry. Their side does not change (every bridge has the
+        gateway's MAC). Only when a bridge is first set up in this process."""
+        first = self.names.bridge
+        base = link_index(first)
+        if not base:
+            return
+        out = run(["ip", "-j", "-4", "neigh", "show", "dev", first, "nud", "permanent"])
+        strays = [
+            n["dst"]
+            for n in json.loads(out.stdout or "[]")
+            if n.get("dst") and ipaddress.IPv4Address(n["dst"]) in block
+        ]
+        owners = dict(self.claims()) if strays else {}
+        for ip in strays:
+            owner = owners.get(ip)
+            hv = self.names.host_veth(owner) if owner else ""
+            if not owner or not link_index(hv):
+                continue  # a stale entry: the reconciler's to reclaim
+            log.info("moving sandbox %s (%s) to bridge %d of its block", owner, ip, bridge)
+            rt.set_link(hv, attr_u32(IFLA_MASTER, bridge))
+            rt.set_fdb_static(link_index(hv), _mac_for(ip))
+            rt.set_link(hv, bridge_port_isolated(), up=True)
+            rt.set_neigh(bridge, ip, _mac_for(ip))
+            rt.del_neigh(base, ip)
 
     def _claim_file(self, net: ipaddress.IPv4Network) -> Path:
         return self.config.claims_dir / str(net.network_address)
@@ -151,7 +258,7 @@ class Network:
         nets = []
         for route in json.loads(out or "[]"):
             dst = route.get("dst", "")
-            if dst and dst != "default" and route.get("dev") != self.names.bridge:
+            if dst and dst != "default" and not route.get("dev", "").startswith(self.names.bridge):
                 with contextlib.suppress(ValueError):
                     nets.append(ipaddress.IPv4Network(dst, strict=False))
         return [n for n in nets if n.prefixlen > 0]
@@ -183,6 +290,9 @@ class Network:
                 ]
             if missing:
                 _nft.host_run("".join(missing))
+                # a recreated table's sets are empty: without its private ranges
+                # egress "all" would reach them (docs/egress.md "Always denied")
+                self._tables_current = False
             if not self._tables_current:
                 self._upgrade_inet_table()
                 self._fill_private_sets()
@@ -191,18 +301,20 @@ class Network:
             raise BackendError(f"cannot set up bridge {br} and host tables: {exc}") from exc
 
     def _upgrade_inet_table(self) -> None:
-        """A host table made by a version without egress allowlists (no ``sni_match``
-        set) gets the current sets and rules in one transaction: chains flushed and
-        refilled, existing sets (the live sandboxes' ``egress`` elements) kept. Once per
-        process; a current table costs one listing."""
+        """A host table made by an older version (without egress allowlists' sets, or
+        whose rules match one bridge by its exact name) gets the current sets and rules
+        in one transaction: chains flushed and refilled, existing sets (the live
+        sandboxes' ``egress`` elements) kept. Once per process; a current table costs
+        one listing."""
         t = self.names.nft_table
         try:
             _nft.host_run(f"list set inet {t} private_deny")
-            return
+            if f'"{self.names.bridge}*"' in _nft.host_run(f"list chain inet {t} forward"):
+                return
         except _nft.NftError as exc:
             if "No such file" not in str(exc):
                 raise
-        log.info("upgrading host table inet %s to egress allowlists", t)
+        log.info("upgrading host table inet %s to the current rules", t)
         chains = ("prerouting", "input", "forward", "postrouting")
         _nft.host_run(
             f"add chain inet {t} prerouting {{ type nat hook prerouting priority -100; "
@@ -231,7 +343,8 @@ class Network:
         _nft.host_run(script)
 
     def _host_rulesets(self) -> dict[str, str]:
-        br, t, sub = self.names.bridge, self.names.nft_table, self.subnet
+        # every bridge of the instance (bridge_n): one name prefix
+        br, t, sub = f"{self.names.bridge}*", self.names.nft_table, self.subnet
         gw = self.gateway
         forbidden = ", ".join(str(n) for n in FORBIDDEN_NETWORKS)
         # egress: sandboxes with egress "all"; allowlisted: those with an allowlist,
@@ -298,7 +411,9 @@ table bridge {t} {{
             with contextlib.suppress(_nft.NftError):
                 _nft.host_run(f"delete table {family} {self.names.nft_table}")
         with contextlib.suppress(OSError), Rtnl() as rt:
-            rt.del_link(self.names.bridge)
+            for name in reversed(self.bridges()):  # their routes go with them
+                rt.del_link(name)
+        self._bridges_ready.clear()
         if self.subnet_file.exists():
             net = ipaddress.IPv4Network(self.subnet_file.read_text().strip())
             path = self._claim_file(net)
@@ -538,11 +653,9 @@ table bridge {t} {{
                 + attr_u32(IFLA_NET_NS_FD, ns_fd)
             )
             with Rtnl() as rt:
+                bridge = self._ensure_bridge(rt, self.bridge_index(ip))
                 rt.add_veth(hv, peer)
                 _disable_ipv6(hv)  # before it is up: no link-local address, DAD or MLD
-                bridge = link_index(self.names.bridge)
-                if not bridge:
-                    raise OSError(f"bridge {self.names.bridge} is missing")
                 rt.set_link(
                     hv,
                     attr_str(IFLA_IFALIAS, self.names.veth_alias(sandbox_id)),
@@ -627,9 +740,11 @@ table inet hedgerow {{
         hv = self.names.host_veth(sandbox_id)
         try:
             with Rtnl() as rt:
-                bridge = link_index(self.names.bridge)
-                for address in ips if bridge else []:
-                    rt.del_neigh(bridge, address)
+                for address in ips:
+                    for name in self._bridges_holding(address):
+                        bridge = link_index(name)
+                        if bridge:
+                            rt.del_neigh(bridge, address)
                 # Deleting the netns would take the pair with it, but only once its
                 # last user is gone and then asynchronously: deleted here, it is gone
                 # on return.
@@ -644,12 +759,12 @@ table inet hedgerow {{
                 self.delete_allowlist(address, policy)
 
     def delete_neighbour(self, ip: str) -> None:
-        bridge = link_index(self.names.bridge)
-        if not bridge:
-            return  # gone with the bridge
         try:
             with Rtnl() as rt:
-                rt.del_neigh(bridge, ip)
+                for name in self._bridges_holding(ip):
+                    bridge = link_index(name)
+                    if bridge:  # else gone with the bridge
+                        rt.del_neigh(bridge, ip)
         except OSError as exc:
             raise BackendError(f"cannot delete neighbour entry {ip}: {exc}") from exc
 
@@ -714,11 +829,12 @@ table inet hedgerow {{
         return found
 
     def list_neighbours(self) -> list[str]:
-        """Addresses with a permanent neighbour entry on this instance's bridge."""
-        if not link_index(self.names.bridge):
-            return []
-        out = run(["ip", "-j", "-4", "neigh", "show", "dev", self.names.bridge, "nud", "permanent"])
-        return [n["dst"] for n in json.loads(out.stdout or "[]") if n.get("dst")]
+        """Addresses with a permanent neighbour entry on one of this instance's bridges."""
+        found: list[str] = []
+        for bridge in self.bridges():
+            out = run(["ip", "-j", "-4", "neigh", "show", "dev", bridge, "nud", "permanent"])
+            found += [n["dst"] for n in json.loads(out.stdout or "[]") if n.get("dst")]
+        return found
 
     def list_allowlisted(self) -> list[str]:
         """Addresses holding allowlist elements: members of ``allowlisted`` and the

@@ -1,6 +1,6 @@
 """How many sandboxes an instance can hold: its subnet's size (HEDGEROW_LOCAL_SUBNET_PREFIX,
-`make up` asks for a /22) and its bridge's port limit (1023), with errors that name the
-limit. Only claim files: no interface is created (benchmarking ranges, 198.18.0.0/15,
+`make up` asks for a /21), spread over bridges of at most 1023 ports, with errors that
+name the limit. Only claim files: no interface is created (benchmarking ranges, 198.18.0.0/15,
 that nothing on this machine routes)."""
 
 from __future__ import annotations
@@ -57,14 +57,16 @@ def test_an_exhausted_pool_says_what_frees_it(tmp_path: Path) -> None:
         second.subnet  # noqa: B018
 
 
-def test_a_subnet_larger_than_a_bridge_holds_only_its_ports(tmp_path: Path) -> None:
-    net = network(tmp_path, subnet="198.18.8.0/21")  # 2045 addresses, 1023 bridge ports
-    assert usable_addresses(net.subnet) == BRIDGE_MAX_PORTS == 1023
-    got = {net.claim_ip(f"s{i}") for i in range(BRIDGE_MAX_PORTS)}
-    assert len(got) == BRIDGE_MAX_PORTS
-    with pytest.raises(
-        BackendError, match=r"at most 1023 live sandboxes.*bridge has 1023 ports"
-    ) as e:
+def test_a_subnet_larger_than_a_bridge_holds_all_its_addresses(tmp_path: Path) -> None:
+    net = network(tmp_path, subnet="198.18.8.0/21")  # 2045 addresses; bridges of 512
+    assert usable_addresses(net.subnet) == 2045 > BRIDGE_MAX_PORTS
+    got = {net.claim_ip(f"s{i}") for i in range(2045)}
+    assert len(got) == 2045
+    per_bridge: dict[int, int] = {}
+    for ip in got:
+        per_bridge[net.bridge_index(ip)] = per_bridge.get(net.bridge_index(ip), 0) + 1
+    assert per_bridge == {0: 510, 1: 512, 2: 512, 3: 511}  # none above BRIDGE_MAX_PORTS
+    with pytest.raises(BackendError, match=r"at most 2045 live sandboxes \(a /21") as e:
         net.claim_ip("one-too-many")
     assert e.value.transient  # capacity frees as sandboxes end: admission retries
 

@@ -30,7 +30,9 @@ def test_it_tears_down_a_dead_runs_instance_and_keeps_a_live_one(tmp_path: Path)
     dead_state, live_state = tmp_path / "dead", tmp_path / "live"
     # A pid that cannot be running: beyond pid_max.
     dead = _backend(dead_state, "t99999999", claims)
-    live = _backend(live_state, f"t{os.getpid()}", claims)
+    # named after this (live) process, but not the session backend's t<pid>: the same
+    # name is the same bridge and host tables, which this test's teardown deletes
+    live = _backend(live_state, f"pytest{os.getpid()}", claims)
     spec = new_spec()
     try:
         dead.provision(spec)

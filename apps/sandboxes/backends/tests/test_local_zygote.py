@@ -97,6 +97,29 @@ def test_it_uses_the_zygote_by_default_and_records_the_sandbox_pid_1(
     assert (code, out) == (0, "sandbox\npause\nhedgerow-agent\n")
 
 
+def test_an_idle_agent_copies_no_pages_for_lookups_or_finders_it_never_uses(
+    sandbox_factory: Callable[..., Sandbox],
+) -> None:
+    """Issue 20, memory per idle sandbox: a forked agent's private pages are what it
+    (and its handler) wrote of the zygote's. Three writers were avoidable: HTTPServer's
+    getfqdn of the agent's own address (NSS modules loaded), the handler's first
+    unicode_escape lookup (a module imported), and freeing the host's import finders
+    (sys.path_importer_cache cleared). Checked here: no NSS module mapped, and the
+    agent's USS (after one exec) below what it was with them."""
+    sb = sandbox_factory()
+    assert sb.sh("true")[0] == 0
+    agent = meta(sb)["agent_pid"]
+    maps = Path(f"/proc/{agent}/maps").read_text()
+    assert "libnss_" not in maps
+    uss = sum(
+        int(line.split()[1])
+        for line in Path(f"/proc/{agent}/smaps_rollup").read_text().splitlines()
+        if line.startswith(("Private_Clean:", "Private_Dirty:"))
+    )
+    # measured 4.2-4.5 MiB; 4.75-5.0 MiB before those three (docs/benchmarks.md "Density")
+    assert uss < 4700, f"agent USS {uss} KiB"
+
+
 def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
     sandbox_factory: Callable[..., Sandbox], exec_sandbox: Sandbox
 ) -> None:
