@@ -307,6 +307,13 @@ HEDGEROW_IMAGE_CACHE_MIB = env_int("HEDGEROW_IMAGE_CACHE_MIB", 50 * 1024)
 HEDGEROW_IMAGE_COLLECT_INTERVAL_S = env_float("HEDGEROW_IMAGE_COLLECT_INTERVAL_S", 600.0)
 HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
 HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
+# A fork's K children are provisioned by this many Celery tasks (one per worker
+# process: HEDGEROW_WORKER_CONCURRENCY, as scripts/stack.sh starts the worker), each
+# running its share on HEDGEROW_FORK_THREADS threads, so a provision's waits (the
+# zygote's spawn, the agent's answers) overlap instead of K tasks queueing one by one
+# (docs/snapshots.md, "What a fork costs").
+HEDGEROW_FORK_TASKS = env_int("HEDGEROW_FORK_TASKS", env_int("HEDGEROW_WORKER_CONCURRENCY", 4))
+HEDGEROW_FORK_THREADS = env_int("HEDGEROW_FORK_THREADS", 4)
 HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)
 HEDGEROW_MAX_TTL_S = env_int("HEDGEROW_MAX_TTL_S", 24 * 3600)
 HEDGEROW_MAX_LIVE_SANDBOXES = env_int("HEDGEROW_MAX_LIVE_SANDBOXES", 0)  # 0 = unlimited
