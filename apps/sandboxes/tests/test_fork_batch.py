@@ -179,3 +179,37 @@ def test_one_childs_unexpected_error_does_not_stop_its_share(monkeypatch):
     assert sorted(ran) == sorted(ids)
     assert threads and all(t.startswith("provision") for t in threads)  # not this thread
     assert connection.connection is None or connection.is_usable()  # this thread's is kept
+
+
+def test_a_state_publish_that_breaks_never_fails_the_transition(make_tenant, monkeypatch):
+    """Seen in a fork's provisioning threads under load: redis-py surfaced a reset
+    connection as a ValueError, which escaped the publish (only RedisError was caught)
+    and left a claimed child in ``provisioning`` until the reaper's deadline."""
+    from apps.sandboxes import events
+    from apps.sandboxes.services.lifecycle import sandbox_transition
+
+    class Broken:
+        def publish(self, *args: Any) -> None:
+            raise ValueError("I/O operation on closed file.")
+
+        def pipeline(self, **kwargs: Any) -> Broken:
+            return self
+
+        def zcount(self, *args: Any) -> None:
+            return None
+
+        def execute(self) -> None:
+            self.publish()
+
+    monkeypatch.setattr(events, "redis_client", Broken)
+    tenant, _ = make_tenant()
+    sandbox = make_sandbox(tenant, state=State.REQUESTED)
+    moved = sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.REQUESTED,),
+        to_state=State.PROVISIONING,
+        reason="scheduled",
+    )
+    assert moved
+    sandbox.refresh_from_db()
+    assert sandbox.state == State.PROVISIONING
