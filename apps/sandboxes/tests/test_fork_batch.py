@@ -213,3 +213,24 @@ def test_a_state_publish_that_breaks_never_fails_the_transition(make_tenant, mon
     assert moved
     sandbox.refresh_from_db()
     assert sandbox.state == State.PROVISIONING
+
+
+def test_the_audit_balances_a_batched_fork(make_tenant):
+    """The K rows of one insert each have their ledger row: the audit counts them
+    created and live, with no row missing its ``created`` event or disagreeing with
+    its ledger."""
+    from apps.sandboxes.services.audit import AuditSlice, audit_compute
+
+    tenant, _ = make_tenant()
+    # the parent predates the audited period (the factory writes no ledger for it)
+    snap = _ready_snapshot(tenant, created_at=timezone.now() - timedelta(days=2))
+    start = timezone.now() - timedelta(minutes=1)
+    snapshot_fork(tenant=tenant, snapshot=snap, count=4, idempotency_key=None, actor="t")
+    report = audit_compute(
+        period_start=start,
+        period_end=timezone.now() + timedelta(minutes=1),
+        audit_slice=AuditSlice(tenant=tenant),
+    )
+    assert report.created == 4 and report.terms["live"] == 4, report.equation()
+    assert not any(report.imbalance.values()), report.imbalance
+    assert report.balanced and report.terms["leaked"] == 0
