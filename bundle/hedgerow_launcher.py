@@ -4,10 +4,13 @@ Runs on the bundle's own interpreter (stdlib only, Python >= 3.8), started as
 ``<bundle>/lib/ld.so --library-path <bundle>/lib <bundle>/bin/python3 -I -m
 hedgerow_launcher ...``. Two commands:
 
-``inject --to DIR [--token-from F --token-to F]``
+``inject --to DIR [--token-from F --token-to F] [--state-dir DIR]``
     The Kubernetes init container: copies the bundle into the shared emptyDir, and
     the agent token from the Secret volume (mounted only in the init container) into
-    a memory-backed emptyDir, where the agent deletes it after reading it.
+    a memory-backed emptyDir, where the agent deletes it after reading it. With
+    snapshots, ``--state-dir`` is the sandbox's state claim: its ``workspace`` and
+    ``tmp`` (the main container's subPaths) are made 0777 and 1777 like the emptyDirs
+    they replace, when missing; a restored claim's are left as the snapshot has them.
 
 ``run -- AGENT_ARGS``
     Starts ``podagent`` on the bundled interpreter with the environment untouched:
@@ -85,7 +88,33 @@ def agent_env(pristine: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
-def inject(bundle: str, dest: str, token_from: Optional[str], token_to: Optional[str]) -> int:
+STATE_DIRS = (("workspace", 0o777), ("tmp", 0o1777))
+
+
+def prepare_state(state_dir: str) -> List[str]:
+    """Creates the state claim's missing subPath directories with the modes of the
+    emptyDirs they replace (any uid the image runs as can write them); returns the
+    ones made. Existing ones (a restore) keep the snapshot's modes and owners."""
+    made = []
+    for name, mode in STATE_DIRS:
+        path = os.path.join(state_dir, name)
+        if os.path.lexists(path):
+            continue
+        os.mkdir(path)
+        os.chmod(path, mode)  # not through mkdir: the umask would narrow it
+        made.append(name)
+    return made
+
+
+def inject(
+    bundle: str,
+    dest: str,
+    token_from: Optional[str],
+    token_to: Optional[str],
+    state_dir: Optional[str] = None,
+) -> int:
+    if state_dir:
+        prepare_state(state_dir)
     staging = dest.rstrip("/") + ".partial"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(bundle, staging, symlinks=True)
@@ -145,11 +174,12 @@ def main(args: Optional[List[str]] = None) -> int:
     p_inject.add_argument("--to", required=True)
     p_inject.add_argument("--token-from")
     p_inject.add_argument("--token-to")
+    p_inject.add_argument("--state-dir")
     p_run = sub.add_parser("run")
     p_run.add_argument("agent_args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(args)
     if ns.command == "inject":
-        return inject(BUNDLE, ns.to, ns.token_from, ns.token_to)
+        return inject(BUNDLE, ns.to, ns.token_from, ns.token_to, ns.state_dir)
     agent_args = ns.agent_args[1:] if ns.agent_args[:1] == ["--"] else ns.agent_args
     argv = agent_argv(BUNDLE, agent_args)
     env = agent_env(pristine_environ())

@@ -487,6 +487,12 @@ HEDGEROW_K8S_WAIT_STALL_S = env_float("HEDGEROW_K8S_WAIT_STALL_S", 10.0)
 HEDGEROW_K8S_DNS_CIDRS = env_list("HEDGEROW_K8S_DNS_CIDRS", [])
 HEDGEROW_K8S_DNS_NAMESERVERS = env_list("HEDGEROW_K8S_DNS_NAMESERVERS", [])
 HEDGEROW_K8S_AGENT_INGRESS_CIDRS = env_list("HEDGEROW_K8S_AGENT_INGRESS_CIDRS", [])
+# egress allowlists (docs/egress.md "Kubernetes"): the in-cluster resolver's Service
+# ClusterIP ("" refuses allowlists), the port its pods listen on, and "cilium" to
+# render CiliumNetworkPolicy toFQDNs rules as well
+HEDGEROW_K8S_RESOLVER_IP = env_str("HEDGEROW_K8S_RESOLVER_IP", "")
+HEDGEROW_K8S_RESOLVER_PORT = env_int("HEDGEROW_K8S_RESOLVER_PORT", 5353)
+HEDGEROW_K8S_CNI = env_str("HEDGEROW_K8S_CNI", "")
 # false (default): one LIST+WATCH of the sandbox namespace per installation, the
 # watcher's; true: every worker and web process runs a pod informer of its own
 HEDGEROW_K8S_INFORMER_EVERYWHERE = env_bool("HEDGEROW_K8S_INFORMER_EVERYWHERE", False)
@@ -503,6 +509,12 @@ HEDGEROW_K8S_PROCESS_ROLE = os.environ.get("HEDGEROW_K8S_PROCESS_ROLE", "")
 # safe-to-evict "false" / karpenter.sh/do-not-disrupt "true" on sandbox pods (true), or
 # safe-to-evict "true" (false): docs/deploy-kubernetes.md "Autoscalers"
 HEDGEROW_K8S_PROTECT_FROM_DISRUPTION = env_bool("HEDGEROW_K8S_PROTECT_FROM_DISRUPTION", True)
+# Snapshots on Kubernetes (docs/snapshots.md "Kubernetes"): the VolumeSnapshotClass of
+# captures ("" = none: snapshots_unsupported), the StorageClass of each sandbox's state
+# claim ("" = the cluster default), how long a capture waits for readyToUse.
+HEDGEROW_K8S_SNAPSHOT_CLASS = env_str("HEDGEROW_K8S_SNAPSHOT_CLASS", "")
+HEDGEROW_K8S_SNAPSHOT_STORAGE_CLASS = env_str("HEDGEROW_K8S_SNAPSHOT_STORAGE_CLASS", "")
+HEDGEROW_K8S_SNAPSHOT_READY_TIMEOUT_S = env_float("HEDGEROW_K8S_SNAPSHOT_READY_TIMEOUT_S", 300.0)
 
 # --- Quotas, admission queue and metering (apps/billing, apps/sandboxes/admission) ---
 # A queued sandbox not admitted within this long fails with reason `queue_timeout`.

@@ -31,6 +31,10 @@ class Task(models.Model):
     task_id = models.CharField(max_length=200)
     metadata = models.JSONField(default=dict, blank=True)
     licence = models.CharField(max_length=100, blank=True)
+    # The reference check's input (services/reference_check.py): image, task version,
+    # verifier (command, kind, version, report path, timeout) and the reference solution
+    # (files or a patch, bounded). Empty: no check.
+    reference = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -53,7 +57,8 @@ class ReferenceRun(models.Model):
     verifier_version = models.CharField(max_length=100, blank=True)
     reference_outcome = models.CharField(max_length=16)  # pass | fail | error | timeout
     initial_outcome = models.CharField(max_length=16, blank=True)  # the unmodified state
-    source = models.CharField(max_length=16)  # episode | client
+    source = models.CharField(max_length=16)  # episode | client | check
+    status = models.CharField(max_length=16, default="done")  # queued|running|done|error
     episode = models.ForeignKey(
         Episode, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

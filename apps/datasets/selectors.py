@@ -16,6 +16,7 @@ from apps.datasets.models import (
     TaskHealth,
 )
 from apps.datasets.services.difficulty import Prior, decay_weights
+from apps.datasets.services.reference_check import reference_summary
 from apps.datasets.services.tasks import reference_as_dict
 from apps.tenancy.models import Tenant
 
@@ -166,14 +167,26 @@ def _decay() -> float:
 
 
 def quarantine_list(*, tenant: Tenant) -> list[dict[str, Any]]:
+    """Quarantined tasks with their evidence; a verifier-suspect one also carries the
+    reference run that decided it (``reference_run``)."""
+    rows = list(TaskHealth.objects.filter(tenant=tenant, quarantine=True).order_by("task_id"))
+    runs: dict[str, ReferenceRun] = {}
+    suspect = [h.task_id for h in rows if h.verifier_suspect]
+    for run in (
+        ReferenceRun.objects.filter(tenant=tenant, task_id__in=suspect, status="done")
+        .select_related("episode", "initial_episode")
+        .order_by("task_id", "-recorded_at", "-id")
+    ):
+        runs.setdefault(run.task_id, run)
     return [
         {
             "task_id": h.task_id,
             "verifier_suspect": h.verifier_suspect,
             "evidence": h.evidence,
+            "reference_run": reference_as_dict(runs[h.task_id]) if h.task_id in runs else None,
             "updated_at": h.updated_at.isoformat(),
         }
-        for h in TaskHealth.objects.filter(tenant=tenant, quarantine=True).order_by("task_id")
+        for h in rows
     ]
 
 
@@ -182,6 +195,7 @@ def task_as_dict(task: Task) -> dict[str, Any]:
         "task_id": task.task_id,
         "metadata": task.metadata,
         "licence": task.licence,
+        "reference": reference_summary(task.reference),
         "created_at": task.created_at.isoformat(),
         "updated_at": task.updated_at.isoformat(),
     }

@@ -23,6 +23,11 @@ urlpatterns = [
         views.ReferenceRunView.as_view(),
         name="task-reference-runs",
     ),
+    path(
+        "tasks/<str:task_id>/reference-check",
+        views.ReferenceCheckView.as_view(),
+        name="task-reference-check",
+    ),
     path("episodes/matrix", views.EpisodeMatrixView.as_view(), name="episode-matrix"),
     path("episodes/time", views.EpisodesTimeView.as_view(), name="episodes-time"),
     path("episodes/<str:episode_id>/time", views.EpisodeTimeView.as_view(), name="episode-time"),

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from django.db import transaction
 from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -14,12 +15,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.errors import ValidationFailed
+from apps.core.errors import NotFound, ValidationFailed
 from apps.datasets import selectors
-from apps.datasets.models import Dataset, Task
+from apps.datasets.models import Dataset, ReferenceRun, Task
 from apps.datasets.services.cards import dataset_card
 from apps.datasets.services.difficulty import Prior
 from apps.datasets.services.matrix import episode_matrix
+from apps.datasets.services.reference_check import reference_check_request
 from apps.datasets.services.splits import (
     DEFAULT_FRACTIONS,
     DatasetSpec,
@@ -183,18 +185,30 @@ class TaskDetailView(APIView):
         responses={200: dict, 201: dict, **ERROR_RESPONSES},
         description="Registers (or replaces) a task's metadata (`repo`, `base_commit`, "
         "`affected_files`, `failing_tests`, `created_at`, `fix_merged_at`, anything else) "
-        "and `licence`.",
+        "and `licence`; `reference` registers the reference solution, verifier and image, "
+        'and queues its reference check (docs/trajectories.md, "Verifier health").',
     )
     def put(self, request: Request, task_id: str) -> Response:
         data = _body(request)
-        task, created = task_upsert(
-            tenant=principal_of(request).tenant,
-            task_id=task_id,
-            metadata=data.get("metadata"),
-            licence=data.get("licence"),
-        )
+        principal = principal_of(request)
+        with transaction.atomic():  # an image the team cannot have: nothing is registered
+            task, created = task_upsert(
+                tenant=principal.tenant,
+                task_id=task_id,
+                metadata=data.get("metadata"),
+                licence=data.get("licence"),
+                reference=data.get("reference"),
+            )
+            body = selectors.task_as_dict(task)
+            if task.reference:
+                # a new task version, image or verifier version is a new key: checked;
+                # an unchanged one is the cached run (no sandbox)
+                run, _ = reference_check_request(
+                    tenant=principal.tenant, task_id=task_id, actor=principal.actor
+                )
+                body["reference_check"] = reference_as_dict(run)
         return Response(
-            selectors.task_as_dict(task),
+            body,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
@@ -293,6 +307,43 @@ class ReferenceRunView(APIView):
             tenant=principal.tenant, task_id=task_id, data=_body(request), actor=principal.actor
         )
         return Response(reference_as_dict(run), status=status.HTTP_201_CREATED)
+
+
+class ReferenceCheckView(APIView):
+    @extend_schema(
+        responses={200: dict, **ERROR_RESPONSES},
+        description="The task's latest reference check: `status` queued, running, done or "
+        "error, with each run's exit code, verdict and per-test vector in `detail`.",
+    )
+    def get(self, request: Request, task_id: str) -> Response:
+        tenant = principal_of(request).tenant
+        task_get(tenant=tenant, task_id=task_id)
+        run = (
+            ReferenceRun.objects.filter(tenant=tenant, task_id=task_id, source="check")
+            .order_by("-recorded_at", "-id")
+            .first()
+        )
+        if run is None:
+            raise NotFound(f"task {task_id!r} was never checked", code="reference_check_not_found")
+        return Response(reference_as_dict(run))
+
+    @extend_schema(
+        request=None,
+        responses={200: dict, 202: dict, **ERROR_RESPONSES},
+        description="Runs the registered verifier on the task's initial state and on its "
+        "reference solution in a new sandbox (202, `queued`), once per (task_version, "
+        "image digest, verifier_version): a key already checked answers 200 with the "
+        "cached run and makes no sandbox. A check that broke (`error`) is run again.",
+    )
+    def post(self, request: Request, task_id: str) -> Response:
+        principal = principal_of(request)
+        run, enqueued = reference_check_request(
+            tenant=principal.tenant, task_id=task_id, actor=principal.actor
+        )
+        return Response(
+            reference_as_dict(run),
+            status=status.HTTP_202_ACCEPTED if enqueued else status.HTTP_200_OK,
+        )
 
 
 class EpisodeMatrixView(APIView):

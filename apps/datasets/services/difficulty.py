@@ -208,9 +208,22 @@ def bulk_row(
     )
 
 
+def _check_facts(detail: dict[str, Any], which: str) -> dict[str, Any]:
+    """What a check Hedgerow ran itself adds to a fact: the run's exit, why it decided,
+    its per-test summary and the (deleted) sandbox it ran in."""
+    ran = (detail or {}).get(which)
+    if not isinstance(ran, dict):
+        return {}
+    facts = {k: ran[k] for k in ("exit_code", "why", "summary", "duration_s") if k in ran}
+    if detail.get("sandbox_id"):
+        facts["sandbox_id"] = detail["sandbox_id"]
+    return facts
+
+
 def _reference_facts(tenant_id: Any, task_id: str) -> list[dict[str, Any]]:
+    # a check still running, or one that broke on its own (infra), is no evidence
     run = (
-        ReferenceRun.objects.filter(tenant_id=tenant_id, task_id=task_id)
+        ReferenceRun.objects.filter(tenant_id=tenant_id, task_id=task_id, status="done")
         .order_by("-recorded_at", "-id")
         .select_related("episode", "initial_episode")
         .first()
@@ -231,6 +244,7 @@ def _reference_facts(tenant_id: Any, task_id: str) -> list[dict[str, Any]]:
                 "detail": f"the verifier gave {run.reference_outcome} on the reference solution",
                 "outcome": run.reference_outcome,
                 "episode_id": run.episode.episode_id if run.episode else None,
+                **_check_facts(run.detail, "reference"),
                 **key,
             }
         )
@@ -241,6 +255,7 @@ def _reference_facts(tenant_id: Any, task_id: str) -> list[dict[str, Any]]:
                 "detail": "the verifier passed the unmodified initial state: it cannot tell "
                 "a solution from no attempt",
                 "episode_id": run.initial_episode.episode_id if run.initial_episode else None,
+                **_check_facts(run.detail, "initial"),
                 **key,
             }
         )

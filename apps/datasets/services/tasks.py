@@ -11,6 +11,7 @@ from django.utils.dateparse import parse_datetime
 from apps.core.errors import Conflict, NotFound, ValidationFailed
 from apps.datasets.models import ReferenceRun, Task
 from apps.datasets.services.difficulty import health_refresh
+from apps.datasets.services.reference_check import reference_spec_check
 from apps.tenancy.models import Tenant
 from apps.trajectories.models import Episode, EpisodeStatus, FailureClass
 
@@ -47,7 +48,11 @@ def metadata_check(metadata: Any) -> dict[str, Any]:
     return metadata
 
 
-def task_upsert(*, tenant: Tenant, task_id: str, metadata: Any, licence: Any) -> tuple[Task, bool]:
+def task_upsert(
+    *, tenant: Tenant, task_id: str, metadata: Any, licence: Any, reference: Any = None
+) -> tuple[Task, bool]:
+    """Registers or replaces a task. ``reference`` (reference_check.reference_spec_check)
+    replaces the stored one when given; omitted, the stored one stays."""
     if not task_id or len(task_id) > 200:
         raise ValidationFailed("task_id is 1–200 characters", field="task_id")
     clean = metadata_check({} if metadata is None else metadata)
@@ -55,11 +60,10 @@ def task_upsert(*, tenant: Tenant, task_id: str, metadata: Any, licence: Any) ->
         licence = ""
     if not isinstance(licence, str) or len(licence) > 100:
         raise ValidationFailed("licence is a string of at most 100 characters", field="licence")
-    task, created = Task.objects.update_or_create(
-        tenant=tenant,
-        task_id=task_id,
-        defaults={"metadata": clean, "licence": licence, "updated_at": timezone.now()},
-    )
+    defaults: dict[str, Any] = {"metadata": clean, "licence": licence, "updated_at": timezone.now()}
+    if reference is not None:
+        defaults["reference"] = reference_spec_check(reference)
+    task, created = Task.objects.update_or_create(tenant=tenant, task_id=task_id, defaults=defaults)
     return task, created
 
 
@@ -112,7 +116,8 @@ def reference_record(
         if not isinstance(value, str) or len(value) > 100:
             raise ValidationFailed(f"{name} is a string of at most 100 characters", field=name)
         key[name] = value
-    fields: dict[str, Any] = {"detail": {}}
+    # a reported run is done as recorded (it replaces a check of the same key)
+    fields: dict[str, Any] = {"detail": {}, "status": "done"}
     if data.get("reference_episode_id") is not None:
         fields["reference_outcome"], fields["episode"] = _episode_outcome(
             tenant, data["reference_episode_id"], "reference_episode_id"
@@ -166,6 +171,10 @@ def reference_as_dict(run: ReferenceRun) -> dict[str, Any]:
         "source": run.source,
         "reference_episode_id": run.episode.episode_id if run.episode else None,
         "initial_episode_id": run.initial_episode.episode_id if run.initial_episode else None,
+        "status": run.status,
         "recorded_by": run.recorded_by,
         "recorded_at": run.recorded_at.isoformat(),
+        # a check Hedgerow ran: per run exit code, verdict, why, per-test vector and
+        # duration; the sandbox it ran in; what broke when status is error
+        "detail": run.detail,
     }

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from apps.datasets.models import Dataset, DatasetEpisode
-from apps.datasets.services.tasks import task_upsert
+from apps.datasets.services.tasks import reference_record, task_upsert
 from apps.datasets.tests.factories import closed_episode
 from frontend.tests.browser import (
     PHONE,
@@ -42,6 +42,13 @@ def test_it_creates_a_dataset_shows_its_card_and_the_matrix(
         ("p0", "A", "t3", "startup"), ("p0", "A", "t3", "task"),
     ):  # fmt: skip
         closed_episode(tenant, task, cls, policy_version=policy, harness=harness, model="m")
+    # t4's verifier errs on its reference: suspect, with the run shown as evidence
+    reference_record(
+        tenant=tenant,
+        task_id="t4",
+        data={"task_version": "v1", "verifier_version": "2", "reference_outcome": "error"},
+        actor="dana",
+    )
     console = Console()
     with chromium() as browser:
         page = new_page(browser, live.url, console)
@@ -51,6 +58,9 @@ def test_it_creates_a_dataset_shows_its_card_and_the_matrix(
         # t3's failures are mostly infrastructure: held back as broken, not served as hard
         expect(page.locator("#quarantine tr[data-task-id=t3]")).to_contain_text(
             "mostly_infra_failures"
+        )
+        expect(page.locator("#quarantine tr[data-task-id=t4] .reference-run")).to_contain_text(
+            "Reference run (client, task v1, verifier 2): reference error"
         )
         assert axe_violations(page) == []
         page.get_by_label("Name", exact=True).fill("by files")

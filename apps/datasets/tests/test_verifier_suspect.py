@@ -76,6 +76,7 @@ def test_a_suspect_tasks_episodes_are_verifier_until_the_verifier_is_fixed(make_
     )
     assert taken.status_code == 201, taken.content
     assert (taken.json()["reference_outcome"], taken.json()["source"]) == ("pass", "episode")
+    assert taken.json()["status"] == "done"  # a reported run is evidence as recorded
     health = client.get("/api/v1/tasks/broken/difficulty").json()
     assert (health["verifier_suspect"], health["quarantine"]) == (False, False)
     # re-attribution reads the lifted flag: the verdict counts again

@@ -180,7 +180,8 @@ class InventoryItem:
     """One backend resource. ``sandbox_id`` is None when the name cannot be parsed."""
 
     # netns, process, cgroup, directory, nft_rule, veth, address, pod, network_policy, secret,
-    # volume, qgroup, loop, neighbour, image_lease, sandbox_root, image_staging
+    # volume, qgroup, loop, neighbour, image_lease, sandbox_root, image_staging,
+    # cilium_network_policy
     kind: str
     name: str
     sandbox_id: str | None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from apps.billing.errors import QuotaForbidden, limit_error
@@ -29,6 +30,25 @@ def sandbox_dns_log(*, sandbox: Sandbox, limit: int = MAX_DNS_LOG) -> list[dict[
         return []
     entries: list[dict[str, Any]] = reader(sandbox.id.hex, max(1, min(limit, MAX_DNS_LOG)))
     return entries
+
+
+def egress_supported_check(*, policy: EgressPolicy, backend_name: str) -> None:
+    """A policy the backend cannot enforce is a 400 ``egress_unsupported``, never a
+    wider one: allowlists need the local backend, or the kubernetes backend with its
+    in-cluster resolver (``HEDGEROW_K8S_RESOLVER_IP``), where ``"match": "sni"`` is not
+    enforced (docs/egress.md "Kubernetes")."""
+    if policy.mode != "allow" or backend_name == "local":
+        return
+    if backend_name == "kubernetes" and settings.HEDGEROW_K8S_RESOLVER_IP:
+        if policy.match != "sni":
+            return
+        message = 'egress "match": "sni" is not enforced on kubernetes (docs/egress.md)'
+    else:
+        message = (
+            "egress allowlists need the local backend, or kubernetes with its in-cluster "
+            "resolver (HEDGEROW_K8S_RESOLVER_IP; docs/egress.md)"
+        )
+    raise ValidationFailed(message, field="egress", extra={"reason": "egress_unsupported"})
 
 
 def egress_quota_check(*, tenant: Tenant, policy: EgressPolicy) -> None:
@@ -69,12 +89,7 @@ def sandbox_set_egress(*, sandbox: Sandbox, egress: Any, actor: str) -> Sandbox:
             code="sandbox_not_ready",
             extra={"state": sandbox.state},
         )
-    if policy.mode == "allow" and sandbox.backend != "local":
-        raise ValidationFailed(
-            "egress allowlists need the local backend (docs/egress.md)",
-            field="egress",
-            extra={"reason": "egress_unsupported"},
-        )
+    egress_supported_check(policy=policy, backend_name=sandbox.backend)
     egress_quota_check(tenant=sandbox.tenant, policy=policy)
     old = sandbox.egress
     new = policy.to_json()

@@ -374,15 +374,13 @@ def sandbox_create(
         existing = sandbox_by_idempotency_key(tenant=tenant, idempotency_key=idempotency_key)
         if existing is not None:
             return _replayed(existing, request), False
-    if isinstance(request.egress, dict) and (backend_name or settings.HEDGEROW_BACKEND) != "local":
-        raise ValidationFailed(
-            "egress allowlists need the local backend (docs/egress.md)",
-            field="egress",
-            extra={"reason": "egress_unsupported"},
-        )
-    from apps.sandboxes.services.egress import egress_quota_check
+    from apps.sandboxes.services.egress import egress_quota_check, egress_supported_check
 
-    egress_quota_check(tenant=tenant, policy=parse_egress(request.egress))
+    requested_egress = parse_egress(request.egress)
+    egress_supported_check(
+        policy=requested_egress, backend_name=backend_name or settings.HEDGEROW_BACKEND
+    )
+    egress_quota_check(tenant=tenant, policy=requested_egress)
     disk_guard()  # 507 disk_exhausted before anything is recorded
     sent = request  # a replay compares the request as sent
     fingerprint = sent.fingerprint()

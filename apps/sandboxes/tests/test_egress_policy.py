@@ -153,7 +153,34 @@ def test_allowlists_are_refused_where_the_backend_cannot_enforce_them(
     )
     assert response.status_code == 400, response.content
     assert response.json()["error"]["reason"] == "egress_unsupported"
+    assert "HEDGEROW_K8S_RESOLVER_IP" in response.json()["error"]["message"]
     assert not Sandbox.objects.exists()
+
+
+@pytest.mark.django_db
+def test_kubernetes_with_its_resolver_takes_allowlists_but_not_sni_matching(
+    make_tenant, api_client, settings
+):
+    settings.HEDGEROW_BACKEND = "kubernetes"
+    settings.HEDGEROW_K8S_RESOLVER_IP = "10.96.0.53"
+    _, secret = make_tenant()
+    refused = api_client(secret).post(
+        "/api/v1/sandboxes",
+        {"image": "host", "egress": {"allow": ["pkg.example.org"], "match": "sni"}},
+        format="json",
+    )
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["reason"] == "egress_unsupported"
+    assert "sni" in refused.json()["error"]["message"]
+    assert not Sandbox.objects.exists()
+    accepted = api_client(secret).post(
+        "/api/v1/sandboxes",
+        {"image": "host", "egress": {"allow": ["pkg.example.org"]}},
+        format="json",
+    )
+    assert accepted.status_code in (201, 202), accepted.content
+    (sandbox,) = Sandbox.objects.all()
+    assert sandbox.egress == {"allow": ["pkg.example.org"], "dns": "filtered"}
 
 
 def test_quota_patterns_cover_names_below_wildcards_and_cidrs_inside_theirs():

@@ -79,6 +79,12 @@ def config_from_settings() -> KubernetesConfig:
         agent_ingress_cidrs=tuple(settings.HEDGEROW_K8S_AGENT_INGRESS_CIDRS),
         informer_everywhere=settings.HEDGEROW_K8S_INFORMER_EVERYWHERE,
         protect_from_disruption=settings.HEDGEROW_K8S_PROTECT_FROM_DISRUPTION,
+        resolver_ip=settings.HEDGEROW_K8S_RESOLVER_IP,
+        resolver_port=settings.HEDGEROW_K8S_RESOLVER_PORT,
+        cni=settings.HEDGEROW_K8S_CNI,
+        snapshot_class=settings.HEDGEROW_K8S_SNAPSHOT_CLASS,
+        snapshot_storage_class=settings.HEDGEROW_K8S_SNAPSHOT_STORAGE_CLASS,
+        snapshot_ready_timeout_s=settings.HEDGEROW_K8S_SNAPSHOT_READY_TIMEOUT_S,
     )
 
 

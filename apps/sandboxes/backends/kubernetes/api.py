@@ -84,6 +84,7 @@ class KubeApi:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.net = client.NetworkingV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)  # CiliumNetworkPolicies, VolumeSnapshots
         self.config = config
         self.backoff_s = backoff_s
         self._slots = threading.BoundedSemaphore(config.max_concurrency)

@@ -15,7 +15,10 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
 
+from apps.core.egress import EgressPolicy
+from apps.core.redis_sync import redis_client
 from apps.sandboxes.backends.base import (
     BackendError,
     BackendEvent,
@@ -34,10 +37,16 @@ from apps.sandboxes.backends.base import (
     UnknownImage,
 )
 
-from . import egress_allow
+from . import dnslog, egress_allow
 from .api import KubeApi, is_status
 from .config import (
+    A_SNAPSHOT_DIGEST,
+    A_SNAPSHOT_IMAGE,
+    COMPONENT_SNAPSHOT,
+    L_COMPONENT,
     L_SANDBOX,
+    L_SNAPSHOT,
+    L_TENANT,
     KubernetesConfig,
     UserNamespacesUnavailable,
     check_image_ref,
@@ -45,14 +54,19 @@ from .config import (
     generation_of,
     identity,
     object_name,
+    snapshot_object_name,
 )
 from .informer import PodInformer, PodView, RawWatch, keep_registry_message, pod_view
 from .specs import (
+    SNAPSHOT_GROUP,
+    SNAPSHOT_VERSION,
     build_egress_policy,
     build_namespace_policy,
     build_pod,
     build_pull_secret,
     build_secret,
+    build_state_claim,
+    build_volume_snapshot,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +84,7 @@ class Kind:
     delete: Callable[..., Any]
     listing: Callable[..., Any]
     delete_collection: Callable[..., Any]
+    replace: Callable[..., Any]
 
 
 class KubernetesBackend:
@@ -86,6 +101,7 @@ class KubernetesBackend:
             core.delete_namespaced_pod,
             core.list_namespaced_pod,
             core.delete_collection_namespaced_pod,
+            core.replace_namespaced_pod,
         )
         self.secrets = Kind(
             "secret",
@@ -94,6 +110,7 @@ class KubernetesBackend:
             core.delete_namespaced_secret,
             core.list_namespaced_secret,
             core.delete_collection_namespaced_secret,
+            core.replace_namespaced_secret,
         )
         self.policies = Kind(
             "network_policy",
@@ -102,6 +119,17 @@ class KubernetesBackend:
             net.delete_namespaced_network_policy,
             net.list_namespaced_network_policy,
             net.delete_collection_namespaced_network_policy,
+            net.replace_namespaced_network_policy,
+        )
+        self.cilium: Kind | None = _cilium_kind(api) if config.cni == "cilium" else None
+        self.claims = Kind(
+            "volume",
+            core.create_namespaced_persistent_volume_claim,
+            core.read_namespaced_persistent_volume_claim,
+            core.delete_namespaced_persistent_volume_claim,
+            core.list_namespaced_persistent_volume_claim,
+            core.delete_collection_namespaced_persistent_volume_claim,
+            core.replace_namespaced_persistent_volume_claim,
         )
         self.isolation = f"pod+{config.runtime_class}" if config.runtime_class else "pod"
         self.informer = PodInformer(api, config, self.isolation)
@@ -144,15 +172,216 @@ class KubernetesBackend:
     def remove_image(self, digest: str) -> bool:
         raise BackendError("the kubernetes backend keeps no image cache (nodes do)")
 
-    # ---- snapshots (docs/snapshots.md "Kubernetes": not built yet) ----------------
+    # ---- snapshots (docs/snapshots.md "Kubernetes"): CSI VolumeSnapshots ------------
 
     def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
-        raise SnapshotFailed(
-            "the kubernetes backend cannot snapshot sandboxes yet", code="snapshots_unsupported"
+        """A ``VolumeSnapshot`` of the sandbox's state claim (/workspace and /tmp),
+        waited for until ``readyToUse`` (at most ``snapshot_ready_timeout_s``). The
+        control plane quiesced the sandbox first (no running operation, probes read);
+        there is no freezer here: the snapshot is crash-consistent. All or nothing: an
+        error status, a timeout or a vanished object deletes the VolumeSnapshot and
+        raises SnapshotFailed (``snapshot_failed``, ``snapshot_timeout``)."""
+        check_sandbox_id(sandbox_id)
+        name = snapshot_object_name(snapshot_id)
+        if not self.config.snapshots_enabled:
+            raise SnapshotFailed(
+                "the kubernetes backend takes snapshots only with a VolumeSnapshotClass "
+                "configured (HEDGEROW_K8S_SNAPSHOT_CLASS)",
+                code="snapshots_unsupported",
+            )
+        pod = self._running_pod(sandbox_id)
+        meta = pod.get("metadata") or {}
+        generation = generation_of(meta.get("labels"))
+        claim = object_name(sandbox_id, generation or 0, "-state")
+        volumes = (pod.get("spec") or {}).get("volumes") or []
+        if not any(
+            (v.get("persistentVolumeClaim") or {}).get("claimName") == claim for v in volumes
+        ):
+            raise SnapshotFailed(
+                f"sandbox {sandbox_id} has no state volume (it started before snapshots "
+                "were configured): nothing to snapshot",
+                code="snapshots_unsupported",
+            )
+        containers = (pod.get("spec") or {}).get("containers") or [{}]
+        image = str(containers[0].get("image") or "")
+        body = build_volume_snapshot(
+            self.config,
+            snapshot_id=snapshot_id,
+            sandbox_id=sandbox_id,
+            claim=claim,
+            image=image.split("@", 1)[0],
+            image_digest=pod_view(pod).image_digest,
+        )
+        started = time.monotonic()
+        try:
+            self.api.call(
+                self.api.custom.create_namespaced_custom_object,
+                SNAPSHOT_GROUP,
+                SNAPSHOT_VERSION,
+                self.config.namespace,
+                "volumesnapshots",
+                body,
+            )
+        except ApiException as exc:
+            if is_status(exc, 409):
+                raise SnapshotFailed(f"snapshot {snapshot_id} exists already") from exc
+            raise SnapshotFailed(
+                f"cannot create VolumeSnapshot {name}: {exc.status} {_message(exc)}"
+            ) from exc
+        try:
+            ready = self._wait_snapshot_ready(name)
+        except BaseException as exc:
+            try:
+                self._delete_volume_snapshot(name)  # nothing half-created is kept
+            except BackendError as cleanup:  # the reconciler reclaims it (no ready record)
+                raise SnapshotFailed(f"{exc}; and its VolumeSnapshot is left: {cleanup}") from exc
+            raise
+        status = ready.get("status") or {}
+        size = status.get("restoreSize")
+        annotations = (ready.get("metadata") or {}).get("annotations") or {}
+        return SnapshotInfo(
+            snapshot_id=snapshot_id,
+            sandbox_id=sandbox_id,
+            image=annotations.get(A_SNAPSHOT_IMAGE, ""),
+            image_digest=annotations.get(A_SNAPSHOT_DIGEST, ""),
+            # no tree hash: the control plane cannot read a CSI snapshot's files. The
+            # fingerprint names the storage system's copy; what a restore is checked by
+            # (services, probes, runtime state) is docs/snapshots.md "Kubernetes".
+            fingerprint=f"csi:{status.get('boundVolumeSnapshotContentName') or name}",
+            files=0,
+            size_bytes=int(parse_quantity(size)) if size else 0,
+            capture_s=time.monotonic() - started,
+            captured_at=time.time(),
         )
 
+    def _running_pod(self, sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's running pod (its newest usable generation), as JSON."""
+        try:
+            pods, _ = self.api.list_json(
+                self._path(self.pods), labelSelector=self.config.sandbox_selector(sandbox_id)
+            )
+        except ApiException as exc:
+            raise SnapshotFailed(
+                f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}"
+            ) from exc
+        usable = [p for p in pods if pod_view(p).usable]
+        if not usable:
+            raise SnapshotFailed(
+                f"sandbox {sandbox_id} has no running pod", code="sandbox_not_running"
+            )
+        return max(usable, key=lambda p: pod_view(p).generation or 0)
+
+    def _wait_snapshot_ready(self, name: str) -> dict[str, Any]:
+        """Reads the VolumeSnapshot until ``status.readyToUse``; SnapshotFailed on an
+        ``status.error`` (the CSI driver's message), on its disappearance, or when
+        ``snapshot_ready_timeout_s`` has passed."""
+        timeout = self.config.snapshot_ready_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self._read_volume_snapshot(name)
+            if obj is None:
+                raise SnapshotFailed(f"VolumeSnapshot {name} was deleted while capturing")
+            status = obj.get("status") or {}
+            if status.get("readyToUse") is True:
+                return obj
+            error = status.get("error") or {}
+            if error.get("message"):
+                raise SnapshotFailed(f"the CSI snapshot of {name} failed: {error['message']}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SnapshotFailed(
+                    f"VolumeSnapshot {name} not readyToUse after {timeout:g}s "
+                    f"(class {self.config.snapshot_class!r})",
+                    code="snapshot_timeout",
+                )
+            time.sleep(min(self.config.snapshot_poll_s, remaining))
+
+    def _read_volume_snapshot(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.api.call(
+                self.api.custom.get_namespaced_custom_object,
+                SNAPSHOT_GROUP,
+                SNAPSHOT_VERSION,
+                self.config.namespace,
+                "volumesnapshots",
+                name,
+            )
+        except ApiException as exc:
+            if is_status(exc, 404):
+                return None
+            raise BackendError(
+                f"cannot read VolumeSnapshot {name}: {exc.status} {exc.reason}", transient=True
+            ) from exc
+        return obj
+
+    def _delete_volume_snapshot(self, name: str) -> None:
+        try:
+            self.api.call(
+                self.api.custom.delete_namespaced_custom_object,
+                SNAPSHOT_GROUP,
+                SNAPSHOT_VERSION,
+                self.config.namespace,
+                "volumesnapshots",
+                name,
+            )
+        except ApiException as exc:
+            if not is_status(exc, 404):
+                raise BackendError(
+                    f"cannot delete VolumeSnapshot {name}: {exc.status} {exc.reason}",
+                    transient=True,
+                ) from exc
+
     def delete_snapshot(self, snapshot_id: str) -> None:
-        raise SnapshotNotFound(f"no snapshot {snapshot_id}: the kubernetes backend keeps none")
+        """Deletes the VolumeSnapshot (the CSI driver then removes its content, once
+        no claim is still being restored from it). Idempotent; restored sandboxes keep
+        their own claims."""
+        name = snapshot_object_name(snapshot_id)
+        if not self.config.snapshots_enabled:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}: the kubernetes backend keeps none")
+        self._delete_volume_snapshot(name)
+
+    def snapshots(self) -> list[str]:
+        """Ids of this installation's VolumeSnapshots (the reconciler and the audit
+        compare them with the records); [] without snapshots configured."""
+        if not self.config.snapshots_enabled:
+            return []
+        ns = self.config.namespace
+        path = f"/apis/{SNAPSHOT_GROUP}/{SNAPSHOT_VERSION}/namespaces/{ns}/volumesnapshots"
+        try:
+            listed = self.api.list_metadata(
+                path, self.config.selector(**{L_COMPONENT: COMPONENT_SNAPSHOT})
+            )
+        except ApiException as exc:
+            raise BackendError(
+                f"cannot list VolumeSnapshots: {exc.status} {exc.reason}", transient=True
+            ) from exc
+        ids = []
+        for obj in listed:
+            sid = ((obj.get("metadata") or {}).get("labels") or {}).get(L_SNAPSHOT, "")
+            if _valid_id(sid):
+                ids.append(sid)
+        return sorted(ids)
+
+    def _restore_image(self, spec: SandboxSpec) -> str:
+        """The image a restore runs: the snapshot's, pinned by the digest its sandbox
+        ran. The VolumeSnapshot must exist and be ready (SnapshotNotFound otherwise);
+        another image is refused, as on the local backend."""
+        name = snapshot_object_name(spec.snapshot_id)
+        if not self.config.snapshots_enabled:
+            raise SnapshotNotFound(f"no snapshot {spec.snapshot_id} on the kubernetes backend")
+        obj = self._read_volume_snapshot(name)
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            raise SnapshotNotFound(f"no snapshot {spec.snapshot_id} (VolumeSnapshot {name})")
+        if (obj.get("status") or {}).get("readyToUse") is not True:
+            raise SnapshotNotFound(f"VolumeSnapshot {name} is not readyToUse")
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        image = annotations.get(A_SNAPSHOT_IMAGE, "")
+        if image != spec.image:
+            raise BackendError(
+                f"snapshot {spec.snapshot_id} is of image {image!r}, not {spec.image!r}"
+            )
+        digest = annotations.get(A_SNAPSHOT_DIGEST, "")
+        return f"{image}@{digest}" if digest.startswith("sha256:") else image
 
     # ---- metrics (the pod's cgroups are the kubelet's: metrics-server is not read yet)
 
@@ -164,9 +393,9 @@ class KubernetesBackend:
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
-        if spec.snapshot_id:
-            raise SnapshotNotFound(f"no snapshot {spec.snapshot_id} on the kubernetes backend")
         spec = dataclasses.replace(spec, image=self._image_ref(spec.image))
+        if spec.snapshot_id:  # checked before anything is created
+            spec = dataclasses.replace(spec, image=self._restore_image(spec))
         self.informer.unsilence(spec.sandbox_id)
         self.ensure_namespace_policy()
         if self.config.informer_everywhere:
@@ -192,6 +421,13 @@ class KubernetesBackend:
             owned.append((self.pods, pod.metadata.name))
             self._check_user_namespace(created)
             owner = owner_reference(created)
+            if self.config.snapshots_enabled:
+                # the state claim is the pod's too: deleting the pod (destroy, a pause,
+                # a new generation) deletes it; its VolumeSnapshots are owned by nothing
+                claim = build_state_claim(self.config, spec)
+                claim.metadata.owner_references = [owner]
+                # not in ``owned``: a rollback deletes the pod, and the claim goes with it
+                self._create_or_adopt(self.claims, claim)
             pull_secret = build_pull_secret(self.config, spec)
             if pull_secret is not None:
                 pull_secret.metadata.owner_references = [owner]
@@ -208,6 +444,11 @@ class KubernetesBackend:
                 policy.metadata.owner_references = [owner]
                 self._create_or_adopt(self.policies, policy)
                 owned.append((self.policies, policy.metadata.name))
+                fqdn = egress_allow.build_cilium_policy(self.config, spec)
+                if fqdn is not None and self.cilium is not None:
+                    fqdn["metadata"]["ownerReferences"] = [_owner_json(owner)]
+                    self._put(self.cilium, fqdn["metadata"]["name"], fqdn)
+                    owned.append((self.cilium, fqdn["metadata"]["name"]))
             return self._wait_started(pod.metadata.name, spec.image, progress)
         except Exception as exc:
             try:
@@ -434,9 +675,10 @@ class KubernetesBackend:
         grants no ``list secrets``): they are owned by their pod and go with it (the
         garbage collector), and an older generation's are also deleted by name."""
         selector = self.config.sandbox_selector(sandbox_id)
+        kinds = (self.pods, self.policies, *((self.cilium,) if self.cilium else ()))
         if keep is None:
             # one request per kind, whatever the number of generations
-            for kind in (self.pods, self.policies):
+            for kind in kinds:
                 self.api.call(
                     kind.delete_collection,
                     self.config.namespace,
@@ -445,7 +687,7 @@ class KubernetesBackend:
                 )
             return
         older: set[int] = set()
-        for kind in (self.pods, self.policies):
+        for kind in kinds:
             for meta in self.api.list_metadata(self._path(kind), selector):  # metadata only
                 generation = generation_of((meta.get("metadata") or {}).get("labels"))
                 if generation != keep:
@@ -460,6 +702,9 @@ class KubernetesBackend:
         ns = self.config.namespace
         if kind is self.policies:
             return f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+        if kind is self.cilium:
+            group = f"{egress_allow.CILIUM_GROUP}/{egress_allow.CILIUM_VERSION}"
+            return f"/apis/{group}/namespaces/{ns}/{egress_allow.CILIUM_PLURAL}"
         return f"/api/v1/namespaces/{ns}/{'pods' if kind is self.pods else 'secrets'}"
 
     def _delete(self, kind: Kind, name: str, grace_s: int | None = None) -> None:
@@ -518,7 +763,8 @@ class KubernetesBackend:
             pods, _ = self.api.list_json(self._path(self.pods), labelSelector=selector)
             # metadata only, and never secrets: they are owned by their pod
             metadata = [
-                (self.policies.name, self.api.list_metadata(self._path(self.policies), selector))
+                (kind.name, self.api.list_metadata(self._path(kind), selector))
+                for kind in (self.policies, *((self.cilium,) if self.cilium else ()))
             ]
         except ApiException as exc:
             raise BackendError(f"cannot list the inventory: {exc.status} {exc.reason}") from exc
@@ -547,6 +793,8 @@ class KubernetesBackend:
     def reclaim(self, item: InventoryItem) -> None:
         kinds = {"pod": self.pods, "pod_exited": self.pods, "pod_lost": self.pods}
         kinds.update({"network_policy": self.policies, "secret": self.secrets})
+        if self.cilium is not None:
+            kinds[self.cilium.name] = self.cilium
         if item.kind == "pod_terminating":
             # its kubelet never confirmed (node lost): force the deletion, or the name
             # and the API object stay forever
@@ -556,6 +804,87 @@ class KubernetesBackend:
         if kind is None:
             raise BackendError(f"unknown inventory kind {item.kind!r}")
         self._delete(kind, item.name)
+
+    # ---- egress (egress_allow.py, docs/egress.md "Kubernetes") --------------------
+
+    def set_egress(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        """Changes a running sandbox's policy: its ``-egress`` NetworkPolicy (and
+        CiliumNetworkPolicy) replaced, created or deleted, which also carries the
+        policy the resolver reads on the next query; then the resolved addresses the
+        new policy no longer allows are closed (narrowing cuts what it must). A pod
+        created without the resolver as its nameserver cannot take an allowlist (a
+        pod's DNS is fixed when it is created)."""
+        check_sandbox_id(sandbox_id)
+        egress_allow.check_supported(self.config, policy)
+        try:
+            pods, _ = self.api.list_json(
+                self._path(self.pods), labelSelector=self.config.sandbox_selector(sandbox_id)
+            )
+        except ApiException as exc:
+            raise BackendError(
+                f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}",
+                transient=True,
+            ) from exc
+        live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        if not live:
+            raise BackendError(f"sandbox {sandbox_id} has no pod")
+        pod = max(live, key=lambda p: generation_of(p["metadata"].get("labels")) or 0)
+        meta = pod["metadata"]
+        if policy.mode == "allow" and not egress_allow.uses_resolver(pod, self.config):
+            raise BackendError(
+                "this sandbox's pod was created without the resolver as its nameserver "
+                "(a pod's DNS cannot change): an allowlist must be given at create"
+            )
+        target = egress_allow.Target(
+            sandbox_id=sandbox_id,
+            tenant_id=(meta.get("labels") or {}).get(L_TENANT, ""),
+            generation=generation_of(meta.get("labels")) or 0,
+            egress_policy=policy,
+        )
+        owner = client.V1OwnerReference(
+            api_version="v1", kind="Pod", name=meta["name"], uid=meta["uid"]
+        )
+        name = object_name(sandbox_id, target.generation, "-egress")
+        body = egress_allow.egress_policy_for(self.config, target)
+        if body is None and policy.mode == "all":
+            body = build_egress_policy(self.config, target)
+        try:
+            if body is None:
+                self._delete(self.policies, name)
+            else:
+                body.metadata.owner_references = [owner]
+                self._put(self.policies, name, body)
+            if self.cilium is not None:
+                fqdn = egress_allow.build_cilium_policy(self.config, target)
+                fqdn_name = object_name(sandbox_id, target.generation, "-fqdn")
+                if fqdn is None:
+                    self._delete(self.cilium, fqdn_name)
+                else:
+                    fqdn["metadata"]["ownerReferences"] = [_owner_json(owner)]
+                    self._put(self.cilium, fqdn_name, fqdn)
+            egress_allow.AllowlistEgress(self.api, self.policies, self.config).close_unallowed(
+                sandbox_id, policy
+            )
+        except ApiException as exc:
+            raise BackendError(
+                f"cannot change the egress of {sandbox_id}: {exc.status} {exc.reason}",
+                transient=True,
+            ) from exc
+
+    def _put(self, kind: Kind, name: str, body: Any) -> None:
+        """Replaces ``name`` with ``body`` (an unconditional PUT), or creates it."""
+        try:
+            self.api.call(kind.replace, name, self.config.namespace, body)
+        except ApiException as exc:
+            if not is_status(exc, 404):
+                raise
+            self.api.call(kind.create, self.config.namespace, body)
+
+    def dns_log(self, sandbox_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The sandbox's DNS queries as the in-cluster resolver logged them (Redis,
+        dnslog.py), oldest first."""
+        check_sandbox_id(sandbox_id)
+        return dnslog.read(redis_client(), self.config.instance, sandbox_id, limit)
 
     # ---- events --------------------------------------------------------------------
 
@@ -608,6 +937,33 @@ def owner_reference(pod: Any) -> client.V1OwnerReference:
     garbage collector (background propagation), whoever deletes the pod."""
     return client.V1OwnerReference(
         api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+    )
+
+
+def _owner_json(owner: client.V1OwnerReference) -> dict[str, Any]:
+    return {
+        "apiVersion": owner.api_version,
+        "kind": owner.kind,
+        "name": owner.name,
+        "uid": owner.uid,
+    }
+
+
+def _cilium_kind(api: KubeApi) -> Kind:
+    """CiliumNetworkPolicies through the custom objects API, with the signatures of
+    the other kinds (``name, namespace`` / ``namespace, body``)."""
+    custom = api.custom
+    g, v, p = egress_allow.CILIUM_GROUP, egress_allow.CILIUM_VERSION, egress_allow.CILIUM_PLURAL
+    return Kind(
+        "cilium_network_policy",
+        lambda ns, body, **kw: custom.create_namespaced_custom_object(g, v, ns, p, body, **kw),
+        lambda name, ns, **kw: custom.get_namespaced_custom_object(g, v, ns, p, name, **kw),
+        lambda name, ns, **kw: custom.delete_namespaced_custom_object(g, v, ns, p, name, **kw),
+        lambda ns, **kw: custom.list_namespaced_custom_object(g, v, ns, p, **kw),
+        lambda ns, **kw: custom.delete_collection_namespaced_custom_object(g, v, ns, p, **kw),
+        lambda name, ns, body, **kw: custom.replace_namespaced_custom_object(
+            g, v, ns, p, name, body, **kw
+        ),
     )
 
 

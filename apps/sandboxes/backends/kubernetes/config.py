@@ -22,6 +22,7 @@ L_TENANT = "hedgerow.dev/tenant"
 L_SANDBOX = "hedgerow.dev/sandbox"
 L_GENERATION = "hedgerow.dev/generation"
 L_COMPONENT = "hedgerow.dev/component"
+L_SNAPSHOT = "hedgerow.dev/snapshot"  # on a VolumeSnapshot: the snapshot's id
 A_LABELS = "hedgerow.dev/labels"
 A_PIDS_LIMIT = "hedgerow.dev/pids-limit"
 # What node autoscalers may do with a sandbox pod (docs/deploy-kubernetes.md
@@ -32,6 +33,11 @@ AGENT_CLIENT_LABEL = "hedgerow.dev/agent-client"
 
 COMPONENT_SANDBOX = "sandbox"
 COMPONENT_NAMESPACE_POLICY = "namespace-policy"
+COMPONENT_SNAPSHOT = "snapshot"
+# annotations of a VolumeSnapshot: what the snapshot was taken of
+A_SNAPSHOT_SANDBOX = "hedgerow.dev/sandbox"
+A_SNAPSHOT_IMAGE = "hedgerow.dev/image"
+A_SNAPSHOT_DIGEST = "hedgerow.dev/image-digest"
 
 BUNDLE_SOURCE = "/hedgerow-bundle"  # where Dockerfile.agent-injector puts the bundle
 BUNDLE_MOUNT = "/opt/hedgerow"  # emptyDir in the pod; the bundle is BUNDLE_MOUNT/bundle
@@ -60,10 +66,12 @@ DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SE
 # "image" = the image's user always; "nonroot" = the image's user, which must not be
 # root (kubelet refuses a root image); a number = that uid (and gid).
 RUN_AS_MODES = ("auto", "image", "nonroot")
+CNIS = ("", "cilium")  # the CNIs whose own egress policies the backend can render
 NONROOT_UID = 65532  # the conventional "nonroot" uid (distroless); no host account has it
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SANDBOX_ID = re.compile(r"^[0-9a-f]{32}$")
 _UID = re.compile(r"^[1-9][0-9]{0,8}$")
 _IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
@@ -89,6 +97,12 @@ class KubernetesConfig:
     # Egress allowlists (egress_allow.py, docs/egress.md "Kubernetes"): the ClusterIP of
     # the installation's in-cluster resolver; "" refuses allowlists.
     resolver_ip: str = ""
+    # the port the resolver's pods listen on (the Service maps 53 to it): a
+    # NetworkPolicy sees the pod after the Service's DNAT, so it allows this port too
+    resolver_port: int = 5353
+    # "cilium": allowlists also get a CiliumNetworkPolicy with toFQDNs rules (the CNI
+    # learns the addresses from the DNS answers itself); "": NetworkPolicies only
+    cni: str = ""
     ready_timeout_s: float = 120.0  # pod scheduled + image pulled + agent started
     max_concurrency: int = 8  # API calls in flight per process
     # API requests per second per process on average, and at once (a token bucket;
@@ -138,6 +152,17 @@ class KubernetesConfig:
     # sizeLimit of the emptyDir the agent bundle is copied into; counted in the main
     # container's ephemeral-storage on top of the sandbox's disk
     bundle_size_mib: int = 256
+    # ---- snapshots (docs/snapshots.md "Kubernetes") --------------------------------
+    # The VolumeSnapshotClass of captures; "" = no snapshots (``snapshots_unsupported``,
+    # and /workspace and /tmp stay emptyDirs). Set: every sandbox's /workspace and /tmp
+    # live on one PersistentVolumeClaim of ``snapshot_storage_class`` ("" = the
+    # cluster's default), which a capture snapshots (CSI) and a restore is created from.
+    snapshot_class: str = ""
+    snapshot_storage_class: str = ""
+    # how long a capture waits for its VolumeSnapshot's readyToUse before it fails
+    # (``snapshot_timeout``, the object deleted), and how often it reads it meanwhile
+    snapshot_ready_timeout_s: float = 300.0
+    snapshot_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not _LABEL_VALUE.match(self.instance) or not self.instance:
@@ -154,11 +179,29 @@ class KubernetesConfig:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError as exc:
                 raise BackendError(f"{cidr!r} is not an IP address or CIDR") from exc
+        if self.resolver_ip:
+            try:
+                ipaddress.IPv4Address(self.resolver_ip)
+            except ValueError as exc:
+                raise BackendError(
+                    f"resolver_ip {self.resolver_ip!r} is not an IPv4 address"
+                ) from exc
+        if self.cni not in CNIS:
+            raise BackendError(f"cni {self.cni!r} must be one of {', '.join(map(repr, CNIS))}")
         if self.run_as_user not in RUN_AS_MODES and not _UID.match(self.run_as_user):
             raise BackendError(
                 f"run_as_user {self.run_as_user!r} must be one of {', '.join(RUN_AS_MODES)} "
                 "or a uid >= 1 (use 'image' to run as the image's user, root included)"
             )
+        for name in (self.snapshot_class, self.snapshot_storage_class):
+            if name and not _DNS_SUBDOMAIN.match(name):
+                raise BackendError(f"{name!r} is not a valid class name (DNS subdomain)")
+        if self.snapshot_ready_timeout_s <= 0 or self.snapshot_poll_s <= 0:
+            raise BackendError("snapshot_ready_timeout_s and snapshot_poll_s must be > 0")
+
+    @property
+    def snapshots_enabled(self) -> bool:
+        return bool(self.snapshot_class)
 
     def main_user(self) -> tuple[int | None, bool]:
         """(runAsUser, runAsNonRoot) for the sandbox container; None = the image's user.
@@ -222,6 +265,14 @@ def startup_refusals(
             "<image>:<tag> prints it), or accept a tag explicitly with "
             "HEDGEROW_K8S_ALLOW_UNPINNED_INJECTOR=1"
         )
+    if config.snapshots_enabled and not config.read_only_root:
+        refusals.append(
+            f"HEDGEROW_K8S_SNAPSHOT_CLASS is {config.snapshot_class!r} but the sandbox root "
+            "is writable (HEDGEROW_K8S_READ_ONLY_ROOT=false): a snapshot captures the "
+            "state volume (/workspace, /tmp) only, so writes to the image's own paths "
+            "would be lost silently on restore. Set HEDGEROW_K8S_READ_ONLY_ROOT=true; see "
+            'docs/snapshots.md "Kubernetes"'
+        )
     return refusals
 
 
@@ -250,6 +301,12 @@ def object_name(sandbox_id: str, generation: int, suffix: str = "") -> str:
 def check_sandbox_id(sandbox_id: str) -> None:
     if not _SANDBOX_ID.match(sandbox_id):
         raise BackendError(f"invalid sandbox id {sandbox_id!r} (32 lowercase hex digits)")
+
+
+def snapshot_object_name(snapshot_id: str) -> str:
+    """The VolumeSnapshot of snapshot ``snapshot_id`` (32 hex digits, like a sandbox id)."""
+    check_sandbox_id(snapshot_id)
+    return f"hr-snap-{snapshot_id}"
 
 
 def check_image_ref(image: str) -> None:

@@ -24,7 +24,8 @@ REQUIRED: dict[str, frozenset[Permission]] = {
     "web": _POD_READ,
     # the watcher runs the namespace's informer
     "watcher": _POD_READ,
-    # Celery workers provision, destroy, converge, inventory, reclaim, allow egress
+    # Celery workers provision, destroy, converge, inventory, reclaim, allow egress,
+    # snapshot and restore
     "worker": _POD_READ
     | {
         ("", "pods", "get"),
@@ -38,10 +39,36 @@ REQUIRED: dict[str, frozenset[Permission]] = {
     | {
         ("networking.k8s.io", "networkpolicies", verb)
         for verb in ("create", "get", "list", "patch", "update", "delete", "deletecollection")
+    }
+    # snapshots (docs/snapshots.md "Kubernetes"): the state claims and VolumeSnapshots
+    | {("", "persistentvolumeclaims", verb) for verb in ("create", "get")}
+    | {
+        ("snapshot.storage.k8s.io", "volumesnapshots", v)
+        for v in ("create", "get", "list", "delete")
+    },
+    # the in-cluster resolver (egress allowlists): finds the pod asking, reads its
+    # policy, opens and closes the addresses it hands out
+    "resolver": frozenset({("", "pods", "list")})
+    | {
+        ("networking.k8s.io", "networkpolicies", verb)
+        for verb in ("create", "get", "list", "delete")
     },
 }
 
 ROLES = tuple(REQUIRED)
+
+# with HEDGEROW_K8S_CNI=cilium the worker also keeps each allowlist sandbox's
+# CiliumNetworkPolicy (deploy/overlays/cilium grants these)
+CILIUM_WORKER: frozenset[Permission] = frozenset(
+    ("cilium.io", "ciliumnetworkpolicies", verb)
+    for verb in ("create", "list", "update", "delete", "deletecollection")
+)
+
+
+def required(role: str, cni: str = "") -> frozenset[Permission]:
+    """What ``role`` needs with this CNI setting."""
+    extra = CILIUM_WORKER if role == "worker" and cni == "cilium" else frozenset()
+    return REQUIRED[role] | extra
 
 
 def process_role(configured: str, argv: Sequence[str] | None = None) -> str:
@@ -57,6 +84,8 @@ def process_role(configured: str, argv: Sequence[str] | None = None) -> str:
     args = list(sys.argv if argv is None else argv)
     if "hedgerow_watch" in args:
         return "watcher"
+    if "hedgerow_k8s_resolver" in args:
+        return "resolver"
     if any("celery" in a for a in args[:2]) and "worker" in args:
         return "worker"
     return "web"
@@ -67,7 +96,7 @@ def missing_permissions(api: KubeApi, role: str) -> list[Permission]:
     in the sandbox namespace (sorted; [] = all granted)."""
     authz = client.AuthorizationV1Api(api.api_client)
     missing = []
-    for group, resource, verb in sorted(REQUIRED[role]):
+    for group, resource, verb in sorted(required(role, api.config.cni)):
         review = client.V1SelfSubjectAccessReview(
             spec=client.V1SelfSubjectAccessReviewSpec(
                 resource_attributes=client.V1ResourceAttributes(

@@ -5,6 +5,8 @@
   (and the token) into emptyDirs, the main container starting the agent from the
   bundle through the launcher, probes on the agent's /health, requests = limits;
 * a per-sandbox egress NetworkPolicy when network access is requested;
+* with snapshots configured, a PersistentVolumeClaim holding /workspace and /tmp (from
+  a VolumeSnapshot's data for a restore), and the VolumeSnapshots of captures;
 * one namespace-wide NetworkPolicy (per installation) that denies all egress and all
   ingress except from the control plane's pods to the agent port.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any, Protocol
 
 from kubernetes import client
 
@@ -23,14 +26,19 @@ from .config import (
     A_LABELS,
     A_PIDS_LIMIT,
     A_SAFE_TO_EVICT,
+    A_SNAPSHOT_DIGEST,
+    A_SNAPSHOT_IMAGE,
+    A_SNAPSHOT_SANDBOX,
     AGENT_CLIENT_LABEL,
     BUNDLE_MOUNT,
     BUNDLE_SOURCE,
     COMPONENT_NAMESPACE_POLICY,
+    COMPONENT_SNAPSHOT,
     L_COMPONENT,
     L_GENERATION,
     L_INSTANCE,
     L_SANDBOX,
+    L_SNAPSHOT,
     MANAGED_BY,
     MANAGED_BY_VALUE,
     SECRET_MOUNT,
@@ -40,6 +48,7 @@ from .config import (
     check_image_ref,
     object_name,
     sandbox_labels,
+    snapshot_object_name,
 )
 
 BUNDLE_VOLUME = "hedgerow-agent"
@@ -47,6 +56,10 @@ TOKEN_VOLUME = "hedgerow-token"
 SECRET_VOLUME = "hedgerow-secret"
 WORKSPACE_VOLUME = "workspace"
 TMP_VOLUME = "tmp"
+STATE_VOLUME = "state"  # with snapshots: the claim /workspace and /tmp are subPaths of
+STATE_MOUNT = "/hedgerow-state"  # where the init container sees the whole claim
+SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
+SNAPSHOT_VERSION = "v1"
 TMP = "/tmp"  # an emptyDir of the pod's own, not the node's /tmp
 TOKEN_KEY = "token"
 BUNDLE_DIR = f"{BUNDLE_MOUNT}/bundle"
@@ -67,7 +80,18 @@ def launcher_argv(bundle: str, *args: str) -> list[str]:
     ]
 
 
-def _meta(config: KubernetesConfig, spec: SandboxSpec, suffix: str = "") -> client.V1ObjectMeta:
+class Identity(Protocol):
+    """What names and labels an object: a SandboxSpec, or egress_allow.Target."""
+
+    @property
+    def sandbox_id(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def generation(self) -> int: ...
+
+
+def _meta(config: KubernetesConfig, spec: Identity, suffix: str = "") -> client.V1ObjectMeta:
     return client.V1ObjectMeta(
         name=object_name(spec.sandbox_id, spec.generation, suffix),
         namespace=config.namespace,
@@ -200,6 +224,9 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
             f"{SECRET_MOUNT}/{TOKEN_KEY}",
             "--token-to",
             f"{TOKEN_MOUNT}/{TOKEN_KEY}",
+            # the state claim's subPaths, made with the emptyDirs' modes (the kubelet
+            # would make missing ones root's, unwritable by a non-root sandbox)
+            *(("--state-dir", STATE_MOUNT) if config.snapshots_enabled else ()),
         ),
         resources=client.V1ResourceRequirements(
             requests={"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "16Mi"},
@@ -221,6 +248,11 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
             client.V1VolumeMount(name=BUNDLE_VOLUME, mount_path=BUNDLE_MOUNT),
             client.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT),
             client.V1VolumeMount(name=SECRET_VOLUME, mount_path=SECRET_MOUNT, read_only=True),
+            *(
+                [client.V1VolumeMount(name=STATE_VOLUME, mount_path=STATE_MOUNT)]
+                if config.snapshots_enabled
+                else []
+            ),
         ],
     )
     main = client.V1Container(
@@ -251,8 +283,7 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
         volume_mounts=[
             client.V1VolumeMount(name=BUNDLE_VOLUME, mount_path=BUNDLE_MOUNT, read_only=True),
             client.V1VolumeMount(name=TOKEN_VOLUME, mount_path=TOKEN_MOUNT),
-            client.V1VolumeMount(name=WORKSPACE_VOLUME, mount_path=WORKSPACE),
-            client.V1VolumeMount(name=TMP_VOLUME, mount_path=TMP),
+            *_state_mounts(config),
         ],
         working_dir=WORKSPACE,
     )
@@ -306,20 +337,117 @@ def build_pod(config: KubernetesConfig, spec: SandboxSpec) -> client.V1Pod:
                     secret_name=secret_name(spec), default_mode=0o400, optional=False
                 ),
             ),
-            # Writable even with a read-only root. Each is capped at the sandbox's disk
-            # by its sizeLimit, and together (with the container's own writes) by the
-            # ephemeral-storage limit: kubelet evicts the pod beyond either.
-            client.V1Volume(
-                name=WORKSPACE_VOLUME,
-                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{spec.disk_mib}Mi"),
-            ),
-            client.V1Volume(
-                name=TMP_VOLUME,
-                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{spec.disk_mib}Mi"),
-            ),
+            *_state_volumes(config, spec),
         ],
     )
     return client.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
+
+
+def _state_mounts(config: KubernetesConfig) -> list[client.V1VolumeMount]:
+    if config.snapshots_enabled:  # one claim, so one VolumeSnapshot captures both
+        return [
+            client.V1VolumeMount(name=STATE_VOLUME, mount_path=WORKSPACE, sub_path="workspace"),
+            client.V1VolumeMount(name=STATE_VOLUME, mount_path=TMP, sub_path="tmp"),
+        ]
+    return [
+        client.V1VolumeMount(name=WORKSPACE_VOLUME, mount_path=WORKSPACE),
+        client.V1VolumeMount(name=TMP_VOLUME, mount_path=TMP),
+    ]
+
+
+def _state_volumes(config: KubernetesConfig, spec: SandboxSpec) -> list[client.V1Volume]:
+    if config.snapshots_enabled:
+        return [
+            client.V1Volume(
+                name=STATE_VOLUME,
+                persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
+                    claim_name=state_claim_name(spec)
+                ),
+            )
+        ]
+    # Writable even with a read-only root. Each is capped at the sandbox's disk by its
+    # sizeLimit, and together (with the container's own writes) by the
+    # ephemeral-storage limit: kubelet evicts the pod beyond either.
+    return [
+        client.V1Volume(
+            name=WORKSPACE_VOLUME,
+            empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{spec.disk_mib}Mi"),
+        ),
+        client.V1Volume(
+            name=TMP_VOLUME,
+            empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{spec.disk_mib}Mi"),
+        ),
+    ]
+
+
+def state_claim_name(spec: SandboxSpec) -> str:
+    return object_name(spec.sandbox_id, spec.generation, "-state")
+
+
+def build_state_claim(
+    config: KubernetesConfig, spec: SandboxSpec
+) -> client.V1PersistentVolumeClaim:
+    """The sandbox's /workspace and /tmp (snapshots configured): ReadWriteOnce, the
+    sandbox's disk in size; a restore's is provisioned from the snapshot's
+    VolumeSnapshot (``dataSource``), so the storage system copies (or clones) it."""
+    source = None
+    if spec.snapshot_id:
+        source = client.V1TypedLocalObjectReference(
+            api_group=SNAPSHOT_GROUP,
+            kind="VolumeSnapshot",
+            name=snapshot_object_name(spec.snapshot_id),
+        )
+    return client.V1PersistentVolumeClaim(
+        api_version="v1",
+        kind="PersistentVolumeClaim",
+        metadata=_meta(config, spec, "-state"),
+        spec=client.V1PersistentVolumeClaimSpec(
+            access_modes=["ReadWriteOnce"],
+            storage_class_name=config.snapshot_storage_class or None,
+            resources=client.V1VolumeResourceRequirements(
+                requests={"storage": f"{spec.disk_mib}Mi"}
+            ),
+            data_source=source,
+        ),
+    )
+
+
+def build_volume_snapshot(
+    config: KubernetesConfig,
+    *,
+    snapshot_id: str,
+    sandbox_id: str,
+    claim: str,
+    image: str,
+    image_digest: str,
+) -> dict[str, Any]:
+    """A ``snapshot.storage.k8s.io/v1`` VolumeSnapshot of the claim (a custom resource:
+    the client has no model for it). Labelled with the installation and the snapshot
+    id, owned by nothing: it outlives the sandbox's pod and claim (a pause), and the
+    reconciler lists it against the snapshot records."""
+    return {
+        "apiVersion": f"{SNAPSHOT_GROUP}/{SNAPSHOT_VERSION}",
+        "kind": "VolumeSnapshot",
+        "metadata": {
+            "name": snapshot_object_name(snapshot_id),
+            "namespace": config.namespace,
+            "labels": {
+                MANAGED_BY: MANAGED_BY_VALUE,
+                L_INSTANCE: config.instance,
+                L_COMPONENT: COMPONENT_SNAPSHOT,
+                L_SNAPSHOT: snapshot_id,
+            },
+            "annotations": {
+                A_SNAPSHOT_SANDBOX: sandbox_id,
+                A_SNAPSHOT_IMAGE: image,
+                A_SNAPSHOT_DIGEST: image_digest,
+            },
+        },
+        "spec": {
+            "volumeSnapshotClassName": config.snapshot_class,
+            "source": {"persistentVolumeClaimName": claim},
+        },
+    }
 
 
 def disruption_annotations(config: KubernetesConfig) -> dict[str, str]:
@@ -371,7 +499,7 @@ def _host_cidr(address: str) -> str:
     return address if "/" in address else f"{address}/{128 if ':' in address else 32}"
 
 
-def build_egress_policy(config: KubernetesConfig, spec: SandboxSpec) -> client.V1NetworkPolicy:
+def build_egress_policy(config: KubernetesConfig, spec: Identity) -> client.V1NetworkPolicy:
     """Allows this sandbox (this generation) to reach the internet and cluster DNS only."""
     meta = _meta(config, spec, "-egress")
     v4 = [c for c in config.egress_except if ":" not in c]

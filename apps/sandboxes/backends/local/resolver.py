@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import dns.exception
 import dns.flags
@@ -162,17 +162,32 @@ def nft_allow(table: str, grace: int) -> AllowFn:
     return allow
 
 
+class Lookup(Protocol):
+    """Source address → the sandbox asking (``Directory`` here; the Kubernetes
+    resolver's reads pods)."""
+
+    def lookup(self, ip: str) -> Client | None: ...
+
+
 class Resolver:
     def __init__(
         self,
         state_dir: Path,
         upstream: tuple[str, int],
         allow: AllowFn,
+        directory: Lookup | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.upstream = upstream
         self.allow = allow
-        self.directory = Directory(state_dir)
+        self.directory: Lookup = directory or Directory(state_dir)
+
+    def open_addresses(
+        self, client: Client, source: str, name: str, addresses: list[tuple[str, int]]
+    ) -> None:
+        """Lets ``client`` reach the addresses an allowed ``name`` resolved to, before
+        the answer is sent (here: the host set; the Kubernetes resolver overrides it)."""
+        self.allow(source, addresses)
 
     async def handle(self, wire: bytes, source: str) -> bytes | None:
         try:
@@ -245,7 +260,7 @@ class Resolver:
         if client.policy.mode == "allow" and addresses:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    None, self.allow, source, addresses
+                    None, self.open_addresses, client, source, name, addresses
                 )
             except Exception as exc:  # noqa: BLE001 - never an answer the set does not match
                 self._log(

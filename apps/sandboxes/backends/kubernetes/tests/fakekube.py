@@ -5,12 +5,14 @@ API server's behaviour where the backend depends on it, so the official ``kubern
 client runs unmodified against it:
 
 * create/get/list/delete/deletecollection/PATCH/PUT of pods, secrets and network
-  policies in a namespace; ``409 AlreadyExists``; strict field validation of pod specs
+  policies in a namespace, and of CiliumNetworkPolicies (``cilium.io/v2``, stored as
+  sent: no CRD schema); ``409 AlreadyExists``; strict field validation of pod specs
   (``unknown_pod_fields``, ``gated_pod_fields`` play older servers);
 * LIST with ``limit``/``continue`` pagination (``metadata.continue``,
   ``remainingItemCount``; a continue token older than the compaction is ``410
   Expired``, as a Status), label selectors and field selectors (``metadata.name``,
-  ``metadata.namespace``, ``spec.nodeName``, ``status.phase``; ``=``, ``==``, ``!=``);
+  ``metadata.namespace``, ``spec.nodeName``, ``status.phase``, ``status.podIP``;
+  ``=``, ``==``, ``!=``);
 * the metadata-only listing (``Accept: …;as=PartialObjectMetadataList;g=meta.k8s.io``):
   items without ``data``/``spec``/``status``;
 * PATCH: server-side apply (``application/apply-patch+yaml``: creates when absent,
@@ -41,6 +43,15 @@ client runs unmodified against it:
   requests this long before answering: request timeouts), ``stall_open_watches``
   (the watches open now deliver nothing more, not even bookmarks, until their timeout:
   a dead connection, a stalled informer; new watches work);
+* persistent volume claims and ``snapshot.storage.k8s.io/v1`` VolumeSnapshots (CRUD as
+  above) with a FAKE CSI snapshot controller and provisioner, nothing of a real
+  driver: a VolumeSnapshot of an existing claim becomes ``readyToUse`` (with
+  ``boundVolumeSnapshotContentName`` and the claim's size as ``restoreSize``) once it
+  was read ``snapshot_ready_after_reads`` times, never (``snapshot_mode = "never"``),
+  or gets ``status.error`` (``"error"``, or a source claim that does not exist); a
+  claim is ``Bound`` at once, or, with a VolumeSnapshot as ``dataSource``, only when
+  that snapshot exists and is ready (else ``Pending``). No data is copied: there is
+  none;
 * pod status: ``set_pod_status`` (phase, IP and ``podIPs``, container and init
   container states, conditions ``PodScheduled``/``Ready``) and ``load_status`` (the
   status of a real pod, from the JSON fixtures in ``fixtures/pods``).
@@ -72,21 +83,54 @@ from urllib.parse import parse_qs, urlparse
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pods"
 
 _PATHS = [
-    (re.compile(r"^/api/v1/namespaces/([^/]+)/(pods|secrets)(?:/([^/]+))?$"), "v1"),
+    (
+        re.compile(
+            r"^/api/v1/namespaces/([^/]+)/(pods|secrets|persistentvolumeclaims)(?:/([^/]+))?$"
+        ),
+        "v1",
+    ),
+    (
+        re.compile(
+            r"^/apis/snapshot\.storage\.k8s\.io/v1/namespaces/([^/]+)/(volumesnapshots)"
+            r"(?:/([^/]+))?$"
+        ),
+        "snapshot.storage.k8s.io/v1",
+    ),
     (
         re.compile(
             r"^/apis/networking\.k8s\.io/v1/namespaces/([^/]+)/(networkpolicies)(?:/([^/]+))?$"
         ),
         "networking.k8s.io/v1",
     ),
+    (
+        re.compile(
+            r"^/apis/cilium\.io/v2/namespaces/([^/]+)/(ciliumnetworkpolicies)(?:/([^/]+))?$"
+        ),
+        "cilium.io/v2",
+    ),
 ]
-_KIND = {"pods": "Pod", "secrets": "Secret", "networkpolicies": "NetworkPolicy"}
-_API_VERSION = {"pods": "v1", "secrets": "v1", "networkpolicies": "networking.k8s.io/v1"}
+_KIND = {
+    "pods": "Pod",
+    "secrets": "Secret",
+    "networkpolicies": "NetworkPolicy",
+    "ciliumnetworkpolicies": "CiliumNetworkPolicy",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
+    "volumesnapshots": "VolumeSnapshot",
+}
+_API_VERSION = {
+    "pods": "v1",
+    "secrets": "v1",
+    "networkpolicies": "networking.k8s.io/v1",
+    "ciliumnetworkpolicies": "cilium.io/v2",
+    "persistentvolumeclaims": "v1",
+    "volumesnapshots": "snapshot.storage.k8s.io/v1",
+}
 _FIELDS = {
     "metadata.name": lambda o: o["metadata"].get("name"),
     "metadata.namespace": lambda o: o["metadata"].get("namespace"),
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName") or "",
     "status.phase": lambda o: (o.get("status") or {}).get("phase") or "",
+    "status.podIP": lambda o: (o.get("status") or {}).get("podIP") or "",
 }
 METADATA_ONLY = "as=PartialObjectMetadataList"
 
@@ -156,7 +200,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 _VERB_PATH = re.compile(
-    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v1)/namespaces/[^/]+/(?P<resource>[^/]+)"
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v\d+)/namespaces/[^/]+/(?P<resource>[^/]+)"
     r"(?:/(?P<name>[^/]+))?$"
 )
 
@@ -226,6 +270,12 @@ class FakeKube:
         self.forbidden: list[tuple[str, str, str, str]] = []  # (token, group, resource, verb)
         self.access_reviews: list[tuple[str, dict[str, Any]]] = []  # (token, review asked)
         self.gated_pod_fields: set[str] = set()
+        # the FAKE CSI snapshot controller: "ready" (after that many reads), "never",
+        # or "error" (status.error with snapshot_error)
+        self.snapshot_mode = "ready"
+        self.snapshot_ready_after_reads = 2
+        self.snapshot_error = "rpc error: code = Internal desc = fake driver refused"
+        self._snapshot_reads: dict[tuple[str, str], int] = {}
         self._ip = 0
         self._confirmed: set[tuple[str, str, str]] = set()  # terminations the kubelet saw
         self._timers: list[threading.Timer] = []
@@ -305,6 +355,10 @@ class FakeKube:
             meta["managedFields"] = [{"manager": "create", "operation": "Update"}]
             if resource == "pods":
                 obj["status"] = {"phase": "Pending"}
+            if resource == "volumesnapshots":
+                obj["status"] = {"readyToUse": False}
+            if resource == "persistentvolumeclaims":
+                obj["status"] = {"phase": self._claim_phase(ns, obj)}
             self.objects[(resource, ns, name)] = obj
             self._record(resource, ns, "ADDED", obj)
             if resource == "pods" and self.auto_start:
@@ -346,6 +400,48 @@ class FakeKube:
                 timer.start()
             self._finish(key)
             return copy.deepcopy(self.objects.get(key, obj))
+
+    def _claim_phase(self, ns: str, claim: dict[str, Any]) -> str:
+        """The fake provisioner: Bound, unless its dataSource is a VolumeSnapshot that
+        is missing or not ready (Pending, as a real provisioner waits)."""
+        source = (claim.get("spec") or {}).get("dataSource") or {}
+        if source.get("kind") != "VolumeSnapshot":
+            return "Bound"
+        snap = self.objects.get(("volumesnapshots", ns, source.get("name", "")))
+        ready = snap is not None and (snap.get("status") or {}).get("readyToUse") is True
+        return "Bound" if ready else "Pending"
+
+    def snapshot_controller(self, ns: str, name: str) -> None:
+        """What the CSI snapshotter would have done by the time of this read."""
+        with self.cond:
+            obj = self.objects.get(("volumesnapshots", ns, name))
+            if obj is None or (obj.get("status") or {}).get("readyToUse"):
+                return
+            reads = self._snapshot_reads.get((ns, name), 0) + 1
+            self._snapshot_reads[(ns, name)] = reads
+            source = ((obj.get("spec") or {}).get("source") or {}).get(
+                "persistentVolumeClaimName", ""
+            )
+            claim = self.objects.get(("persistentvolumeclaims", ns, source))
+            status: dict[str, Any] = {"readyToUse": False}
+            if claim is None:
+                status["error"] = {
+                    "message": f'persistentvolumeclaims "{source}" not found',
+                    "time": _now(),
+                }
+            elif self.snapshot_mode == "error":
+                status["error"] = {"message": self.snapshot_error, "time": _now()}
+            elif self.snapshot_mode == "ready" and reads >= self.snapshot_ready_after_reads:
+                requests = ((claim.get("spec") or {}).get("resources") or {}).get("requests")
+                status = {
+                    "readyToUse": True,
+                    "boundVolumeSnapshotContentName": f"snapcontent-{obj['metadata']['uid']}",
+                    "creationTime": _now(),
+                    "restoreSize": (requests or {}).get("storage", "0"),
+                }
+            if status != obj.get("status"):
+                obj["status"] = status
+                self._record("volumesnapshots", ns, "MODIFIED", obj)
 
     def _kubelet_confirms(self, key: tuple[str, str, str], node: str) -> None:
         with self.cond:
@@ -823,6 +919,8 @@ def _handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     kube.delete(resource, ns, item["metadata"]["name"], grace)
                 self._send(200, status(200, "", "deleted"))
             elif method == "GET":
+                if resource == "volumesnapshots":
+                    kube.snapshot_controller(ns, name or "")
                 with kube.cond:
                     found = kube.objects.get((resource, ns, name or ""))
                     found = copy.deepcopy(found) if found is not None else None

@@ -72,13 +72,15 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return doc
 
 
-def sandbox_pod(data: dict[str, str], **spec: Any) -> dict[str, Any]:
+def sandbox_pod(data: dict[str, str], snapshot_class: str = "", **spec: Any) -> dict[str, Any]:
     config = KubernetesConfig(
         instance=data["HEDGEROW_INSTANCE"],
         namespace=data["HEDGEROW_K8S_NAMESPACE"],
         injector_image=data["HEDGEROW_K8S_INJECTOR_IMAGE"],
         images=tuple(i.strip() for i in data["HEDGEROW_K8S_IMAGES"].split(",")),
         default_image=data["HEDGEROW_K8S_DEFAULT_IMAGE"],
+        snapshot_class=snapshot_class,
+        read_only_root=bool(snapshot_class),
     )
     pod: dict[str, Any] = SERIALIZER.sanitize_for_serialization(build_pod(config, new_spec(**spec)))
     return pod
@@ -112,6 +114,15 @@ def test_the_policy_admits_every_pod_the_backend_builds(docs: list[dict[str, Any
     private = sandbox_pod(data, registry_credentials=RegistryCredentials("u", "p"))
     assert evaluate(policy, private, params) == []
     assert evaluate(policy, sandbox_pod(data, network_access=True), params) == []
+    # snapshots: the state claim, and a restore's image pinned by the digest it ran
+    with_state = sandbox_pod(data, snapshot_class="csi")
+    assert [v["persistentVolumeClaim"] for v in with_state["spec"]["volumes"][-1:]] == [
+        {"claimName": with_state["metadata"]["name"] + "-state"}
+    ]
+    assert evaluate(policy, with_state, params) == []
+    image = data["HEDGEROW_K8S_DEFAULT_IMAGE"] + "@sha256:" + "a" * 64
+    restore = sandbox_pod(data, snapshot_class="csi", image=image, snapshot_id="b" * 32)
+    assert evaluate(policy, restore, params) == []
 
 
 def _volume(pod: dict[str, Any], volume: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +140,16 @@ def _volume(pod: dict[str, Any], volume: dict[str, Any]) -> dict[str, Any]:
         (lambda p: _volume(p, {"name": "h", "hostPath": {"path": "/"}}), "only emptyDirs"),
         (lambda p: _volume(p, {"name": "c", "configMap": {"name": "x"}}), "only emptyDirs"),
         (lambda p: _volume(p, {"name": "s", "secret": {"secretName": "db"}}), "only emptyDirs"),
+        (
+            lambda p: _volume(
+                p, {"name": "o", "persistentVolumeClaim": {"claimName": "hr-x-state"}}
+            ),
+            "only emptyDirs",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].update(image="evil@sha256:" + "a" * 64),
+            "HEDGEROW_K8S_IMAGES",
+        ),
         (
             lambda p: p["spec"].update(ephemeralContainers=[{"name": "d", "image": "busybox"}]),
             "ephemeral",
@@ -242,7 +263,7 @@ def test_sandbox_pods_pass_baseline_and_miss_restricted_only_where_documented(
 
 def test_control_plane_pods_pass_restricted(docs: list[dict[str, Any]]) -> None:
     workloads = [d for d in docs if d["kind"] in ("Deployment", "Job")]
-    assert len(workloads) == 5
+    assert len(workloads) == 6  # web, worker, beat, watcher, resolver, migrate
     for workload in workloads:
         spec = copy.deepcopy(workload["spec"]["template"]["spec"])
         assert restricted_violations(spec) == set(), workload["metadata"]["name"]

