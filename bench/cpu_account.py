@@ -177,6 +177,10 @@ class CpuAccount(threading.Thread):
             return CLIENT
         if p.pid in self.zygotes:
             return ZYGOTE
+        if p.pid in scope.roots:
+            # before the walk up: a private stack's web and worker are children of this
+            # process and would otherwise be counted as the benchmark client
+            return scope.roots[p.pid]
         seen, current = 0, p.ppid
         while current > 1 and seen < 64:
             if current in self.zygotes:
@@ -201,8 +205,6 @@ class CpuAccount(threading.Thread):
                 return CLIENT
             current = ppids[current] if current in ppids else _ppid(current)
             seen += 1
-        if p.pid in scope.roots:
-            return scope.roots[p.pid]
         if p.comm.startswith("postgres"):
             if scope.db_name and f" {scope.db_name} " in _cmdline(p.pid):
                 return POSTGRES

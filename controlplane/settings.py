@@ -317,6 +317,14 @@ HEDGEROW_IMAGE_CACHE_MIB = env_int("HEDGEROW_IMAGE_CACHE_MIB", 50 * 1024)
 HEDGEROW_IMAGE_COLLECT_INTERVAL_S = env_float("HEDGEROW_IMAGE_COLLECT_INTERVAL_S", 600.0)
 HEDGEROW_READY_TIMEOUT_S = env_float("HEDGEROW_READY_TIMEOUT_S", 30.0)
 HEDGEROW_PENDING_TIMEOUT_S = env_float("HEDGEROW_PENDING_TIMEOUT_S", 120.0)
+# A fork's K children are provisioned by this many Celery tasks (one per worker
+# process: HEDGEROW_WORKER_CONCURRENCY, as scripts/stack.sh starts the worker), not K
+# tasks; each runs its share on HEDGEROW_FORK_THREADS threads, so a provision's waits
+# (zygote, agent) overlap; each thread opens its own database and Redis connection.
+# 2 measured best on this 2-core machine (docs/benchmarks.md, "A fork through the
+# control plane, batched"); 1 provisions a share's children in turn.
+HEDGEROW_FORK_TASKS = env_int("HEDGEROW_FORK_TASKS", env_int("HEDGEROW_WORKER_CONCURRENCY", 4))
+HEDGEROW_FORK_THREADS = env_int("HEDGEROW_FORK_THREADS", 2)
 HEDGEROW_DEFAULT_TTL_S = env_int("HEDGEROW_DEFAULT_TTL_S", 3600)
 HEDGEROW_MAX_TTL_S = env_int("HEDGEROW_MAX_TTL_S", 24 * 3600)
 HEDGEROW_MAX_LIVE_SANDBOXES = env_int("HEDGEROW_MAX_LIVE_SANDBOXES", 0)  # 0 = unlimited

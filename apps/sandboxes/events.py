@@ -76,7 +76,11 @@ def _publish(sandbox_uuid: str, tenant_id: str, payload: dict[str, Any]) -> None
             pipe.zcount(key, f"({int(time.time()) - expiry}", "+inf")
             if pipe.execute()[1] == 0:
                 return
-    except redis.RedisError:
+    except (redis.RedisError, OSError, ValueError):
+        # Best effort, like the fan-out below: a transition has committed by now and a
+        # publish that fails must not turn into the provision's own failure. A reset
+        # connection can surface from redis-py as a ValueError (its reader's buffer
+        # closed under it), seen in a fork's provisioning threads under load.
         log.warning("could not publish sandbox state", extra={"sandbox_id": sandbox_uuid})
     if layer is not None:
         try:

@@ -29,6 +29,19 @@ def provision_sandbox(self: Any, sandbox_id: str) -> None:
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
+    soft_time_limit=600,
+    time_limit=660,
+)
+def provision_sandboxes(self: Any, sandbox_ids: list[str]) -> None:
+    """A share of a fork's children, provisioned side by side in this process; each
+    as ``provision_sandbox`` would (idempotent, so a redelivered share resumes)."""
+    provisioning.sandbox_provision_many(sandbox_ids=sandbox_ids)
+
+
+@shared_task(
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
     max_retries=8,
     soft_time_limit=120,
     time_limit=180,

@@ -38,13 +38,17 @@ def admission_check(*, tenant: Tenant, request: SandboxRequest, actor: str = "")
     return admission_decide(tenant=tenant, ask=ask, queue=request.queue)
 
 
-def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None) -> bool:
+def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None, count: int = 1) -> bool:
     """Inside the create transaction: True = start now, False = wait in the queue.
 
     Raises a typed error for a request that can never fit, an exhausted budget, or
     (without queueing) any limit in the way. With queueing, a tenant's new create
-    waits behind its already queued ones, so its queue stays FIFO.
+    waits behind its already queued ones, so its queue stays FIFO. ``count``: that
+    many sandboxes of the ask's shape, decided as a whole under one quota lock (a
+    fork's children; never queued: ``queue`` must be False).
     """
+    if count != 1 and queue is not False:
+        raise ValueError("several sandboxes are admitted whole or refused, never queued")
     quota, key_max = quota_lock_for(tenant=tenant, actor=ask.actor)
     check_request_fits(quota=quota, ask=ask)
     check_budget(quota=quota)
@@ -54,7 +58,9 @@ def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None) -> bool:
     shortfall = (
         None
         if (wants_queue and queued)
-        else capacity_shortfall(quota=quota, ask=ask, use=use, key_max_sandboxes=key_max)
+        else capacity_shortfall(
+            quota=quota, ask=ask, use=use, key_max_sandboxes=key_max, count=count
+        )
     )
     if not (wants_queue and queued) and shortfall is None:
         return True

@@ -73,50 +73,55 @@ def capacity_shortfall(
     ask: Ask,
     use: TenantUse | None = None,
     key_max_sandboxes: int | None | _Unread = _Unread.KEY_LIMIT,
+    count: int = 1,
 ) -> ApiError | None:
-    """The first limit one more sandbox would break right now, or None. Counts live
+    """The first limit one more sandbox (``count`` more, each of ``ask``'s shape: a
+    fork's children, admitted as a whole) would break right now, or None. Counts live
     sandboxes from the database (or takes ``use``, read under the same lock); call with
     the quota row locked. ``key_max_sandboxes``: the asking key's limit as
     ``quota_lock_for`` read it (None: none); by default it is read here."""
+    more = "" if count == 1 else f" ({count} more sandboxes)"
     cluster_cap = settings.HEDGEROW_MAX_LIVE_SANDBOXES
     if cluster_cap:
         live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
-        if live >= cluster_cap:
+        if live + count > cluster_cap:
             return limit_error(
                 QuotaExceeded,
                 limit="cluster_live_sandboxes",
                 value=cluster_cap,
                 current=live,
-                message=f"the cluster runs its maximum of {cluster_cap} live sandboxes",
+                message=f"the cluster runs its maximum of {cluster_cap} live sandboxes{more}",
             )
     if use is None:
         use = tenant_use(tenant_id=quota.tenant_id)
-    count, cpu, mem = use.live, use.cpu_millis, use.memory_mib
-    if quota.max_concurrent_sandboxes is not None and count >= quota.max_concurrent_sandboxes:
+    live_n, cpu, mem = use.live, use.cpu_millis, use.memory_mib
+    ask_cpu, ask_mem = ask.cpu_millis * count, ask.memory_mib * count
+    cap = quota.max_concurrent_sandboxes
+    if cap is not None and live_n + count > cap:
         return limit_error(
             QuotaExceeded,
             limit="max_concurrent_sandboxes",
             value=quota.max_concurrent_sandboxes,
-            current=count,
+            current=live_n,
             message=f"this team runs its maximum of {quota.max_concurrent_sandboxes} "
-            "concurrent sandboxes",
+            f"concurrent sandboxes{more}",
         )
-    if quota.max_cpu_millis is not None and cpu + ask.cpu_millis > quota.max_cpu_millis:
+    if quota.max_cpu_millis is not None and cpu + ask_cpu > quota.max_cpu_millis:
         return limit_error(
             QuotaExceeded,
             limit="max_cpu_millis",
             value=quota.max_cpu_millis,
             current=cpu,
-            message=f"{ask.cpu_millis}m more cpu would exceed the team's {quota.max_cpu_millis}m "
+            message=f"{ask_cpu}m more cpu would exceed the team's {quota.max_cpu_millis}m "
             f"({cpu}m in use)",
         )
-    if quota.max_memory_mib is not None and mem + ask.memory_mib > quota.max_memory_mib:
+    if quota.max_memory_mib is not None and mem + ask_mem > quota.max_memory_mib:
         return limit_error(
             QuotaExceeded,
             limit="max_memory_mib",
             value=quota.max_memory_mib,
             current=mem,
-            message=f"{ask.memory_mib}Mi more memory would exceed the team's "
+            message=f"{ask_mem}Mi more memory would exceed the team's "
             f"{quota.max_memory_mib}Mi ({mem}Mi in use)",
         )
     if isinstance(key_max_sandboxes, _Unread):
@@ -125,14 +130,14 @@ def capacity_shortfall(
         mine = Sandbox.objects.filter(
             tenant_id=quota.tenant_id, state__in=LIVE_STATES, created_by=ask.actor
         ).count()
-        if mine >= key_max_sandboxes:
+        if mine + count > key_max_sandboxes:
             return limit_error(
                 QuotaExceeded,
                 limit="key_max_concurrent_sandboxes",
                 value=key_max_sandboxes,
                 current=mine,
                 message=f"this API key runs its maximum of "
-                f"{key_max_sandboxes} concurrent sandboxes",
+                f"{key_max_sandboxes} concurrent sandboxes{more}",
             )
     return None
 

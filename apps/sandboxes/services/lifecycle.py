@@ -27,6 +27,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
+from apps.billing.quotas import Ask
 from apps.core.egress import EgressError, EgressPolicy, parse_egress
 from apps.core.errors import Conflict, ValidationFailed
 from apps.sandboxes.admission import admission_check
@@ -566,6 +567,107 @@ def sandbox_create(
             code="sandbox_exists",
         ) from None
     return sandbox, True
+
+
+def sandbox_create_fork(
+    *,
+    tenant: Tenant,
+    request: SandboxRequest,
+    snapshot: Any,
+    count: int,
+    idempotency_keys: list[str] | None,
+    actor: str,
+    backend_name: str,
+) -> list[Sandbox]:
+    """``count`` sandboxes restored from ``snapshot`` (a ready ``Snapshot`` of this
+    tenant), all of ``request``'s shape: what ``count`` calls of ``sandbox_create``
+    would record, decided and written as one — one admission under one quota lock for
+    the ``count`` together (refused whole with the limit it breaks, never queued),
+    one multi-row insert of the rows and one of their ``created`` ledger rows — and
+    their provisioning enqueued after commit (``provision_sandboxes``). All or none:
+    a failure anywhere rolls every row back. An ``IntegrityError`` (a concurrent fork
+    with the same keys won) propagates for the caller's replay."""
+    from apps.sandboxes.admission import admission_decide
+    from apps.sandboxes.services.disk_guard import disk_guard
+    from apps.sandboxes.services.egress import egress_quota_check
+
+    if isinstance(request.egress, dict) and backend_name != "local":
+        raise ValidationFailed(
+            "egress allowlists need the local backend (docs/egress.md)",
+            field="egress",
+            extra={"reason": "egress_unsupported"},
+        )
+    egress_quota_check(tenant=tenant, policy=parse_egress(request.egress))
+    disk_guard()
+    fingerprint = request.fingerprint()
+    now = timezone.now()
+    with transaction.atomic():
+        ask = Ask(
+            cpu_millis=request.cpu_millis,
+            memory_mib=request.memory_mib,
+            ttl_seconds=request.ttl_seconds,
+            actor=actor,
+        )
+        admission_decide(tenant=tenant, ask=ask, queue=False, count=count)
+        rows = [
+            Sandbox(
+                state=State.REQUESTED,
+                admitted_at=now,
+                tenant=tenant,
+                external_id=_new_external_id(),
+                image=snapshot.image,
+                image_digest=snapshot.image_digest,
+                snapshot=snapshot,
+                cpu_millis=request.cpu_millis,
+                memory_mib=request.memory_mib,
+                network_access=request.network_access,
+                egress=copy.deepcopy(request.egress),
+                labels=dict(request.labels),
+                ttl_seconds=request.ttl_seconds,
+                expires_at=now + timedelta(seconds=request.ttl_seconds),
+                heartbeat_timeout_s=request.heartbeat_timeout_s,
+                last_heartbeat_at=now,
+                idempotency_key=idempotency_keys[i] if idempotency_keys else None,
+                request_hash=fingerprint,
+                backend=backend_name,
+                created_by=actor,
+                created_at=now,
+            )
+            for i in range(count)
+        ]
+        Sandbox.objects.bulk_create(rows)
+        # ``created`` rows meter nothing (the usage hook follows transitions only), so
+        # the ledger's post_save hook that bulk_create skips has nothing to do here
+        SandboxEvent.objects.bulk_create(
+            [
+                SandboxEvent(
+                    sandbox=row,
+                    tenant_id=row.tenant_id,
+                    at=now,
+                    event="created",
+                    to_state=row.state,
+                    reason="api",
+                    actor=actor,
+                    generation=row.generation,
+                )
+                for row in rows
+            ]
+        )
+        image_catalog().mark_used(tenant, [snapshot.image_digest])
+        for row in rows:
+            publish_sandbox_state(row)
+        ids = [str(row.id) for row in rows]
+        transaction.on_commit(lambda: _enqueue_fork(ids))
+    return rows
+
+
+def _enqueue_fork(ids: list[str]) -> None:
+    """The children in ``HEDGEROW_FORK_TASKS`` shares, one task each (not K tasks)."""
+    from apps.sandboxes.tasks import provision_sandboxes
+
+    shares = max(1, min(settings.HEDGEROW_FORK_TASKS, len(ids)))
+    for i in range(shares):
+        provision_sandboxes.delay(ids[i::shares])
 
 
 def _replayed(existing: Sandbox, request: SandboxRequest) -> Sandbox:

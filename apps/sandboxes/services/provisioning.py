@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -161,6 +163,34 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
 
         snapshot_drop_pause(sandbox=sandbox)  # a resume: its pause is spent
     return sandbox
+
+
+def sandbox_provision_many(*, sandbox_ids: list[str], threads: int | None = None) -> None:
+    """``sandbox_provision`` of each id, on up to ``threads`` threads (default
+    ``HEDGEROW_FORK_THREADS``), each taking its ids in turn: a provision mostly waits
+    (the zygote's spawn, the agent's first answer, the probes), so a few side by side
+    keep the process busy. One child's unexpected error never stops the others (it is
+    logged; the reaper's pending deadline ends a child left ``provisioning``)."""
+    threads = max(1, min(threads or settings.HEDGEROW_FORK_THREADS, len(sandbox_ids)))
+    lanes = [sandbox_ids[i::threads] for i in range(threads)]
+    if threads == 1:
+        _provision_lane(lanes[0], close=False)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="provision") as pool:
+        for future in [pool.submit(_provision_lane, lane, close=True) for lane in lanes]:
+            future.result()
+
+
+def _provision_lane(sandbox_ids: list[str], *, close: bool) -> None:
+    try:
+        for sandbox_id in sandbox_ids:
+            try:
+                sandbox_provision(sandbox_id=sandbox_id)
+            except Exception:  # the others go on; the reaper ends this one
+                log.exception("provision of %s failed outside its own handling", sandbox_id)
+    finally:
+        if close:  # this thread's database connection is its own
+            connection.close()
 
 
 def _destroy_quietly(sandbox: Sandbox) -> None:

@@ -15,17 +15,16 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.billing.quotas import Ask
 from apps.billing.usage import usage_pause_begin, usage_pause_end
-from apps.core.errors import ApiError, Conflict, ValidationFailed
+from apps.core.errors import Conflict, ValidationFailed
 from apps.sandboxes.admission import admission_decide
 from apps.sandboxes.admission.use import storage_shortfall
 from apps.sandboxes.agent_client import AgentClient, AgentError, AgentUnreachable, agent_token
@@ -40,7 +39,7 @@ from apps.sandboxes.models import (
     SnapshotState,
     State,
 )
-from apps.sandboxes.selectors import sandbox_by_idempotency_key, snapshot_get
+from apps.sandboxes.selectors import snapshot_get
 from apps.sandboxes.services.fingerprint import (
     runtime_diff,
     runtime_fingerprint,
@@ -48,7 +47,7 @@ from apps.sandboxes.services.fingerprint import (
 )
 from apps.sandboxes.services.lifecycle import (
     SandboxRequest,
-    sandbox_create,
+    sandbox_create_fork,
     sandbox_record_event,
     sandbox_transition,
 )
@@ -465,34 +464,45 @@ def snapshot_fork(
     )
     keys = [f"{idempotency_key}:{i}" for i in range(count)] if idempotency_key else None
     if keys is not None:
-        first = sandbox_by_idempotency_key(tenant=tenant, idempotency_key=keys[0])
-        if first is not None:
-            existing = [sandbox_by_idempotency_key(tenant=tenant, idempotency_key=k) for k in keys]
-            if first.snapshot_id != snapshot.id or any(s is None for s in existing):
-                raise Conflict(
-                    "this idempotency key was used for a different fork",
-                    field="idempotency_key",
-                    code="idempotency_mismatch",
-                )
-            return [s for s in existing if s is not None], False
-    children: list[Sandbox] = []
-    with transaction.atomic():
-        for i in range(count):
-            child, _created = sandbox_create(
-                tenant=tenant,
-                request=replace(base),
-                idempotency_key=keys[i] if keys else None,
-                actor=actor,
-                backend_name=snapshot.backend,
-            )
-            if child.state == State.QUEUED:  # admission said wait: refuse the whole fork
-                raise ApiError(
-                    "the team's limits do not admit all the fork's children now",
-                    code="quota_exceeded",
-                    status_code=429,
-                )
-            children.append(child)
+        replayed = _fork_replayed(tenant=tenant, snapshot=snapshot, keys=keys)
+        if replayed is not None:
+            return replayed, False
+    try:
+        children = sandbox_create_fork(
+            tenant=tenant,
+            request=base,
+            snapshot=snapshot,
+            count=count,
+            idempotency_keys=keys,
+            actor=actor,
+            backend_name=snapshot.backend,
+        )
+    except IntegrityError:
+        # a concurrent fork with the same key won the race: its K are the answer
+        replayed = _fork_replayed(tenant=tenant, snapshot=snapshot, keys=keys) if keys else None
+        if replayed is None:
+            raise Conflict("a sandbox of this fork already exists", code="sandbox_exists") from None
+        return replayed, False
     return children, True
+
+
+def _fork_replayed(*, tenant: Tenant, snapshot: Snapshot, keys: list[str]) -> list[Sandbox] | None:
+    """The K children an earlier fork with these keys made (in order), None if there
+    was none; 409 ``idempotency_mismatch`` if the key was used for another fork."""
+    found = {
+        s.idempotency_key: s
+        for s in Sandbox.objects.filter(tenant=tenant, idempotency_key__in=keys)
+    }
+    if not found:
+        return None
+    existing = [found.get(k) for k in keys]
+    if any(s is None or s.snapshot_id != snapshot.id for s in existing):
+        raise Conflict(
+            "this idempotency key was used for a different fork",
+            field="idempotency_key",
+            code="idempotency_mismatch",
+        )
+    return [s for s in existing if s is not None]
 
 
 def _services(manifest: dict[str, Any]) -> list[str | list[str]]:
