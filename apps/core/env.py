@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+
+# apps/core/env.py -> the repository root (the default state directory is .state there)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def env_str(name: str, default: str) -> str:
@@ -95,9 +99,7 @@ def local_redis_url(state_dir: str) -> str:
 def db_conninfo(dbname: str) -> str:
     """A libpq conninfo for the configured Postgres (benchmarks' admin connections),
     with the password from the environment or the state directory."""
-    state_dir = os.environ.get("HEDGEROW_STATE_DIR") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".state"
-    )
+    state_dir = os.environ.get("HEDGEROW_STATE_DIR") or str(REPO_ROOT / ".state")
     password = state_secret("HEDGEROW_DB_PASSWORD", state_dir, "db_password")
     host = os.environ.get("HEDGEROW_DB_HOST", "127.0.0.1")
     port = env_int("HEDGEROW_DB_PORT", 55432)
