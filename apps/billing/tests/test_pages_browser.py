@@ -17,7 +17,16 @@ from apps.billing.quotas import quota_get
 from apps.billing.reports import tenant_report
 from apps.billing.tests.test_costs import ledger_sandbox
 from apps.tenancy.services import membership_set_role
-from frontend.tests.browser import ROOT, Console, chromium, new_page, screenshot, sign_in
+from frontend.tests.browser import (
+    DESKTOP,
+    PHONE,
+    ROOT,
+    Console,
+    chromium,
+    new_page,
+    screenshot,
+    sign_in,
+)
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -90,6 +99,19 @@ def test_it_shows_usage_charts_budget_and_hosted_comparison(live, make_tenant):
         expect(page.locator('#concurrency canvas[data-mounted="yes"]')).to_have_count(1)
         page.wait_for_timeout(1500)  # let Chart.js finish its grow-in animation (picture only)
         screenshot(page, "billing-usage")
+        # On a phone, before Chart.js re-fits its canvases (a beat after the resize,
+        # longer on a loaded machine), they still have their desktop pixel width: that
+        # must not make the page scroll sideways. Checked in one script run, so no
+        # re-fit can happen in between.
+        page.set_viewport_size(PHONE)
+        widths = page.evaluate(
+            """(w) => {
+              for (const c of document.querySelectorAll('canvas')) c.style.width = w + 'px';
+              return [document.scrollingElement.scrollWidth, window.innerWidth];
+            }""",
+            DESKTOP["width"] - 200,
+        )
+        assert widths == [PHONE["width"], PHONE["width"]], widths
         page.close()
     assert _page_errors(console) == []
 

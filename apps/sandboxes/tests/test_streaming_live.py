@@ -216,11 +216,20 @@ def test_it_bounds_the_replay_buffer_and_names_the_gap(live, make_tenant, settin
     _, secret = make_tenant()
     http = api_client(live, secret)
     sandbox_id = ready_sandbox(http)
-    # One flushed write per line with a pause, so each line is its own agent frame.
+    # Each line is its own agent frame: the agent sends what one read of the pipe
+    # returns, so a writer that only pauses between lines is read several lines at a
+    # time when the agent is slow (a loaded host). This one writes the next line only
+    # once the pipe is empty (FIONREAD on its end of the pipe: the agent read it).
     command = [
         "python3",
         "-c",
-        "import time\nfor i in range(1, 701):\n print(f'line-{i}', flush=True); time.sleep(0.001)",
+        "import fcntl, struct, termios, time\n"
+        "def unread():\n"
+        " return struct.unpack('i', fcntl.ioctl(1, termios.FIONREAD, bytes(4)))[0]\n"
+        "for i in range(1, 701):\n"
+        " print(f'line-{i}', flush=True)\n"
+        " while unread():\n"
+        "  time.sleep(0.0005)\n",
     ]
     body = {"command": command, "stream": True, "operation_id": "op-many"}
     assert http.post(f"/sandboxes/{sandbox_id}/exec", json=body).status_code == 202
@@ -229,6 +238,9 @@ def test_it_bounds_the_replay_buffer_and_names_the_gap(live, make_tenant, settin
         live_frames = _frames(ws)  # a subscriber from the start sees every frame
     assert [f["seq"] for f in live_frames] == list(range(len(live_frames)))
     assert len(live_frames) > settings.HEDGEROW_STREAM_REPLAY_FRAMES + 10
+    assert [base64.b64decode(f["data"]) for f in live_frames if f["type"] == "exec.stdout"] == [
+        f"line-{i}\n".encode() for i in range(1, 701)
+    ]
 
     with _ws(live, path, secret) as ws:
         late = _frames(ws)

@@ -76,11 +76,15 @@ def _warm_ids() -> list[Any]:
 
 
 def _fill(n: int) -> list[Any]:
-    """Refills (the worker starts the members) until ``n`` are warm."""
+    """Refills (the worker starts the members) until ``n`` are warm, never starting a
+    member beyond ``n``: the refill fills to the pool's target, so one called after a
+    member turned warm but before this loop saw it would start an extra member, and
+    a test that means "only these members" would race its coming up."""
     deadline = time.monotonic() + 90
     while len(_warm_ids()) < n:
         assert time.monotonic() < deadline, "pool did not fill"
-        warm_pool.warm_pool_refill()
+        if WarmMember.objects.count() < n:
+            warm_pool.warm_pool_refill()
         time.sleep(0.2)
     return _warm_ids()
 
@@ -190,6 +194,7 @@ def test_it_never_hands_out_a_dead_member(pool: Any, make_tenant: Any, settings:
     settings.HEDGEROW_WARM_POOL_MAX_WARMING = 1
     assert not WarmMember.objects.exists()
     only = _fill(1)[0]
+    assert list(WarmMember.objects.values_list("id", flat=True)) == [only]
     _kill_member(only)
     cold = http.post("/sandboxes", json=SHAPE)
     assert cold.json()["state"] == "requested"
