@@ -254,16 +254,26 @@ class KubernetesBackend:
             captured_at=time.time(),
         )
 
-    def _running_pod(self, sandbox_id: str) -> dict[str, Any]:
-        """The sandbox's running pod (its newest usable generation), as JSON."""
+    def _sandbox_pods(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The sandbox's pods as JSON, by label (every generation, ended ones too); an
+        API failure is a transient BackendError naming the sandbox."""
         try:
             pods, _ = self.api.list_json(
                 self._path(self.pods), labelSelector=self.config.sandbox_selector(sandbox_id)
             )
         except ApiException as exc:
-            raise SnapshotFailed(
-                f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}"
+            raise BackendError(
+                f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}",
+                transient=True,
             ) from exc
+        return list(pods)
+
+    def _running_pod(self, sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's running pod (its newest usable generation), as JSON."""
+        try:
+            pods = self._sandbox_pods(sandbox_id)
+        except BackendError as exc:
+            raise SnapshotFailed(str(exc)) from exc
         usable = [p for p in pods if pod_view(p).usable]
         if not usable:
             raise SnapshotFailed(
@@ -727,16 +737,7 @@ class KubernetesBackend:
         if self.informer.running:
             live = [p for p in self.informer.for_sandbox(sandbox_id) if self.informer.usable(p)]
         else:  # no informer in this process: that sandbox's pods, by label
-            try:
-                pods, _ = self.api.list_json(
-                    self._path(self.pods), labelSelector=self.config.sandbox_selector(sandbox_id)
-                )
-            except ApiException as exc:
-                raise BackendError(
-                    f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}",
-                    transient=True,
-                ) from exc
-            live = [v for v in map(pod_view, pods) if v.usable]
+            live = [v for v in map(pod_view, self._sandbox_pods(sandbox_id)) if v.usable]
         if not live:
             return None
         best = max(live, key=lambda p: p.generation or 0)
@@ -816,15 +817,7 @@ class KubernetesBackend:
         pod's DNS is fixed when it is created)."""
         check_sandbox_id(sandbox_id)
         egress_allow.check_supported(self.config, policy)
-        try:
-            pods, _ = self.api.list_json(
-                self._path(self.pods), labelSelector=self.config.sandbox_selector(sandbox_id)
-            )
-        except ApiException as exc:
-            raise BackendError(
-                f"cannot list the pods of {sandbox_id}: {exc.status} {exc.reason}",
-                transient=True,
-            ) from exc
+        pods = self._sandbox_pods(sandbox_id)
         live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
         if not live:
             raise BackendError(f"sandbox {sandbox_id} has no pod")
