@@ -256,13 +256,27 @@ CGROUPS = CgroupFiles()
 _PR_SET_DUMPABLE = 4
 
 
+_prctl: Optional[Callable[..., int]] = None
+
+
+def libc_prctl() -> Callable[..., int]:
+    """libc's prctl, looked up once: the zygote calls this before it forks, so agents
+    find it resolved instead of each building the objects anew (copied pages)."""
+    global _prctl
+    if _prctl is None:
+        import ctypes
+
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return _prctl
+
+
 def not_dumpable() -> None:
     """Commands run as the agent's uid: without this they could open the agent's
     cgroup descriptors anew through /proc/<agent>/fd and move themselves out of the
     commands' cgroup. (Commands are dumpable again: exec resets it.)"""
     import ctypes
 
-    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    if libc_prctl()(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 

@@ -276,6 +276,11 @@ def memfd(bpf: bytes) -> int:
     return fd
 
 
+# looked up at import: a zygote-forked agent loads two or three filters, and building a
+# CDLL and its function objects per load wrote to (copied) the zygote's pages
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def load(bpf: bytes) -> None:
     """Installs ``bpf`` on the calling thread (no_new_privs must be set already); it is
     inherited by every child."""
@@ -283,8 +288,7 @@ def load(bpf: bytes) -> None:
         raise SeccompError(errno.EINVAL, f"not a BPF program ({len(bpf)} bytes)")
     buf = ctypes.create_string_buffer(bpf, len(bpf))
     prog = _SockFprog(len(bpf) // _BPF_INSN_SIZE, ctypes.cast(buf, ctypes.c_void_p))
-    libc = ctypes.CDLL(None, use_errno=True)
-    rc = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0)
+    rc = _PRCTL(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0)
     if rc != 0:
         err = ctypes.get_errno()
         raise SeccompError(err, f"PR_SET_SECCOMP: {os.strerror(err)}")

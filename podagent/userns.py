@@ -19,6 +19,7 @@ CLONE_NEWUSER = 0x10000000
 RANGE = 65536
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.setns  # noqa: B018 - resolved before a zygote forks: the lookup caches it in _libc
 
 
 def _check(rc: int, what: str) -> None:

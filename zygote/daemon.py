@@ -11,13 +11,18 @@ the agent's imports (40-70 ms CPU) per sandbox. Here bubblewrap still builds the
 sandbox (namespaces, mounts, --cap-drop ALL) but runs a tiny static ``pause`` binary;
 the agent is a fork of this daemon entered into pause's namespaces:
 
-1. a handler child (one per request: the main loop only accepts, forks and reaps)
-   joins the sandbox's cgroups and netns and posix_spawns bwrap in a new session;
+1. per request the main loop (which only accepts, forks and reaps) forks a handler,
+   which becomes the agent's *seed* and forks the *worker*: the worker reads the
+   request, joins the sandbox's cgroups, netns and user namespace and posix_spawns
+   bwrap in a new session;
 2. pause writes one byte to the *ready* pipe once bwrap's mounts are done;
-3. the handler setns()es into pause's cgroup/ipc/uts/net/pid/mnt namespaces, chroots
-   to pause's root and forks the agent (the pid namespace applies to children only),
-   which drops every capability, sets the environment bwrap would have set, keeps
-   only stdout/stderr and the *hold* pipe and runs ``podagent.__main__.main``.
+3. the worker hands the seed an order (what the agent needs of the request, and the
+   descriptors); the seed joins the same cgroups, netns and user namespace, setns()es
+   into pause's cgroup/ipc/uts/pid/mnt namespaces, chroots to pause's root and forks
+   the agent (the pid namespace applies to children only), which drops every
+   capability, sets the environment bwrap would have set, keeps only stdout/stderr
+   and the *hold* pipe and runs ``podagent.__main__.main``. The seed has written to
+   few of the zygote's pages, so the agent inherits few private ones (_seed).
 
 The agent holds the only write end of the hold pipe: when it dies, pause reads EOF and
 exits, bwrap's pid-namespace init exits and the kernel kills everything in the
@@ -94,7 +99,7 @@ ZYGOTE_DIR = os.path.dirname(os.path.abspath(__file__))
 # bwrap copies into the sandbox (--file).
 READY_FD, HOLD_FD, INFO_FD, SECCOMP_FD, ARGS_FD, TOKEN_FD = 3, 4, 5, 6, 7, 8
 NAMESPACES = (  # setns order: mnt last (after it /proc/<pause>/ns is another /proc)
-    # not net: the handler joined it first (as host root: the netns belongs to the
+    # not net: the seed joined it first (as host root: the netns belongs to the
     # initial user namespace, and the sandbox's root has no capability over it)
     ("cgroup", 0x02000000),
     ("ipc", 0x08000000),
@@ -125,6 +130,11 @@ _ABSENT_ANYWAY = {"_winapi", "msvcrt", "winreg", "nt", "_overlapped", "org", "ja
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+# Resolved here, before any fork: a CDLL caches each function on first use, which in a
+# seed or an agent wrote to (copied) the zygote's pages. limits' prctl likewise.
+for _fn in ("setns", "prctl", "capset", "unshare"):
+    getattr(_libc, _fn)
+limits.libc_prctl()
 # fd of the launcher mount namespace (make_launcher_ns), inherited by every handler;
 # None: bwrap starts in the zygote's own (not root, or it could not be made)
 _launcher_mnt: Optional[int] = None
@@ -235,7 +245,7 @@ def _join_cgroups(cgroups: List[str]) -> None:
 
 def _open_cgroup_files(files: Dict[str, List[str]]) -> Dict[str, List[int]]:
     """Opens the sandbox's cgroup files the agent uses (podagent/limits.py) while this
-    handler still sees the host's /sys and has privilege: ``*_tasks`` for writing, the
+    worker still sees the host's /sys and has privilege: ``*_tasks`` for writing, the
     counters and limits for reading. The agent gets the descriptors, never the paths."""
     fds: Dict[str, List[int]] = {}
     for name, paths in files.items():
@@ -563,11 +573,13 @@ def spawn_plain(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     return {"ok": True, "agent_pid": agent_pid}
 
 
-def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
-    """Starts one sandbox (bwrap + pause) and its agent. Runs in a throwaway handler
-    child, which therefore does the joining itself: the cgroups and netns (inherited
-    by bwrap), then, once pause is ready, the sandbox's namespaces and root, and forks
-    the agent there (the pid namespace applies to children only)."""
+def spawn(req: Dict[str, Any], seed: socket.socket) -> Dict[str, Any]:
+    """Starts one sandbox (bwrap + pause) and has ``seed`` start its agent. Runs in a
+    throwaway worker, which therefore does the joining itself: the cgroups and netns
+    (inherited by bwrap), the user namespace bwrap starts in. Once pause is ready, the
+    seed (_seed: this worker's parent, a fork of the zygote that has done nothing else)
+    joins the same, then the sandbox's namespaces and root, and forks the agent there
+    (the pid namespace applies to children only)."""
     deadline = time.monotonic() + float(req.get("timeout", 10))
     with _Stage("open agent.log"):
         log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -576,20 +588,10 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
         _join_cgroups(req["cgroups"])  # before the netns (and setns(cgroup), later)
         cgroup_fds = _open_cgroup_files(req.get("cgroup_files") or {})
     with _Stage("oom_score_adj"):
-        # bwrap, pause and the agent: never the OOM killer's choice, on cgroup v1 (a
-        # thread visiting the commands' group to spawn) and v2 (one group for all).
-        # Lowering it needs CAP_SYS_RESOURCE in the initial user namespace, which a
-        # container may not give (then they keep the zygote's); the exec helper
-        # raises every command's to 500 either way, which needs no privilege.
-        try:
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write(str(OOM_SCORE_ADJ_AGENT))
-        except PermissionError:
-            pass
+        _lower_oom_score()
     with _Stage("enter netns"):
-        nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)
+        nsfd = os.open(req["netns"], os.O_RDONLY | os.O_CLOEXEC)  # kept for the seed
         _setns(nsfd, CLONE_NEWNET, req["netns"])
-        os.close(nsfd)
     with _Stage("make user namespace"):
         userns_fd = userns.make(int(req["uid_base"]), req["pause"])
     if _launcher_mnt is not None:
@@ -607,8 +609,7 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     # every command run as host ids uid_base.., and the namespaces bwrap makes are
     # that namespace's (the netns, joined above, stays the host's).
     with _Stage("enter user namespace"):
-        userns.enter(userns_fd)
-        os.close(userns_fd)
+        userns.enter(userns_fd)  # the fd stays open: the seed enters it too
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
     info_r, info_w = os.pipe()
@@ -626,14 +627,20 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
             "bwrap_start_time": _proc_start_time(bwrap_pid),
             "init_start_time": _proc_start_time(init_pid),
         }
-        _enter_sandbox(req, pause)
         # The answer waits until the agent listens: the backend's first readiness probe
         # then succeeds instead of being refused and retried after a sleep.
         listening_r, listening_w = os.pipe()
-        agent_pid = os.fork()
-        if agent_pid == 0:
-            _agent_main(req, null, log_fd, hold_w, keep, listening_w, cgroup_fds)
-        os.close(listening_w)
+        try:
+            agent_pid = _start_agent_by_seed(
+                seed,
+                req,
+                pause,
+                deadline,
+                [null, log_fd, hold_w, listening_w, nsfd, userns_fd],
+                cgroup_fds,
+            )
+        finally:
+            os.close(listening_w)
         _wait_listening(listening_r, deadline)
     except BaseException:
         # pause reads EOF once hold_w is closed; the kill covers a pause never started
@@ -656,10 +663,144 @@ def spawn(req: Dict[str, Any], keep: _Inherited) -> Dict[str, Any]:
     }
 
 
+# What of a spawn request the agent's start needs (_enter_sandbox, _agent_main): all the
+# seed is given of it.
+_AGENT_KEYS = ("agent_args", "caps", "env", "umask", "workdir")
+# null, log, hold_w, listening_w, netns, userns: the fds every order carries first
+_ORDER_FDS = 6
+_LENGTH = 8  # bytes of an order's length prefix
+_FD_SIZE = 4  # a C int in SCM_RIGHTS data
+
+
+def _start_agent_by_seed(
+    seed: socket.socket,
+    req: Dict[str, Any],
+    pause: int,
+    deadline: float,
+    fds: List[int],
+    cgroup_fds: Dict[str, List[int]],
+) -> int:
+    """The worker's side: hands the seed the order and the descriptors (SCM_RIGHTS) it
+    needs to start the agent in the sandbox; returns the agent's pid."""
+    everything = list(fds)
+    named: Dict[str, List[int]] = {}
+    for name, group in cgroup_fds.items():
+        named[name] = list(range(len(everything), len(everything) + len(group)))
+        everything += group
+    order = {key: req.get(key) for key in _AGENT_KEYS}
+    order.update({"pause": pause, "cgroups": req["cgroups"], "cgroup_fds": named})
+    payload = json.dumps(order).encode()
+    with _Stage("agent: hand to the seed"):
+        socket.send_fds(seed, [len(payload).to_bytes(_LENGTH, "big")], everything)
+        seed.sendall(payload)
+        left = max(0.0, deadline - time.monotonic())
+        if not select.select([seed], [], [], left)[0]:
+            raise ZygoteError("agent", "the seed did not start the agent in time")
+        raw = seed.recv(65536)
+    if not raw:
+        raise ZygoteError("agent", "the seed exited before it started the agent")
+    answer = json.loads(raw)
+    if not answer.get("ok"):
+        raise ZygoteError(str(answer.get("stage")), str(answer.get("error")))
+    return int(answer["agent_pid"])
+
+
+def _read_order(sock: socket.socket) -> "tuple[Optional[Dict[str, Any]], List[int]]":
+    """The seed's side of _start_agent_by_seed: (None, []) on EOF (the request was no
+    spawn, or it failed before the agent)."""
+    # recvmsg itself: socket.recv_fds drops its flags argument (3.11), and the fds must
+    # come close-on-exec
+    head, ancillary, _, _ = sock.recvmsg(
+        _LENGTH, socket.CMSG_LEN(64 * _FD_SIZE), socket.MSG_CMSG_CLOEXEC
+    )
+    fds: List[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % _FD_SIZE
+            fds += [
+                int.from_bytes(data[i : i + _FD_SIZE], sys.byteorder, signed=True)
+                for i in range(0, usable, _FD_SIZE)
+            ]
+    if not head:
+        return None, []
+    while len(head) < _LENGTH:
+        more = sock.recv(_LENGTH - len(head))
+        if not more:
+            raise ZygoteError("seed", "the worker's order ended early")
+        head += more
+    size = int.from_bytes(head, "big")
+    chunks: List[bytes] = []
+    while size > 0:
+        chunk = sock.recv(min(size, 1 << 16))
+        if not chunk:
+            raise ZygoteError("seed", "the worker's order ended early")
+        chunks.append(chunk)
+        size -= len(chunk)
+    order: Dict[str, Any] = json.loads(b"".join(chunks))
+    if len(fds) < _ORDER_FDS:
+        raise ZygoteError("seed", f"the worker's order came with {len(fds)} descriptors")
+    return order, fds
+
+
+def _lower_oom_score() -> None:
+    # bwrap, pause and the agent: never the OOM killer's choice, on cgroup v1 (a thread
+    # visiting the commands' group to spawn) and v2 (one group for all). Lowering it
+    # needs CAP_SYS_RESOURCE in the initial user namespace, which a container may not
+    # give (then they keep the zygote's); the exec helper raises every command's to 500
+    # either way, which needs no privilege.
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write(str(OOM_SCORE_ADJ_AGENT))
+    except PermissionError:
+        pass
+
+
+def _seed(sock: socket.socket) -> None:
+    """The agent's parent: a fork of the zygote that has done nothing but wait for its
+    worker's order (the request, bwrap and the waits are the worker's, its child).
+
+    An agent's private memory is every zygote page that it or its parent wrote to: the
+    parent's copies become the agent's alone once the parent exits. Forked from the
+    worker, an agent kept ~0.8 MiB of pages only the worker had touched
+    (docs/benchmarks.md "Density"). The seed joins exactly what the worker joined for
+    bwrap (the sandbox's cgroups, netns, user namespace), then pause's namespaces and
+    root, and forks the agent there, as the worker did."""
+    order, fds = _read_order(sock)
+    if order is None:
+        return
+    try:
+        null, log_fd, hold_w, listening_w, nsfd, userns_fd = fds[:_ORDER_FDS]
+        cgroup_fds = {name: [fds[i] for i in idx] for name, idx in order["cgroup_fds"].items()}
+        with _Stage("agent: join cgroups"):
+            _join_cgroups(order["cgroups"])
+        with _Stage("agent: oom_score_adj"):
+            _lower_oom_score()
+        with _Stage("agent: enter netns"):
+            _setns(nsfd, CLONE_NEWNET, "netns")
+            os.close(nsfd)
+        with _Stage("agent: enter user namespace"):
+            userns.enter(userns_fd)
+            os.close(userns_fd)
+        _enter_sandbox(order, int(order["pause"]))
+        keep = _Inherited()
+        keep.sockets.append(sock)
+        agent_pid = os.fork()
+        if agent_pid == 0:
+            _agent_main(order, null, log_fd, hold_w, keep, listening_w, cgroup_fds)
+        answer: Dict[str, Any] = {"ok": True, "agent_pid": agent_pid}
+    except ZygoteError as exc:
+        answer = {"ok": False, "stage": exc.stage, "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - every failure is answered, typed
+        answer = {"ok": False, "stage": "seed", "error": f"{type(exc).__name__}: {exc}"}
+    sock.sendall(json.dumps(answer).encode())
+
+
 # ---- the daemon ------------------------------------------------------------------------
 
 
-def _handle(conn: socket.socket, keep: _Inherited, version: str) -> Dict[str, Any]:
+def _handle(
+    conn: socket.socket, keep: _Inherited, version: str, zygote: int, seed: socket.socket
+) -> Dict[str, Any]:
     conn.settimeout(10)
     raw = b""
     while not raw.endswith(b"\n"):
@@ -670,33 +811,50 @@ def _handle(conn: socket.socket, keep: _Inherited, version: str) -> Dict[str, An
     req = json.loads(raw)
     op = req.get("op")
     if op == "ping":
-        return {"ok": True, "pid": os.getppid(), "version": version}
+        return {"ok": True, "pid": zygote, "version": version}
     if op == "shutdown":
-        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(zygote, signal.SIGTERM)
         return {"ok": True}
     if op == "spawn":
         # a backstop: every wait inside has its own deadline
         signal.alarm(int(float(req.get("timeout", 10))) + 20)
-        return spawn(req, keep)
+        return spawn(req, seed)
     if op == "spawn_plain":
         return spawn_plain(req, keep)
     return {"ok": False, "stage": "request", "error": f"unknown op {op!r}"}
 
 
+def _work(
+    conn: socket.socket, listener: socket.socket, version: str, zygote: int, seed: socket.socket
+) -> None:
+    keep = _Inherited()
+    keep.sockets += [listener, conn, seed]
+    try:
+        answer = _handle(conn, keep, version, zygote, seed)
+    except ZygoteError as exc:
+        answer = {"ok": False, "stage": exc.stage, "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - every failure is answered, typed
+        answer = {"ok": False, "stage": "zygote", "error": f"{type(exc).__name__}: {exc}"}
+    conn.settimeout(10)
+    conn.sendall(json.dumps(answer).encode() + b"\n")
+
+
 def _serve_one(conn: socket.socket, listener: socket.socket, version: str) -> NoReturn:
+    """One request. This fork of the zygote becomes the seed of the agent (_seed) and
+    forks the worker that reads and serves the request: the agent's parent then has
+    written to as few of the zygote's pages as it can."""
     code = 0
     try:
         _set_name("hedgerow-zyghdl")
-        keep = _Inherited()
-        keep.sockets += [listener, conn]
-        try:
-            answer = _handle(conn, keep, version)
-        except ZygoteError as exc:
-            answer = {"ok": False, "stage": exc.stage, "error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - every failure is answered, typed
-            answer = {"ok": False, "stage": "zygote", "error": f"{type(exc).__name__}: {exc}"}
-        conn.settimeout(10)
-        conn.sendall(json.dumps(answer).encode() + b"\n")
+        zygote = os.getppid()
+        seed, work = socket.socketpair()
+        if os.fork() != 0:
+            for sock in (conn, listener, work):
+                sock.close()
+            _seed(seed)
+        else:
+            seed.close()
+            _work(conn, listener, version, zygote, work)
     except BaseException:  # noqa: BLE001 - a handler never returns into the loop
         traceback.print_exc()
         code = 1

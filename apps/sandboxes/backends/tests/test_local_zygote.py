@@ -4,6 +4,7 @@ its death still ends the sandbox, and the zygote's own death touches no sandbox.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import http.client
 import json
@@ -15,6 +16,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -401,6 +403,94 @@ def test_it_passes_agent_arguments_the_agent_reads_without_argparse() -> None:
     parsed = _parse_plain(args)
     assert parsed is not None, "an option the agent's plain reader does not know"
     assert parsed.listen == ("0.0.0.0", 8000) and parsed.unlink_token is True
+
+
+def _hand_over(
+    order: dict[str, Any], fds: list[int], cgroup_fds: dict[str, list[int]], answer: bytes
+) -> tuple[int | BaseException, dict[str, Any] | None, list[int]]:
+    """The worker's side (_start_agent_by_seed) in a thread, the seed's (_read_order)
+    here, the seed answering ``answer`` (b"": it exits without one)."""
+    worker, seed = socket.socketpair()
+    result: list[int | BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(
+                zygote_daemon._start_agent_by_seed(
+                    worker, order, 77, time.monotonic() + 10, fds, cgroup_fds
+                )
+            )
+        except BaseException as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    try:
+        got, got_fds = zygote_daemon._read_order(seed)
+        if answer:
+            seed.sendall(answer)
+        else:
+            seed.close()
+        thread.join(10)
+        assert not thread.is_alive()
+        return result[0], got, got_fds
+    finally:
+        worker.close()
+        seed.close()
+
+
+def test_the_seed_gets_the_agents_order_and_descriptors_whole(tmp_path: Path) -> None:
+    """Issue 20: the agent is forked by a seed, a fork of the zygote that does nothing
+    but take this order, so the worker's pages (request, bwrap, waits) never become the
+    agent's. The order carries what the agent needs of the request, however large, and
+    the descriptors in order, close-on-exec."""
+    files = [os.open(tmp_path / f"f{i}", os.O_RDWR | os.O_CREAT | O_CLOEXEC) for i in range(8)]
+    big_env = {f"VAR{i}": "x" * 1000 for i in range(300)}  # ~300 KiB: several reads
+    request = {
+        "agent_args": ["--listen", "0.0.0.0:8000"],
+        "caps": [],
+        "env": big_env,
+        "umask": 18,
+        "workdir": "/workspace",
+        "cgroups": ["/sys/fs/cgroup/x"],
+        "bwrap_args": ["--not-for-the-agent"],
+        "token": "secret-not-for-the-seed",
+    }
+    try:
+        pid, order, got = _hand_over(
+            request, files[:6], {"memory": [files[6], files[7]]}, b'{"ok": true, "agent_pid": 4242}'
+        )
+        assert pid == 4242
+        assert order is not None
+        assert order["env"] == big_env and order["pause"] == 77
+        assert order["cgroups"] == ["/sys/fs/cgroup/x"]
+        assert "bwrap_args" not in order and "token" not in order
+        assert len(got) == 8
+        assert [os.fstat(fd).st_ino for fd in got] == [os.fstat(fd).st_ino for fd in files]
+        assert [got[i] for i in order["cgroup_fds"]["memory"]] == got[6:]
+        assert all(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in got)
+        for fd in got:
+            os.close(fd)
+
+        failed, _, got = _hand_over(
+            request, files[:6], {}, b'{"ok": false, "stage": "agent: setns(pid)", "error": "x"}'
+        )
+        for fd in got:
+            os.close(fd)
+        assert isinstance(failed, zygote_daemon.ZygoteError)
+        assert failed.stage == "agent: setns(pid)"
+        gone, _, got = _hand_over(request, files[:6], {}, b"")
+        for fd in got:
+            os.close(fd)
+        assert isinstance(gone, zygote_daemon.ZygoteError)
+        assert "seed exited before it started the agent" in str(gone)
+    finally:
+        for fd in files:
+            os.close(fd)
+    worker, seed = socket.socketpair()
+    worker.close()
+    assert zygote_daemon._read_order(seed) == (None, [])  # no spawn: nothing to start
+    seed.close()
 
 
 def test_it_keeps_sandboxes_running_when_the_zygote_dies_and_starts_a_new_one(
