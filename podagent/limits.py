@@ -5,8 +5,9 @@ The launcher (the zygote's handler, or the exec launch's shell) puts the agent i
 own cgroups (``<sandbox>/agent``) and hands it descriptors it opened while it still
 had privilege (``--cgroup-fds``):
 
-* ``cmd_tasks`` / ``agent_tasks``: the ``tasks`` files of ``<sandbox>/cmds`` and
-  ``<sandbox>/agent`` (cgroup v1: memory and pids). A command is started from a thread
+* ``cmd_tasks`` / ``agent_tasks``: the ``tasks`` files of ``<sandbox>/cmds`` and of
+  the agent's group (cgroup v1: memory and pids; the agent's memory group is the
+  sandbox's own, its pids group ``<sandbox>/agent``). A command is started from a thread
   that moves itself into ``cmds`` just for the spawn (a ``tasks`` write moves one
   thread, ~10 us), so the command and everything it forks are charged to ``cmds`` from
   their first instruction: the commands' OOM killer never picks the agent, and a fork

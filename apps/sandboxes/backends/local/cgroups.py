@@ -29,6 +29,14 @@ CFS_PERIOD_US = 100_000
 # which only the agent can use: a command cannot starve the agent of memory or pids.
 SPLIT = ("memory", "pids")
 AGENT_GROUP, COMMANDS_GROUP = "agent", "cmds"
+# Where the agent has a group of its own beside cmds (pids: its threads counted apart).
+# Its memory is charged to the sandbox's own group, an inner node (v1 allows tasks
+# there): the same limits (cmds ≤ the spec, cmds + agent ≤ the spec + the headroom) with
+# one memory cgroup fewer per sandbox. Every memory cgroup holds a 1 KiB unit per 64
+# superblocks of the machine (the kernel's per-memcg shrinker maps; a sandbox mounts
+# ~7), so each costs ~N/9 KiB at N live sandboxes: ~220 KiB each at N = 2,000
+# (docs/benchmarks.md "Density").
+AGENT_OWN_GROUP = ("pids",)
 AGENT_MEMORY_RESERVE = 64 << 20
 AGENT_PIDS_RESERVE = 64
 
@@ -131,7 +139,8 @@ class CgroupDriver:
                 if self.mode == "v1" and controller in SPLIT:
                     reserved = _with_reserve(controller, limits)
                     self._limit(controller, path, reserved)
-                    (path / AGENT_GROUP).mkdir(exist_ok=True)
+                    if controller in AGENT_OWN_GROUP:
+                        (path / AGENT_GROUP).mkdir(exist_ok=True)
                     (path / COMMANDS_GROUP).mkdir(exist_ok=True)
                     self._limit(controller, path / COMMANDS_GROUP, limits)
                 else:
@@ -142,11 +151,13 @@ class CgroupDriver:
 
     def agent_dirs(self, created: dict[str, Path]) -> list[Path]:
         """The cgroup dirs the agent (and bwrap, pause) join: ``<sandbox>/agent`` where
-        memory and pids are split, the sandbox's own dir elsewhere."""
-        return [
-            path / AGENT_GROUP if self.mode == "v1" and c in SPLIT else path
-            for c, path in created.items()
-        ]
+        it has a group of its own (v1 pids), the sandbox's own dir elsewhere."""
+        return [self._agent_dir(c, path) for c, path in created.items()]
+
+    def _agent_dir(self, controller: str, path: Path) -> Path:
+        if self.mode == "v1" and controller in SPLIT and controller in AGENT_OWN_GROUP:
+            return path / AGENT_GROUP
+        return path
 
     def agent_files(self, created: dict[str, Path]) -> dict[str, list[str]]:
         """The files the launcher opens for the agent (podagent/limits.py): where to
@@ -156,7 +167,9 @@ class CgroupDriver:
             split = [c for c in SPLIT if c in created]
             if len(split) == len(SPLIT):
                 files["cmd_tasks"] = [str(created[c] / COMMANDS_GROUP / "tasks") for c in split]
-                files["agent_tasks"] = [str(created[c] / AGENT_GROUP / "tasks") for c in split]
+                files["agent_tasks"] = [
+                    str(self._agent_dir(c, created[c]) / "tasks") for c in split
+                ]
             if "memory" in created:
                 memory = created["memory"] / COMMANDS_GROUP
                 files["oom"] = [str(memory / "memory.oom_control")]

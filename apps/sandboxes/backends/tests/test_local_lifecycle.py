@@ -96,7 +96,11 @@ def test_it_writes_and_enforces_cgroup_limits(
     assert (commands_pids / "pids.max").read_text().strip() == "64"
     assert (paths["pids"] / "pids.max").read_text().strip() == str(64 + AGENT_PIDS_RESERVE)
     meta = json.loads((backend.sandboxes_dir / sb.id / "meta.json").read_text())
-    assert str(meta["pid"]) in (paths["memory"] / "agent" / "cgroup.procs").read_text().split()
+    # the agent (and pause) are charged to the sandbox's own memory group, an inner node
+    # beside cmds: one memory cgroup fewer per sandbox (cgroups.AGENT_OWN_GROUP)
+    assert str(meta["pid"]) in (paths["memory"] / "cgroup.procs").read_text().split()
+    assert sorted(p.name for p in paths["memory"].iterdir() if p.is_dir()) == ["cmds"]
+    assert sorted(p.name for p in paths["pids"].iterdir() if p.is_dir()) == ["agent", "cmds"]
     assert str(meta["pid"]) in (paths["cpu"] / "cgroup.procs").read_text().split()
 
     hog = sb.exec(

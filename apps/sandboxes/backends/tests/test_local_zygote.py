@@ -143,8 +143,9 @@ def test_it_gives_the_agent_no_more_privilege_or_visibility_than_exec(
 
     # in the sandbox's cgroups, seen from the host
     cgroups = Path(f"/proc/{meta(zb)['agent_pid']}/cgroup").read_text().splitlines()
-    # (memory and pids: the agent's own group, beside its commands': cgroups.py)
-    for controller, leaf in (("memory", "/agent"), ("cpu", ""), ("pids", "/agent")):
+    # (pids: the agent's own group, beside its commands'; memory: the sandbox's, whose
+    # child the commands' is: cgroups.py)
+    for controller, leaf in (("memory", ""), ("cpu", ""), ("pids", "/agent")):
         (line,) = [c for c in cgroups if controller in c.split(":")[1].split(",")]
         assert line.endswith(f"/{zb.id}{leaf}"), line
     # commands cannot read the agent's memory map, environ or binary (exec's can)
