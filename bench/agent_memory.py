@@ -1,6 +1,6 @@
 """Private memory of zygote-forked agents (issue 20): where an idle sandbox's pages are.
 
-    sudo .venv/bin/python -m bench.agent_memory [N]
+    sudo .venv/bin/python -m bench.agent_memory [N] [--zygote-python PATH]
 
 Starts N `host` sandboxes on a private local-backend instance (no control plane: the
 backend as the tests use it), reads each agent's USS (private clean + dirty pages,
@@ -20,6 +20,7 @@ import sys
 import tempfile
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from apps.sandboxes.backends.local import LocalBackend, wait_healthy
@@ -62,10 +63,16 @@ def one_exec(host: str, port: int, token: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", type=int, nargs="?", default=5)
+    parser.add_argument(
+        "--zygote-python", help="the zygote's interpreter (HEDGEROW_LOCAL_ZYGOTE_PYTHON)"
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="agent-memory-"))
     os.chmod(tmp, 0o755)
-    backend = LocalBackend(make_config(tmp, f"am{os.getpid()}", "netns"))
+    config = replace(
+        make_config(tmp, f"am{os.getpid()}", "netns"), zygote_python=args.zygote_python
+    )
+    backend = LocalBackend(config)
     made: list[str] = []
     healthy: list[int] = []
     after: list[int] = []

@@ -811,7 +811,8 @@ def _handle(
     req = json.loads(raw)
     op = req.get("op")
     if op == "ping":
-        return {"ok": True, "pid": zygote, "version": version}
+        # the interpreter it runs: the backend replaces a zygote of another
+        return {"ok": True, "pid": zygote, "version": version, "exe": os.readlink("/proc/self/exe")}
     if op == "shutdown":
         os.kill(zygote, signal.SIGTERM)
         return {"ok": True}

@@ -258,7 +258,9 @@ class LocalBackend:
         # agent sources) shows its source path in their mountinfo, and the zygote's
         # argv is every agent's cmdline.
         self.runtime_dir = config.claims_dir.parent
-        self.zygote = ZygoteClient(config.state_dir, config.podagent_dir, self.runtime_dir)
+        self.zygote = ZygoteClient(
+            config.state_dir, config.podagent_dir, self.runtime_dir, config.zygote_python
+        )
         self.agent_start_timeout = 10.0  # zygote launch: bwrap's setup until pause is ready
         self.sandboxes_dir = config.state_dir / "sandboxes"
         self.images_dir = config.state_dir / "images"

@@ -57,6 +57,9 @@ class LocalBackendConfig:
     # 1023 (BR_MAX_PORTS); tests make bridges tiny so that a few sandboxes span several.
     bridge_ports: int = 1023
     agent_launch: str = "auto"  # AGENT_LAUNCH_MODES
+    # The interpreter the zygote and its agents run (stdlib only: podagent, zygote);
+    # None: the control plane's own (sys.executable). docs/local-backend.md
+    zygote_python: str | None = None
     # Exec launch (no zygote) lacks the agent's immunity to commands (no uid split, no
     # guard seccomp filter: a command can kill or renice the agent), so an isolated
     # backend that would start agents by exec refuses to provision unless this opt-in

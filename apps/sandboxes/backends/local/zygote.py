@@ -102,8 +102,19 @@ def _build_static(source: Path, target: Path, flags: tuple[str, ...]) -> Path:
 
 
 class ZygoteClient:
-    def __init__(self, state_dir: Path, podagent_dir: Path, runtime_dir: Path) -> None:
+    def __init__(
+        self, state_dir: Path, podagent_dir: Path, runtime_dir: Path, python: str | None = None
+    ) -> None:
         self.runtime_dir = runtime_dir
+        # the interpreter the zygote must run: a running one of another is replaced
+        self.python = os.path.realpath(python or sys.executable)
+        if python is not None and not (
+            os.path.isfile(self.python) and os.access(self.python, os.X_OK)
+        ):
+            raise BackendError(
+                f"the agent zygote's interpreter {python!r} (HEDGEROW_LOCAL_ZYGOTE_PYTHON) "
+                "is not an executable file"
+            )
         self.socket_path = state_dir / "zygote.sock"
         self.log_path = state_dir / "zygote.log"
         self.lock_path = state_dir / "locks" / "zygote.lock"
@@ -148,22 +159,26 @@ class ZygoteClient:
     def ensure(self) -> int:
         """A zygote of this agent code answers on the socket; its pid."""
         answer = self.ping()
-        if answer and answer.get("version") == self.version:
+        if answer is not None and self._current(answer):
             self._checked = True
             return int(answer["pid"])
         with file_lock(self.lock_path):
             answer = self.ping()  # another process may have started it meanwhile
-            if answer and answer.get("version") == self.version:
+            if answer is not None and self._current(answer):
                 self._checked = True
                 return int(answer["pid"])
             if answer:
-                self._stop(int(answer["pid"]))  # runs other agent code: replace it
+                # runs other agent code, or another interpreter: replace it
+                self._stop(int(answer["pid"]))
             self._start()
             answer = self.ping()
             if not answer:
                 raise BackendError(f"the agent zygote does not answer: {self._log_tail()}")
             self._checked = True
             return int(answer["pid"])
+
+    def _current(self, answer: dict[str, Any]) -> bool:
+        return answer.get("version") == self.version and answer.get("exe") == self.python
 
     def _start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +209,7 @@ class ZygoteClient:
         """``<runtime_dir>/bin/hedgerow-zygote`` → the real interpreter (a symlink is
         followed when Python looks for its library; a bare name would not be)."""
         link = self.runtime_dir / "bin" / ZYGOTE_ARGV0
-        target = os.path.realpath(sys.executable)
+        target = self.python
         if os.path.islink(link) and os.readlink(link) == target:
             return link
         link.parent.mkdir(parents=True, exist_ok=True)

@@ -525,6 +525,42 @@ def test_it_runs_the_zygote_with_a_clean_environment(
     assert zygote_daemon.source_version(str(PODAGENT)) == source_version(PODAGENT)
 
 
+def test_it_runs_the_zygote_on_the_configured_interpreter_and_replaces_one_of_another(
+    backend: LocalBackend, sandbox_factory: Callable[..., Sandbox], tmp_path: Path
+) -> None:
+    """HEDGEROW_LOCAL_ZYGOTE_PYTHON (issue 20: an interpreter with immortal objects
+    copies fewer of the zygote's pages per agent): the zygote and its agents run the
+    configured interpreter, a running zygote of another is replaced (its sandboxes keep
+    running), and a path that is no interpreter is refused typed at once."""
+    default = os.path.realpath(sys.executable)
+    system = os.path.realpath("/usr/bin/python3")  # the exec launch's default, too
+    assert system != default, "needs a second interpreter: /usr/bin/python3 is the venv's"
+    before = sandbox_factory()
+    answer = backend.zygote.ping()
+    assert answer is not None and answer["exe"] == default
+
+    other = LocalBackend(replace(backend.config, zygote_python="/usr/bin/python3"))
+    spec = new_spec()
+    endpoint = other.provision(spec)
+    try:
+        wait_healthy(endpoint, spec.agent_token, timeout=20)
+        sb = Sandbox(other, spec, endpoint)
+        replaced = other.zygote.ping()
+        assert replaced is not None and replaced["exe"] == system
+        assert int(replaced["pid"]) != int(answer["pid"])
+        assert os.readlink(f"/proc/{meta(sb)['agent_pid']}/exe") == system
+        assert sb.sh("echo on the other") == (0, "on the other\n", "")
+        assert before.sh("echo still here") == (0, "still here\n", "")
+    finally:
+        other.destroy(spec.sandbox_id)
+    backend.zygote.ensure()  # and back: the fixture's backend wants its own
+    back = backend.zygote.ping()
+    assert back is not None and back["exe"] == default
+
+    with pytest.raises(BackendError, match="not an executable file"):
+        LocalBackend(replace(backend.config, zygote_python=str(tmp_path / "no-python")))
+
+
 def test_it_reports_a_failed_bwrap_typed_with_its_stderr_and_leaves_nothing(
     backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
