@@ -4,13 +4,15 @@ Why not in-process counters: the facts happen in many processes (web workers, Ce
 workers, the watcher) that start and die independently; the ledger and operation rows
 already record every one of them. Reading them at scrape time makes every web process
 report the same, complete numbers, with no multiprocess bookkeeping. Each scrape is a
-handful of aggregate queries.
+handful of aggregate queries; the counters over the append-only ledger and the
+reconciler's rounds read only the rows since their fold (``services/metrics_fold.py``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -35,6 +37,7 @@ from apps.sandboxes.models import (
     State,
 )
 from apps.sandboxes.services.audit import TERMS
+from apps.sandboxes.services.metrics_fold import folded_counts
 from apps.sandboxes.services.retention import operation_summary_totals
 from apps.sandboxes.services.warm_pool import warm_pool_stats, warm_pool_targets
 
@@ -79,6 +82,31 @@ def _histogram(
         float(total_sum),
     )
     return metric
+
+
+def _action_counts(lo: datetime, hi: datetime | None) -> dict[str, int]:
+    """Automatic ledger rows stamped in [lo, hi), by ``actor|event|reason`` (the
+    ``at`` index bounds the read)."""
+    rows = SandboxEvent.objects.filter(actor__in=AUTOMATIC_ACTORS, at__gte=lo).exclude(reason="")
+    if hi is not None:
+        rows = rows.filter(at__lt=hi)
+    return {
+        f"{actor}|{event}|{reason}": n
+        for actor, event, reason, n in rows.values_list("actor", "event", "reason")
+        .annotate(n=Count("id"))
+        .order_by()
+    }
+
+
+def _reconcile_counts(lo: datetime, hi: datetime | None) -> dict[str, int]:
+    """Reconciler rounds started in [lo, hi), by outcome."""
+    rows = ReconcileRun.objects.filter(started_at__gte=lo)
+    if hi is not None:
+        rows = rows.filter(started_at__lt=hi)
+    return {
+        "skipped" if skipped else "completed": n
+        for skipped, n in rows.values_list("skipped").annotate(n=Count("id")).order_by()
+    }
 
 
 class HedgerowCollector(Collector):
@@ -139,15 +167,9 @@ class HedgerowCollector(Collector):
             "Automatic lifecycle actions (reapers, reconciler, watcher) by reason.",
             labels=["actor", "event", "reason"],
         )
-        rows = (
-            SandboxEvent.objects.filter(actor__in=AUTOMATIC_ACTORS)
-            .exclude(reason="")
-            .values("actor", "event", "reason")
-            .annotate(n=Count("id"))
-            .order_by("actor", "event", "reason")
-        )
-        for row in rows:
-            actions.add_metric([row["actor"], row["event"], row["reason"]], row["n"])
+        counts = folded_counts("lifecycle_actions", _action_counts)
+        for key in sorted(counts):
+            actions.add_metric(key.split("|", 2), counts[key])
         yield actions
 
     def _agent_errors(self, summarized: dict[str, int]) -> Iterator[Metric]:
@@ -198,10 +220,9 @@ class HedgerowCollector(Collector):
         rounds = CounterMetricFamily(
             "hedgerow_reconcile_rounds", "Reconciler rounds by outcome.", labels=["outcome"]
         )
-        for skipped, n in (
-            ReconcileRun.objects.values_list("skipped").annotate(n=Count("id")).order_by("skipped")
-        ):
-            rounds.add_metric(["skipped" if skipped else "completed"], n)
+        counts = folded_counts("reconcile_rounds", _reconcile_counts)
+        for outcome in sorted(counts):
+            rounds.add_metric([outcome], counts[outcome])
         yield rounds
         last = ReconcileRun.objects.filter(skipped=False).first()
         if last is not None and last.finished_at is not None:

@@ -268,6 +268,21 @@ class OperationSummary(models.Model):
         return f"{self.sandbox_id} {self.kind}/{self.status}: {self.count}"
 
 
+class MetricsFold(models.Model):
+    """What ``/metrics`` has already counted of an append-only history (the lifecycle
+    ledger's automatic actions, the reconciler's rounds): ``counts`` over the rows
+    stamped before ``through``. A scrape adds the rows stamped since and moves
+    ``through`` up to a few minutes ago (``services/metrics_fold.py``), so it reads
+    what happened since the last scrape, not the whole history."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    through = models.DateTimeField()
+    counts = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"{self.name} through {self.through:%Y-%m-%d %H:%M:%S}"
+
+
 class ReconcileRun(models.Model):
     """One reconciler round: what the backend listed and what was done about it."""
 

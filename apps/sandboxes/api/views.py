@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.errors import ApiError, ValidationFailed
+from apps.core.keyset import newest_first
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.api.serializers import (
@@ -393,16 +394,48 @@ def _exec_streamed(
 
 
 class OperationListView(APIView):
-    @extend_schema(responses={200: OperationSerializer(many=True)})
+    @extend_schema(
+        responses={200: OperationSerializer(many=True)},
+        parameters=[
+            OpenApiParameter("limit", int, description="page size, 1-1000 (default 50)"),
+            OpenApiParameter("cursor", str, description="next_cursor of the previous page"),
+            OpenApiParameter("offset", int, description="legacy offset paging (no cursor)"),
+        ],
+        description="The sandbox's operations, newest first, one keyset page at a time: "
+        "`results`, `count` (first page only), `next_cursor` (null on the last page) and "
+        "`next`. A sandbox's operations grow with every exec: an offset page reads every "
+        "row before it, a cursor page only its own. `offset` selects the older paging.",
+    )
     def get(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         qs = selectors.operation_list(tenant=principal.tenant, sandbox=sandbox).select_related(
             "sandbox"
         )
-        paginator = LimitOffsetPagination()
-        page = paginator.paginate_queryset(qs, request, view=self)
-        return paginator.get_paginated_response(OperationSerializer(page, many=True).data)
+        params = request.query_params
+        if "offset" in params and "cursor" not in params:
+            paginator = LimitOffsetPagination()
+            page = paginator.paginate_queryset(qs, request, view=self)
+            return paginator.get_paginated_response(OperationSerializer(page, many=True).data)
+        limit = selectors.page_limit(params.get("limit"), default=50)
+        keyset = newest_first(qs, cursor=params.get("cursor") or "", limit=limit)
+        count: int | None = None
+        if not params.get("cursor"):
+            count = len(keyset.rows) if not keyset.next_cursor else qs.count()
+        next_url = None
+        if keyset.next_cursor:
+            query = params.copy()
+            query["cursor"] = keyset.next_cursor
+            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return Response(
+            {
+                "count": count,
+                "next": next_url,
+                "previous": None,
+                "next_cursor": keyset.next_cursor or None,
+                "results": OperationSerializer(keyset.rows, many=True).data,
+            }
+        )
 
 
 class OperationDetailView(APIView):

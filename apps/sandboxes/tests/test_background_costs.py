@@ -241,3 +241,44 @@ def test_the_heartbeat_reaper_reads_what_is_due_not_every_live_sandbox(
     # 5 expired rows read (and moved) per round whatever N: within 2x, same statements
     assert measured[2000]["rows"] <= 2 * measured[100]["rows"], measured
     assert measured[2000]["statements"] == measured[100]["statements"], measured
+
+
+def test_the_metrics_action_counter_reads_what_happened_since_the_fold(make_tenant: Any) -> None:
+    """``hedgerow_lifecycle_actions_total`` is a count over the whole ledger; the scrape
+    reads the rows since its fold (services/metrics_fold.py), not the history."""
+    from apps.sandboxes.metrics import AUTOMATIC_ACTORS, HedgerowCollector
+    from apps.sandboxes.models import MetricsFold
+
+    tenant, _ = make_tenant()
+    (recent,) = _add(tenant, 1, state=State.READY, moved_ago=timedelta(minutes=1))
+
+    def scrape() -> dict[tuple[str, ...], float]:
+        (family,) = list(HedgerowCollector()._actions())
+        return {tuple(s.labels.values()): s.value for s in family.samples}
+
+    measured: dict[int, int] = {}
+    for n in (100, 2000):
+        have = Sandbox.objects.filter(tenant=tenant).count()
+        # history: sandboxes the reaper ended days ago (an automatic action each)
+        ended = _add(tenant, n - have, state=State.DELETED, moved_ago=timedelta(days=3))
+        SandboxEvent.objects.filter(sandbox__in=ended, to_state=State.DELETED).update(
+            actor="reaper", reason="ttl_expired"
+        )
+        _analyze()
+        # a first scrape folds the history once (as after an upgrade)
+        MetricsFold.objects.all().delete()
+        folded = scrape()
+        assert folded[("reaper", "transition", "ttl_expired")] == n - 1
+        # since then: the same 5 automatic actions in both rounds
+        for _ in range(5):
+            SandboxEvent.objects.create(
+                sandbox=recent, tenant=tenant, event="heartbeat_late", reason="late", actor="reaper"
+            )
+        rows, statements, counts = _cost(scrape)
+        assert counts[("reaper", "heartbeat_late", "late")] == 5 * (1 + (n == 2000))
+        assert sum(counts.values()) == (
+            SandboxEvent.objects.filter(actor__in=AUTOMATIC_ACTORS).exclude(reason="").count()
+        )
+        measured[n] = rows
+    # the history is 20x larger; the scrape reads the rows since the fold either way
+    assert measured[2000] <= 2 * measured[100], measured
