@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import select
 import socket
@@ -136,6 +137,7 @@ class LeanPool:
         self._idle: List[socket.socket] = []
         self._in_use = 0
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def full(self) -> bool:
         return self._in_use >= self.limit
@@ -167,6 +169,13 @@ class LeanPool:
 
     def _checkout(self, timeout: float) -> socket.socket:
         with self._lock:
+            if self._pid != os.getpid():
+                # a forked child: the parent's connections are the parent's (closing our
+                # copies of their fds leaves them open there)
+                self._pid = os.getpid()
+                for sock in self._idle:
+                    sock.close()
+                self._idle, self._in_use = [], 0
             self._in_use += 1
             while self._idle:
                 sock = self._idle.pop()

@@ -168,6 +168,32 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(server):
         assert len(server.seen) == 2
 
 
+def _in_child(url: str, hr: Client, out: Any) -> None:
+    out.put(hr.request("GET", "/from-child").json()["path"])
+
+
+def test_a_forked_child_opens_its_own_connection(server):
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    with _client(server.url) as hr:
+        assert hr.request("GET", "/parent").status_code == 200
+        out = fork.Queue()
+        child = fork.Process(target=_in_child, args=(server.url, hr, out))
+        child.start()
+        assert out.get(timeout=30) == "/api/v1/from-child"
+        child.join(30)
+        assert child.exitcode == 0
+        # the parent's connection was neither used nor closed by the child
+        assert hr.request("GET", "/parent-again").status_code == 200
+        assert server.connections == 2
+        assert [s["path"] for s in server.seen] == [
+            "/api/v1/parent",
+            "/api/v1/from-child",
+            "/api/v1/parent-again",
+        ]
+
+
 def test_errors_retries_and_timeouts_behave_as_on_httpx(server, monkeypatch):
     monkeypatch.setattr("hedgerow.client.time.sleep", lambda s: None)
     with _client(server.url, max_retries=2) as hr:
