@@ -24,6 +24,7 @@ import os
 import re
 import select
 import socket
+import sys
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
@@ -318,9 +319,14 @@ class AsyncLeanPool:
             conn = await self._checkout(timeout)
             reader, writer, _ = conn
             try:
-                status, pairs, content, keep = await asyncio.wait_for(
-                    self._exchange(reader, writer, data), timeout
-                )
+                if sys.version_info >= (3, 11):
+                    # no task per call, as wait_for makes one before 3.12
+                    async with asyncio.timeout(timeout):
+                        status, pairs, content, keep = await self._exchange(reader, writer, data)
+                else:  # pragma: no cover - Python < 3.11
+                    status, pairs, content, keep = await asyncio.wait_for(
+                        self._exchange(reader, writer, data), timeout
+                    )
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
                 if isinstance(exc, asyncio.IncompleteReadError):
                     raise httpx.RemoteProtocolError(_DISCONNECTED) from exc

@@ -254,3 +254,14 @@ def test_the_async_client_takes_the_same_path_on_each_event_loop(server):
 
     asyncio.run(gather())
     assert client._lean._idle == []
+
+    async def too_slow() -> None:
+        quick = AsyncClient(server.url, "k", cleanup=False, handle_signals=False, timeout=0.2)
+        quick.max_retries = 0
+        with pytest.raises(hedgerow.HedgerowConnectionError) as timed_out:
+            await quick.request("GET", "/slow")
+        assert "ReadTimeout" in str(timed_out.value) or "timed out" in str(timed_out.value)
+        await quick.aclose()
+
+    asyncio.run(too_slow())
+    server.release.set()
