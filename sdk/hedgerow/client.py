@@ -71,7 +71,7 @@ class Client:
             )
         self.api_key: str = key
         self.max_retries = max_retries
-        self.timeout = timeout
+        self._timeout = timeout
         self.cleanup = cleanup
         self.handle_signals = handle_signals
         self._created: Dict[str, Sandbox] = {}
@@ -140,10 +140,10 @@ class Client:
             and kwargs.keys() <= {"json", "timeout"}
             and not (http.event_hooks["request"] or http.event_hooks["response"])
             and _lean.plain_path(path)
-            and isinstance(kwargs.get("timeout", self.timeout), (int, float))
+            and isinstance(kwargs.get("timeout", self._timeout), (int, float))
             and not self._lean.full()
         ):
-            seconds = float(kwargs.get("timeout", self.timeout))
+            seconds = float(kwargs.get("timeout", self._timeout))
             return self._lean.request(method, path, kwargs.get("json"), seconds)
         return http.request(method, path, **kwargs)
 
