@@ -6,11 +6,13 @@ Boots its own stack (fresh database, Celery worker, uvicorn) under a private
 HEDGEROW_INSTANCE, creates one `host` sandbox, then measures `bash -c 'echo hi'`:
 (a) a bare local subprocess, (b) a direct HTTP call to the sandbox's pod agent,
 (c) exec through the REST API (auth + operation record), (d) streamed exec received
-over the websocket (time to first byte and to exit); then REST throughput with 1, 4
-and 16 concurrent clients, with the CPU the web workers and this run's Postgres
-backends spent per REST exec (utime+stime from /proc: unlike latency, it does not move
-with the load other processes put on the shared cores). Prints p50/p95/p99 and the
-ratios c/b, d/b, b/a; also (a') a bare subprocess that captures stdout and stderr
+over the websocket (time to first byte and to exit), (e) `Sandbox.exec` through the
+Python SDK, sync and async (what a user's program sees: the goal is e ≤ 2 × a) with
+the client CPU each client spends per exec; then REST throughput with 1, 4 and 16
+concurrent clients, with the CPU the web workers and this run's Postgres backends
+spent per REST exec (utime+stime from /proc: unlike latency, it does not move with
+the load other processes put on the shared cores). Prints p50/p95/p99 and the ratios
+c/b, d/b, b/a, e/a, e/c; also (a') a bare subprocess that captures stdout and stderr
 through pipes as the agent must (b/a'), and the agent's CPU per exec.
 """
 
@@ -137,6 +139,16 @@ def timed(n: int, fn: Callable[[], None], warmup: int = 20) -> list[float]:
         fn()
         samples.append(time.perf_counter() - start)
     return samples
+
+
+def cpu_of(fn: Callable[[], None], n: int) -> float:
+    """This process's CPU (user + system, ms) per call over n sequential calls: the
+    client's own cost, which the load on the shared cores hardly moves."""
+    before = os.times()
+    for _ in range(n):
+        fn()
+    after = os.times()
+    return (after.user - before.user + after.system - before.system) * 1e3 / n
 
 
 def timed_interleaved(
@@ -297,6 +309,12 @@ def main() -> int:
         action="store_true",
         help="every REST exec through the DRF view (HEDGEROW_EXEC_FAST_PATH=0), to compare",
     )
+    parser.add_argument(
+        "--sdk-httpx",
+        action="store_true",
+        help="also (e0) the sync SDK with every call through httpx, as before its lean "
+        "keep-alive path (hedgerow/_lean.py), to compare in the same run",
+    )
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:
@@ -373,13 +391,55 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
                     assert frame["result"]["exit_code"] == 0
                     break
 
+    import asyncio
+
+    from hedgerow import AsyncClient, Client
+
+    url = f"http://127.0.0.1:{stack.port}"
+    sdk = Client(url, secret, cleanup=False, handle_signals=False)
+    sdk_sandbox = sdk.get(sandbox_id)
+    # the async client on one loop kept for the whole run, as a program's would be
+    loop = asyncio.new_event_loop()
+    asdk = AsyncClient(url, secret, cleanup=False, handle_signals=False)
+    asdk_sandbox = loop.run_until_complete(asdk.get(sandbox_id))
+
+    def sdk_call() -> None:
+        assert sdk_sandbox.exec(COMMAND).exit_code == 0
+
+    def asdk_call() -> None:
+        assert loop.run_until_complete(asdk_sandbox.exec(COMMAND)).exit_code == 0
+
     paths = {
         "a bare subprocess": bare,
         "a' bare, stdout+stderr piped": bare_piped,
         "b direct agent": direct_call(),
         "c REST exec": rest_call(),
+        "e SDK Sandbox.exec": sdk_call,
+        "e' SDK async exec": asdk_call,
     }
+    if args.sdk_httpx:
+        sdk_httpx = Client(url, secret, cleanup=False, handle_signals=False)
+        sdk_httpx._lean_for = None  # every call through httpx
+        httpx_sandbox = sdk_httpx.get(sandbox_id)
+
+        def sdk_httpx_call() -> None:
+            assert httpx_sandbox.exec(COMMAND).exit_code == 0
+
+        paths["e0 SDK through httpx"] = sdk_httpx_call
     results = {name: summary(s) for name, s in timed_interleaved(args.n, paths).items()}
+    client_cpu = {
+        name: cpu_of(paths[key], args.n)
+        for name, key in (
+            ("c lean REST client", "c REST exec"),
+            ("e SDK sync", "e SDK Sandbox.exec"),
+            ("e' SDK async", "e' SDK async exec"),
+            ("e0 SDK through httpx", "e0 SDK through httpx"),
+        )
+        if key in paths
+    }
+    sdk.close()
+    loop.run_until_complete(asdk.aclose())
+    loop.close()
     agent_cpu = agent_cpu_per_exec(row, direct_call(), max(args.n * 3, 500))
     stream_n = max(50, args.n // 3)
     stream_api.append(Http("127.0.0.1", stack.port, auth))
@@ -398,8 +458,13 @@ def run(args: argparse.Namespace, stack: Any, secret: str) -> None:
     a, b = results["a bare subprocess"]["p50"], results["b direct agent"]["p50"]
     c, d = results["c REST exec"]["p50"], results["d stream: exit"]["p50"]
     a2 = results["a' bare, stdout+stderr piped"]["p50"]
+    e, e2 = results["e SDK Sandbox.exec"]["p50"], results["e' SDK async exec"]["p50"]
     print(f"\nratios of p50: c/b = {c / b:.2f} (target ≤ 2), d/b = {d / b:.2f}, "
           f"b/a = {b / a:.2f} (target ≤ 1.3), b/a' = {b / a2:.2f}")  # fmt: skip
+    print(f"SDK: e/a = {e / a:.2f} (target ≤ 2), e'/a = {e2 / a:.2f}, "
+          f"e/c = {e / c:.2f}, e'/c = {e2 / c:.2f} (the SDK over the lean client)")  # fmt: skip
+    print("client CPU per exec (user+sys ms, sequential): " + ", ".join(
+        f"{name} {ms:.3f}" for name, ms in client_cpu.items()))  # fmt: skip
     if agent_cpu is not None:
         n_cpu, own, reaped = agent_cpu
         print(f"agent CPU per direct exec ({n_cpu} sequential): agent {own:.3f} ms, "

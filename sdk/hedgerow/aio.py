@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Union, overload
 import httpx
 
 from hedgerow import _common as common
-from hedgerow import streaming, trees
+from hedgerow import _lean, streaming, trees
 from hedgerow._common import Command
 from hedgerow.aterminal import AsyncTerminal
 from hedgerow.cleanup import asent_trace, registry
@@ -69,6 +69,7 @@ class AsyncClient:
             )
         self.api_key: str = key
         self.max_retries = max_retries
+        self._timeout = timeout
         self.cleanup = cleanup
         self.handle_signals = handle_signals
         self._created: Dict[str, AsyncSandbox] = {}
@@ -79,6 +80,13 @@ class AsyncClient:
             trust_env=False,
             limits=httpx.Limits(max_connections=max_connections),
         )
+        # exec and the other plain JSON calls skip httpx's per-call cost (hedgerow/_lean.py)
+        self._lean = _lean.AsyncLeanPool(
+            self.url + "/api/v1",
+            {"Authorization": f"Bearer {key}", "User-Agent": common.USER_AGENT},
+            limit=max_connections,
+        )
+        self._lean_for: Optional[httpx.AsyncClient] = self._http  # None: all through httpx
         self.images = AsyncImages(self)  # pull / list / get / remove / import_
         self.sandboxes = AsyncSandboxes(self)  # list (every page, filtered) / list_page
 
@@ -89,7 +97,7 @@ class AsyncClient:
         attempt = 0
         while True:
             try:
-                response = await self._http.request(method, path, **kwargs)
+                response = await self._send(method, path, kwargs)
             except httpx.TransportError as exc:
                 if not retry or attempt >= self.max_retries:
                     # One line with the cause and the fix, not httpx's frames.
@@ -112,6 +120,21 @@ class AsyncClient:
                     body = None
                 raise error_from_response(response.status_code, body, response.text)
             return response
+
+    async def _send(self, method: str, path: str, kwargs: Dict[str, Any]) -> httpx.Response:
+        """See ``Client._send``."""
+        http = self._http
+        if (
+            http is self._lean_for
+            and kwargs.keys() <= {"json", "timeout"}
+            and not (http.event_hooks["request"] or http.event_hooks["response"])
+            and _lean.plain_path(path)
+            and isinstance(kwargs.get("timeout", self._timeout), (int, float))
+            and not self._lean.full()
+        ):
+            seconds = float(kwargs.get("timeout", self._timeout))
+            return await self._lean.request(method, path, kwargs.get("json"), seconds)
+        return await http.request(method, path, **kwargs)
 
     async def server_version(self) -> ServerVersion:
         """See ``Client.server_version``."""
@@ -140,6 +163,7 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Closes connections (does not delete sandboxes; leaving ``async with`` does)."""
         await self._http.aclose()
+        self._lean.close()
 
     async def cleanup_sandboxes(self) -> None:
         """Deletes every sandbox this client created and has not deleted yet."""
