@@ -293,7 +293,7 @@ app_up() {
   "$PY" "$ROOT/manage.py" collectstatic --noinput >/dev/null
   start_bg web env HEDGEROW_DB_POOL="${HEDGEROW_DB_POOL:-1}" \
     "$PY" -m controlplane.serve controlplane.asgi:application --host 0.0.0.0 --port "$WEB_PORT" \
-    --workers "${HEDGEROW_WEB_WORKERS:-2}" --no-access-log --timeout-keep-alive 30 \
+    --workers "${HEDGEROW_WEB_WORKERS:-2}" --no-access-log \
     --loop uvloop --http httptools
   start_bg worker "$VENV/bin/celery" -A controlplane worker -l info -c "${HEDGEROW_WORKER_CONCURRENCY:-4}" \
     -Q "${HEDGEROW_INSTANCE:-dev}.cold" -n "worker-${HEDGEROW_INSTANCE:-dev}@%h"

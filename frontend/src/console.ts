@@ -7,6 +7,9 @@
 // (`…/operations/<id>/output.txt`, tenancy-checked like every dashboard page: each
 // stream whole up to 1 MiB, else its first and last 512 KiB with a marker between).
 // The view follows the tail while it is scrolled to the bottom; scrolled up, it stays.
+// Lines the server skipped because the view fell behind its replay window (an exec.gap
+// frame says how many) are counted in the same notice, "… (M of them skipped while the
+// view fell behind)", so the count is exact either way.
 
 export type Stream = "stdout" | "stderr" | "note";
 
@@ -21,7 +24,8 @@ export class BoundedConsole {
   private queue: Chunk[] = [];
   private scheduled = false;
   private lines = 0; // newlines currently in the page
-  private omitted = 0; // lines dropped from the top
+  private omitted = 0; // lines dropped from the top, or skipped
+  private skipped = 0; // of them: never received (the view fell behind the server)
   private notice: HTMLElement | null = null;
 
   constructor(
@@ -35,6 +39,7 @@ export class BoundedConsole {
     this.queue = [];
     this.lines = 0;
     this.omitted = 0;
+    this.skipped = 0;
     this.notice = null;
     this.output.replaceChildren();
   }
@@ -54,6 +59,14 @@ export class BoundedConsole {
       this.scheduled = true;
       requestAnimationFrame(() => this.flush());
     }
+  }
+
+  /** Counts lines the server skipped (never received) as omitted. */
+  skip(lines: number): void {
+    if (lines <= 0) return;
+    this.omitted += lines;
+    this.skipped += lines;
+    this.showNotice();
   }
 
   /** Renders everything queued now (also called by the scheduler). */
@@ -158,7 +171,12 @@ export class BoundedConsole {
       this.output.prepend(this.notice);
     }
     const count = this.notice.querySelector(".console-omitted-count");
-    if (count) count.textContent = `${this.omitted.toLocaleString("en")} earlier lines omitted`;
+    if (count) {
+      const skipped = this.skipped
+        ? ` (${this.skipped.toLocaleString("en")} of them skipped while the view fell behind)`
+        : "";
+      count.textContent = `${this.omitted.toLocaleString("en")} earlier lines omitted${skipped}`;
+    }
   }
 }
 

@@ -122,7 +122,12 @@ export class ExecBox {
       this.sawFrames = true;
       this.append(stream, this.decoders[stream].decode(decodeBase64(String(frame.data)), { stream: true }));
     } else if (frame.type === "exec.gap") {
-      this.append("note", `\n[… output frames ${frame.from_seq}–${frame.to_seq} no longer kept …]\n`);
+      // The view fell behind the server's replay window: the gap says what it skipped
+      // (lines per stream), counted into the console's omitted lines. A gap without
+      // a size (a re-subscribe whose last frame is gone) is marked where it happened.
+      const lines = skippedLines(frame.skipped);
+      if (lines !== null) this.console.skip(lines);
+      else this.append("note", `\n[… output frames ${frame.from_seq}–${frame.to_seq} no longer kept …]\n`);
     } else if (frame.type === "exec.exit") {
       this.finish(frame.result as OperationRecord, !this.sawFrames);
     } else if (frame.type === "error" && frame.operation_id === undefined) {
@@ -158,4 +163,16 @@ export class ExecBox {
     this.status.className = `badge badge-${kind}`;
     this.status.hidden = false;
   }
+}
+
+/** The lines an exec.gap frame skipped (stdout + stderr), or null without a size. */
+function skippedLines(skipped: unknown): number | null {
+  if (typeof skipped !== "object" || skipped === null) return null;
+  let total = 0;
+  for (const name of ["stdout", "stderr"]) {
+    const lines = (skipped as Record<string, { lines?: unknown } | undefined>)[name]?.lines;
+    if (typeof lines !== "number") return null;
+    total += lines;
+  }
+  return total;
 }

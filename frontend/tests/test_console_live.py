@@ -6,6 +6,9 @@ which another team cannot fetch."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,15 @@ from frontend.tests.test_dashboard_live import _api, _create_ready
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("assets")]
 
 MAX_LINES = 2000  # frontend/src/console.ts
+
+
+def _notice(omitted: int) -> re.Pattern[str]:
+    """The console's notice; lines skipped while the view fell behind are counted in."""
+    return re.compile(
+        rf"^{omitted:,} earlier lines omitted"
+        r"( \([\d,]+ of them skipped while the view fell behind\))? — download full output\s*$"
+    )
+
 
 # Records, at every DOM change of the console, its newline count and node count: the
 # most it ever held while the output streamed, not only what is left at the end.
@@ -77,7 +89,7 @@ def test_large_output_stays_bounded_follows_the_tail_and_downloads_whole(
         assert [int(x) for x in kept] == list(range(int(kept[0]), 200001))  # a contiguous tail
         omitted = int(kept[0]) - 1
         notice = output.locator(".console-omitted")
-        expect(notice).to_have_text(f"{omitted:,} earlier lines omitted — download full output")
+        expect(notice).to_have_text(_notice(omitted))
         # follow-tail: the console shows the last line, scrolled to its bottom
         assert page.evaluate(
             "(o => o.scrollHeight - o.scrollTop - o.clientHeight < 2)"
@@ -176,8 +188,77 @@ def test_three_megabytes_of_output_finish_rendering(
         expect(output).to_contain_text("\nthe-end")
         peak = page.evaluate("window.__peak")
         assert peak["lines"] <= MAX_LINES + 1 and peak["nodes"] <= 40, peak
-        expect(output.locator(".console-omitted")).to_contain_text(
-            "28,000 earlier lines omitted — download full output"
-        )
+        # exact whether or not the view fell behind the server's replay window (then
+        # the lines it never got are counted from the exec.gap frame's size)
+        expect(output.locator(".console-omitted")).to_have_text(_notice(28_000))
         assert sideways_overflow(page) == []
+    assert console.errors == []
+
+
+def test_lines_skipped_while_the_view_fell_behind_are_counted_exactly(
+    live: Any, make_tenant: Any, make_user: Any
+) -> None:
+    """The browser side of an exec.gap (issue 18): the relay says what a view that fell
+    behind its replay window never got, and the console counts it into "N earlier lines
+    omitted". Deterministic: the page's socket is routed, its first 1,000 lines are held
+    back and a gap frame with their exact size is sent instead (the server side of the
+    size is apps/sandboxes/tests/test_feed_gap.py)."""
+    tenant, secret = make_tenant()
+    make_user("ivy", (tenant, "member"))
+    sandbox_id = _create_ready(_api(live, secret))
+    dropped: dict[str, Any] = {"lines": 0, "bytes": 0, "seqs": [], "gap_sent": False}
+
+    def route(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            frame = json.loads(message)
+            # lines 1..1000 come before the command's pause: hold them all back
+            if frame.get("type") == "exec.stdout" and dropped["lines"] < 1000:
+                raw = base64.b64decode(frame["data"])
+                dropped["lines"] += raw.count(b"\n")
+                dropped["bytes"] += len(raw)
+                dropped["seqs"].append(frame["seq"])
+                return
+            if dropped["seqs"] and not dropped["gap_sent"]:
+                dropped["gap_sent"] = True
+                ws.send(
+                    json.dumps(
+                        {
+                            "type": "exec.gap",
+                            "sandbox_id": frame["sandbox_id"],
+                            "operation_id": frame["operation_id"],
+                            "from_seq": dropped["seqs"][0],
+                            "to_seq": dropped["seqs"][-1],
+                            "skipped": {
+                                "stdout": {"bytes": dropped["bytes"], "lines": dropped["lines"]},
+                                "stderr": {"bytes": 0, "lines": 0},
+                            },
+                        }
+                    )
+                )
+            ws.send(message)
+
+        server.on_message(from_server)
+
+    console = Console()
+    with chromium() as browser:
+        page = new_page(browser, live.url, console)
+        page.route_web_socket(re.compile(r".*/ws/realtime$"), route)
+        sign_in(page, "ivy", "ivy")
+        page.goto(f"/sandboxes/{sandbox_id}/")
+        # 1,000 lines, a pause (so they leave in frames of their own), 29,000 more
+        page.get_by_label("Command", exact=True).fill("seq 1 1000; sleep 1; seq 1001 30000")
+        page.get_by_role("button", name="Run", exact=True).click()
+        expect(page.locator("#exec-status")).to_contain_text("exit code 0", timeout=60_000)
+        output = page.locator("#exec-output")
+        expect(output).to_contain_text("\n30000")
+        assert dropped["lines"] == 1000 and dropped["gap_sent"], dropped
+        kept = [line for line in output.inner_text().splitlines() if line.isdigit()]
+        assert [int(x) for x in kept] == list(range(28_001, 30_001))  # the contiguous tail
+        expect(output.locator(".console-omitted")).to_have_text(
+            "28,000 earlier lines omitted (1,000 of them skipped while the view fell behind)"
+            " — download full output"
+        )
+        assert "no longer kept" not in output.inner_text()  # a sized gap is not a note
     assert console.errors == []

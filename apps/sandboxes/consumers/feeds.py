@@ -1,5 +1,9 @@
 """One subscriber's view of one operation's frames: replay from the Redis stream, then
-the live tail from the Channels group, deduplicated and gap-filled by ``seq``."""
+the live tail from the Channels group, deduplicated and gap-filled by ``seq``.
+
+Frames the replay buffer no longer keeps (a subscriber that fell more than its window
+behind) are announced by one ``exec.gap`` frame with what it skipped — bytes and lines
+per stream — from the output totals stored with each frame (services/replay.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from django.conf import settings
 from apps.core.asyncdb import db_async
 from apps.sandboxes import selectors
 from apps.sandboxes.models import Operation, OperationStatus
+from apps.sandboxes.services import replay
 from apps.sandboxes.services.streaming import (
     frames_key,
     operation_group,
@@ -89,6 +94,9 @@ class OperationFeed:
         self.redis = redis
         self.on_done = on_done
         self.done = False
+        # Output totals after the last frame sent ("ob ol eb el"); None while unknown
+        # (a re-subscribe whose last frame the buffer no longer has).
+        self.totals: str | None = replay.ZERO if after_seq < 0 else None
         self.group = operation_group(ref.pk)
         self._lock = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
@@ -110,7 +118,9 @@ class OperationFeed:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def on_group_frame(self, raw: str) -> None:
+    async def on_group_frame(
+        self, raw: str, before: str | None = None, after: str | None = None
+    ) -> None:
         if self.done:
             return
         frame = json.loads(raw)
@@ -121,7 +131,7 @@ class OperationFeed:
                 # channels_redis dropped something (full channel): the stream has it.
                 await self._replay_locked(upto=frame["seq"] - 1)
             if not self.done and frame["seq"] > self.last:
-                await self._emit(frame)
+                await self._emit(frame, before, after)
 
     async def catch_up(self) -> None:
         async with self._lock:
@@ -129,22 +139,42 @@ class OperationFeed:
 
     async def _replay_locked(self, *, upto: int | None) -> None:
         maximum = "+" if upto is None else f"0-{upto + 1}"
-        entries = await self.redis.xrange(frames_key(self.ref.pk), f"0-{self.last + 2}", maximum)
+        # From the last frame sent when its totals are not known yet (a re-subscribe
+        # with after_seq): they are the base a gap's size is counted from.
+        first = self.last + (2 if self.totals is not None else 1)
+        entries = await self.redis.xrange(frames_key(self.ref.pk), f"0-{first}", maximum)
         for _entry_id, fields in entries:
             frame = json.loads(fields[b"f"])
+            after = _text(fields.get(b"a"))
+            if frame["seq"] == self.last and self.totals is None:
+                self.totals = after
             if frame["seq"] <= self.last:
                 continue
-            await self._emit(frame)
+            await self._emit(frame, _text(fields.get(b"b")), after)
             if self.done:
                 return
 
-    async def _emit(self, frame: dict[str, Any]) -> None:
+    async def _emit(
+        self, frame: dict[str, Any], before: str | None = None, after: str | None = None
+    ) -> None:
         seq = int(frame["seq"])
         if seq > self.last + 1:
-            await self.send(
-                {"type": "exec.gap", **self._ids(), "from_seq": self.last + 1, "to_seq": seq - 1}
+            gap: dict[str, Any] = {
+                "type": "exec.gap",
+                **self._ids(),
+                "from_seq": self.last + 1,
+                "to_seq": seq - 1,
+            }
+            size = (
+                None
+                if self.totals is None or before is None
+                else replay.skipped(self.totals, before)
             )
+            if size is not None:
+                gap["skipped"] = size
+            await self.send(gap)
         self.last = seq
+        self.totals = after
         if frame["type"] == "exec.exit":
             _status, record = await _check(self.ref.pk)
             await self._finish(record, seq)
@@ -186,6 +216,10 @@ async def start_feed(feed: OperationFeed, *, channel_layer: Any, channel_name: s
         async with feed._lock:
             if not feed.done:
                 await feed._finish(record, None)
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else None
 
 
 def new_redis() -> aioredis.Redis:

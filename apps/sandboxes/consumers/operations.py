@@ -70,7 +70,7 @@ class _FeedsMixin(HedgerowConsumer):
     async def exec_frame(self, event: dict[str, Any]) -> None:
         feed = self.feeds.get(str(event.get("op")))
         if feed is not None:
-            await feed.on_group_frame(event["frame"])
+            await feed.on_group_frame(event["frame"], event.get("b"), event.get("a"))
 
     async def disconnect(self, code: int) -> None:
         self.closed = True

@@ -158,7 +158,8 @@ async def _append(
         # A listener gets output before it is stored (the pump skips re-sent frames
         # by seq, so it never gets one twice); the end only once the row is final.
         _notify(operation_pk, (frame, fields))
-    if not await replay.append_async(redis, operation_pk, int(frame["seq"]), data):
+    totals = await replay.append_async(redis, operation_pk, frame, data)
+    if totals is None:
         return False  # already stored (a re-attach re-sends early frames)
     if notify and final:
         _notify(operation_pk, (frame, fields))
@@ -167,7 +168,7 @@ async def _append(
         try:
             await layer.group_send(
                 streaming.operation_group(operation_pk),
-                {"type": "exec.frame", "op": operation_pk, "frame": data},
+                streaming.group_message(operation_pk, data, totals),
             )
         except Exception:  # noqa: BLE001 - subscribers fill gaps from the stream
             log.warning("could not fan out exec frame", extra={"operation": operation_pk})

@@ -139,18 +139,24 @@ def pump_alive(operation_pk: str) -> bool:
 
 
 # -- the replay buffer ----------------------------------------------------------
+def group_message(operation_pk: str, data: str, totals: replay.Totals) -> dict[str, Any]:
+    """A stored frame as fanned out to subscribers, with the output totals before and
+    after it (a subscriber that missed frames says exactly how much: consumers/feeds.py)."""
+    return {"type": "exec.frame", "op": operation_pk, "frame": data, "b": totals[0], "a": totals[1]}
+
+
 def buffer_append(*, operation_pk: str, frame: dict[str, Any]) -> None:
     """Appends a frame (ids are ``0-<seq+1>``, so duplicates are refused by Redis) and
     wakes the operation's group. Bounded in bytes, frames and time (services/replay.py)."""
     data = json.dumps(frame, separators=(",", ":"))
-    if not replay.append(redis_client(), operation_pk, int(frame["seq"]), data):
+    totals = replay.append(redis_client(), operation_pk, frame, data)
+    if totals is None:
         return  # an id at or below the top: this frame is already stored
     layer = get_channel_layer()
     if layer is not None:
         try:
             async_to_sync(layer.group_send)(
-                operation_group(operation_pk),
-                {"type": "exec.frame", "op": operation_pk, "frame": data},
+                operation_group(operation_pk), group_message(operation_pk, data, totals)
             )
         except Exception:  # noqa: BLE001 - subscribers fill gaps from the stream
             log.warning("could not fan out exec frame", extra={"operation": operation_pk})

@@ -114,5 +114,8 @@ def test_ten_large_streamed_ops_keep_bounded_replay_memory_with_the_documented_t
     )
     tail = b"".join(base64.b64decode(f["data"]) for f in kept if f["type"] == "exec.stdout")
     assert 0 < len(tail) < OUTPUT_BYTES and set(tail) == {ord("x")}
+    # and says exactly how much it skipped: with the tail, the whole output
+    assert frames[0]["skipped"]["stdout"]["bytes"] == OUTPUT_BYTES - len(tail)
+    assert frames[0]["skipped"]["stderr"] == {"bytes": 0, "lines": 0}
     assert frames[-1]["type"] == "exec.exit"
     assert frames[-1]["result"]["output"]["stdout"]["total_bytes"] == OUTPUT_BYTES

@@ -7,6 +7,12 @@ sandbox's data is one subvolume ``<mount>/<sandbox_id>`` (``workspace/``, ``tmp/
 and later the images issue's overlay upper dirs) inside a level-1 quota group with a
 limit: writes past it fail with EDQUOT in the sandbox, the other sandboxes go on.
 
+The btrfs is mounted on top of a *shared* bind of ``<state_dir>/storage`` onto itself
+(as the backend does for its roots dir): host ``/`` is a private mount, so a mount
+namespace cloned later (a zygote launcher) would otherwise keep a private copy of the
+btrfs, busy, and its loop device stayed attached after ``release``. On the shared bind
+the btrfs is shared with those copies and its unmount propagates to them.
+
 Per provision this costs three ioctls (group create, group limit, subvolume create)
 and two mkdirs; per destroy about four. Mounting (and, the first time, creating) the
 filesystem is done once, by the first provision that finds it unmounted.
@@ -37,8 +43,19 @@ AUTO_FREE_FRACTION = 0.5  # ... and at most this fraction of the free space
 MIN_BYTES = 256 << 20  # btrfs needs ~120 MiB for itself
 _LOOP_CLR_FD = 0x4C01
 
+MS_BIND = 0x1000
+MS_SHARED = 1 << 20
+MNT_DETACH = 2
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_void_p,
+]
 _libc.syncfs.argtypes = [ctypes.c_int]
 
 
@@ -101,6 +118,7 @@ class Storage:
             if fresh:
                 self._create_image()
             self.mount.mkdir(mode=0o711, exist_ok=True)
+            self._share_mount_point()
             # util-linux sets up the loop device with autoclear: it is released when
             # the filesystem is unmounted (teardown, `make down`).
             proc = run(
@@ -136,6 +154,19 @@ class Storage:
             self._dev = os.stat(self.mount).st_dev
             log.info("sandbox storage mounted at %s (%s)", self.mount, self.image)
             return True
+
+    def _share_mount_point(self) -> None:
+        """``<state_dir>/storage`` as a shared bind mount of itself (once per boot)."""
+        if _mount_lines(self.mount):
+            return  # the bind (or a btrfs on it) is there
+        target = os.fsencode(self.mount)
+        if _libc.mount(target, target, None, MS_BIND, None) != 0:
+            err = ctypes.get_errno()
+            raise BackendError(f"cannot bind-mount {self.mount}: {os.strerror(err)}")
+        if _libc.mount(None, target, None, MS_SHARED, None) != 0:
+            err = ctypes.get_errno()
+            _libc.umount2(target, MNT_DETACH)
+            raise BackendError(f"cannot make {self.mount} shared: {os.strerror(err)}")
 
     def _create_image(self) -> None:
         size = self.size_bytes or self._auto_size()
@@ -397,16 +428,12 @@ class Storage:
             os.close(fd)
 
     def _mounted_device(self) -> str | None:
-        target = str(self.mount)
-        try:
-            lines = Path("/proc/self/mountinfo").read_text().splitlines()
-        except OSError:
+        """The source of the topmost mount at the mount point: the loop device when the
+        btrfs is mounted (the shared bind under it is not a device of ours)."""
+        lines = _mount_lines(self.mount)
+        if not self.mounted() or not lines:
             return None
-        for line in lines:
-            fields = line.split(" ")
-            if len(fields) > 4 and fields[4] == target and " - " in line:
-                return line.split(" - ", 1)[1].split(" ")[1]
-        return None
+        return lines[-1].split(" - ", 1)[1].split(" ")[1]
 
     # ---- teardown ------------------------------------------------------------------
 
@@ -423,6 +450,11 @@ class Storage:
     def teardown(self) -> None:
         """Unmounts and deletes the storage (tests, uninstall)."""
         self.release()
+        with file_lock(self.lock):
+            # the shared bind under it (whatever still uses it keeps its view)
+            while _mount_lines(self.mount):
+                if _libc.umount2(os.fsencode(self.mount), MNT_DETACH) != 0:
+                    break
         with contextlib.suppress(FileNotFoundError):
             self.image.unlink()
         with contextlib.suppress(FileNotFoundError, OSError):
@@ -433,3 +465,12 @@ class Storage:
             if _libc.umount2(str(self.mount).encode(), 0) != 0:
                 err = ctypes.get_errno()
                 raise BackendError(f"cannot unmount {self.mount}: {os.strerror(err)}")
+
+
+def _mount_lines(path: Path) -> list[str]:
+    """This namespace's mountinfo lines whose mount point is ``path``, bottom first."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if " - " in line and line.split(" ")[4:5] == [str(path)]]

@@ -79,9 +79,14 @@ def loops_of(image: Path) -> list[str]:
     return found
 
 
-def mounted_at(path: Path) -> bool:
-    lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    return any(line.split(" ")[4] == str(path) for line in lines)
+def mounted_at(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """A btrfs mounted at ``path`` (the shared bind of the dir onto itself under it is
+    the mount point, not the storage)."""
+    for line in mountinfo.read_text().splitlines():
+        fields = line.split(" ")
+        if fields[4] == str(path) and line.split(" - ", 1)[1].split(" ")[0] == "btrfs":
+            return True
+    return False
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10) -> bool:
@@ -260,6 +265,63 @@ def test_release_unmounts_and_the_next_provision_mounts_the_same_storage(
         assert mounted_at(storage.mount) and storage.image.stat().st_ino == image_ino
     finally:
         b.teardown_instance()
+
+
+@pytest.mark.parametrize("when", ["before the mount", "after the mount"])
+def test_a_mount_namespace_cloned_meanwhile_does_not_keep_the_loop_device(
+    tmp_path: Path, when: str
+) -> None:
+    """Host ``/`` is a private mount: a namespace cloned while the storage is mounted (a
+    zygote launcher's) kept a private copy of the btrfs, and after release its loop
+    device stayed attached. On the shared bind the unmount reaches the copy."""
+    b = private_backend(tmp_path, "ns")
+    holder: subprocess.Popen[str] | None = None
+
+    def clone_namespace() -> subprocess.Popen[str]:
+        # a process in a new mount namespace copied from this one (propagation as it
+        # is, as clone(CLONE_NEWNS) copies it), waiting on its stdin; "in" once it has
+        # unshared
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "unchanged", "sh", "-c", "echo in; exec cat"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "in\n"
+        return proc
+
+    try:
+        storage = b.storage
+        assert storage is not None
+        if when == "before the mount":
+            storage.mount.mkdir(mode=0o711, parents=True, exist_ok=True)
+            storage._share_mount_point()  # what ensure() does first
+            holder = clone_namespace()
+            b.provision(new_spec())
+        else:
+            b.provision(new_spec())
+            holder = clone_namespace()
+        theirs = Path(f"/proc/{holder.pid}/mountinfo")
+        assert mounted_at(storage.mount, theirs)  # the clone has the storage too
+        assert loops_of(storage.image) != []
+        for item in b.inventory():
+            if item.sandbox_id:
+                b.destroy(item.sandbox_id)
+        b.zygote.stop()
+        b.release_storage()
+        assert not mounted_at(storage.mount)
+        assert not mounted_at(storage.mount, theirs)  # the unmount reached the clone
+        assert holder.poll() is None  # ... which is still there
+        assert wait_for(lambda: loops_of(storage.image) == [])
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        b.teardown_instance()
+    assert not any(
+        line.split(" ")[4] == str(storage.mount)
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+    )  # teardown took the bind too
 
 
 def test_inventory_and_reclaim_know_volumes_quota_groups_and_loop_devices(
