@@ -20,8 +20,14 @@ from apps.billing.pricing import (
     price_rate,
     reference_books,
 )
-from apps.billing.storage import storage_totals, storage_window_cost
-from apps.billing.usage import Totals, month_start, record_window, records_overlapping
+from apps.billing.storage import storage_totals
+from apps.billing.usage import (
+    Totals,
+    month_start,
+    record_window,
+    records_overlapping,
+    tenant_window_cost,
+)
 from apps.tenancy.models import ApiKey, Tenant
 
 
@@ -221,10 +227,9 @@ def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantRe
         day += timedelta(days=1)
     slices = sorted(per_slice.items(), key=lambda kv: kv[1].cost, reverse=True)
     quota = TenantQuota.objects.filter(tenant=tenant).first()
-    month_cost = Totals()
-    for record in records_overlapping(start=month_start(now), end=None, tenant=tenant):
-        month_cost.add(record, record_window(record, start=month_start(now), end=None, now=now))
-    month_storage = storage_window_cost(tenant=tenant, start=month_start(now), now=now)
+    # Month to date in one SQL aggregate (the admission check's arithmetic), not a
+    # second walk of every record: the report's cost grew with the month's history.
+    month_cost = tenant_window_cost(tenant=tenant, start=month_start(now), now=now)
     return TenantReport(
         tenant=tenant,
         start=start,
@@ -240,7 +245,7 @@ def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantRe
             at=end,
         ),
         budget=quota.monthly_budget if quota else None,
-        month_cost=month_cost.cost + month_storage,
+        month_cost=month_cost,
         storage=storage_totals(tenant=tenant, start=start, end=end),
         price_books=[str(b) for b in PriceBook.objects.filter(pk__in=books).order_by("slug")],
     )
