@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench._stack import private_stack
+from bench._stack import private_stack, set_arg
 
 COMMAND = "echo hi"
 
@@ -300,10 +300,7 @@ def main() -> int:
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:
-        # The web process as scripts/stack.sh runs it: N workers and a DB pool.
-        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
-        stack.web.args += ["--loop", "uvloop", "--http", "httptools"]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        set_arg(stack.web.args, "--workers", str(args.web_workers))  # else as make up
         if args.no_fast_path:
             stack.web.env["HEDGEROW_EXEC_FAST_PATH"] = "0"
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Client, TransportError
-from bench._stack import private_stack
+from bench._stack import make_up_settings, private_stack, set_arg
 from bench.cpu_account import (
     CLIENT,
     MODES,
@@ -269,8 +269,19 @@ def main() -> int:
     parser.add_argument("n", type=int, nargs="?", default=1000)
     parser.add_argument("k", type=int, nargs="?", default=4)
     parser.add_argument("--concurrency", type=int, default=0, help="in flight; 0 = N")
-    parser.add_argument("--web-workers", type=int, default=2)
-    parser.add_argument("--worker-concurrency", type=int, default=8)
+    make_up_cfg = make_up_settings()
+    parser.add_argument(
+        "--web-workers",
+        type=int,
+        default=int(make_up_cfg["HEDGEROW_WEB_WORKERS"]),
+        help="default: make up's (scripts/stack-defaults.env)",
+    )
+    parser.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=int(make_up_cfg["HEDGEROW_WORKER_CONCURRENCY"]),
+        help="default: make up's",
+    )
     parser.add_argument(
         "--image",
         default="host",
@@ -280,12 +291,17 @@ def main() -> int:
     parser.add_argument(
         "--httpx", action="store_true", help="the previous, costlier load generator (httpx)"
     )
-    parser.add_argument("--db-pool", type=int, default=60, help="per web worker")
+    parser.add_argument(
+        "--db-pool",
+        type=int,
+        default=int(make_up_cfg["HEDGEROW_DB_POOL_MAX"]),
+        help="per web worker; default: make up's",
+    )
     parser.add_argument(
         "--subnet",
         default="",
-        help="the local backend's subnet; default: sized from N and --warm-pool (a /24 "
-        "holds only ~250 live sandboxes), in 10.214.0.0/16, chosen from the pid",
+        help="the local backend's subnet; default: make up's size (a /21), larger if N "
+        "and --warm-pool need it, in 10.214.0.0/16, chosen from the pid",
     )
     parser.add_argument(
         "--cpu-sampler",
@@ -323,18 +339,20 @@ def main() -> int:
     )
     args = parser.parse_args()
     try:
-        args.subnet = pick_subnet(args.subnet, needed_addresses(args.n, args.warm_pool))
+        args.subnet = pick_subnet(
+            args.subnet,
+            needed_addresses(args.n, args.warm_pool),
+            at_most=int(make_up_cfg["HEDGEROW_LOCAL_SUBNET_PREFIX"]),
+        )
     except ValueError as exc:
         parser.error(str(exc))
 
     def configure(stack: Any) -> None:
-        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "60"]
-        stack.web.env = {
-            **stack.env,
-            "HEDGEROW_DB_POOL": "1",
-            "HEDGEROW_DB_POOL_MAX": str(args.db_pool),
-        }
-        stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
+        # make up's configuration is already set (bench/_stack.py); only what the
+        # command line changed differs, and the printed configuration says so.
+        set_arg(stack.web.args, "--workers", str(args.web_workers))
+        stack.web.env["HEDGEROW_DB_POOL_MAX"] = str(args.db_pool)
+        set_arg(stack.worker.args, "-c", str(args.worker_concurrency))
 
     env = {"HEDGEROW_MAX_LIVE_SANDBOXES": "0", "HEDGEROW_LOCAL_SUBNET": args.subnet}
     if args.warm_pool:
@@ -423,10 +441,10 @@ def needed_addresses(n: int, warm_pool: int) -> int:
     return n + warm_pool
 
 
-def _prefix_for(needed: int) -> int:
-    """The longest prefix holding ``needed`` sandboxes with 25 % to spare (network,
-    bridge and broadcast take 3 addresses)."""
-    for prefix in range(24, 15, -1):
+def _prefix_for(needed: int, at_most: int = 24) -> int:
+    """The longest prefix, ``at_most`` or shorter, holding ``needed`` sandboxes with
+    25 % to spare (network, bridge and broadcast take 3 addresses)."""
+    for prefix in range(at_most, 15, -1):
         if 2 ** (32 - prefix) - 3 >= needed * 1.25:
             return prefix
     raise ValueError(f"{needed} live sandboxes do not fit in a /16")
@@ -452,10 +470,15 @@ def _routed() -> list[ipaddress.IPv4Network]:
     return out
 
 
-def pick_subnet(requested: str, needed: int, claims: Path = Path("/run/hedgerow/subnets")) -> str:
+def pick_subnet(
+    requested: str,
+    needed: int,
+    claims: Path = Path("/run/hedgerow/subnets"),
+    at_most: int = 24,
+) -> str:
     """``requested`` if it is large enough (else ValueError, before anything starts);
-    by default a subnet of ``_prefix_for(needed)`` in 10.214.0.0/16, the first free one
-    from an offset derived from the pid, so concurrent runs do not collide."""
+    by default a subnet of ``_prefix_for(needed, at_most)`` in 10.214.0.0/16, the first
+    free one from an offset derived from the pid, so concurrent runs do not collide."""
     if requested:
         net = ipaddress.IPv4Network(requested)
         if net.num_addresses - 3 < needed:
@@ -464,7 +487,7 @@ def pick_subnet(requested: str, needed: int, claims: Path = Path("/run/hedgerow/
                 f"have {needed} live at once: use a /{_prefix_for(needed)} or larger"
             )
         return str(net)
-    prefix = _prefix_for(needed)
+    prefix = _prefix_for(needed, at_most)
     candidates = list(SUBNET_POOL.subnets(new_prefix=prefix))
     used = _routed()
     taken = {p.name for p in claims.iterdir()} if claims.is_dir() else set()
