@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from bench._stack import private_stack, set_arg
+from bench._stack import make_up_settings, private_stack, set_arg
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -112,7 +112,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=200, help="round trips per SDK")
     parser.add_argument("--concurrent", type=int, default=200, help="concurrent rollouts")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--web-workers", type=int, default=int(make_up_settings()["HEDGEROW_WEB_WORKERS"])
+    )
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench._stack import private_stack, set_arg
+from bench._stack import make_up_settings, private_stack, set_arg
 from bench.exec_latency import (
     Http,
     cpu_per_exec,
@@ -41,7 +41,9 @@ def main() -> int:
     parser.add_argument("other", type=Path, help="a checkout of the code to compare with")
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--web-workers", type=int, default=int(make_up_settings()["HEDGEROW_WEB_WORKERS"])
+    )
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench._stack import private_stack, set_arg
+from bench._stack import make_up_settings, private_stack, set_arg
 
 COMMAND = "echo hi"
 
@@ -291,7 +291,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300, help="sequential samples per path")
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput level")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--web-workers", type=int, default=int(make_up_settings()["HEDGEROW_WEB_WORKERS"])
+    )
     parser.add_argument(
         "--no-fast-path",
         action="store_true",
