@@ -91,8 +91,8 @@ def configuration(stack: Any) -> dict[str, str]:
 def _subnet_prefix(env: dict[str, str]) -> str:
     subnet = env.get("HEDGEROW_LOCAL_SUBNET", "")
     if subnet:
-        return subnet.rpartition("/")[2] + f" ({subnet})"
-    return env.get("HEDGEROW_LOCAL_SUBNET_PREFIX", "24")
+        return "/" + subnet.rpartition("/")[2] + f" ({subnet})"
+    return "/" + env.get("HEDGEROW_LOCAL_SUBNET_PREFIX", "24")
 
 
 def describe(stack: Any, settings: dict[str, str] | None = None) -> str:
@@ -104,12 +104,13 @@ def describe(stack: Any, settings: dict[str, str] | None = None) -> str:
         "HEDGEROW_DB_POOL_MAX": "DB pool per web worker",
         "HEDGEROW_WEB_KEEPALIVE_S": "keep-alive s",
         "HEDGEROW_WORKER_CONCURRENCY": "Celery worker -c",
-        "HEDGEROW_LOCAL_SUBNET_PREFIX": "subnet /",
+        "HEDGEROW_LOCAL_SUBNET_PREFIX": "subnet",
         "loop/http": "loop/http",
         "HEDGEROW_MAX_LIVE_SANDBOXES": "max live",
         "HEDGEROW_WARM_POOL": "warm pool",
     }
     expected = {**cfg, "loop/http": "uvloop/httptools", "HEDGEROW_MAX_LIVE_SANDBOXES": "0"}
+    expected["HEDGEROW_LOCAL_SUBNET_PREFIX"] = "/" + cfg["HEDGEROW_LOCAL_SUBNET_PREFIX"]
     expected["HEDGEROW_WARM_POOL"] = "none"
     differs = [
         f"{names[k]} {v} (make up: {expected[k]})"

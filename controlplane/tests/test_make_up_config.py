@@ -87,3 +87,11 @@ def test_the_lifecycle_bench_takes_make_ups_subnet_unless_the_run_needs_more() -
     assert _prefix_for(200, prefix) == prefix
     assert _prefix_for(1000, prefix) == 21  # 2045 addresses hold 1000 with room
     assert _prefix_for(2000, prefix) == 20
+
+
+def test_a_smaller_subnet_is_named_as_a_deviation() -> None:
+    stack = _stack()
+    make_up(stack)
+    stack.worker.env = {**stack.worker.env, "HEDGEROW_LOCAL_SUBNET": "10.214.8.0/23"}
+    line = describe(stack)
+    assert "subnet /23 (10.214.8.0/23) (make up: /21)" in line
