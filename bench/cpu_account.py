@@ -317,6 +317,11 @@ class CpuAccount(threading.Thread):
             current, seen = parent.ppid, seen + 1
         return None
 
+    @property
+    def busy_s(self) -> float:
+        """The machine's busy CPU seconds in the window (all cores, every process)."""
+        return self.busy_ticks / _TICK
+
     def breakdown(self) -> dict[str, float]:
         """CPU seconds per kind over the run, plus the residual."""
         ticks: dict[str, int] = defaultdict(int)

@@ -319,7 +319,7 @@ def main() -> int:
     episodes = max(1, round(2_000 * args.scale))
 
     def configure(stack: Any) -> None:
-        stack.web.args += ["--workers", str(MAKE_UP["web_workers"]), "--timeout-keep-alive", "60"]
+        stack.web.args += ["--workers", str(MAKE_UP["web_workers"])]
         stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
         stack.worker.args[stack.worker.args.index("-c") + 1] = str(MAKE_UP["worker_concurrency"])
 

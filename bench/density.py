@@ -22,15 +22,14 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from bench._http import Client, TransportError
-from bench._stack import private_stack
+from bench._stack import make_up_settings, private_stack
 from bench.lifecycle import _loop_factory, pct, reconcile_and_audit, settle
 
-# What `make up` runs (scripts/stack.sh app_up): 2 uvicorn workers with the DB pool, a
-# Celery worker with 4 processes, and a /21 (2045 sandboxes on four bridges of 512).
-MAKE_UP = {"web_workers": 2, "worker_concurrency": 4, "subnet_prefix": 21}
+# The subnet `make up` claims (scripts/stack-defaults.env): a /21, 2045 sandboxes on
+# four bridges of 512; the rest of the stack is configured by bench/_stack.py.
+MAKE_UP_PREFIX = int(make_up_settings()["HEDGEROW_LOCAL_SUBNET_PREFIX"])
 
 
 def meminfo() -> dict[str, int]:
@@ -252,7 +251,7 @@ def main() -> int:
     parser.add_argument(
         "--subnet-prefix",
         type=int,
-        default=MAKE_UP["subnet_prefix"],
+        default=MAKE_UP_PREFIX,
         help="the prefix of the subnet the instance claims (make up: 21, 2045 sandboxes)",
     )
     parser.add_argument(
@@ -262,26 +261,19 @@ def main() -> int:
         help="ports per bridge (HEDGEROW_LOCAL_BRIDGE_PORTS): lower to cross bridges with few",
     )
     args = parser.parse_args()
-    MAKE_UP["subnet_prefix"] = args.subnet_prefix
-
-    def configure(stack: Any) -> None:
-        stack.web.args += ["--workers", str(MAKE_UP["web_workers"]), "--timeout-keep-alive", "60"]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
-        stack.worker.args[stack.worker.args.index("-c") + 1] = str(MAKE_UP["worker_concurrency"])
 
     env = {
         "HEDGEROW_MAX_LIVE_SANDBOXES": "0",
-        "HEDGEROW_LOCAL_SUBNET_PREFIX": str(MAKE_UP["subnet_prefix"]),
+        "HEDGEROW_LOCAL_SUBNET_PREFIX": str(args.subnet_prefix),
         "HEDGEROW_LOCAL_BRIDGE_PORTS": str(args.bridge_ports),
     }
+    # The stack's configuration is printed by bench/_stack.py once it is up.
     print(
-        f"configuration (as make up): {MAKE_UP['web_workers']} web workers with the DB pool, "
-        f"Celery worker -c {MAKE_UP['worker_concurrency']}, subnet /{MAKE_UP['subnet_prefix']}; "
         f"bridges of {args.bridge_ports} ports at most; "
         f"N={args.n}, {args.concurrency} creates in flight; load average "
         f"{Path('/proc/loadavg').read_text().split()[0]}"
     )
-    with private_stack("dn", env, configure) as (stack, secret):
+    with private_stack("dn", env) as (stack, secret):
         from django.utils import timezone
 
         instance = os.environ["HEDGEROW_INSTANCE"]

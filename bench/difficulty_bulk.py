@@ -97,12 +97,8 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
 
-    def configure(stack: Any) -> None:
-        # the web process as scripts/stack.sh runs it
-        stack.web.args += ["--loop", "uvloop", "--http", "httptools"]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
-
-    with private_stack("difficulty", {}, configure) as (stack, secret):
+    # The stack as `make up` runs it (bench/_stack.py).
+    with private_stack("difficulty", {}) as (stack, secret):
         ids = seed(args.tasks)
         results = asyncio.run(measure(stack.url, secret, ids, args.n))
     for name, samples in results.items():

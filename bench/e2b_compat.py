@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from bench._stack import private_stack
+from bench._stack import make_up_settings, private_stack, set_arg
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -112,14 +112,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=200, help="round trips per SDK")
     parser.add_argument("--concurrent", type=int, default=200, help="concurrent rollouts")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--web-workers", type=int, default=int(make_up_settings()["HEDGEROW_WEB_WORKERS"])
+    )
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:
-        # The web process as scripts/stack.sh runs it: N workers and a DB pool.
-        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
-        stack.web.args += ["--loop", "uvloop", "--http", "httptools"]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        set_arg(stack.web.args, "--workers", str(args.web_workers))  # else as make up
 
     with private_stack("e2b", {}, configure) as (stack, secret):
         round_trips(stack, secret, args.n)

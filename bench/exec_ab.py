@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench._stack import private_stack
+from bench._stack import make_up_settings, private_stack, set_arg
 from bench.exec_latency import (
     Http,
     cpu_per_exec,
@@ -41,13 +41,13 @@ def main() -> int:
     parser.add_argument("other", type=Path, help="a checkout of the code to compare with")
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--web-workers", type=int, default=int(make_up_settings()["HEDGEROW_WEB_WORKERS"])
+    )
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:
-        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
-        stack.web.args += ["--loop", "uvloop", "--http", "httptools"]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        set_arg(stack.web.args, "--workers", str(args.web_workers))  # else as make up
 
     with private_stack("ab", {}, configure) as (stack, secret):
         port = _free_port()

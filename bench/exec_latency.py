@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench._stack import private_stack
+from bench._stack import make_up_settings, private_stack, set_arg
 
 COMMAND = "echo hi"
 
@@ -303,7 +303,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=300, help="sequential samples per path")
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput level")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--web-workers", type=int, default=int(make_up_settings()["HEDGEROW_WEB_WORKERS"])
+    )
     parser.add_argument(
         "--no-fast-path",
         action="store_true",
@@ -318,10 +320,7 @@ def main() -> int:
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:
-        # The web process as scripts/stack.sh runs it: N workers and a DB pool.
-        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "30"]
-        stack.web.args += ["--loop", "uvloop", "--http", "httptools"]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
+        set_arg(stack.web.args, "--workers", str(args.web_workers))  # else as make up
         if args.no_fast_path:
             stack.web.env["HEDGEROW_EXEC_FAST_PATH"] = "0"
 

@@ -32,7 +32,7 @@ from unittest import mock
 
 import httpx
 
-from bench._stack import private_stack
+from bench._stack import make_up_settings, private_stack
 from bench.cpu_account import _TICK, CLIENT, NOT_OURS, WEB, WORKER, CpuAccount, Scope
 from bench.lifecycle import _zygote_pid
 
@@ -53,7 +53,12 @@ def main() -> None:
     p.add_argument("--count", type=int, default=64)
     p.add_argument("--mib", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="exact CPU of the fork by process kind")
-    p.add_argument("--worker-concurrency", type=int, default=4, help="worker processes")
+    p.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=int(make_up_settings()["HEDGEROW_WORKER_CONCURRENCY"]),
+        help="worker processes (default: make up's)",
+    )
     p.add_argument("--profile", type=int, default=0, help="then profile N provisions in-process")
     args = p.parse_args()
 

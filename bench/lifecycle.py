@@ -28,6 +28,7 @@ import asyncio
 import ipaddress
 import os
 import statistics
+import tempfile
 import threading
 import time
 import uuid
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Client, TransportError
-from bench._stack import private_stack
+from bench._stack import describe, make_up_settings, private_stack, set_arg
 from bench.cpu_account import (
     CLIENT,
     MODES,
@@ -70,6 +71,14 @@ class Results:
     ready: list[float] = field(default_factory=list)
     execs: list[float] = field(default_factory=list)
     lifecycles: list[float] = field(default_factory=list)
+    # per operation kind (one request each, retries included): issue 17 goal 5
+    creates: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    deletes: list[float] = field(default_factory=list)
+    # when (perf_counter) each sandbox became ready / its delete was answered: the curve
+    ready_at: list[float] = field(default_factory=list)
+    deleted_at: list[float] = field(default_factory=list)
+    requests: int = 0  # answered requests, retries included
     ok: int = 0
     retries: int = 0
     reconnects: int = 0
@@ -114,6 +123,7 @@ async def _call(client: Any, results: Results, method: str, url: str, **kw: Any)
     for attempt in range(4):
         try:
             response = await client.request(method, url, **kw)
+            results.requests += 1
             if response.status_code < 500 or attempt == 3:
                 return response
         except TransportError:
@@ -132,6 +142,7 @@ async def one_lifecycle(
         sandbox_id = None
         try:
             key = uuid.uuid4().hex
+            t0 = time.perf_counter()
             created = await _call(
                 client,
                 results,
@@ -140,18 +151,23 @@ async def one_lifecycle(
                 json={"image": image},
                 headers={"Idempotency-Key": key},
             )
+            results.creates.append(time.perf_counter() - t0)
             if created.status_code not in (200, 201):
                 raise RuntimeError(f"create {created.status_code}: {created.text[:200]}")
             body = created.json()
             sandbox_id = body["id"]
             # A warm pool claim is answered ``ready``: as the SDK, no /wait round trip.
             if body.get("state") != "ready":
+                t0 = time.perf_counter()
                 waited = await client.request(
                     "GET", f"/sandboxes/{sandbox_id}/wait", params={"timeout": 300}
                 )
+                results.requests += 1
+                results.waits.append(time.perf_counter() - t0)
                 if waited.status_code != 200:
                     raise RuntimeError(f"wait {waited.status_code}: {waited.text[:200]}")
-            results.ready.append(time.perf_counter() - start)
+            results.ready_at.append(time.perf_counter())
+            results.ready.append(results.ready_at[-1] - start)
             for i in range(k):
                 t0 = time.perf_counter()
                 ran = await _call(
@@ -167,10 +183,13 @@ async def one_lifecycle(
                     why = body.get("error") or ran.text[:200]
                     raise RuntimeError(f"exec {ran.status_code}: {why}")
                 results.execs.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
             deleted = await _call(client, results, "DELETE", f"/sandboxes/{sandbox_id}")
+            results.deletes.append(time.perf_counter() - t0)
             if deleted.status_code != 202:
                 raise RuntimeError(f"delete {deleted.status_code}: {deleted.text[:200]}")
-            results.lifecycles.append(time.perf_counter() - start)
+            results.deleted_at.append(time.perf_counter())
+            results.lifecycles.append(results.deleted_at[-1] - start)
             results.ok += 1
         except (RuntimeError, TransportError, ValueError) as exc:
             results.failures.append(f"{type(exc).__name__}: {exc}")
@@ -269,8 +288,19 @@ def main() -> int:
     parser.add_argument("n", type=int, nargs="?", default=1000)
     parser.add_argument("k", type=int, nargs="?", default=4)
     parser.add_argument("--concurrency", type=int, default=0, help="in flight; 0 = N")
-    parser.add_argument("--web-workers", type=int, default=2)
-    parser.add_argument("--worker-concurrency", type=int, default=8)
+    make_up_cfg = make_up_settings()
+    parser.add_argument(
+        "--web-workers",
+        type=int,
+        default=int(make_up_cfg["HEDGEROW_WEB_WORKERS"]),
+        help="default: make up's (scripts/stack-defaults.env)",
+    )
+    parser.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=int(make_up_cfg["HEDGEROW_WORKER_CONCURRENCY"]),
+        help="default: make up's",
+    )
     parser.add_argument(
         "--image",
         default="host",
@@ -280,12 +310,17 @@ def main() -> int:
     parser.add_argument(
         "--httpx", action="store_true", help="the previous, costlier load generator (httpx)"
     )
-    parser.add_argument("--db-pool", type=int, default=60, help="per web worker")
+    parser.add_argument(
+        "--db-pool",
+        type=int,
+        default=int(make_up_cfg["HEDGEROW_DB_POOL_MAX"]),
+        help="per web worker; default: make up's",
+    )
     parser.add_argument(
         "--subnet",
         default="",
-        help="the local backend's subnet; default: sized from N and --warm-pool (a /24 "
-        "holds only ~250 live sandboxes), in 10.214.0.0/16, chosen from the pid",
+        help="the local backend's subnet; default: make up's size (a /21), larger if N "
+        "and --warm-pool need it, in 10.214.0.0/16, chosen from the pid",
     )
     parser.add_argument(
         "--cpu-sampler",
@@ -294,6 +329,12 @@ def main() -> int:
         help="light: sample the zygote's and worker pool's children in the window to "
         "split the sandbox side by process kind; off: no per-process sampling in the "
         "window (totals from /proc snapshots before and after; for headline figures)",
+    )
+    parser.add_argument(
+        "--ready-curve",
+        default=str(Path(tempfile.gettempdir()) / "hedgerow-lifecycle-ready.png"),
+        help="where to write the ready curve (PNG: sandboxes ready and deletes answered "
+        "over the run's time); docs/figures/lifecycle-ready.png is the one the docs show",
     )
     parser.add_argument(
         "--warm-pool",
@@ -323,18 +364,20 @@ def main() -> int:
     )
     args = parser.parse_args()
     try:
-        args.subnet = pick_subnet(args.subnet, needed_addresses(args.n, args.warm_pool))
+        args.subnet = pick_subnet(
+            args.subnet,
+            needed_addresses(args.n, args.warm_pool),
+            at_most=int(make_up_cfg["HEDGEROW_LOCAL_SUBNET_PREFIX"]),
+        )
     except ValueError as exc:
         parser.error(str(exc))
 
     def configure(stack: Any) -> None:
-        stack.web.args += ["--workers", str(args.web_workers), "--timeout-keep-alive", "60"]
-        stack.web.env = {
-            **stack.env,
-            "HEDGEROW_DB_POOL": "1",
-            "HEDGEROW_DB_POOL_MAX": str(args.db_pool),
-        }
-        stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
+        # make up's configuration is already set (bench/_stack.py); only what the
+        # command line changed differs, and the printed configuration says so.
+        set_arg(stack.web.args, "--workers", str(args.web_workers))
+        stack.web.env["HEDGEROW_DB_POOL_MAX"] = str(args.db_pool)
+        set_arg(stack.worker.args, "-c", str(args.worker_concurrency))
 
     env = {"HEDGEROW_MAX_LIVE_SANDBOXES": "0", "HEDGEROW_LOCAL_SUBNET": args.subnet}
     if args.warm_pool:
@@ -347,6 +390,7 @@ def main() -> int:
         from django.utils import timezone
 
         assert stack.web.popen is not None and stack.worker.popen is not None
+        stack_line = describe(stack).split(" — ")[-1]
         scope = Scope(
             roots={stack.web.popen.pid: WEB, stack.worker.popen.pid: WORKER},
             instance=os.environ["HEDGEROW_INSTANCE"],
@@ -390,6 +434,20 @@ def main() -> int:
         reconcile, audit = reconcile_and_audit(since)
         report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
         print("\n".join(cpu.report(args.n, "sandbox")))
+        stack_cpu = sum(v for k, v in cpu.breakdown().items() if k not in (*NOT_OURS, CLIENT))
+        print("\n".join(stress_report(results, wall, cpu.busy_s, stack_cpu, args.n)))
+        title = (
+            f"{args.n} lifecycles, K={args.k}, {args.concurrency or args.n} in flight, "
+            f"load {args.load_before} at the start"
+        )
+        if args.ready_curve:
+            write_ready_curve(
+                Path(args.ready_curve),
+                results,
+                started,
+                title=f"{title}: {wall:.1f} s, {stack_line}",
+            )
+            print(f"ready curve            {args.ready_curve}")
         if prewarm is not None:
             print("\n".join(pool_report(prewarm, pool_before, pool_after, after)))
     return 0
@@ -423,10 +481,10 @@ def needed_addresses(n: int, warm_pool: int) -> int:
     return n + warm_pool
 
 
-def _prefix_for(needed: int) -> int:
-    """The longest prefix holding ``needed`` sandboxes with 25 % to spare (network,
-    bridge and broadcast take 3 addresses)."""
-    for prefix in range(24, 15, -1):
+def _prefix_for(needed: int, at_most: int = 24) -> int:
+    """The longest prefix, ``at_most`` or shorter, holding ``needed`` sandboxes with
+    25 % to spare (network, bridge and broadcast take 3 addresses)."""
+    for prefix in range(at_most, 15, -1):
         if 2 ** (32 - prefix) - 3 >= needed * 1.25:
             return prefix
     raise ValueError(f"{needed} live sandboxes do not fit in a /16")
@@ -452,10 +510,15 @@ def _routed() -> list[ipaddress.IPv4Network]:
     return out
 
 
-def pick_subnet(requested: str, needed: int, claims: Path = Path("/run/hedgerow/subnets")) -> str:
+def pick_subnet(
+    requested: str,
+    needed: int,
+    claims: Path = Path("/run/hedgerow/subnets"),
+    at_most: int = 24,
+) -> str:
     """``requested`` if it is large enough (else ValueError, before anything starts);
-    by default a subnet of ``_prefix_for(needed)`` in 10.214.0.0/16, the first free one
-    from an offset derived from the pid, so concurrent runs do not collide."""
+    by default a subnet of ``_prefix_for(needed, at_most)`` in 10.214.0.0/16, the first
+    free one from an offset derived from the pid, so concurrent runs do not collide."""
     if requested:
         net = ipaddress.IPv4Network(requested)
         if net.num_addresses - 3 < needed:
@@ -464,7 +527,7 @@ def pick_subnet(requested: str, needed: int, claims: Path = Path("/run/hedgerow/
                 f"have {needed} live at once: use a /{_prefix_for(needed)} or larger"
             )
         return str(net)
-    prefix = _prefix_for(needed)
+    prefix = _prefix_for(needed, at_most)
     candidates = list(SUBNET_POOL.subnets(new_prefix=prefix))
     used = _routed()
     taken = {p.name for p in claims.iterdir()} if claims.is_dir() else set()
@@ -635,6 +698,84 @@ def report(
     if results.failures:
         out.append(f"first failures: {results.failures[:5]}")
     print("\n".join(out))
+
+
+def stress_report(
+    results: Results, wall: float, machine_cpu_s: float, stack_cpu_s: float, n: int
+) -> list[str]:
+    """What the seeds ask of a stress test (issue 17 goal 5): the rate of answered
+    requests, p50/p99 per operation kind, the validity rate η (lifecycles that ran
+    through with every answer as expected, of those started) and the cost per valid
+    lifecycle: the machine's CPU (every process: on a shared machine others' too) and
+    this stack's own (web, worker, sandboxes, Postgres; not the load generator)."""
+    eta = results.ok / n if n else 0.0
+    kinds = (
+        ("create", results.creates),
+        ("wait", results.waits),
+        ("exec", results.execs),
+        ("delete", results.deletes),
+    )
+    out = [
+        f"stress (goal 5)        {results.requests / wall:.1f} requests/s answered "
+        f"({results.requests} in {wall:.2f} s), η = {eta:.3f} ({results.ok}/{n} valid), "
+        + (
+            f"per valid lifecycle {1e3 * machine_cpu_s / results.ok:.1f} ms of machine CPU, "
+            f"{1e3 * stack_cpu_s / results.ok:.1f} ms of this stack's"
+            if results.ok
+            else "no valid lifecycle"
+        )
+    ]
+    for name, samples in kinds:
+        if samples:
+            ms = [s * 1e3 for s in samples]
+            out.append(
+                f"  {name:<8} {len(ms):6d} requests   p50 {pct(ms, 0.5):8.1f} ms   "
+                f"p99 {pct(ms, 0.99):8.1f} ms"
+            )
+    return out
+
+
+def ready_curve(results: Results, started: float) -> tuple[list[float], list[float]]:
+    """Seconds from the first create at which each sandbox became ready and each
+    delete was answered, in order (the curves' x values; y is 1..len)."""
+    return (
+        sorted(t - started for t in results.ready_at),
+        sorted(t - started for t in results.deleted_at),
+    )
+
+
+def write_ready_curve(path: Path, results: Results, started: float, title: str) -> None:
+    """A PNG of sandboxes ready (and deletes answered) over the run's time, with the
+    create→ready percentiles marked: a burst whose last sandboxes straggle shows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ready, deleted = ready_curve(results, started)
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.step(ready, range(1, len(ready) + 1), where="post", label="ready (create → ready)")
+    ax.step(deleted, range(1, len(deleted) + 1), where="post", label="delete answered")
+    ms = [s * 1e3 for s in results.ready]
+    if ms:
+        ax.text(
+            0.01,
+            0.97,
+            f"create→ready p50 {pct(ms, 0.5) / 1e3:.2f} s · p95 {pct(ms, 0.95) / 1e3:.2f} s"
+            f" · p99 {pct(ms, 0.99) / 1e3:.2f} s (each from its own create)",
+            transform=ax.transAxes,
+            va="top",
+            fontsize=8,
+        )
+    ax.set_xlabel("seconds since the first create")
+    ax.set_ylabel("sandboxes")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Client
-from bench._stack import private_stack
+from bench._stack import make_up_settings, private_stack, set_arg
 
 _TICK = os.sysconf("SC_CLK_TCK")
 PG_LOG = Path(os.environ.get("HEDGEROW_BENCH_PG_LOG", "/work/main/.state/postgres/server.log"))
@@ -191,7 +191,12 @@ def main() -> int:
     parser.add_argument("n", type=int, nargs="?", default=50)
     parser.add_argument("k", type=int, nargs="?", default=4)
     parser.add_argument("--concurrency", type=int, default=10)
-    parser.add_argument("--worker-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=int(make_up_settings()["HEDGEROW_WORKER_CONCURRENCY"]),
+        help="default: make up's (scripts/stack-defaults.env)",
+    )
     parser.add_argument(
         "--worker-pool", default="prefork", help="Celery pool (-P): prefork, threads, solo"
     )
@@ -201,10 +206,11 @@ def main() -> int:
     args = parser.parse_args()
 
     def configure(stack: Any) -> None:
-        stack.web.args += ["--workers", "1", "--timeout-keep-alive", "60"]
+        # one web process to measure (make up runs more: the configuration line says so)
+        set_arg(stack.web.args, "--workers", "1")
         stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1", "PGAPPNAME": "web"}
         stack.worker.env = {**stack.env, "PGAPPNAME": "worker"}
-        stack.worker.args[stack.worker.args.index("-c") + 1] = str(args.worker_concurrency)
+        set_arg(stack.worker.args, "-c", str(args.worker_concurrency))
         stack.worker.args += ["-P", args.worker_pool]
         if args.statements:
             import psycopg

@@ -423,25 +423,10 @@ def main() -> int:
     args = parser.parse_args()
     subnet = pick_subnet("", args.sandboxes)
 
-    # What `make up` starts (scripts/stack.sh): 2 web workers, uvloop + httptools,
-    # keep-alive 30 s, one pooled DB connection per worker, a 4-process Celery worker;
-    # every limit at the installation's default.
-    def configure(stack: Any) -> None:
-        stack.web.args += [
-            "--workers",
-            "2",
-            "--timeout-keep-alive",
-            "30",
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-        ]
-        stack.web.env = {**stack.env, "HEDGEROW_DB_POOL": "1"}
-        stack.worker.args[stack.worker.args.index("-c") + 1] = "4"
-
+    # What `make up` starts (bench/_stack.py reads scripts/stack-defaults.env); every
+    # limit at the installation's default.
     env = {"HEDGEROW_LOCAL_SUBNET": subnet}
-    with private_stack("mx", env, configure) as (stack, secret):
+    with private_stack("mx", env) as (stack, secret):
         from django.conf import settings
         from django.db.models import Count
         from django.utils import timezone

@@ -279,6 +279,27 @@ start_bg() {  # name, command...
   echo $! >"$pidfile"
 }
 
+# The configuration `make up` starts with (scripts/stack-defaults.env, which bench/ runs
+# against too): web workers and their DB pools, the Celery worker's processes, the
+# subnet's size (a /21 holds 2045 sandboxes on four bridges; tests keep the /24 default
+# so that many runs share the subnet pool). A variable already set in the environment
+# wins. `scripts/stack.sh config` prints it.
+stack_config() {
+  local key value
+  while IFS='=' read -r key value; do
+    [[ "$key" =~ ^HEDGEROW_[A-Z0-9_]+$ ]] || continue
+    [ -n "${!key+x}" ] || export "$key=$value"
+  done < "$ROOT/scripts/stack-defaults.env"
+}
+
+print_config() {
+  stack_config
+  local key
+  for key in $(grep -oE '^HEDGEROW_[A-Z0-9_]+' "$ROOT/scripts/stack-defaults.env"); do
+    echo "$key=${!key}"
+  done
+}
+
 app_up() {
   mkdir -p "$LOGS" "$RUN"
   # The demo's local registry (docs/images.md "A user's guide": docker-registry on
@@ -286,16 +307,14 @@ app_up() {
   # policy refuses loopback registries otherwise (docs/security.md "Registry egress").
   # Set HEDGEROW_INSECURE_REGISTRIES (even empty) to choose otherwise.
   export HEDGEROW_INSECURE_REGISTRIES="${HEDGEROW_INSECURE_REGISTRIES-127.0.0.1:5050}"
-  # Density (docs/operations.md): a /21 holds 2045 sandboxes on four bridges of 512
-  # addresses; tests keep the /24 default so that many runs share the subnet pool.
-  export HEDGEROW_LOCAL_SUBNET_PREFIX="${HEDGEROW_LOCAL_SUBNET_PREFIX:-21}"
+  stack_config
   "$PY" "$ROOT/manage.py" migrate --noinput >/dev/null
   "$PY" "$ROOT/manage.py" collectstatic --noinput >/dev/null
   start_bg web env HEDGEROW_DB_POOL="${HEDGEROW_DB_POOL:-1}" \
     "$PY" -m controlplane.serve controlplane.asgi:application --host 0.0.0.0 --port "$WEB_PORT" \
-    --workers "${HEDGEROW_WEB_WORKERS:-2}" --no-access-log \
+    --workers "$HEDGEROW_WEB_WORKERS" --no-access-log \
     --loop uvloop --http httptools
-  start_bg worker "$VENV/bin/celery" -A controlplane worker -l info -c "${HEDGEROW_WORKER_CONCURRENCY:-4}" \
+  start_bg worker "$VENV/bin/celery" -A controlplane worker -l info -c "$HEDGEROW_WORKER_CONCURRENCY" \
     -Q "${HEDGEROW_INSTANCE:-dev}.cold" -n "worker-${HEDGEROW_INSTANCE:-dev}@%h"
   start_bg beat "$VENV/bin/celery" -A controlplane beat -l info -s "$STATE/celerybeat-schedule"
   start_bg watcher "$PY" "$ROOT/manage.py" hedgerow_watch
@@ -374,5 +393,6 @@ case "${1:-}" in
   down) sandboxes_down; app_down; services_down; log "stopped" ;;
   app-down) app_down ;;
   install) install_system; install_python; build_frontend ;;
-  *) echo "usage: $0 services|up|down|app-down|install" >&2; exit 2 ;;
+  config) print_config ;;
+  *) echo "usage: $0 services|up|down|app-down|install|config" >&2; exit 2 ;;
 esac

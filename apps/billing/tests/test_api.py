@@ -43,16 +43,20 @@ def test_it_queues_a_create_that_asks_to_wait_and_shows_its_position(
     tenant, secret = make_tenant()
     _limit(tenant, max_concurrent_sandboxes=1)
     http = api_client(secret)
-    first = http.post("/api/v1/sandboxes", {"image": "host"}, format="json").json()
+    started = http.post("/api/v1/sandboxes", {"image": "host"}, format="json")
+    assert "Retry-After" not in started  # it starts at once: nothing to wait for
+    first = started.json()
     assert first["queue_position"] is None and first["cost"] is None
     queued = http.post("/api/v1/sandboxes", {"image": "host", "queue": True}, format="json")
     assert queued.status_code == 201
+    assert int(queued["Retry-After"]) >= 1  # when to look again (the admission sweep)
     body = queued.json()
     assert body["state"] == "queued" and body["queue_position"] == 1
     again = http.get(f"/api/v1/sandboxes/{body['id']}").json()
     assert again["queue_position"] == 1
     waited = http.get(f"/api/v1/sandboxes/{body['id']}/wait", {"timeout": 0})
     assert waited.status_code == 408 and waited.json()["error"]["state"] == "queued"
+    assert int(waited["Retry-After"]) >= 1
     assert Sandbox.objects.get(external_id=body["id"]).state == State.QUEUED
     # A client that heartbeats while waiting is not refused.
     assert http.post(f"/api/v1/sandboxes/{body['id']}/heartbeat").status_code == 200

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import time
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.pagination import LimitOffsetPagination
@@ -123,7 +125,8 @@ class SandboxListCreateView(APIView):
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
         description="Creates a sandbox (state `requested`; provisioning runs in a worker). "
         "The same Idempotency-Key returns the same sandbox (200); a different body with "
-        "that key is a 409.",
+        "that key is a 409. A create that asked to wait over a limit answers state "
+        "`queued` with its `queue_position` and `Retry-After` (when to look again).",
     )
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -139,7 +142,14 @@ class SandboxListCreateView(APIView):
             actor=principal.actor,
         )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        return Response(_render_sandbox(sandbox), status=code)
+        headers = queued_retry_after() if sandbox.state == State.QUEUED else None
+        return Response(_render_sandbox(sandbox), status=code, headers=headers)
+
+
+def queued_retry_after() -> dict[str, str]:
+    """When a client should look at a queued sandbox again: the admission sweep's period
+    (a drain also runs on every sandbox end, so it may start sooner)."""
+    return {"Retry-After": str(max(1, math.ceil(settings.HEDGEROW_ADMISSION_SWEEP_S)))}
 
 
 class SandboxDetailView(APIView):
@@ -218,6 +228,7 @@ class SandboxWaitView(APIView):
                 code="wait_timeout",
                 status_code=408,
                 extra={"state": sandbox.state},
+                headers=queued_retry_after() if sandbox.state == State.QUEUED else None,
             )
         raise ApiError(
             f"sandbox is {sandbox.state}: {sandbox.status_message}".rstrip(": "),
