@@ -18,6 +18,12 @@ its body unread: no Content-Length (a chunked upload), a key this process has no
 cached (or a stale one), a key without ``write``, repeated headers, a query parameter
 other than one ``path`` and one ``mode``, a NUL or non-UTF-8 in the query, an
 ``Accept`` other than JSON, a disallowed Host, or ``HEDGEROW_FILES_FAST_PATH`` off.
+
+Downloads (``GET`` with ``path`` only, no body) too: through Django each 256 KiB chunk
+of the agent's answer is a hop into a thread and back (futures, a wake-up of the loop);
+here the agent's socket is read up to READ_CHUNK at a time straight into the response,
+after the same checks in the same order (``files.download_target``, the agent's typed
+error before any header, then ``transfer_admit`` weighing the size).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import posixpath
 import re
 import time
 import uuid
@@ -71,6 +78,9 @@ _WANTED = {
 # transfer's memory whatever the client's pace.
 WRITE_BUFFER = 1 << 20
 AGENT_TIMEOUT_S = 600.0  # as file_write's call to the agent
+AGENT_OPEN_TIMEOUT_S = 30.0  # as stream_download's (per read)
+# A download's piece per read from the agent's socket (Django's path: 256 KiB per hop).
+READ_CHUNK = 1 << 20
 # What Django's middleware and DRF add to FilesView's answer (SecurityMiddleware,
 # XFrameOptionsMiddleware, the APIView's Allow and Vary).
 _HEADERS = [
@@ -115,36 +125,45 @@ class FilesFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upload = None
-        if scope["type"] == "http" and scope.get("method") in ("PUT", "POST"):
+        method = scope.get("method") if scope["type"] == "http" else None
+        if method in ("PUT", "POST", "GET"):
             match = _PATH.fullmatch(scope["path"])
             if match is not None and settings.HEDGEROW_FILES_FAST_PATH:
-                upload = _upload_of(scope, match.group(1))
+                upload = _upload_of(scope, match.group(1), download=method == "GET")
         principal = principal_cached(upload.secret) if upload is not None else None
-        if upload is None or principal is None or not principal.has_scope("write"):
+        scope_needed = "read" if method == "GET" else "write"
+        if upload is None or principal is None or not principal.has_scope(scope_needed):
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
         token = request_id_var.set(upload.request_id)
+        status: int | None
         try:
-            status, payload, headers = await _answer(principal, upload, receive)
+            if method == "GET":
+                status = await _download(principal, upload, receive, send)
+            else:
+                status, payload, headers = await _answer(principal, upload, receive)
+                if status is not None:
+                    await _send(send, status, payload, upload.request_id, headers)
         finally:
             request_id_var.reset(token)
-        if status is None:
-            return  # the client went away mid-body: nobody to answer
-        await _send(send, status, payload, upload.request_id, headers)
-        _log_access(scope.get("method", "PUT"), scope["path"], status, upload.request_id, started)
+        if status is not None:  # None: the client went away mid-body, nobody to answer
+            _log_access(str(method), scope["path"], status, upload.request_id, started)
 
 
-def _upload_of(scope: Scope, sandbox_id: str) -> _Upload | None:
-    """The request's parts when this path answers it exactly as Django would."""
+def _upload_of(scope: Scope, sandbox_id: str, *, download: bool = False) -> _Upload | None:
+    """The request's parts when this path answers it exactly as Django would (a
+    download: a GET without a body, ``path`` its only parameter)."""
     headers: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
         if name in _WANTED:
             if name in headers:
                 return None  # repeated headers: Django's joining rules apply
             headers[name] = value
-    length = headers.get(b"content-length", b"")
+    length = headers.get(b"content-length", b"0" if download else b"")
     if b"transfer-encoding" in headers or not length.isdigit():
+        return None
+    if download and int(length):
         return None
     if headers.get(b"accept", b"*/*").strip() not in (b"*/*", b"application/json"):
         return None
@@ -154,7 +173,7 @@ def _upload_of(scope: Scope, sandbox_id: str) -> _Upload | None:
             return None
     secret = _key(headers)
     query = _query(scope.get("query_string", b""))
-    if secret is None or query is None:
+    if secret is None or query is None or (download and "mode" in query):
         return None
     incoming = headers.get(b"x-request-id", b"").decode("latin-1")
     request_id = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
@@ -304,6 +323,147 @@ async def _stream(
         writer.close()
         with contextlib.suppress(OSError, RuntimeError):
             writer.transport.abort()
+
+
+@dataclass(frozen=True)
+class _Source:
+    host: str
+    port: int
+    token: str
+    path: str
+    tenant_id: str
+    sandbox_key: str
+
+
+def _download_checks(principal: Principal, download: _Upload) -> _Source:
+    """The regular path's checks before the agent is asked (``files.download_target``:
+    tenancy, ready, the path)."""
+    try:
+        sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=download.sandbox_id)
+        target = files.download_target(sandbox=sandbox, path=download.path)
+        agent = agent_for(sandbox)
+    finally:
+        connection.close()
+    token = agent.headers["Authorization"].removeprefix("Bearer ")
+    return _Source(
+        agent.host, agent.port, token, target, str(sandbox.tenant_id), str(sandbox.external_id)
+    )
+
+
+async def _agent_open(
+    source: _Source, request_id: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+    """The agent's ``GET /files`` opened: (reader at the body, writer, size); its typed
+    error (missing, unreadable, not a regular file) raised before any header goes out."""
+    base = f"http://{source.host}:{source.port}"
+    head = (
+        f"GET /files?{urlencode({'path': source.path})} HTTP/1.1\r\n"
+        f"Host: {source.host}:{source.port}\r\nAuthorization: Bearer {source.token}\r\n"
+        f"Connection: close\r\nX-Request-Id: {request_id}\r\n\r\n"
+    ).encode("latin-1")
+    try:
+        async with asyncio.timeout(AGENT_OPEN_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(source.host, source.port)
+    except (OSError, TimeoutError) as exc:
+        raise AgentUnavailable(f"agent at {base} unreachable: {exc!r}") from exc
+    try:
+        async with asyncio.timeout(AGENT_OPEN_TIMEOUT_S):
+            writer.write(head)
+            raw = await reader.readuntil(b"\r\n\r\n")
+            lines = raw.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ", 2)[1])
+            fields = {
+                name.strip().lower(): value.strip()
+                for name, _, value in (line.partition(":") for line in lines[1:] if line)
+            }
+            size = int(fields.get("content-length", "-1"))
+            if status >= 400:
+                data = await reader.readexactly(size) if 0 <= size <= 1 << 20 else b""
+                raise_for_agent_status(status, data)
+            if status != 200 or size < 0:
+                raise AgentUnavailable(f"agent at {base}: unexpected answer {lines[0]!r}")
+    except AgentError as exc:
+        writer.close()
+        raise files.translate(exc) from exc
+    except (OSError, TimeoutError, ValueError, IndexError, asyncio.IncompleteReadError) as exc:
+        writer.close()
+        raise AgentUnavailable(f"agent at {base} unreachable: {exc!r}") from exc
+    except BaseException:
+        writer.close()
+        raise
+    return reader, writer, size
+
+
+async def _download(principal: Principal, download: _Upload, receive: Receive, send: Send) -> int:
+    """Answers a download: its typed error, or the file's bytes as the agent sends
+    them, read in pieces of up to READ_CHUNK straight into the response (no thread hop
+    per chunk). Returns the status."""
+    rid = download.request_id
+    try:
+        source = await sync_to_async(_download_checks, thread_sensitive=False)(principal, download)
+        reader, writer, size = await _agent_open(source, rid)
+    except ApiError as exc:
+        await _send(send, exc.status_code, _json(exc.as_dict()), rid, exc.headers)
+        return exc.status_code
+    except Exception:
+        log.exception("unhandled error in the download fast path")
+        await _send(send, 500, _json(_internal_error_body()), rid, {})
+        return 500
+    try:
+        lease = await sync_to_async(transfer_admit, thread_sensitive=False)(
+            tenant_id=source.tenant_id, sandbox_key=source.sandbox_key, nbytes=size
+        )
+    except ApiError as exc:
+        writer.close()
+        await _send(send, exc.status_code, _json(exc.as_dict()), rid, exc.headers)
+        return exc.status_code
+    except BaseException:
+        writer.close()
+        raise
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        name = posixpath.basename(download.path or "") or "file"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/octet-stream"),
+                    (b"content-length", str(size).encode()),
+                    (b"content-disposition", f'attachment; filename="{name}"'.encode()),
+                    *_HEADERS[1:],
+                    (b"x-request-id", rid.encode()),
+                    *_SECURITY_HEADERS,
+                ],
+            }
+        )
+        left = size
+        while left and not gone.is_set():
+            async with asyncio.timeout(AGENT_OPEN_TIMEOUT_S):
+                chunk = await reader.read(min(READ_CHUNK, left))
+            if not chunk:
+                # The file shrank: end without completing, so the server drops the
+                # connection (never a short body that looks whole).
+                log.warning("download of %s ended %d bytes short", source.path, left)
+                return 200
+            left -= len(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+        if size == 0:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return 200
+    finally:
+        watcher.cancel()
+        writer.close()
+        await sync_to_async(transfer_release, thread_sensitive=False)(
+            tenant_id=source.tenant_id, sandbox_key=source.sandbox_key, lease=lease
+        )
 
 
 def _json(data: Any) -> bytes:

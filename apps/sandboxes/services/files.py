@@ -262,11 +262,18 @@ class Download:
             await sync_to_async(self.close, thread_sensitive=False)()
 
 
+def download_target(*, sandbox: Sandbox, path: str | None) -> str:
+    """What a download is checked against before the agent is asked: the sandbox
+    ready, the path. Both download paths use it (``file_open`` and the fast path,
+    apps/sandboxes/api/files_fastpath.py)."""
+    ensure_ready(sandbox)
+    return _check_path(path)
+
+
 def file_open(*, sandbox: Sandbox, path: str | None) -> Download:
     """Opens ``path`` for download, a symlink followed inside the sandbox. A missing,
     unreadable, non-regular file or directory is a typed ApiError (404/403/400)."""
-    ensure_ready(sandbox)
-    target = _check_path(path)
+    target = download_target(sandbox=sandbox, path=path)
     try:
         response, context = agent_for(sandbox).stream_download(target)
     except AgentError as exc:

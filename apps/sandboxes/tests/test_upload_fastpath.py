@@ -217,3 +217,54 @@ def test_post_is_an_upload_too_and_an_unreachable_agent_is_typed_and_gives_the_s
     assert (status, json.loads(payload)["error"]["code"]) == (502, "agent_unreachable")
     assert upload["inner"].bodies == []
     assert in_flight("file", tenant_id, sandbox.external_id) == 0
+
+
+@pytest.mark.parametrize(
+    "case, status, code",
+    [
+        ("other_tenant", 404, "sandbox_not_found"),
+        ("terminating", 409, "sandbox_terminating"),
+        ("relative_path", 400, "path_not_absolute"),
+        ("unreachable", 502, "agent_unreachable"),
+    ],
+)
+def test_a_download_is_typed_before_a_header_goes_out_and_holds_nothing(
+    upload, make_tenant, case, status, code
+):
+    sandbox, tenant_id = upload["sandbox"], str(upload["tenant"].pk)
+    target, query = sandbox.external_id, b"path=/workspace/blob"
+    if case == "other_tenant":
+        other, _ = make_tenant()
+        target = make_sandbox(other, external_id="sb-theirs").external_id
+    elif case == "terminating":
+        Sandbox.objects.filter(pk=sandbox.pk).update(state=State.TERMINATING)
+    elif case == "relative_path":
+        query = b"path=workspace/blob"
+    answered, headers, payload = _call(
+        FilesFastPath(upload["inner"]), target, Body(0), upload["auth"], query, "GET"
+    )
+    assert (answered, json.loads(payload)["error"]["code"]) == (status, code)
+    assert headers[b"content-type"] == b"application/json"
+    assert upload["inner"].bodies == []
+    assert in_flight("file", tenant_id, sandbox.external_id) == 0
+
+
+@pytest.mark.parametrize("case", ["mode_param", "with_body", "uncached_key"])
+def test_a_download_it_does_not_handle_goes_to_django(upload, case):
+    headers, query = upload["auth"], b"path=/workspace/blob"
+    if case == "mode_param":
+        query += b"&mode=0644"
+    elif case == "with_body":
+        headers = [*headers, _length(5)]
+    elif case == "uncached_key":
+        forget_cached_keys()
+    status, _headers, payload = _call(
+        FilesFastPath(upload["inner"]),
+        upload["sandbox"].external_id,
+        Body(5 if case == "with_body" else 0),
+        headers,
+        query,
+        "GET",
+    )
+    assert (status, payload) == (299, b"django")
+    assert upload["inner"].bodies == [5 if case == "with_body" else 0]

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -30,7 +31,7 @@ def _until(condition, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def _head_only(live, secret: str, sandbox_id: str, size: int) -> tuple[int, dict]:
+def _head_only(live, secret: str, sandbox_id: str, size: int) -> tuple[int, dict[str, Any]]:
     """Sends an upload's request head announcing ``size`` bytes and not one byte of
     its body; the answer (status, JSON), read within 30 s or the test fails."""
     netloc = urlsplit(live.url)
@@ -118,5 +119,59 @@ def test_uploads_stream_past_django_and_refusals_come_before_the_body(live, make
         "a partial upload was left in /workspace",
     )
     assert http.get(url + "/stat", params={"path": "/workspace/gone"}).status_code == 404
+    http.delete(f"/sandboxes/{sandbox_id}")
+    wait_all_deleted(tenant)
+
+
+def test_downloads_stream_past_django_and_give_their_slot_back(live, make_tenant):
+    tenant, secret = make_tenant()
+    http = api_client(live, secret)
+    sandbox_id = ready_sandbox(http)
+    url = f"/sandboxes/{sandbox_id}/files"
+    data = os.urandom(3 * 2**20 + 11)
+    assert http.put(url, params={"path": "/workspace/d.bin"}, content=data).status_code == 200
+
+    # The fast path (``path`` only) and Django (another parameter, ignored by the view)
+    # answer the same bytes and headers.
+    fast = http.get(url, params={"path": "/workspace/d.bin"})
+    regular = http.get(url, params={"path": "/workspace/d.bin", "x": "1"})
+    assert fast.status_code == regular.status_code == 200
+    assert fast.content == regular.content == data
+    dropped = {"date", "x-request-id"}
+    assert {k: v for k, v in fast.headers.items() if k not in dropped} == {
+        k: v for k, v in regular.headers.items() if k not in dropped
+    }
+    missing = http.get(url, params={"path": "/workspace/none"})
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+    empty = http.put(url, params={"path": "/workspace/empty"}, content=b"")
+    assert empty.status_code == 200
+    got = http.get(url, params={"path": "/workspace/empty"})
+    assert (got.status_code, got.content, got.headers["content-length"]) == (200, b"", "0")
+
+    # Over the transfer slots: a typed 429 once the agent has opened the file.
+    limit, tenant_id = settings.HEDGEROW_FILE_TRANSFERS_PER_SANDBOX, str(tenant.pk)
+    held = [
+        transfer_admit(tenant_id=tenant_id, sandbox_key=sandbox_id, nbytes=0) for _ in range(limit)
+    ]
+    try:
+        refused = http.get(url, params={"path": "/workspace/d.bin"})
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["limit"] == "file_transfers_per_sandbox"
+    finally:
+        for lease in held:
+            transfer_release(tenant_id=tenant_id, sandbox_key=sandbox_id, lease=lease)
+
+    # A client that reads a little and goes away gives its slot back.
+    big = 64 * 2**20
+    made = http.post(
+        f"/sandboxes/{sandbox_id}/exec",
+        json={"command": f"head -c {big} /dev/zero > /workspace/big.bin"},
+    )
+    assert made.json()["exit_code"] == 0, made.text
+    with http.stream("GET", url, params={"path": "/workspace/big.bin"}) as response:
+        assert response.headers["content-length"] == str(big)
+        assert len(next(response.iter_raw(65536))) > 0
+        assert in_flight("file", tenant_id, sandbox_id) == 1
+    _until(lambda: in_flight("file", tenant_id, sandbox_id) == 0, "slot not given back")
     http.delete(f"/sandboxes/{sandbox_id}")
     wait_all_deleted(tenant)
