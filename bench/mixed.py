@@ -17,6 +17,8 @@ configuration is printed first), creates N ``host`` sandboxes, then:
    transfer clients each uploading ``--bytes`` to a sandbox (streamed from a generator,
    never held whole by the client) and downloading it back (counted, not kept);
    streamed execs (``stream: true`` then the websocket: 20 lines of output each);
+   the transfer clients run in a process of their own (``--no-transfer-clients-process``:
+   in this one, where their bytes delayed the short execs' answers on the client's loop);
    health checks every 0.5 s (``/healthz`` and ``GET /sandboxes/<id>`` of a random
    sandbox must answer 200 ``ready``).
 3. every sandbox deleted, a reconciler round and the leak audit.
@@ -281,6 +283,56 @@ async def transfer_loop(
             run.fail("upload", sandbox_id, f"{type(exc).__name__}: {exc}")
 
 
+def _transfers_main(
+    url: str, secret: str, ids: list[str], nbytes: int, stop_at: float, clients: int, out: Any
+) -> None:
+    """The transfer clients in a process of their own (``--transfer-clients-process``):
+    their bytes (the client's upload generator, httpx's parsing of 200 MiB answers)
+    then do not queue the short-exec clients' answers on this process's event loop, a
+    confounder a real deployment does not have. Results go back through ``out``."""
+    import httpx
+
+    async def run_all() -> Run:
+        run = Run()
+        http = httpx.AsyncClient(
+            base_url=url + "/api/v1",
+            headers={"Authorization": f"Bearer {secret}"},
+            timeout=httpx.Timeout(600.0),
+            trust_env=False,
+        )
+        stop = time.monotonic() + (stop_at - time.time())
+        try:
+            await asyncio.gather(
+                *(transfer_loop(http, run, ids, nbytes, stop, i) for i in range(clients))
+            )
+        finally:
+            await http.aclose()
+        return run
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        run = runner.run(run_all())
+    out.put(
+        (
+            {
+                name: (k.latencies, k.ok, dict(k.refused), k.failed, k.nbytes)
+                for name, k in run.kinds.items()
+            },
+            sorted(run.invalid),
+        )
+    )
+
+
+def _merge(run: Run, kinds: dict[str, Any], invalid: list[str]) -> None:
+    for name, (latencies, ok, refused, failed, nbytes) in kinds.items():
+        kind = run.kinds[name]
+        kind.latencies += latencies
+        kind.ok += ok
+        kind.refused.update(refused)
+        kind.failed += failed
+        kind.nbytes += nbytes
+    run.invalid.update(invalid)
+
+
 async def stream_loop(
     client: Client, run: Run, ids: list[str], ws_base: str, auth: dict[str, str], stop: float
 ) -> None:
@@ -365,18 +417,36 @@ async def mixed(args: argparse.Namespace, url: str, secret: str, ids: list[str])
         long_loop(client, run, sid, args.long_seconds, stop) for sid in ids if args.long_seconds
     ]
     tasks += [short_loop(client, run, ids, stop) for _ in range(args.short_clients)]
-    tasks += [
-        transfer_loop(http, run, ids, args.bytes, stop, i) for i in range(args.transfer_clients)
-    ]
+    child = None
+    if args.transfer_clients_process and args.transfer_clients:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        child = context.Process(
+            target=_transfers_main,
+            args=(url, secret, ids, args.bytes, time.time() + args.seconds, args.transfer_clients),
+            kwargs={"out": results},
+        )
+        child.start()
+    else:
+        tasks += [
+            transfer_loop(http, run, ids, args.bytes, stop, i) for i in range(args.transfer_clients)
+        ]
     tasks += [
         stream_loop(client, run, ids, ws_base, auth, stop) for _ in range(args.stream_clients)
     ]
     tasks.append(health_loop(client, run, ids, url, stop))
     try:
         await asyncio.gather(*tasks)
+        if child is not None:
+            kinds, invalid = await asyncio.to_thread(results.get, True, 900)
+            _merge(run, kinds, invalid)
     finally:
         await client.aclose()
         await http.aclose()
+        if child is not None:
+            await asyncio.to_thread(child.join, 60)
     return run
 
 
@@ -420,6 +490,14 @@ def main() -> int:
         "--idle-seconds", type=float, default=20, help="--short-clients with nothing else"
     )
     parser.add_argument("--create-concurrency", type=int, default=50)
+    parser.add_argument(
+        "--transfer-clients-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the transfer clients in a process of their own (default; --no-…: in "
+        "this one, as before 2026-12-06 03:40, their bytes then delay the short execs' "
+        "answers on the client's own event loop)",
+    )
     args = parser.parse_args()
     subnet = pick_subnet("", args.sandboxes)
 
@@ -441,8 +519,11 @@ def main() -> int:
         print(
             f"mixed: sandboxes={args.sandboxes} bytes={args.bytes} seconds={args.seconds} "
             f"long={args.long_seconds}s short-clients={args.short_clients} "
-            f"transfer-clients={args.transfer_clients} stream-clients={args.stream_clients} "
-            f"cpus={os.cpu_count()} load-before={Path('/proc/loadavg').read_text().split()[0]}"
+            f"transfer-clients={args.transfer_clients}"
+            f"{' (own process)' if args.transfer_clients_process else ''} "
+            f"stream-clients={args.stream_clients} "
+            f"cpus={os.cpu_count()} load-before={Path('/proc/loadavg').read_text().split()[0]} "
+            f"files-fast-path={settings.HEDGEROW_FILES_FAST_PATH}"
         )
         print(
             "configuration: web 2 workers uvloop/httptools keep-alive 30 HEDGEROW_DB_POOL=1; "

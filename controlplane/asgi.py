@@ -16,6 +16,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from apps.core.logging import redact_server_logs  # noqa: E402
 from apps.e2b.fastpath import EnvdStartFastPath  # noqa: E402
 from apps.sandboxes.api.exec_fastpath import ExecFastPath  # noqa: E402
+from apps.sandboxes.api.files_fastpath import FilesFastPath  # noqa: E402
 from apps.sandboxes.services.stream_pump import remember_loop  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 from controlplane.webgc import web_gc_tune  # noqa: E402
@@ -27,8 +28,8 @@ redact_server_logs()
 router = ProtocolTypeRouter(
     {
         # Plain REST execs and E2B command starts skip Django's thread hop
-        # (docs/benchmarks.md).
-        "http": ExecFastPath(EnvdStartFastPath(django_asgi_app)),
+        # (docs/benchmarks.md); uploads skip Django's reading of the whole body first.
+        "http": ExecFastPath(EnvdStartFastPath(FilesFastPath(django_asgi_app))),
         "websocket": WebsocketAuthStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -360,6 +360,11 @@ HEDGEROW_FILE_BYTES_PER_INSTALLATION = env_int("HEDGEROW_FILE_BYTES_PER_INSTALLA
 # Plain REST execs answered on the event loop in front of Django
 # (apps/sandboxes/api/exec_fastpath.py); off: every exec goes through the DRF view.
 HEDGEROW_EXEC_FAST_PATH = env_bool("HEDGEROW_EXEC_FAST_PATH", True)
+# Uploads with a Content-Length admitted before their body is read and streamed straight
+# to the agent on the event loop, downloads streamed from the agent without a thread hop
+# per chunk (apps/sandboxes/api/files_fastpath.py); off: through Django, which reads an
+# upload's whole body into a temporary file first.
+HEDGEROW_FILES_FAST_PATH = env_bool("HEDGEROW_FILES_FAST_PATH", True)
 # The web process's cyclic GC (controlplane/webgc.py): freeze the start-up heap, and
 # the collector's generation thresholds (Python's default: 700,10,10).
 HEDGEROW_WEB_GC_FREEZE = env_bool("HEDGEROW_WEB_GC_FREEZE", True)

@@ -74,8 +74,33 @@ def _transfer(sandbox: Sandbox, nbytes: int) -> Iterator[None]:
         transfer_release(tenant_id=tenant_id, sandbox_key=key, lease=lease)
 
 
-def _translate(exc: AgentError) -> ApiError:
+def translate(exc: AgentError) -> ApiError:
+    """The agent's typed error as the API's (its status, code and field)."""
     return ApiError(exc.message, code=exc.code, field=exc.field or "path", status_code=exc.status)
+
+
+def upload_params(
+    *, sandbox: Sandbox, path: str | None, size: int | None, max_bytes: int, mode: str | None
+) -> dict[str, Any]:
+    """Everything an upload is checked against before a byte of its body is read: the
+    sandbox ready, the path, the team's per-upload maximum and bytes per day (413 /
+    429). The agent's query parameters (it enforces ``max_bytes`` on the bytes too).
+    Both upload paths use it: ``file_write`` and the upload fast path
+    (apps/sandboxes/api/files_fastpath.py)."""
+    ensure_ready(sandbox)
+    target = _check_path(path)
+    max_bytes = upload_admit(tenant_id=str(sandbox.tenant_id), size=size, max_bytes=max_bytes)
+    if size is not None and size > max_bytes:
+        raise ApiError(
+            f"upload of {size} bytes exceeds the limit of {max_bytes}",
+            code="too_large",
+            status_code=413,
+            extra={"limit": "max_upload_bytes", "value": max_bytes, "current": size},
+        )
+    params: dict[str, Any] = {"path": target, "max_bytes": max_bytes}
+    if mode:
+        params["mode"] = mode
+    return params
 
 
 def file_write(
@@ -88,20 +113,7 @@ def file_write(
     mode: str | None = None,
 ) -> dict[str, Any]:
     """Streams bytes to an atomic write in the sandbox. Over ``max_bytes`` → 413, no file."""
-    ensure_ready(sandbox)
-    target = _check_path(path)
-    # Quotas (billing): the team's per-upload maximum and bytes per day (413 / 429).
-    max_bytes = upload_admit(tenant_id=str(sandbox.tenant_id), size=size, max_bytes=max_bytes)
-    if size is not None and size > max_bytes:
-        raise ApiError(
-            f"upload of {size} bytes exceeds the limit of {max_bytes}",
-            code="too_large",
-            status_code=413,
-            extra={"limit": "max_upload_bytes", "value": max_bytes, "current": size},
-        )
-    params: dict[str, Any] = {"path": target, "max_bytes": max_bytes}
-    if mode:
-        params["mode"] = mode
+    params = upload_params(sandbox=sandbox, path=path, size=size, max_bytes=max_bytes, mode=mode)
     headers = {"Content-Length": str(size)} if size is not None else None
     # The per-kind pools (sandbox, tenant, installation): 429 naming the limit.
     with _transfer(sandbox, size or 0):
@@ -110,7 +122,7 @@ def file_write(
                 "PUT", "/files", params=params, content=chunks, headers=headers, timeout=600
             )
         except AgentError as exc:
-            raise _translate(exc) from exc
+            raise translate(exc) from exc
         except AgentUnreachable as exc:
             raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
@@ -127,7 +139,7 @@ def _agent_json(
     try:
         response = agent_for(sandbox).request("GET", endpoint, params=params)
     except AgentError as exc:
-        raise _translate(exc) from exc
+        raise translate(exc) from exc
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
@@ -159,7 +171,7 @@ def _agent_post(
     try:
         response = agent_for(sandbox).request(method, endpoint, params=params)
     except AgentError as exc:
-        raise _translate(exc) from exc
+        raise translate(exc) from exc
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
@@ -250,15 +262,22 @@ class Download:
             await sync_to_async(self.close, thread_sensitive=False)()
 
 
+def download_target(*, sandbox: Sandbox, path: str | None) -> str:
+    """What a download is checked against before the agent is asked: the sandbox
+    ready, the path. Both download paths use it (``file_open`` and the fast path,
+    apps/sandboxes/api/files_fastpath.py)."""
+    ensure_ready(sandbox)
+    return _check_path(path)
+
+
 def file_open(*, sandbox: Sandbox, path: str | None) -> Download:
     """Opens ``path`` for download, a symlink followed inside the sandbox. A missing,
     unreadable, non-regular file or directory is a typed ApiError (404/403/400)."""
-    ensure_ready(sandbox)
-    target = _check_path(path)
+    target = download_target(sandbox=sandbox, path=path)
     try:
         response, context = agent_for(sandbox).stream_download(target)
     except AgentError as exc:
-        raise _translate(exc) from exc
+        raise translate(exc) from exc
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     download = Download(response, context)
@@ -287,7 +306,7 @@ def tree_open(*, sandbox: Sandbox, path: str | None) -> TreeDownload:
     try:
         response, context = agent_for(sandbox).stream_download(target, "/files/archive")
     except AgentError as exc:
-        raise _translate(exc) from exc
+        raise translate(exc) from exc
     except AgentUnreachable as exc:
         raise AgentUnavailable(str(exc)) from exc
     download = TreeDownload(response, context)
@@ -329,7 +348,7 @@ def tree_write(
                 timeout=600,
             )
         except AgentError as exc:
-            raise _translate(exc) from exc
+            raise translate(exc) from exc
         except AgentUnreachable as exc:
             raise AgentUnavailable(str(exc)) from exc
     result: dict[str, Any] = response.json()
