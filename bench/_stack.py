@@ -136,14 +136,18 @@ def private_stack(
     pid = os.getpid()
     db_name = f"hr_bench_{name}_{pid}"
     settings = make_up_settings()
+    # make up's settings first; the benchmark's own ``env`` wins (density names its
+    # subnet prefix, for one)
     os.environ.update(
-        HEDGEROW_INSTANCE=f"{name}{pid}",
-        HEDGEROW_DB_NAME=db_name,
-        DJANGO_SETTINGS_MODULE="controlplane.settings",
-        HEDGEROW_LOG_LEVEL="WARNING",
-        HEDGEROW_LOCAL_SUBNET_PREFIX=settings["HEDGEROW_LOCAL_SUBNET_PREFIX"],
-        HEDGEROW_WORKER_CONCURRENCY=settings["HEDGEROW_WORKER_CONCURRENCY"],
-        **env,
+        {
+            "HEDGEROW_INSTANCE": f"{name}{pid}",
+            "HEDGEROW_DB_NAME": db_name,
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "HEDGEROW_LOG_LEVEL": "WARNING",
+            "HEDGEROW_LOCAL_SUBNET_PREFIX": settings["HEDGEROW_LOCAL_SUBNET_PREFIX"],
+            "HEDGEROW_WORKER_CONCURRENCY": settings["HEDGEROW_WORKER_CONCURRENCY"],
+            **env,
+        }
     )
     # A throwaway key for this private stack (settings refuse a known default); the
     # stack's processes inherit it, so agent tokens agree.
