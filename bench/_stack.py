@@ -87,7 +87,17 @@ def configuration(stack: Any) -> dict[str, str]:
         f"{get_arg(stack.web.args, '--http', 'auto')}",
         "HEDGEROW_MAX_LIVE_SANDBOXES": worker_env.get("HEDGEROW_MAX_LIVE_SANDBOXES", "0"),
         "HEDGEROW_WARM_POOL": worker_env.get("HEDGEROW_WARM_POOL", "") or "none",
+        "HEDGEROW_LOCAL_ZYGOTE_PYTHON": _agent_python(worker_env),
     }
+
+
+def _agent_python(env: dict[str, str]) -> str:
+    """The setting, and what it resolves to on this machine (``auto`` → a path)."""
+    from apps.sandboxes.backends.local import agent_python
+
+    value = env.get("HEDGEROW_LOCAL_ZYGOTE_PYTHON", "")
+    resolved = agent_python.resolve(value) or f"own ({sys.executable})"
+    return f"{value or '(own)'} → {resolved}" if value == agent_python.AUTO else resolved
 
 
 def _subnet_prefix(env: dict[str, str]) -> str:
@@ -110,6 +120,7 @@ def describe(stack: Any, settings: dict[str, str] | None = None) -> str:
         "loop/http": "loop/http",
         "HEDGEROW_MAX_LIVE_SANDBOXES": "max live",
         "HEDGEROW_WARM_POOL": "warm pool",
+        "HEDGEROW_LOCAL_ZYGOTE_PYTHON": "agent python",
     }
     expected = {**cfg, "loop/http": "uvloop/httptools", "HEDGEROW_MAX_LIVE_SANDBOXES": "0"}
     expected["HEDGEROW_LOCAL_SUBNET_PREFIX"] = "/" + cfg["HEDGEROW_LOCAL_SUBNET_PREFIX"]
@@ -146,6 +157,9 @@ def private_stack(
             "HEDGEROW_LOG_LEVEL": "WARNING",
             "HEDGEROW_LOCAL_SUBNET_PREFIX": settings["HEDGEROW_LOCAL_SUBNET_PREFIX"],
             "HEDGEROW_WORKER_CONCURRENCY": settings["HEDGEROW_WORKER_CONCURRENCY"],
+            "HEDGEROW_LOCAL_ZYGOTE_PYTHON": os.environ.get(
+                "HEDGEROW_LOCAL_ZYGOTE_PYTHON", settings["HEDGEROW_LOCAL_ZYGOTE_PYTHON"]
+            ),
             **env,
         }
     )

@@ -245,8 +245,10 @@ HEDGEROW_AGENT_PYTHON = env_str("HEDGEROW_AGENT_PYTHON", "/usr/bin/python3")
 # auto (zygote when gcc can build its pause binary). docs/local-backend.md
 HEDGEROW_LOCAL_AGENT_LAUNCH = env_str("HEDGEROW_LOCAL_AGENT_LAUNCH", "auto")
 # The interpreter the agent zygote (and so every zygote-started agent) runs; "": the
-# control plane's own. An idle agent's private pages are CPython's refcount writes:
-# Python >= 3.12 (immortal objects) copies ~0.6 MiB fewer per agent. docs/local-backend.md
+# control plane's own; "auto" (make up's setting, scripts/stack-defaults.env): a
+# CPython 3.12 when the machine has one (backends/local/agent_python.py). An idle
+# agent's private pages are CPython's refcount writes: Python >= 3.12 (immortal
+# objects) copies ~0.6 MiB fewer per agent. docs/local-backend.md
 HEDGEROW_LOCAL_ZYGOTE_PYTHON = env_str("HEDGEROW_LOCAL_ZYGOTE_PYTHON", "")
 # Exec launch leaves the agent killable by commands: refused unless opted into.
 HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH = env_bool(

@@ -49,6 +49,8 @@ def _stack() -> Stack:
     stack = Stack("hr_unused", Path(tempfile.mkdtemp(prefix="hr-cfg-")))
     # private_stack sets the subnet's size in the environment the processes inherit
     stack.env["HEDGEROW_LOCAL_SUBNET_PREFIX"] = make_up_settings()["HEDGEROW_LOCAL_SUBNET_PREFIX"]
+    # ... and the agents' interpreter setting (auto)
+    stack.env["HEDGEROW_LOCAL_ZYGOTE_PYTHON"] = make_up_settings()["HEDGEROW_LOCAL_ZYGOTE_PYTHON"]
     stack.env.pop("HEDGEROW_MAX_LIVE_SANDBOXES", None)
     stack.env.pop("HEDGEROW_WARM_POOL", None)
     return stack

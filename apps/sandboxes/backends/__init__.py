@@ -36,7 +36,7 @@ def registry_policy() -> RegistryPolicy:
 def get_backend() -> Backend:
     name = settings.HEDGEROW_BACKEND
     if name == "local":
-        from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig
+        from apps.sandboxes.backends.local import LocalBackend, LocalBackendConfig, agent_python
 
         return LocalBackend(
             LocalBackendConfig(
@@ -49,7 +49,7 @@ def get_backend() -> Backend:
                 python=settings.HEDGEROW_AGENT_PYTHON,
                 isolation=settings.HEDGEROW_LOCAL_ISOLATION,
                 agent_launch=settings.HEDGEROW_LOCAL_AGENT_LAUNCH,
-                zygote_python=settings.HEDGEROW_LOCAL_ZYGOTE_PYTHON or None,
+                zygote_python=agent_python.resolve(settings.HEDGEROW_LOCAL_ZYGOTE_PYTHON),
                 allow_unprotected_exec_launch=settings.HEDGEROW_LOCAL_ALLOW_UNPROTECTED_EXEC_LAUNCH,
                 disk_size_mib=settings.HEDGEROW_SANDBOX_DISK_SIZE_MIB,
                 image_store=Path(settings.HEDGEROW_IMAGE_STORE),
