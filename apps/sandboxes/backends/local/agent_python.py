@@ -25,6 +25,19 @@ WANTED = (3, 12)
 _PYENV_VERSION = re.compile(r"^3\.12\.(\d+)$")
 
 
+def is_interpreter_binary(path: str | Path) -> bool:
+    """An executable ELF file (symlinks followed). A pyenv or asdf *shim* is a shell
+    script that picks the real interpreter from its own name: the zygote runs under
+    another name (hedgerow-zygote), so a shim would fail to start it."""
+    real = os.path.realpath(path)
+    try:
+        with open(real, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        return False
+    return magic == b"\x7fELF" and os.access(real, os.X_OK)
+
+
 def pyenv_candidates(root: Path) -> list[Path]:
     """``<pyenv root>/versions/3.12.N/bin/python3.12``, newest patch release first."""
     versions = root / "versions"
@@ -33,7 +46,7 @@ def pyenv_candidates(root: Path) -> list[Path]:
         for entry in versions.iterdir():
             match = _PYENV_VERSION.match(entry.name)
             exe = entry / "bin" / "python3.12"
-            if match and exe.is_file() and os.access(exe, os.X_OK):
+            if match and is_interpreter_binary(exe):
                 found.append((int(match.group(1)), exe))
     return [exe for _, exe in sorted(found, reverse=True)]
 
@@ -53,8 +66,8 @@ def resolve(
     if own_version >= WANTED:
         return None
     on_path = shutil.which("python3.12", path=path)
-    if on_path:
-        return on_path
+    if on_path and is_interpreter_binary(on_path):
+        return os.path.realpath(on_path)
     root = pyenv_root or Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
     candidates = pyenv_candidates(root)
     return str(candidates[0]) if candidates else None

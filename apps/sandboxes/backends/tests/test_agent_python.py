@@ -9,9 +9,13 @@ from pathlib import Path
 from apps.sandboxes.backends.local import agent_python
 
 
-def _fake_python(path: Path) -> Path:
+def _fake_python(path: Path, *, shim: bool = False) -> Path:
+    """An executable file that looks like an interpreter binary (ELF magic), or like a
+    pyenv shim (a shell script)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n")
+    path.write_bytes(
+        b'#!/usr/bin/env bash\nexec pyenv exec "$0"\n' if shim else b"\x7fELF" + bytes(60)
+    )
     path.chmod(0o755)
     return path
 
@@ -33,6 +37,26 @@ def test_auto_takes_python3_12_from_the_path_first(tmp_path: Path) -> None:
         "auto", own_version=(3, 11), path=str(tmp_path / "bin"), pyenv_root=tmp_path / "pyenv"
     )
     assert found == str(on_path)
+
+
+def test_auto_skips_a_shim_on_the_path_for_pyenvs_real_binary(tmp_path: Path) -> None:
+    """A pyenv shim picks the interpreter from its own name; the zygote runs under
+    another name, so a shim cannot start it (seen: "pyenv: hedgerow-zygote: command not
+    found")."""
+    _fake_python(tmp_path / "shims" / "python3.12", shim=True)
+    real = _fake_python(tmp_path / "pyenv" / "versions" / "3.12.1" / "bin" / "python3.12")
+    found = agent_python.resolve(
+        "auto", own_version=(3, 11), path=str(tmp_path / "shims"), pyenv_root=tmp_path / "pyenv"
+    )
+    assert found == str(real)
+
+
+def test_auto_resolves_a_symlink_on_the_path_to_the_binary(tmp_path: Path) -> None:
+    real = _fake_python(tmp_path / "opt" / "python3.12")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3.12").symlink_to(real)
+    found = agent_python.resolve("auto", own_version=(3, 11), path=str(tmp_path / "bin"))
+    assert found == str(real)
 
 
 def test_auto_takes_pyenvs_newest_3_12_and_nothing_else(tmp_path: Path) -> None:
