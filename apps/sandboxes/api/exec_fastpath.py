@@ -16,7 +16,6 @@ string, a disallowed Host, and whatever ``operation_exec_async`` returns FALLBAC
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -31,6 +30,12 @@ from apps.core.asgi_body import Receive, Scope, Send, read_body, replay
 from apps.core.errors import ApiError, _internal_error_body
 from apps.core.inputs import json_loads
 from apps.core.logging import request_id_var
+from apps.sandboxes.api.fastpath_response import (
+    json_bytes,
+    log_access,
+    send_json,
+    view_headers,
+)
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.services.exec_async import iso, operation_exec_async, single_flight
 from apps.sandboxes.services.operations import ExecRequest
@@ -40,7 +45,6 @@ from apps.tenancy.secrets import hash_secret
 
 ASGIApp = Callable[..., Awaitable[None]]
 
-access_log = logging.getLogger("hedgerow.access")
 log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"/api/v1/sandboxes/([^/]+)/exec")
@@ -50,17 +54,7 @@ MAX_BODY = 64 * 1024
 _WANTED = {b"authorization", b"x-api-key", b"content-type", b"accept", b"x-request-id", b"host"}
 # What Django's middleware and DRF add to ExecView's answer (SecurityMiddleware,
 # XFrameOptionsMiddleware, the APIView's Allow and Vary).
-_HEADERS = [
-    (b"content-type", b"application/json"),
-    (b"vary", b"Accept"),
-    (b"allow", b"POST, OPTIONS"),
-    (b"x-frame-options", b"DENY"),
-]
-_SECURITY_HEADERS = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-]
+_HEADERS = view_headers(b"POST, OPTIONS")
 
 
 class ExecFastPath:
@@ -86,8 +80,8 @@ class ExecFastPath:
             answer = await _answer(scope, match.group(1), body)
             if answer is not None:
                 status, payload, request_id, extra_headers = answer
-                await _send(send, status, payload, request_id, extra_headers)
-                _log_access(scope["path"], status, request_id, started)
+                await send_json(send, _HEADERS, status, payload, request_id, extra_headers)
+                log_access("POST", scope["path"], status, request_id, started)
                 return
         await self.app(scope, replay(body, complete, receive), send)
 
@@ -131,12 +125,12 @@ async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> _Answer | None:
             request_id=request_id,
         )
     except ApiError as exc:
-        return exc.status_code, _json(exc.as_dict()), request_id, exc.headers
+        return exc.status_code, json_bytes(exc.as_dict()), request_id, exc.headers
     except Exception:
         # As the API's exception handler does: logged with its traceback, answered in
         # the envelope with the request id to quote, no internals.
         log.exception("unhandled error in the exec fast path")
-        return 500, _json(_internal_error_body()), request_id, {}
+        return 500, json_bytes(_internal_error_body()), request_id, {}
     finally:
         request_id_var.reset(token)
     if fields is None:
@@ -286,7 +280,7 @@ def _base64(value: str) -> bool:
 def render_operation(fields: dict[str, Any]) -> bytes:
     """An operation as ``OperationSerializer`` + DRF's JSONRenderer render it."""
     stdout, stderr = fields["stdout"], fields["stderr"]
-    return _json(
+    return json_bytes(
         {
             "id": fields["operation_id"],
             "sandbox_id": fields["sandbox_external_id"],
@@ -307,50 +301,3 @@ def render_operation(fields: dict[str, Any]) -> bytes:
             "finished_at": iso(fields["finished_at"]),
         }
     )
-
-
-def _json(data: Any) -> bytes:
-    """DRF's JSONRenderer with this project's settings (compact, UTF-8, strict)."""
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
-
-
-async def _send(
-    send: Send, status: int, payload: bytes, request_id: str, extra: dict[str, str]
-) -> None:
-    headers = [
-        *_HEADERS,
-        (b"content-length", str(len(payload)).encode()),
-        (b"x-request-id", request_id.encode()),
-        # an error's own headers, as the API's exception handler passes them on
-        *(
-            (name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in extra.items()
-        ),
-        *_SECURITY_HEADERS,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
-
-
-def _log_access(path: str, status: int, request_id: str, started: float) -> None:
-    """The same structured line as RequestIdMiddleware (the web end of a trace)."""
-    if not access_log.isEnabledFor(logging.INFO):
-        return
-    token = request_id_var.set(request_id)
-    try:
-        access_log.info(
-            "%s %s %s",
-            "POST",
-            path,
-            status,
-            extra={
-                "event": "request",
-                "method": "POST",
-                "path": path,
-                "status": status,
-                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-            },
-        )
-    finally:
-        request_id_var.reset(token)

@@ -53,6 +53,13 @@ from apps.core.logging import request_id_var
 from apps.sandboxes import selectors
 from apps.sandboxes.agent_async import _read_response
 from apps.sandboxes.agent_client import AgentError, raise_for_agent_status
+from apps.sandboxes.api.fastpath_response import (
+    SECURITY_HEADERS,
+    json_bytes,
+    log_access,
+    send_json,
+    view_headers,
+)
 from apps.sandboxes.services import files
 from apps.sandboxes.services.operations import AgentUnavailable, agent_for
 from apps.tenancy.auth import principal_cached
@@ -60,7 +67,6 @@ from apps.tenancy.principal import Principal
 
 ASGIApp = Callable[..., Awaitable[None]]
 
-access_log = logging.getLogger("hedgerow.access")
 log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"/api/v1/sandboxes/([^/]+)/files")
@@ -83,17 +89,7 @@ AGENT_OPEN_TIMEOUT_S = 30.0  # as stream_download's (per read)
 READ_CHUNK = 1 << 20
 # What Django's middleware and DRF add to FilesView's answer (SecurityMiddleware,
 # XFrameOptionsMiddleware, the APIView's Allow and Vary).
-_HEADERS = [
-    (b"content-type", b"application/json"),
-    (b"vary", b"Accept"),
-    (b"allow", b"GET, POST, PUT, DELETE, HEAD, OPTIONS"),
-    (b"x-frame-options", b"DENY"),
-]
-_SECURITY_HEADERS = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-]
+_HEADERS = view_headers(b"GET, POST, PUT, DELETE, HEAD, OPTIONS")
 
 
 @dataclass(frozen=True)
@@ -144,11 +140,11 @@ class FilesFastPath:
             else:
                 status, payload, headers = await _answer(principal, upload, receive)
                 if status is not None:
-                    await _send(send, status, payload, upload.request_id, headers)
+                    await send_json(send, _HEADERS, status, payload, upload.request_id, headers)
         finally:
             request_id_var.reset(token)
         if status is not None:  # None: the client went away mid-body, nobody to answer
-            _log_access(str(method), scope["path"], status, upload.request_id, started)
+            log_access(str(method), scope["path"], status, upload.request_id, started)
 
 
 def _upload_of(scope: Scope, sandbox_id: str, *, download: bool = False) -> _Upload | None:
@@ -220,25 +216,25 @@ async def _answer(principal: Principal, upload: _Upload, receive: Receive) -> _R
     try:
         admitted = await sync_to_async(_admit, thread_sensitive=False)(principal, upload)
     except ApiError as exc:  # refused before any byte of the body was read
-        return exc.status_code, _json(exc.as_dict()), exc.headers
+        return exc.status_code, json_bytes(exc.as_dict()), exc.headers
     except Exception:
         log.exception("unhandled error in the upload fast path")
-        return 500, _json(_internal_error_body()), {}
+        return 500, json_bytes(_internal_error_body()), {}
     try:
         reply = await _stream(admitted, upload, receive)
         if reply is None:
             return None, b"", {}
         status, data = reply
         raise_for_agent_status(status, data)
-        return 200, _json(json.loads(data)), {}
+        return 200, json_bytes(json.loads(data)), {}
     except AgentError as exc:
         error = files.translate(exc)
-        return error.status_code, _json(error.as_dict()), error.headers
+        return error.status_code, json_bytes(error.as_dict()), error.headers
     except ApiError as exc:
-        return exc.status_code, _json(exc.as_dict()), exc.headers
+        return exc.status_code, json_bytes(exc.as_dict()), exc.headers
     except Exception:
         log.exception("unhandled error in the upload fast path")
-        return 500, _json(_internal_error_body()), {}
+        return 500, json_bytes(_internal_error_body()), {}
     finally:
         await sync_to_async(_release, thread_sensitive=False)(admitted)
 
@@ -403,11 +399,13 @@ async def _download(principal: Principal, download: _Upload, receive: Receive, s
         source = await sync_to_async(_download_checks, thread_sensitive=False)(principal, download)
         reader, writer, size = await _agent_open(source, rid)
     except ApiError as exc:
-        await _send(send, exc.status_code, _json(exc.as_dict()), rid, exc.headers)
+        await send_json(
+            send, _HEADERS, exc.status_code, json_bytes(exc.as_dict()), rid, exc.headers
+        )
         return exc.status_code
     except Exception:
         log.exception("unhandled error in the download fast path")
-        await _send(send, 500, _json(_internal_error_body()), rid, {})
+        await send_json(send, _HEADERS, 500, json_bytes(_internal_error_body()), rid, {})
         return 500
     try:
         lease = await sync_to_async(transfer_admit, thread_sensitive=False)(
@@ -415,7 +413,9 @@ async def _download(principal: Principal, download: _Upload, receive: Receive, s
         )
     except ApiError as exc:
         writer.close()
-        await _send(send, exc.status_code, _json(exc.as_dict()), rid, exc.headers)
+        await send_json(
+            send, _HEADERS, exc.status_code, json_bytes(exc.as_dict()), rid, exc.headers
+        )
         return exc.status_code
     except BaseException:
         writer.close()
@@ -440,7 +440,7 @@ async def _download(principal: Principal, download: _Upload, receive: Receive, s
                     (b"content-disposition", f'attachment; filename="{name}"'.encode()),
                     *_HEADERS[1:],
                     (b"x-request-id", rid.encode()),
-                    *_SECURITY_HEADERS,
+                    *SECURITY_HEADERS,
                 ],
             }
         )
@@ -464,49 +464,3 @@ async def _download(principal: Principal, download: _Upload, receive: Receive, s
         await sync_to_async(transfer_release, thread_sensitive=False)(
             tenant_id=source.tenant_id, sandbox_key=source.sandbox_key, lease=lease
         )
-
-
-def _json(data: Any) -> bytes:
-    """DRF's JSONRenderer with this project's settings (compact, UTF-8, strict)."""
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
-
-
-async def _send(
-    send: Send, status: int, payload: bytes, request_id: str, extra: dict[str, str]
-) -> None:
-    headers = [
-        *_HEADERS,
-        (b"content-length", str(len(payload)).encode()),
-        (b"x-request-id", request_id.encode()),
-        *(
-            (name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in extra.items()
-        ),
-        *_SECURITY_HEADERS,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
-
-
-def _log_access(method: str, path: str, status: int, request_id: str, started: float) -> None:
-    """The same structured line as RequestIdMiddleware (the web end of a trace)."""
-    if not access_log.isEnabledFor(logging.INFO):
-        return
-    token = request_id_var.set(request_id)
-    try:
-        access_log.info(
-            "%s %s %s",
-            method,
-            path,
-            status,
-            extra={
-                "event": "request",
-                "method": method,
-                "path": path,
-                "status": status,
-                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-            },
-        )
-    finally:
-        request_id_var.reset(token)
