@@ -163,7 +163,9 @@ def test_it_takes_the_cold_path_for_another_shape(pool: Any, make_tenant: Any) -
     created = _client(pool, secret).post("/sandboxes", json={**SHAPE, "cpu": "500m"})
     assert created.status_code == 201 and created.json()["state"] == "requested"
     row = Sandbox.objects.get(tenant=tenant)
-    assert row.id not in members and _warm_ids() == members
+    # No warm member was claimed: every one warm before is warm still (the refill
+    # fills to the pool's target of 2, so a second may have turned warm meanwhile)
+    assert row.id not in members and set(members) <= set(_warm_ids())
     _until(lambda: Sandbox.objects.get(pk=row.pk).state == State.READY, 60, "cold ready")
     reasons = list(
         SandboxEvent.objects.filter(sandbox=row, event="transition").values_list("reason")
