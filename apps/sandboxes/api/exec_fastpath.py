@@ -20,7 +20,6 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
@@ -31,6 +30,8 @@ from apps.core.errors import ApiError, _internal_error_body
 from apps.core.inputs import json_loads
 from apps.core.logging import request_id_var
 from apps.sandboxes.api.fastpath_response import (
+    VALID_REQUEST_ID,
+    ASGIApp,
     json_bytes,
     log_access,
     send_json,
@@ -43,12 +44,9 @@ from apps.tenancy.auth import principal_cached, principal_refresh
 from apps.tenancy.principal import Principal
 from apps.tenancy.secrets import hash_secret
 
-ASGIApp = Callable[..., Awaitable[None]]
-
 log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"/api/v1/sandboxes/([^/]+)/exec")
-_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _OPERATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MAX_BODY = 64 * 1024
 _WANTED = {b"authorization", b"x-api-key", b"content-type", b"accept", b"x-request-id", b"host"}
@@ -113,7 +111,7 @@ async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> _Answer | None:
         return None
     request, operation_id, generation = parsed
     incoming = headers.get(b"x-request-id", b"").decode("latin-1")
-    request_id = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    request_id = incoming if VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
     token = request_id_var.set(request_id)
     try:
         fields = await operation_exec_async(

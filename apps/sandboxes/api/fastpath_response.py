@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apps.core.asgi_body import Send
 from apps.core.logging import request_id_var
 
 access_log = logging.getLogger("hedgerow.access")
+
+ASGIApp = Callable[..., Awaitable[None]]
+# An X-Request-Id a client may choose (RequestIdMiddleware's rule); others get a new one.
+VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 # What SecurityMiddleware adds after the view's own headers.
 SECURITY_HEADERS = [

@@ -36,7 +36,6 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -55,6 +54,8 @@ from apps.sandboxes.agent_async import _read_response
 from apps.sandboxes.agent_client import AgentError, raise_for_agent_status
 from apps.sandboxes.api.fastpath_response import (
     SECURITY_HEADERS,
+    VALID_REQUEST_ID,
+    ASGIApp,
     json_bytes,
     log_access,
     send_json,
@@ -65,12 +66,9 @@ from apps.sandboxes.services.operations import AgentUnavailable, agent_for
 from apps.tenancy.auth import principal_cached
 from apps.tenancy.principal import Principal
 
-ASGIApp = Callable[..., Awaitable[None]]
-
 log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"/api/v1/sandboxes/([^/]+)/files")
-_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _WANTED = {
     b"authorization",
     b"x-api-key",
@@ -172,7 +170,7 @@ def _upload_of(scope: Scope, sandbox_id: str, *, download: bool = False) -> _Upl
     if secret is None or query is None or (download and "mode" in query):
         return None
     incoming = headers.get(b"x-request-id", b"").decode("latin-1")
-    request_id = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    request_id = incoming if VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
     return _Upload(
         sandbox_id=sandbox_id,
         secret=secret,
