@@ -6,7 +6,9 @@ worker and sandbox, two web servers sampled interleaved with the direct agent ca
 
 On 2 shared cores the load drifts by the second; two benchmark runs minutes apart do
 not compare, samples taken in turn within one run do. Prints p50s, each web server's
-c/b, and per server exec/s with its CPU per exec at 1 and 16 clients.
+c/b, how many reads right after an answer still saw the row running (0 unless a change
+answers before storing the result), and per server exec/s with its CPU per exec at 1
+and 16 clients.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> int:
     parser.add_argument("other", type=Path, help="a checkout of the code to compare with")
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--reads", type=int, default=200, help="read-after-answer checks")
     parser.add_argument(
         "--web-workers", type=int, default=int(make_up_settings()["HEDGEROW_WEB_WORKERS"])
     )
@@ -109,6 +112,11 @@ def run(args: argparse.Namespace, stack: Any, secret: str, other_port: int, othe
         print(f"| {name} | {s['p50']:.2f} | {s['p95']:.2f} | {ratio:.2f} | {gap:.2f} |")
     assert stack.web.popen is not None
     servers = {"this": (stack.port, stack.web.popen.pid), "other": (other_port, other)}
+    print("\n| server | reads right after the answer that saw the row still running |")
+    print("|---|---:|")
+    for name, (port, _pid) in servers.items():
+        stale, n = read_after_answer(port, auth, sandbox_id, args.reads)
+        print(f"| {name} | {stale} of {n} |")
     print("\n| clients | server | exec/s | web CPU ms/exec | Postgres CPU ms/exec | load |")
     print("|---:|---|---:|---:|---:|---:|")
     for clients in (1, 16):
@@ -119,6 +127,24 @@ def run(args: argparse.Namespace, stack: Any, secret: str, other_port: int, othe
                 print(
                     f"| {clients} | {name} | {rate:.0f} | {web_ms:.2f} | {pg_ms:.2f} | {load:.1f} |"
                 )
+
+
+def read_after_answer(port: int, auth: dict[str, str], sandbox_id: str, n: int) -> tuple[int, int]:
+    """(reads that saw ``running``, n): each exec's row read at once through the ORM
+    after its answer. The answer is the record (test_exec_read_after_answer_live.py):
+    anything but 0 means a change answers before the result is stored."""
+    from apps.sandboxes.models import Operation
+
+    conn = Http("127.0.0.1", port, auth)
+    path = f"/api/v1/sandboxes/{sandbox_id}/exec"
+    stale = 0
+    for _ in range(n):
+        operation_id = f"op-read-{uuid.uuid4().hex}"
+        status, body = conn.post(path, {"command": "true", "operation_id": operation_id})
+        assert status == 200, body
+        row = Operation.objects.values_list("status", flat=True).get(operation_id=operation_id)
+        stale += row == "running"
+    return stale, n
 
 
 if __name__ == "__main__":
