@@ -455,7 +455,20 @@ class Snapshot(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["state", "expires_at"], name="snapshot_state_expiry")]
+        indexes = [
+            models.Index(fields=["state", "expires_at"], name="snapshot_state_expiry"),
+            # the minutely storage sweep's look-back (metering/storage.py)
+            models.Index(
+                fields=["captured_at"],
+                name="snapshot_captured",
+                condition=models.Q(captured_at__isnull=False),
+            ),
+            models.Index(
+                fields=["deleted_at"],
+                name="snapshot_deleted",
+                condition=models.Q(deleted_at__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"snapshot {self.id} of {self.sandbox_id} ({self.state})"

@@ -168,7 +168,7 @@ def admission_sweep() -> dict[str, int]:
 def usage_sweep(full: bool = False) -> int:
     """Repairs the usage ledger and the storage ledger (what a crashed worker missed):
     minutely over the sandboxes that moved recently, daily over all (``full``)."""
-    return usage_metering.usage_sweep(full=full) + storage_metering.storage_sweep()
+    return usage_metering.usage_sweep(full=full) + storage_metering.storage_sweep(full=full)
 
 
 @shared_task(soft_time_limit=600, time_limit=660)

@@ -26,17 +26,17 @@ pytestmark = pytest.mark.django_db
 TABLES = ("sandboxes_sandbox", "sandboxes_sandboxevent", "billing_usagerecord")
 
 
-def _rows_read() -> int:
+def _rows_read(tables: tuple[str, ...] = TABLES) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0) "
             "FROM pg_stat_xact_user_tables WHERE relname = ANY(%s)",
-            [list(TABLES)],
+            [list(tables)],
         )
         return int(cursor.fetchone()[0])
 
 
-def _cost(fn: Callable[[], Any]) -> tuple[int, int, Any]:
+def _cost(fn: Callable[[], Any], tables: tuple[str, ...] = TABLES) -> tuple[int, int, Any]:
     """(rows read, statements, result) of one round, read through the indexes: a table
     of 2,000 rows is small enough that the planner reads all of it rather than probe
     an index 20 times, which it does not at the sizes this is about (10^5-10^6 rows),
@@ -44,10 +44,10 @@ def _cost(fn: Callable[[], Any]) -> tuple[int, int, Any]:
     transaction only). A round that must read everything still does, through an index."""
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-    before = _rows_read()
+    before = _rows_read(tables)
     with CaptureQueriesContext(connection) as queries:
         result = fn()
-    return _rows_read() - before, len(queries), result
+    return _rows_read(tables) - before, len(queries), result
 
 
 def _add(tenant: Any, n: int, *, state: str, moved_ago: timedelta) -> list[Sandbox]:
@@ -119,9 +119,9 @@ def _add(tenant: Any, n: int, *, state: str, moved_ago: timedelta) -> list[Sandb
     return rows
 
 
-def _analyze() -> None:
+def _analyze(tables: tuple[str, ...] = TABLES) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {', '.join(TABLES)}")
+        cursor.execute(f"ANALYZE {', '.join(tables)}")
 
 
 def test_the_minutely_usage_sweep_reads_what_moved_not_what_exists(make_tenant: Any) -> None:
@@ -282,3 +282,85 @@ def test_the_metrics_action_counter_reads_what_happened_since_the_fold(make_tena
         measured[n] = rows
     # the history is 20x larger; the scrape reads the rows since the fold either way
     assert measured[2000] <= 2 * measured[100], measured
+
+
+SNAPSHOT_TABLES = ("sandboxes_snapshot", "billing_storagerecord")
+
+
+def _snapshots(sandbox: Sandbox, n: int, *, ago: timedelta, deleted: bool) -> list[Any]:
+    """``n`` snapshots captured ``ago`` with their storage records (closed when deleted
+    at the same time), as the capture and delete services leave them."""
+    from apps.billing.models import StorageRecord
+    from apps.sandboxes.models import Snapshot
+
+    at = timezone.now() - ago
+    book = PriceBook.objects.filter(is_reference=False).order_by("-effective_from").first()
+    snaps = Snapshot.objects.bulk_create(
+        Snapshot(
+            tenant_id=sandbox.tenant_id,
+            sandbox=sandbox,
+            state="deleted" if deleted else "ready",
+            backend="local",
+            image="host",
+            size_bytes=1 << 20,
+            ttl_seconds=86400,
+            expires_at=at + timedelta(days=1),
+            created_at=at,
+            captured_at=at,
+            deleted_at=at if deleted else None,
+        )
+        for _ in range(n)
+    )
+    StorageRecord.objects.bulk_create(
+        StorageRecord(
+            snapshot=s,
+            tenant_id=sandbox.tenant_id,
+            sandbox_id=sandbox.pk,
+            kind="snapshot",
+            size_bytes=1 << 20,
+            started_at=at,
+            ended_at=at if deleted else None,
+            price_book=book,
+            gib_hour=Decimal("0.001"),
+        )
+        for s in snaps
+    )
+    return snaps
+
+
+def test_the_minutely_storage_sweep_reads_what_changed_not_every_snapshot(
+    make_tenant: Any,
+) -> None:
+    from apps.billing.models import StorageRecord
+    from apps.sandboxes.metering.storage import storage_sweep
+    from apps.sandboxes.models import Snapshot
+
+    tenant, _ = make_tenant()
+    (sandbox,) = _add(tenant, 1, state=State.READY, moved_ago=timedelta(hours=3))
+    measured: dict[int, dict[str, int]] = {}
+    for n in (100, 2000):
+        have = Snapshot.objects.filter(tenant=tenant).count()
+        # history: half deleted days ago (records closed), half kept (records open)
+        _snapshots(sandbox, (n - have) // 2, ago=timedelta(days=3), deleted=True)
+        _snapshots(sandbox, (n - have) - (n - have) // 2, ago=timedelta(days=3), deleted=False)
+        # the same change in both rounds: one capture whose record a crash lost, one
+        # deletion whose record a crash left open
+        (lost,) = _snapshots(sandbox, 1, ago=timedelta(minutes=1), deleted=False)
+        StorageRecord.objects.filter(snapshot=lost).delete()
+        (unclosed,) = _snapshots(sandbox, 1, ago=timedelta(days=1), deleted=False)
+        Snapshot.objects.filter(pk=unclosed.pk).update(
+            state="deleted", deleted_at=timezone.now() - timedelta(minutes=1)
+        )
+        _analyze(SNAPSHOT_TABLES)
+        rows, statements, synced = _cost(storage_sweep, SNAPSHOT_TABLES)
+        assert synced == 2  # both repaired, whatever N
+        assert StorageRecord.objects.get(snapshot=lost).ended_at is None
+        assert StorageRecord.objects.get(snapshot=unclosed).ended_at is not None
+        full_rows, _, full_synced = _cost(partial(storage_sweep, full=True), SNAPSHOT_TABLES)
+        assert full_synced == 0  # nothing left to repair
+        measured[n] = {"rows": rows, "statements": statements, "full_rows": full_rows}
+    small, large = measured[100], measured[2000]
+    assert large["rows"] <= 2 * small["rows"], measured
+    assert large["statements"] == small["statements"], measured
+    # the daily backstop reads every snapshot: the one that grows with N
+    assert large["full_rows"] >= 10 * small["full_rows"] and large["full_rows"] >= 2000, measured
