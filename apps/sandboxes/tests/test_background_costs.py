@@ -364,3 +364,77 @@ def test_the_minutely_storage_sweep_reads_what_changed_not_every_snapshot(
     assert large["statements"] == small["statements"], measured
     # the daily backstop reads every snapshot: the one that grows with N
     assert large["full_rows"] >= 10 * small["full_rows"] and large["full_rows"] >= 2000, measured
+
+
+METRIC_TABLES = (
+    "sandboxes_sandbox",
+    "sandboxes_sandboxevent",
+    "sandboxes_operation",
+    "sandboxes_operationsummary",
+    "sandboxes_metricsdelta",
+    "sandboxes_metricsfold",
+    "sandboxes_reconcilerun",
+)
+
+
+def _finished_ops(sandboxes: list[Sandbox], *, ago: timedelta) -> None:
+    """One finished operation per sandbox (every tenth failed), as execs leave them."""
+    from apps.sandboxes.models import Operation
+
+    at = timezone.now() - ago
+    Operation.objects.bulk_create(
+        Operation(
+            tenant_id=s.tenant_id,
+            sandbox=s,
+            operation_id=f"op-{uuid.uuid4().hex[:12]}",
+            generation=1,
+            request={"command": ["true"]},
+            request_hash="h",
+            status="failed" if i % 10 == 0 else "completed",
+            error={"code": "agent_unreachable", "message": "x"} if i % 10 == 0 else None,
+            created_at=at,
+            finished_at=at + timedelta(milliseconds=5 * (i % 7)),
+        )
+        for i, s in enumerate(sandboxes)
+    )
+
+
+def test_a_metrics_scrape_reads_what_changed_not_every_sandbox_and_operation(
+    make_tenant: Any,
+) -> None:
+    """The whole scrape: the sandbox gauge, both histograms and the error counter are
+    tallied on write (services/metrics_tally.py), the ledger and reconciler counters
+    folded; what a scrape reads follows what changed since the last one."""
+    from apps.sandboxes.metrics import HedgerowCollector
+    from apps.sandboxes.tests.test_metrics_tally import assert_exact, recount
+
+    tenant, _ = make_tenant()
+
+    def scrape() -> list[Any]:
+        return list(HedgerowCollector().collect())
+
+    measured: dict[int, dict[str, int]] = {}
+    for n in (100, 2000):
+        have = Sandbox.objects.filter(tenant=tenant).count()
+        # half idle live sandboxes, half history; an operation each
+        grow = n - have
+        live = _add(tenant, grow // 2, state=State.READY, moved_ago=timedelta(hours=3))
+        gone = _add(tenant, grow - grow // 2, state=State.DELETED, moved_ago=timedelta(days=3))
+        _finished_ops(live + gone, ago=timedelta(hours=2))
+        _analyze(METRIC_TABLES)
+        scrape()  # the growth is folded (as the minutely fold-metrics task does)
+        scrape()  # ...and the ledger counters' folds moved up past it
+        # the same change in both rounds: 5 sandboxes created and ready, 5 execs
+        recent = _add(tenant, 5, state=State.READY, moved_ago=timedelta(minutes=1))
+        _finished_ops(recent, ago=timedelta(seconds=30))
+        rows, statements, _ = _cost(scrape, METRIC_TABLES)
+        full_rows, _, _ = _cost(recount, METRIC_TABLES)  # what the scrape read before
+        assert_exact()
+        measured[n] = {"rows": rows, "statements": statements, "full_rows": full_rows}
+    small, large = measured[100], measured[2000]
+    # within 2x; what grows is the ledger rows of the last 5 minutes (the folds' lag),
+    # 5 sandboxes' more in the second round
+    assert large["rows"] <= 2 * small["rows"], measured
+    assert large["statements"] == small["statements"], measured
+    # the recount it replaced reads every sandbox and operation
+    assert large["full_rows"] >= 10 * small["full_rows"] and large["full_rows"] >= 4000, measured
