@@ -19,12 +19,13 @@ from apps.sandboxes.metrics import READY_BUCKETS, HedgerowCollector
 from apps.sandboxes.models import (
     EXEC_BUCKETS,
     MetricsDelta,
+    MetricsFold,
     Operation,
     Sandbox,
     State,
 )
 from apps.sandboxes.services.lifecycle import SandboxRequest, sandbox_create, sandbox_transition
-from apps.sandboxes.services.metrics_tally import tallies
+from apps.sandboxes.services.metrics_tally import tallies, tallies_rebuild
 from apps.sandboxes.services.retention import operation_summary_totals, retention_apply
 
 pytestmark = pytest.mark.django_db
@@ -241,3 +242,18 @@ def test_the_tallies_equal_a_full_recount_through_every_kind_of_change(
     tallies()
     assert MetricsDelta.objects.count() == 0
     assert_exact()
+
+
+def test_a_lost_fold_is_rebuilt_from_the_rows(make_tenant: Any) -> None:
+    tenant, _ = make_tenant()
+    sandboxes = [_sandbox(tenant, READY) for _ in range(2)] + [_sandbox(tenant, DELETED)]
+    _op(sandboxes[0], 0.3)
+    _op(sandboxes[1], 2.0, code="agent_error")
+    assert_exact()
+    right = scraped()
+    MetricsFold.objects.filter(name="tallies").delete()  # lost by hand
+    assert scraped() != right  # what was folded is gone
+    tallies_rebuild()
+    assert_exact()
+    assert scraped() == right
+    assert MetricsDelta.objects.count() == 0
