@@ -29,19 +29,26 @@ EXEC = _array(EXEC_BOUNDS)
 
 FORWARD = f"""
 -- the bucket of a duration: the 1-based index of the first bound >= it, len + 1 above all
--- (the comparison the histograms' recount makes: EXTRACT(EPOCH ...) <= bound)
+-- (the comparison the histograms' recount makes: EXTRACT(EPOCH ...) <= bound). plpgsql
+-- throughout: its statements' plans are cached per session (a SQL function's are not).
 CREATE FUNCTION hedgerow_bucket(d numeric, bounds numeric[]) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT coalesce(
-    (SELECT min(i) FROM generate_subscripts(bounds, 1) AS i WHERE d <= bounds[i]),
-    array_length(bounds, 1) + 1
-  )::text
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  i integer;
+BEGIN
+  FOR i IN 1 .. array_length(bounds, 1) LOOP
+    IF d <= bounds[i] THEN
+      RETURN i::text;
+    END IF;
+  END LOOP;
+  RETURN (array_length(bounds, 1) + 1)::text;
+END $$;
 
 CREATE FUNCTION hedgerow_tally(tname text, tkey text, tn bigint, ttotal numeric)
-RETURNS void LANGUAGE sql AS $$
-  INSERT INTO sandboxes_metricsdelta (name, key, n, total) VALUES (tname, tkey, tn, ttotal)
-$$;
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO sandboxes_metricsdelta (name, key, n, total) VALUES (tname, tkey, tn, ttotal);
+END $$;
 
 CREATE FUNCTION hedgerow_sandbox_tally() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -83,29 +90,33 @@ CREATE TRIGGER sandbox_tally_update AFTER UPDATE ON sandboxes_sandbox
     OR OLD.ready_at IS DISTINCT FROM NEW.ready_at OR OLD.created_at IS DISTINCT FROM NEW.created_at
   ) EXECUTE FUNCTION hedgerow_sandbox_tally();
 
--- an operation: the exec histogram (finished ones) and the error counter (failed ones)
-CREATE FUNCTION hedgerow_operation_apply(
-  status text, error jsonb, created_at timestamptz, finished_at timestamptz, sign integer
-) RETURNS void LANGUAGE plpgsql AS $$
+-- an operation: the exec histogram (finished ones) and the error counter (failed ones);
+-- on every finished exec's path, so written out in one function
+CREATE FUNCTION hedgerow_operation_tally() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   d numeric;
 BEGIN
-  IF finished_at IS NOT NULL THEN
-    d := EXTRACT(EPOCH FROM (finished_at - created_at));
-    PERFORM hedgerow_tally('exec', hedgerow_bucket(d, {EXEC}), sign, sign * d);
-  END IF;
-  IF status = 'failed' THEN
-    PERFORM hedgerow_tally('errors', coalesce(error->>'code', 'unknown'), sign, 0);
-  END IF;
-END $$;
-
-CREATE FUNCTION hedgerow_operation_tally() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
   IF TG_OP <> 'INSERT' THEN
-    PERFORM hedgerow_operation_apply(OLD.status, OLD.error, OLD.created_at, OLD.finished_at, -1);
+    IF OLD.finished_at IS NOT NULL THEN
+      d := EXTRACT(EPOCH FROM (OLD.finished_at - OLD.created_at));
+      INSERT INTO sandboxes_metricsdelta (name, key, n, total)
+        VALUES ('exec', hedgerow_bucket(d, {EXEC}), -1, -d);
+    END IF;
+    IF OLD.status = 'failed' THEN
+      INSERT INTO sandboxes_metricsdelta (name, key, n, total)
+        VALUES ('errors', coalesce(OLD.error->>'code', 'unknown'), -1, 0);
+    END IF;
   END IF;
   IF TG_OP <> 'DELETE' THEN
-    PERFORM hedgerow_operation_apply(NEW.status, NEW.error, NEW.created_at, NEW.finished_at, 1);
+    IF NEW.finished_at IS NOT NULL THEN
+      d := EXTRACT(EPOCH FROM (NEW.finished_at - NEW.created_at));
+      INSERT INTO sandboxes_metricsdelta (name, key, n, total)
+        VALUES ('exec', hedgerow_bucket(d, {EXEC}), 1, d);
+    END IF;
+    IF NEW.status = 'failed' THEN
+      INSERT INTO sandboxes_metricsdelta (name, key, n, total)
+        VALUES ('errors', coalesce(NEW.error->>'code', 'unknown'), 1, 0);
+    END IF;
   END IF;
   RETURN NULL;
 END $$;
@@ -211,7 +222,6 @@ DROP TRIGGER sandbox_tally_insert_delete ON sandboxes_sandbox;
 DROP FUNCTION hedgerow_summary_tally();
 DROP FUNCTION hedgerow_summary_apply(text, text, bigint, bigint, double precision, jsonb, integer);
 DROP FUNCTION hedgerow_operation_tally();
-DROP FUNCTION hedgerow_operation_apply(text, jsonb, timestamptz, timestamptz, integer);
 DROP FUNCTION hedgerow_sandbox_tally();
 DROP FUNCTION hedgerow_tally(text, text, bigint, numeric);
 DROP FUNCTION hedgerow_bucket(numeric, numeric[]);
