@@ -21,6 +21,34 @@ import uuid
 from datetime import timedelta
 
 
+def _in_server(*, table: str, trigger: str, reset: str, change: str) -> dict[bool, float]:
+    """Microseconds per row of ``UPDATE table SET change`` one row at a time in a plpgsql
+    loop, with ``trigger`` enabled and disabled, best of four each (``reset`` between)."""
+    from django.db import connection
+
+    best: dict[bool, float] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table}")
+        rows = int(cursor.fetchone()[0])
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION pg_temp.change_all() RETURNS float8 "
+            "LANGUAGE plpgsql AS $$ DECLARE r record; "
+            "t0 timestamptz := clock_timestamp(); BEGIN "
+            f"FOR r IN SELECT id FROM {table} LOOP "
+            f"UPDATE {table} SET {change} WHERE id = r.id; END LOOP; "
+            "RETURN EXTRACT(EPOCH FROM clock_timestamp() - t0) * 1e6; END $$"
+        )
+        for enabled in (True, False) * 4:
+            verb = "ENABLE" if enabled else "DISABLE"
+            cursor.execute(f"ALTER TABLE {table} {verb} TRIGGER {trigger}")
+            cursor.execute(f"UPDATE {table} SET {reset}")
+            cursor.execute("SELECT pg_temp.change_all()")
+            micros = float(cursor.fetchone()[0]) / rows
+            best[enabled] = min(best.get(enabled, micros), micros)
+        cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", type=int, default=4000)
@@ -86,32 +114,41 @@ def main() -> None:
                 timed[enabled].append(time.perf_counter() - t0)
         # the same inside the server (no client round trip, one backend's own clock):
         # rows finished one UPDATE each by a loop, trigger on then off, four times
-        in_server: dict[bool, list[float]] = {True: [], False: []}
-        with connection.cursor() as cursor:
-            for enabled in (True, False) * 4:
-                verb = "ENABLE" if enabled else "DISABLE"
-                cursor.execute(
-                    f"ALTER TABLE sandboxes_operation {verb} TRIGGER operation_tally_update"
-                )
-                cursor.execute(
-                    "UPDATE sandboxes_operation SET status = 'running', finished_at = NULL"
-                )
-                cursor.execute(
-                    "CREATE OR REPLACE FUNCTION pg_temp.finish_all() RETURNS float8 "
-                    "LANGUAGE plpgsql AS $$ DECLARE r record; "
-                    "t0 timestamptz := clock_timestamp(); BEGIN "
-                    "FOR r IN SELECT id FROM sandboxes_operation LOOP "
-                    "UPDATE sandboxes_operation SET status = 'completed', "
-                    "finished_at = created_at + interval '7 ms' WHERE id = r.id; END LOOP; "
-                    "RETURN EXTRACT(EPOCH FROM clock_timestamp() - t0) * 1e6; END $$"
-                )
-                cursor.execute("SELECT pg_temp.finish_all()")
-                micros = float(cursor.fetchone()[0])
-                in_server[enabled].append(micros / len(ops))
-            cursor.execute("ALTER TABLE sandboxes_operation ENABLE TRIGGER operation_tally_update")
+        per_row = _in_server(
+            table="sandboxes_operation",
+            trigger="operation_tally_update",
+            reset="status = 'running', finished_at = NULL",
+            change="status = 'completed', finished_at = created_at + interval '7 ms'",
+        )
         print(
-            f"in the server, per row UPDATE: trigger on {min(in_server[True]):.1f} us, "
-            f"off {min(in_server[False]):.1f} us (best of 4 each)"
+            f"in the server, per finishing UPDATE: trigger on {per_row[True]:.1f} us, "
+            f"off {per_row[False]:.1f} us (best of 4 each)"
+        )
+        # a sandbox transition (ready -> terminating): two delta rows (-1 old, +1 new)
+        Sandbox.objects.bulk_create(
+            Sandbox(
+                tenant=tenant,
+                external_id=f"bench-{i}",
+                state="ready",
+                image="host",
+                cpu_millis=1000,
+                memory_mib=512,
+                ttl_seconds=3600,
+                expires_at=now + timedelta(hours=1),
+                backend="local",
+                ready_at=now,
+            )
+            for i in range(args.ops)
+        )
+        per_row = _in_server(
+            table="sandboxes_sandbox",
+            trigger="sandbox_tally_update",
+            reset="state = 'ready'",
+            change="state = 'terminating'",
+        )
+        print(
+            f"in the server, per sandbox transition: trigger on {per_row[True]:.1f} us, "
+            f"off {per_row[False]:.1f} us (best of 4 each)"
         )
         deltas = MetricsDelta.objects.count()
         t0 = time.perf_counter()
