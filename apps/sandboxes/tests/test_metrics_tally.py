@@ -257,3 +257,17 @@ def test_a_lost_fold_is_rebuilt_from_the_rows(make_tenant: Any) -> None:
     assert_exact()
     assert scraped() == right
     assert MetricsDelta.objects.count() == 0
+
+
+def test_the_minutely_fold_task_empties_the_deltas(make_tenant: Any, settings: Any) -> None:
+    from apps.sandboxes.tasks import fold_metrics
+
+    assert settings.CELERY_BEAT_SCHEDULE["fold-metrics"]["task"] == (
+        "apps.sandboxes.tasks.fold_metrics"
+    )
+    tenant, _ = make_tenant()
+    _op(_sandbox(tenant, READY), 0.01)
+    assert MetricsDelta.objects.filter(name="exec").exists()
+    assert fold_metrics() >= 2  # sandboxes, ready, exec
+    assert MetricsDelta.objects.count() == 0
+    assert_exact()
