@@ -451,6 +451,12 @@ HEDGEROW_METRICS_TOKEN = env_str("HEDGEROW_METRICS_TOKEN", "")
 HEDGEROW_METRICS_HISTORY_SAMPLES = env_int("HEDGEROW_METRICS_HISTORY_SAMPLES", 360)
 HEDGEROW_METRICS_HISTORY_MIN_GAP_S = env_float("HEDGEROW_METRICS_HISTORY_MIN_GAP_S", 4.0)
 HEDGEROW_METRICS_HISTORY_TTL_S = env_float("HEDGEROW_METRICS_HISTORY_TTL_S", 3600.0)
+# The metric deltas the triggers write are folded by every scrape and by this task,
+# so they stay few when nobody scrapes (apps/sandboxes/services/metrics_tally.py).
+CELERY_BEAT_SCHEDULE["fold-metrics"] = {
+    "task": "apps.sandboxes.tasks.fold_metrics",
+    "schedule": 60.0,
+}
 CELERY_BEAT_SCHEDULE["reconcile-sandboxes"] = {
     "task": "apps.sandboxes.tasks.reconcile_sandboxes",
     "schedule": HEDGEROW_RECONCILE_INTERVAL_S,

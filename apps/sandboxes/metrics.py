@@ -3,21 +3,21 @@
 Why not in-process counters: the facts happen in many processes (web workers, Celery
 workers, the watcher) that start and die independently; the ledger and operation rows
 already record every one of them. Reading them at scrape time makes every web process
-report the same, complete numbers, with no multiprocess bookkeeping. Each scrape is a
-handful of aggregate queries; the counters over the append-only ledger and the
-reconciler's rounds read only the rows since their fold (``services/metrics_fold.py``).
+report the same, complete numbers, with no multiprocess bookkeeping. No scrape reads
+every row: the counters over the append-only ledger and the reconciler's rounds read
+only the rows since their fold (``services/metrics_fold.py``); the sandbox gauge, the
+two histograms and the error counter are kept on write by triggers and folded here
+(``services/metrics_tally.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -32,14 +32,18 @@ from apps.sandboxes.models import (
     EXEC_BUCKETS,
     AuditRun,
     ReconcileRun,
-    Sandbox,
     SandboxEvent,
     State,
 )
 from apps.sandboxes.services.audit import TERMS
 from apps.sandboxes.services.metrics_fold import folded_counts
-from apps.sandboxes.services.retention import operation_summary_totals
-from apps.sandboxes.services.warm_pool import warm_pool_stats, warm_pool_targets
+from apps.sandboxes.services.metrics_tally import Tally, tallies
+from apps.sandboxes.services.warm_pool import (
+    CLAIM_REASON,
+    warm_pool_stats,
+    warm_pool_targets,
+)
+from apps.tenancy.models import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -47,39 +51,23 @@ READY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 AUTOMATIC_ACTORS = ("reaper", "reconciler", "watcher", "system")
 
 
-def _histogram_sql(table: str, start: str, end: str, buckets: Iterable[float]) -> str:
-    # Cumulative buckets in one pass: count(*) FILTER (WHERE duration <= le) per bucket.
-    duration = f"EXTRACT(EPOCH FROM ({end} - {start}))"
-    parts = [f"count(*) FILTER (WHERE {duration} <= {float(le)!r})" for le in buckets]
-    parts += ["count(*)", f"coalesce(sum({duration}), 0)"]
-    return f"SELECT {', '.join(parts)} FROM {table} WHERE {end} IS NOT NULL"  # noqa: S608
-
-
 def _histogram(
-    name: str,
-    doc: str,
-    table: str,
-    start: str,
-    end: str,
-    buckets: tuple[float, ...],
-    summarized: dict[str, Any] | None = None,
+    name: str, doc: str, tally: Tally | None, buckets: tuple[float, ...]
 ) -> HistogramMetricFamily:
-    """``summarized``: what retention folded into summaries (its rows are gone), added
-    so the histogram never goes down."""
-    with connection.cursor() as cursor:
-        cursor.execute(_histogram_sql(table, start, end, buckets))
-        row = cursor.fetchone()
-    counts, total, total_sum = list(row[: len(buckets)]), row[-2], row[-1]
-    if summarized is not None:
-        counts = [a + b for a, b in zip(counts, summarized["buckets"], strict=True)]
-        total += summarized["finished"]
-        total_sum = float(total_sum) + summarized["duration_s"]
+    """A histogram from its tally: counts per bucket (1-based index of the first bound
+    at or above the value, ``len + 1`` above them all) made cumulative, and the sum."""
+    tally = tally or Tally()
+    cumulative, running = [], 0
+    for index in range(1, len(buckets) + 1):
+        running += tally.counts.get(str(index), 0)
+        cumulative.append(running)
+    total = running + tally.counts.get(str(len(buckets) + 1), 0)
     metric = HistogramMetricFamily(name, doc)
     metric.add_metric(
         [],
-        [(repr(le), float(c)) for le, c in zip(buckets, counts, strict=True)]
+        [(repr(le), float(c)) for le, c in zip(buckets, cumulative, strict=True)]
         + [("+Inf", float(total))],
-        float(total_sum),
+        float(tally.total()),
     )
     return metric
 
@@ -98,6 +86,14 @@ def _action_counts(lo: datetime, hi: datetime | None) -> dict[str, int]:
     }
 
 
+def _claim_counts(lo: datetime, hi: datetime | None) -> dict[str, int]:
+    """Warm pool claims (ledger transitions with the claim reason) stamped in [lo, hi)."""
+    rows = SandboxEvent.objects.filter(at__gte=lo, event="transition", reason=CLAIM_REASON)
+    if hi is not None:
+        rows = rows.filter(at__lt=hi)
+    return {"claims": rows.count()}
+
+
 def _reconcile_counts(lo: datetime, hi: datetime | None) -> dict[str, int]:
     """Reconciler rounds started in [lo, hi), by outcome."""
     rows = ReconcileRun.objects.filter(started_at__gte=lo)
@@ -111,39 +107,46 @@ def _reconcile_counts(lo: datetime, hi: datetime | None) -> dict[str, int]:
 
 class HedgerowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        summarized = operation_summary_totals()
-        yield from self._sandboxes()
+        # kept on write by triggers and folded here: this reads what changed since the
+        # last scrape, not every sandbox and operation (services/metrics_tally.py)
+        kept = tallies()
+        yield from self._sandboxes(kept.get("sandboxes") or Tally())
         yield _histogram(
             "hedgerow_sandbox_create_to_ready_seconds",
             "Time from the create request to the agent answering /health.",
-            "sandboxes_sandbox",
-            "created_at",
-            "ready_at",
+            kept.get("ready"),
             READY_BUCKETS,
         )
         yield _histogram(
             "hedgerow_exec_duration_seconds",
             "Exec wall time as the control plane saw it (request recorded to result stored).",
-            "sandboxes_operation",
-            "created_at",
-            "finished_at",
+            kept.get("exec"),
             EXEC_BUCKETS,
-            summarized,
         )
         yield from self._actions()
-        yield from self._agent_errors(summarized["errors"])
+        yield from self._agent_errors(kept.get("errors") or Tally())
         yield from self._audit()
         yield from self._reconcile()
         yield from self._queues()
         yield from self._warm_pool()
 
-    def _sandboxes(self) -> Iterator[Metric]:
+    def _sandboxes(self, tally: Tally) -> Iterator[Metric]:
         by_state = GaugeMetricFamily(
             "hedgerow_sandboxes", "Sandboxes by state and tenant.", labels=["state", "tenant"]
         )
-        rows = Sandbox.objects.values("state", "tenant__slug").annotate(n=Count("id"))
-        for row in rows.order_by("state", "tenant__slug"):
-            by_state.add_metric([row["state"], row["tenant__slug"]], row["n"])
+        keyed: list[tuple[str, str, int]] = []
+        for key, n in tally.counts.items():
+            if n:
+                state, tenant_id = key.split("|", 1)
+                keyed.append((state, tenant_id, n))
+        slugs = {
+            str(pk): slug
+            for pk, slug in Tenant.objects.filter(pk__in={t for _, t, _ in keyed}).values_list(
+                "pk", "slug"
+            )
+        }
+        for state, slug, n in sorted((state, slugs.get(t, t), n) for state, t, n in keyed):
+            by_state.add_metric([state, slug], n)
         yield by_state
         depth = GaugeMetricFamily(
             "hedgerow_admission_queue_depth",
@@ -151,14 +154,8 @@ class HedgerowCollector(Collector):
             "worker to pick them up (requested).",
             labels=["stage"],
         )
-        waiting = {
-            row["state"]: row["n"]
-            for row in Sandbox.objects.filter(state__in=("queued", State.REQUESTED))
-            .values("state")
-            .annotate(n=Count("id"))
-        }
         for stage in ("queued", State.REQUESTED):
-            depth.add_metric([str(stage)], waiting.get(stage, 0))
+            depth.add_metric([str(stage)], sum(n for state, _, n in keyed if state == str(stage)))
         yield depth
 
     def _actions(self) -> Iterator[Metric]:
@@ -172,22 +169,15 @@ class HedgerowCollector(Collector):
             actions.add_metric(key.split("|", 2), counts[key])
         yield actions
 
-    def _agent_errors(self, summarized: dict[str, int]) -> Iterator[Metric]:
+    def _agent_errors(self, tally: Tally) -> Iterator[Metric]:
         errors = CounterMetricFamily(
             "hedgerow_agent_errors",
             "Operations that ended failed (agent unreachable, agent error, interrupted…).",
             labels=["code"],
         )
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT coalesce(error->>'code', 'unknown'), count(*) FROM sandboxes_operation "
-                "WHERE status = 'failed' GROUP BY 1 ORDER BY 1"
-            )
-            counts = dict(summarized)
-            for code, n in cursor.fetchall():
-                counts[code] = counts.get(code, 0) + n
-        for code in sorted(counts):
-            errors.add_metric([code], counts[code])
+        for code in sorted(tally.counts):
+            if tally.counts[code]:
+                errors.add_metric([code], tally.counts[code])
         yield errors
 
     def _audit(self) -> Iterator[Metric]:
@@ -269,7 +259,7 @@ class HedgerowCollector(Collector):
         yield CounterMetricFamily(
             "hedgerow_warm_pool_claims",
             "Creates that claimed a warm member.",
-            value=stats["claims"],
+            value=folded_counts("warm_pool_claims", _claim_counts).get("claims", 0),
         )
         for name, doc in (
             ("misses", "Creates of a pooled shape that found no warm member (cold path)."),

@@ -283,6 +283,25 @@ class MetricsFold(models.Model):
         return f"{self.name} through {self.through:%Y-%m-%d %H:%M:%S}"
 
 
+class MetricsDelta(models.Model):
+    """A change to a tally ``/metrics`` reports (sandboxes by state and tenant, the
+    create-to-ready and exec histograms, failed operations by code), written by
+    Postgres triggers on the sandbox, operation and operation summary rows (migration
+    0015) in the writer's own transaction, so the tally is exact whatever wrote the
+    row. Insert-only: writers never wait on each other. A scrape moves the committed
+    deltas into the ``tallies`` fold (``services/metrics_tally.py``), so it reads what
+    changed since the last one, not every row."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=16)  # sandboxes | ready | exec | errors
+    key = models.CharField(max_length=200)
+    n = models.BigIntegerField()
+    total = models.DecimalField(max_digits=30, decimal_places=6)  # seconds (histograms)
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key}: {self.n:+d}"
+
+
 class ReconcileRun(models.Model):
     """One reconciler round: what the backend listed and what was done about it."""
 
@@ -455,7 +474,20 @@ class Snapshot(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["state", "expires_at"], name="snapshot_state_expiry")]
+        indexes = [
+            models.Index(fields=["state", "expires_at"], name="snapshot_state_expiry"),
+            # the minutely storage sweep's look-back (metering/storage.py)
+            models.Index(
+                fields=["captured_at"],
+                name="snapshot_captured",
+                condition=models.Q(captured_at__isnull=False),
+            ),
+            models.Index(
+                fields=["deleted_at"],
+                name="snapshot_deleted",
+                condition=models.Q(deleted_at__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"snapshot {self.id} of {self.sandbox_id} ({self.state})"

@@ -168,7 +168,17 @@ def admission_sweep() -> dict[str, int]:
 def usage_sweep(full: bool = False) -> int:
     """Repairs the usage ledger and the storage ledger (what a crashed worker missed):
     minutely over the sandboxes that moved recently, daily over all (``full``)."""
-    return usage_metering.usage_sweep(full=full) + storage_metering.storage_sweep()
+    return usage_metering.usage_sweep(full=full) + storage_metering.storage_sweep(full=full)
+
+
+@shared_task(soft_time_limit=60, time_limit=90)
+def fold_metrics() -> int:
+    """Moves the metric deltas the triggers wrote into their fold, so they stay few
+    when nobody scrapes ``/metrics`` (services/metrics_tally.py). Returns how many
+    tallies there are."""
+    from apps.sandboxes.services.metrics_tally import tallies
+
+    return len(tallies())
 
 
 @shared_task(soft_time_limit=600, time_limit=660)

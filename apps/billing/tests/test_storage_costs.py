@@ -196,11 +196,24 @@ def test_the_sweep_opens_missing_and_closes_unclosed_storage_records(make_tenant
         state="deleted", deleted_at=T0 + timedelta(hours=1)
     )
     never = _snapshot(sandbox, size=0, captured=T0, state="failed")
-    assert storage_sweep() == 2
+    # the minutely sweep looks back 15 minutes: today, both changes are older
+    assert storage_sweep() == 0
+    # ...ten minutes after the capture it sees both (the deletion is later still)
+    assert storage_sweep(now=T0 + timedelta(minutes=10)) == 2
     assert StorageRecord.objects.get(snapshot=missing).ended_at is None
     assert StorageRecord.objects.get(snapshot=unclosed).ended_at == T0 + timedelta(hours=1)
     assert not StorageRecord.objects.filter(snapshot=never).exists()
-    assert storage_sweep() == 0
+    assert storage_sweep(full=True) == 0
+
+
+def test_the_daily_storage_sweep_repairs_what_the_look_back_missed(make_tenant, book):
+    tenant, _ = make_tenant()
+    sandbox = ledger_sandbox(tenant, T0, [("provisioning", 0), ("ready", 1)])
+    missing = _snapshot(sandbox, size=GIB, captured=T0)
+    assert storage_sweep() == 0  # captured long before the look-back
+    assert storage_sweep(full=True) == 1
+    assert StorageRecord.objects.get(snapshot=missing).ended_at is None
+    assert storage_sweep(full=True) == 0
 
 
 def test_the_storage_quota_counts_kept_snapshots_and_pauses(make_tenant, book):

@@ -6,7 +6,9 @@ what a crashed worker left). What a record costs is billing's
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
@@ -54,17 +56,31 @@ def storage_record_close(*, snapshot: Snapshot) -> None:
     StorageRecord.objects.filter(snapshot_id=snapshot.pk, ended_at__isnull=True).update(ended_at=at)
 
 
-def storage_sweep(*, limit: int = 2000) -> int:
+def storage_sweep(*, limit: int = 2000, full: bool = False, now: datetime | None = None) -> int:
     """Repairs what a crashed worker left: captured snapshots without a record, and
-    open records of deleted snapshots. Returns how many it synced."""
+    open records of deleted snapshots. Returns how many it synced.
+
+    The minutely sweep (``full=False``) looks only at snapshots captured or deleted in
+    the last ``HEDGEROW_USAGE_SWEEP_LOOKBACK_S`` (both stamps are set to the time of
+    the change, just before the record is opened or closed, and each has a partial
+    index): its read follows the rate of captures and deletions, not the number of
+    snapshots ever kept (it anti-joined every snapshot each minute). ``full=True``
+    (daily, with the usage sweep's) checks every snapshot: the backstop for a sweep
+    that was down longer than the look-back."""
     missing = Snapshot.objects.filter(captured_at__isnull=False, storage__isnull=True).exclude(
         state=SnapshotState.FAILED
-    )[:limit]
+    )
     stale = Snapshot.objects.filter(
         state=SnapshotState.DELETED, storage__ended_at__isnull=True, storage__isnull=False
-    )[:limit]
+    )
+    if not full:
+        since = (now or timezone.now()) - timedelta(
+            seconds=settings.HEDGEROW_USAGE_SWEEP_LOOKBACK_S
+        )
+        missing = missing.filter(captured_at__gte=since)
+        stale = stale.filter(deleted_at__gte=since)
     synced = 0
-    for snapshot in [*missing, *stale]:
+    for snapshot in [*missing[:limit], *stale[:limit]]:
         if storage_record_open(snapshot=snapshot) is not None:
             synced += 1
     return synced

@@ -301,8 +301,9 @@ def retention_apply(
 
 
 def operation_summary_totals() -> dict[str, Any]:
-    """The summaries' share of the exec histogram and the agent error counter (read by
-    the metrics, so they never go down when rows are summarized)."""
+    """The summaries' share of the exec histogram and the agent error counter, read
+    whole: the recount the metrics' tallies are checked against (the tallies carry the
+    summaries' share themselves, ``services/metrics_tally.py``)."""
     buckets = [0] * len(EXEC_BUCKETS)
     finished, duration = 0, 0.0
     errors: dict[str, int] = {}

@@ -44,7 +44,7 @@ from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_client import agent_token
 from apps.sandboxes.backends import get_backend
 from apps.sandboxes.backends.base import BackendError, SandboxSpec
-from apps.sandboxes.models import Sandbox, SandboxEvent, WarmMember, WarmMemberState
+from apps.sandboxes.models import Sandbox, WarmMember, WarmMemberState
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import sandbox_insert_claimed
 
@@ -528,8 +528,9 @@ def warm_pool_forget() -> int:
 
 
 def warm_pool_stats() -> dict[str, Any]:
-    """Gauges for /metrics: members by shape and state; claims (from the ledger),
-    misses, discards and start failures (Redis counters since the counters' start)."""
+    """Gauges for /metrics: members by shape and state; misses, discards and start
+    failures (Redis counters since the counters' start). Claims are counted from the
+    ledger by the metrics' fold (``apps/sandboxes/metrics.py``)."""
     by_shape: dict[tuple[str, str], int] = {}
     for row in (
         WarmMember.objects.values("image", "cpu_millis", "memory_mib", "network_access", "state")
@@ -538,7 +539,6 @@ def warm_pool_stats() -> dict[str, Any]:
     ):
         shape = Shape(row["image"], row["cpu_millis"], row["memory_mib"], row["network_access"])
         by_shape[(shape.key(), row["state"])] = row["n"]
-    claims = SandboxEvent.objects.filter(event="transition", reason=CLAIM_REASON).count()
     counters: dict[str, int] = {}
     try:
         client = redis_client()
@@ -547,4 +547,4 @@ def warm_pool_stats() -> dict[str, Any]:
             counters[name] = int(value) if value else 0  # type: ignore[arg-type]
     except redis.RedisError as exc:
         log.warning("warm pool counters unavailable: %s", exc)
-    return {"members": by_shape, "claims": claims, **counters}
+    return {"members": by_shape, **counters}

@@ -26,17 +26,17 @@ pytestmark = pytest.mark.django_db
 TABLES = ("sandboxes_sandbox", "sandboxes_sandboxevent", "billing_usagerecord")
 
 
-def _rows_read() -> int:
+def _rows_read(tables: tuple[str, ...] = TABLES) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0) "
             "FROM pg_stat_xact_user_tables WHERE relname = ANY(%s)",
-            [list(TABLES)],
+            [list(tables)],
         )
         return int(cursor.fetchone()[0])
 
 
-def _cost(fn: Callable[[], Any]) -> tuple[int, int, Any]:
+def _cost(fn: Callable[[], Any], tables: tuple[str, ...] = TABLES) -> tuple[int, int, Any]:
     """(rows read, statements, result) of one round, read through the indexes: a table
     of 2,000 rows is small enough that the planner reads all of it rather than probe
     an index 20 times, which it does not at the sizes this is about (10^5-10^6 rows),
@@ -44,10 +44,10 @@ def _cost(fn: Callable[[], Any]) -> tuple[int, int, Any]:
     transaction only). A round that must read everything still does, through an index."""
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-    before = _rows_read()
+    before = _rows_read(tables)
     with CaptureQueriesContext(connection) as queries:
         result = fn()
-    return _rows_read() - before, len(queries), result
+    return _rows_read(tables) - before, len(queries), result
 
 
 def _add(tenant: Any, n: int, *, state: str, moved_ago: timedelta) -> list[Sandbox]:
@@ -119,9 +119,9 @@ def _add(tenant: Any, n: int, *, state: str, moved_ago: timedelta) -> list[Sandb
     return rows
 
 
-def _analyze() -> None:
+def _analyze(tables: tuple[str, ...] = TABLES) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {', '.join(TABLES)}")
+        cursor.execute(f"ANALYZE {', '.join(tables)}")
 
 
 def test_the_minutely_usage_sweep_reads_what_moved_not_what_exists(make_tenant: Any) -> None:
@@ -266,7 +266,7 @@ def test_the_metrics_action_counter_reads_what_happened_since_the_fold(make_tena
         )
         _analyze()
         # a first scrape folds the history once (as after an upgrade)
-        MetricsFold.objects.all().delete()
+        MetricsFold.objects.filter(name="lifecycle_actions").delete()
         folded = scrape()
         assert folded[("reaper", "transition", "ttl_expired")] == n - 1
         # since then: the same 5 automatic actions in both rounds
@@ -282,3 +282,159 @@ def test_the_metrics_action_counter_reads_what_happened_since_the_fold(make_tena
         measured[n] = rows
     # the history is 20x larger; the scrape reads the rows since the fold either way
     assert measured[2000] <= 2 * measured[100], measured
+
+
+SNAPSHOT_TABLES = ("sandboxes_snapshot", "billing_storagerecord")
+
+
+def _snapshots(sandbox: Sandbox, n: int, *, ago: timedelta, deleted: bool) -> list[Any]:
+    """``n`` snapshots captured ``ago`` with their storage records (closed when deleted
+    at the same time), as the capture and delete services leave them."""
+    from apps.billing.models import StorageRecord
+    from apps.sandboxes.models import Snapshot
+
+    at = timezone.now() - ago
+    book = PriceBook.objects.filter(is_reference=False).order_by("-effective_from").first()
+    snaps = Snapshot.objects.bulk_create(
+        Snapshot(
+            tenant_id=sandbox.tenant_id,
+            sandbox=sandbox,
+            state="deleted" if deleted else "ready",
+            backend="local",
+            image="host",
+            size_bytes=1 << 20,
+            ttl_seconds=86400,
+            expires_at=at + timedelta(days=1),
+            created_at=at,
+            captured_at=at,
+            deleted_at=at if deleted else None,
+        )
+        for _ in range(n)
+    )
+    StorageRecord.objects.bulk_create(
+        StorageRecord(
+            snapshot=s,
+            tenant_id=sandbox.tenant_id,
+            sandbox_id=sandbox.pk,
+            kind="snapshot",
+            size_bytes=1 << 20,
+            started_at=at,
+            ended_at=at if deleted else None,
+            price_book=book,
+            gib_hour=Decimal("0.001"),
+        )
+        for s in snaps
+    )
+    return snaps
+
+
+def test_the_minutely_storage_sweep_reads_what_changed_not_every_snapshot(
+    make_tenant: Any,
+) -> None:
+    from apps.billing.models import StorageRecord
+    from apps.sandboxes.metering.storage import storage_sweep
+    from apps.sandboxes.models import Snapshot
+
+    tenant, _ = make_tenant()
+    (sandbox,) = _add(tenant, 1, state=State.READY, moved_ago=timedelta(hours=3))
+    measured: dict[int, dict[str, int]] = {}
+    for n in (100, 2000):
+        have = Snapshot.objects.filter(tenant=tenant).count()
+        # history: half deleted days ago (records closed), half kept (records open)
+        _snapshots(sandbox, (n - have) // 2, ago=timedelta(days=3), deleted=True)
+        _snapshots(sandbox, (n - have) - (n - have) // 2, ago=timedelta(days=3), deleted=False)
+        # the same change in both rounds: one capture whose record a crash lost, one
+        # deletion whose record a crash left open
+        (lost,) = _snapshots(sandbox, 1, ago=timedelta(minutes=1), deleted=False)
+        StorageRecord.objects.filter(snapshot=lost).delete()
+        (unclosed,) = _snapshots(sandbox, 1, ago=timedelta(days=1), deleted=False)
+        Snapshot.objects.filter(pk=unclosed.pk).update(
+            state="deleted", deleted_at=timezone.now() - timedelta(minutes=1)
+        )
+        _analyze(SNAPSHOT_TABLES)
+        rows, statements, synced = _cost(storage_sweep, SNAPSHOT_TABLES)
+        assert synced == 2  # both repaired, whatever N
+        assert StorageRecord.objects.get(snapshot=lost).ended_at is None
+        assert StorageRecord.objects.get(snapshot=unclosed).ended_at is not None
+        full_rows, _, full_synced = _cost(partial(storage_sweep, full=True), SNAPSHOT_TABLES)
+        assert full_synced == 0  # nothing left to repair
+        measured[n] = {"rows": rows, "statements": statements, "full_rows": full_rows}
+    small, large = measured[100], measured[2000]
+    assert large["rows"] <= 2 * small["rows"], measured
+    assert large["statements"] == small["statements"], measured
+    # the daily backstop reads every snapshot: the one that grows with N
+    assert large["full_rows"] >= 10 * small["full_rows"] and large["full_rows"] >= 2000, measured
+
+
+METRIC_TABLES = (
+    "sandboxes_sandbox",
+    "sandboxes_sandboxevent",
+    "sandboxes_operation",
+    "sandboxes_operationsummary",
+    "sandboxes_metricsdelta",
+    "sandboxes_metricsfold",
+    "sandboxes_reconcilerun",
+)
+
+
+def _finished_ops(sandboxes: list[Sandbox], *, ago: timedelta) -> None:
+    """One finished operation per sandbox (every tenth failed), as execs leave them."""
+    from apps.sandboxes.models import Operation
+
+    at = timezone.now() - ago
+    Operation.objects.bulk_create(
+        Operation(
+            tenant_id=s.tenant_id,
+            sandbox=s,
+            operation_id=f"op-{uuid.uuid4().hex[:12]}",
+            generation=1,
+            request={"command": ["true"]},
+            request_hash="h",
+            status="failed" if i % 10 == 0 else "completed",
+            error={"code": "agent_unreachable", "message": "x"} if i % 10 == 0 else None,
+            created_at=at,
+            finished_at=at + timedelta(milliseconds=5 * (i % 7)),
+        )
+        for i, s in enumerate(sandboxes)
+    )
+
+
+def test_a_metrics_scrape_reads_what_changed_not_every_sandbox_and_operation(
+    make_tenant: Any,
+) -> None:
+    """The whole scrape: the sandbox gauge, both histograms and the error counter are
+    tallied on write (services/metrics_tally.py), the ledger and reconciler counters
+    folded; what a scrape reads follows what changed since the last one."""
+    from apps.sandboxes.metrics import HedgerowCollector
+    from apps.sandboxes.tests.test_metrics_tally import assert_exact, recount
+
+    tenant, _ = make_tenant()
+
+    def scrape() -> list[Any]:
+        return list(HedgerowCollector().collect())
+
+    measured: dict[int, dict[str, int]] = {}
+    for n in (100, 2000):
+        have = Sandbox.objects.filter(tenant=tenant).count()
+        # half idle live sandboxes, half history; an operation each
+        grow = n - have
+        live = _add(tenant, grow // 2, state=State.READY, moved_ago=timedelta(hours=3))
+        gone = _add(tenant, grow - grow // 2, state=State.DELETED, moved_ago=timedelta(days=3))
+        _finished_ops(live + gone, ago=timedelta(hours=2))
+        _analyze(METRIC_TABLES)
+        scrape()  # the growth is folded (as the minutely fold-metrics task does)
+        scrape()  # ...and the ledger counters' folds moved up past it
+        # the same change in both rounds: 5 sandboxes created and ready, 5 execs
+        recent = _add(tenant, 5, state=State.READY, moved_ago=timedelta(minutes=1))
+        _finished_ops(recent, ago=timedelta(seconds=30))
+        rows, statements, _ = _cost(scrape, METRIC_TABLES)
+        full_rows, _, _ = _cost(recount, METRIC_TABLES)  # what the scrape read before
+        assert_exact()
+        measured[n] = {"rows": rows, "statements": statements, "full_rows": full_rows}
+    small, large = measured[100], measured[2000]
+    # within 2x; what grows is the ledger rows of the last 5 minutes (the folds' lag),
+    # 5 sandboxes' more in the second round
+    assert large["rows"] <= 2 * small["rows"], measured
+    assert large["statements"] == small["statements"], measured
+    # the recount it replaced reads every sandbox and operation
+    assert large["full_rows"] >= 10 * small["full_rows"] and large["full_rows"] >= 4000, measured
