@@ -367,6 +367,11 @@ HEDGEROW_EXEC_FAST_PATH = env_bool("HEDGEROW_EXEC_FAST_PATH", True)
 # per chunk (apps/sandboxes/api/files_fastpath.py); off: through Django, which reads an
 # upload's whole body into a temporary file first.
 HEDGEROW_FILES_FAST_PATH = env_bool("HEDGEROW_FILES_FAST_PATH", True)
+# A file transfer's next piece waits while a short exec is in flight in the same web
+# process, at most this many milliseconds per MiB moved (apps/sandboxes/api/
+# transfer_gate.py; 0, the default: transfers never wait; docs/benchmarks.md has the
+# A/B that left it off).
+HEDGEROW_TRANSFER_YIELD_MS = env_float("HEDGEROW_TRANSFER_YIELD_MS", 0.0)
 # The web process's cyclic GC (controlplane/webgc.py): freeze the start-up heap, and
 # the collector's generation thresholds (Python's default: 700,10,10).
 HEDGEROW_WEB_GC_FREEZE = env_bool("HEDGEROW_WEB_GC_FREEZE", True)

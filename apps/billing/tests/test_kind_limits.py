@@ -10,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import redis
 
 from apps.billing.limits import (
+    _key,
     exec_admit,
     exec_admit_plan,
     exec_kind,
@@ -22,6 +24,7 @@ from apps.billing.limits import (
     transfer_release,
 )
 from apps.core.errors import ApiError
+from apps.core.redis_sync import redis_client
 
 pytestmark = pytest.mark.django_db
 
@@ -194,3 +197,17 @@ def test_a_single_transfer_larger_than_the_bytes_limit_is_admitted_alone(make_te
     with pytest.raises(ApiError):
         transfer_admit(tenant_id=tid, sandbox_key="s", nbytes=1)
     transfer_release(tenant_id=tid, sandbox_key="s", lease=lease)
+
+
+def test_in_flight_says_a_redis_error_instead_of_reading_an_empty_pool(make_tenant):
+    """A pool Redis cannot count (here: its key holds a string, a real WRONGTYPE error)
+    is an error, never 0 leases: "the slot was given back" must not pass on an error."""
+    tid = str(make_tenant()[0].pk)
+    key = _key("file", "sbx", tid, "broken")
+    redis_client().set(key, "not a sorted set", ex=60)
+    try:
+        with pytest.raises(redis.ResponseError):
+            in_flight("file", tid, "broken")
+    finally:
+        redis_client().delete(key)
+    assert in_flight("file", tid, "broken") == 0

@@ -25,10 +25,12 @@ from typing import Any
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from apps.billing.limits import exec_kind
 from apps.core.asgi_body import Receive, Scope, Send, read_body, replay
 from apps.core.errors import ApiError, _internal_error_body
 from apps.core.inputs import json_loads
 from apps.core.logging import request_id_var
+from apps.sandboxes.api import transfer_gate
 from apps.sandboxes.api.fastpath_response import (
     VALID_REQUEST_ID,
     ASGIApp,
@@ -39,7 +41,7 @@ from apps.sandboxes.api.fastpath_response import (
 )
 from apps.sandboxes.api.serializers import render_stream
 from apps.sandboxes.services.exec_async import iso, operation_exec_async, single_flight
-from apps.sandboxes.services.operations import ExecRequest
+from apps.sandboxes.services.operations import ExecRequest, _agent_timeout
 from apps.tenancy.auth import principal_cached, principal_refresh
 from apps.tenancy.principal import Principal
 from apps.tenancy.secrets import hash_secret
@@ -113,15 +115,17 @@ async def _answer(scope: Scope, sandbox_id: str, body: bytes) -> _Answer | None:
     incoming = headers.get(b"x-request-id", b"").decode("latin-1")
     request_id = incoming if VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
     token = request_id_var.set(request_id)
+    short = exec_kind(_agent_timeout(request)) == "exec"
     try:
-        fields = await operation_exec_async(
-            principal=principal,
-            sandbox_external_id=sandbox_id,
-            request=request,
-            operation_id=operation_id,
-            expected_generation=generation,
-            request_id=request_id,
-        )
+        with transfer_gate.short_work(short):  # transfers in this process yield to it
+            fields = await operation_exec_async(
+                principal=principal,
+                sandbox_external_id=sandbox_id,
+                request=request,
+                operation_id=operation_id,
+                expected_generation=generation,
+                request_id=request_id,
+            )
     except ApiError as exc:
         return exc.status_code, json_bytes(exc.as_dict()), request_id, exc.headers
     except Exception:

@@ -52,6 +52,7 @@ from apps.core.logging import request_id_var
 from apps.sandboxes import selectors
 from apps.sandboxes.agent_async import _read_response
 from apps.sandboxes.agent_client import AgentError, raise_for_agent_status
+from apps.sandboxes.api import transfer_gate
 from apps.sandboxes.api.fastpath_response import (
     SECURITY_HEADERS,
     VALID_REQUEST_ID,
@@ -288,6 +289,7 @@ async def _stream(
         writer.write(head)
         broken: BaseException | None = None
         more = True
+        paced = transfer_gate.Paced()
         while more:
             message = await receive()
             if message["type"] != "http.request":
@@ -295,7 +297,9 @@ async def _stream(
             more = bool(message.get("more_body", False))
             if broken is None:
                 try:
-                    writer.write(message.get("body", b""))
+                    piece = message.get("body", b"")
+                    writer.write(piece)
+                    await paced.moved(len(piece))  # after short execs (bounded)
                     if writer.transport.get_write_buffer_size() > WRITE_BUFFER:
                         async with asyncio.timeout(AGENT_TIMEOUT_S):
                             await writer.drain()
@@ -453,6 +457,8 @@ async def _download(principal: Principal, download: _Upload, receive: Receive, s
                 return 200
             left -= len(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+            if left:
+                await transfer_gate.turn(len(chunk))  # after short execs (bounded)
         if size == 0:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 200
