@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apps.sandboxes.backends.local import idmap
 from bench._http import Client, TransportError
 from bench._stack import describe, make_up_settings, private_stack, set_arg
 from bench.cpu_account import (
@@ -78,6 +79,8 @@ class Results:
     # when (perf_counter) each sandbox became ready / its delete was answered: the curve
     ready_at: list[float] = field(default_factory=list)
     deleted_at: list[float] = field(default_factory=list)
+    # when (perf_counter) each create was answered: the first seconds of a burst
+    answered_at: list[float] = field(default_factory=list)
     requests: int = 0  # answered requests, retries included
     ok: int = 0
     retries: int = 0
@@ -152,6 +155,7 @@ async def one_lifecycle(
                 headers={"Idempotency-Key": key},
             )
             results.creates.append(time.perf_counter() - t0)
+            results.answered_at.append(time.perf_counter())
             if created.status_code not in (200, 201):
                 raise RuntimeError(f"create {created.status_code}: {created.text[:200]}")
             body = created.json()
@@ -409,6 +413,7 @@ def main() -> int:
         cpu = CpuAccount(scope, args.cpu_sampler)
         cpu.start()
         started = time.perf_counter()
+        started_wall = time.time()
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             results = runner.run(
                 run_load(
@@ -433,6 +438,7 @@ def main() -> int:
         )
         reconcile, audit = reconcile_and_audit(since)
         report(args, results, wall, all_deleted - started, sampler.peak_kib, reconcile, audit)
+        print("\n".join(first_seconds(results, started, started_wall, since)))
         print("\n".join(cpu.report(args.n, "sandbox")))
         stack_cpu = sum(v for k, v in cpu.breakdown().items() if k not in (*NOT_OURS, CLIENT))
         print("\n".join(stress_report(results, wall, cpu.busy_s, stack_cpu, args.n)))
@@ -536,6 +542,8 @@ def pick_subnet(
         net = candidates[(offset + i) % len(candidates)]
         if str(net.network_address) in taken or any(net.overlaps(u) for u in used):
             continue
+        if claims.is_dir() and not idmap.blocks_free(claims, net):
+            continue  # its uid ranges are another claimed subnet's: the backend refuses it
         return str(net)
     raise ValueError(f"no free /{prefix} in {SUBNET_POOL} for {needed} sandboxes: pass --subnet")
 
@@ -698,6 +706,60 @@ def report(
     if results.failures:
         out.append(f"first failures: {results.failures[:5]}")
     print("\n".join(out))
+
+
+def first_seconds(results: Results, started: float, started_wall: float, since: Any) -> list[str]:
+    """When the burst's milestones happened, in seconds after the first create was sent:
+    create answered (client), create committed (the ledger's ``created``), provision
+    started (``provisioning``: a worker took the task), ready (``ready``), and the
+    client seeing it ready. Why the ready curve starts late is in which column lags."""
+    from apps.sandboxes.models import SandboxEvent, State
+
+    def rel_ledger(**kw: Any) -> list[float]:
+        ats = SandboxEvent.objects.filter(at__gte=since, **kw).values_list("at", flat=True)
+        return sorted(at.timestamp() - started_wall for at in ats)
+
+    columns = [
+        ("create answered", sorted(t - started for t in results.answered_at)),
+        ("create committed", rel_ledger(event="created")),
+        ("provision started", rel_ledger(to_state=State.PROVISIONING)),
+        ("ready (ledger)", rel_ledger(to_state=State.READY)),
+        ("ready (client)", sorted(t - started for t in results.ready_at)),
+    ]
+    marks = (1, 10, 100)
+    head = "first seconds (s after the first create was sent; the nth of each)"
+    out = [
+        head,
+        f"  {'milestone':<18}"
+        + "".join(f"{'#' + str(m):>8}" for m in marks)
+        + "      by 2 s   by 5 s  by 10 s",
+    ]
+    for name, times in columns:
+        nth = "".join(f"{times[m - 1]:8.2f}" if len(times) >= m else f"{'-':>8}" for m in marks)
+        by = "".join(f"{sum(1 for t in times if t <= s):9d}" for s in (2, 5, 10))
+        out.append(f"  {name:<18}{nth}{by}")
+    # How long a provision took (provisioning → ready, the worker's part), in the order
+    # the provisions started: the first ones of a fresh instance make its bridges.
+    spans: dict[Any, dict[str, float]] = {}
+    rows = SandboxEvent.objects.filter(
+        at__gte=since, to_state__in=[State.PROVISIONING, State.READY]
+    ).values_list("sandbox_id", "to_state", "at")
+    for sandbox_id, to_state, at in rows:
+        spans.setdefault(sandbox_id, {})[str(to_state)] = at.timestamp()
+    took = [
+        (v[State.PROVISIONING], v[State.READY] - v[State.PROVISIONING])
+        for v in spans.values()
+        if State.PROVISIONING in v and State.READY in v
+    ]
+    took.sort()
+    if took:
+        durations = [d for _, d in took]
+        out.append(
+            "  provision took     first 4: "
+            + " ".join(f"{d:.2f}" for d in durations[:4])
+            + f" s; p50 {pct(durations, 0.5):.2f} s, p99 {pct(durations, 0.99):.2f} s"
+        )
+    return out
 
 
 def stress_report(

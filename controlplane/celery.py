@@ -4,7 +4,13 @@ import importlib
 import os
 
 from celery import Celery
-from celery.signals import before_task_publish, task_postrun, task_prerun, worker_init
+from celery.signals import (
+    before_task_publish,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_ready,
+)
 
 from apps.core.logging import request_id_var
 
@@ -56,3 +62,13 @@ def _warm_imports(**_: object) -> None:
             importlib.import_module(name)
         except ImportError:  # an optional dependency missing: the task imports it then
             continue
+
+
+@worker_ready.connect
+def _prepare_backend(**_: object) -> None:
+    # The pool is up: one of its processes builds what the first provision of a fresh
+    # installation would (static helpers, bridge, tables, zygote), ahead of the first
+    # burst. Sent, not run here: the parent opens no sockets its next forks would share.
+    from apps.sandboxes.tasks import prepare_backend
+
+    prepare_backend.delay()

@@ -77,10 +77,17 @@ def _quota_lock_sql() -> str:
 """  # noqa: S608
 
 
-def quota_lock_for(*, tenant: Tenant, actor: str) -> tuple[TenantQuota, int | None]:
+def quota_lock_for(
+    *, tenant: Tenant, actor: str, cluster: bool | None = None
+) -> tuple[TenantQuota, int | None]:
     """``quota_lock``, and the sandbox limit of ``actor``'s API key (None: no limit, or
-    not a key), read with the lock in one statement."""
-    if settings.HEDGEROW_MAX_LIVE_SANDBOXES:
+    not a key), read with the lock in one statement. ``cluster``: take the cluster lock
+    first (a cap on the whole installation is checked; default: when
+    ``HEDGEROW_MAX_LIVE_SANDBOXES`` is set — admission also asks for it when the
+    backend's addresses cap the installation)."""
+    if cluster is None:
+        cluster = bool(settings.HEDGEROW_MAX_LIVE_SANDBOXES)
+    if cluster:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CLUSTER_LOCK_KEY])
     sql = _quota_lock_sql()

@@ -25,6 +25,13 @@ def provision_sandbox(self: Any, sandbox_id: str) -> None:
     provisioning.sandbox_provision(sandbox_id=sandbox_id)
 
 
+@shared_task(soft_time_limit=120, time_limit=180)
+def prepare_backend() -> None:
+    """Sent once by each worker as it starts (controlplane/celery.py): the backend's
+    share of a first provision, made before the first create instead of inside it."""
+    provisioning.backend_prepare()
+
+
 @shared_task(
     bind=True,
     acks_late=True,

@@ -113,12 +113,14 @@ def test_it_caps_live_sandboxes_cluster_wide_across_tenants(
     transactional_db, make_tenant, no_enqueue
 ):
     tenants = [make_tenant()[0] for _ in range(3)]
-    results = _burst(lambda: [_create(t) for t in tenants], 4, workers=4)
+    results = _burst(lambda: [_create(t, queue=False) for t in tenants], 4, workers=4)
     flat = [r for batch in results for r in batch]
     assert flat.count(State.REQUESTED) == 5
     refused = [r for r in flat if isinstance(r, ApiError)]
-    assert refused[0].extra["limit"] == "cluster_live_sandboxes"
+    assert len(refused) == 7 and refused[0].extra["limit"] == "cluster_live_sandboxes"
     assert Sandbox.objects.filter(state__in=LIVE_STATES).count() == 5
+    # Without queue=false the installation being full is no refusal: the create waits.
+    assert _create(tenants[0]) == State.QUEUED
 
 
 def test_it_counts_from_the_database_so_a_freed_slot_is_usable_at_once(db, make_tenant, no_enqueue):

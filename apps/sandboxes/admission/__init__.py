@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING
 
 from apps.billing.errors import QuotaExceeded, limit_error
 from apps.billing.quotas import Ask, check_budget, check_request_fits, quota_lock_for
-from apps.sandboxes.admission.use import capacity_shortfall, tenant_use
+from apps.sandboxes.admission.use import (
+    CLUSTER_LIMITS,
+    capacity_shortfall,
+    cluster_capped,
+    tenant_use,
+)
 from apps.tenancy.models import Tenant
 
 if TYPE_CHECKING:
@@ -49,11 +54,13 @@ def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None, count: int
     """
     if count != 1 and queue is not False:
         raise ValueError("several sandboxes are admitted whole or refused, never queued")
-    quota, key_max = quota_lock_for(tenant=tenant, actor=ask.actor)
+    cluster = cluster_capped()
+    quota, key_max = quota_lock_for(tenant=tenant, actor=ask.actor, cluster=cluster)
     check_request_fits(quota=quota, ask=ask)
     check_budget(quota=quota)
     wants_queue = quota.queue_by_default if queue is None else queue
-    use = tenant_use(tenant_id=tenant.pk)  # live use and queue length, one statement
+    # live use and queue length (and the cluster's, when capped), one statement
+    use = tenant_use(tenant_id=tenant.pk, cluster=cluster)
     queued = use.queued
     shortfall = (
         None
@@ -64,6 +71,15 @@ def admission_decide(*, tenant: Tenant, ask: Ask, queue: bool | None, count: int
     )
     if not (wants_queue and queued) and shortfall is None:
         return True
+    if (
+        queue is None
+        and count == 1
+        and shortfall is not None
+        and shortfall.extra.get("limit") in CLUSTER_LIMITS
+    ):
+        # The installation is full, not the team: unless the create said queue=false,
+        # it waits its turn (position, Retry-After) instead of being refused.
+        wants_queue = True
     if not wants_queue:
         assert shortfall is not None
         raise shortfall

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from apps.billing.errors import BudgetExhausted
 from apps.billing.quotas import Ask, check_budget, quota_lock_for
-from apps.sandboxes.admission.use import capacity_shortfall
+from apps.sandboxes.admission.use import CLUSTER_LIMITS, capacity_shortfall, cluster_capped
 from apps.sandboxes.models import Sandbox, SandboxEvent, State
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,9 @@ def _try_admit(sandbox_pk: str) -> str:
         sandbox = Sandbox.objects.select_related("tenant").filter(pk=sandbox_pk).first()
         if sandbox is None or sandbox.state != State.QUEUED:
             return "gone"
-        quota, key_max = quota_lock_for(tenant=sandbox.tenant, actor=sandbox.created_by)
+        quota, key_max = quota_lock_for(
+            tenant=sandbox.tenant, actor=sandbox.created_by, cluster=cluster_capped()
+        )
         try:
             check_budget(quota=quota)
         except BudgetExhausted as exc:
@@ -108,7 +110,7 @@ def _try_admit(sandbox_pk: str) -> str:
         )
         shortfall = capacity_shortfall(quota=quota, ask=ask, key_max_sandboxes=key_max)
         if shortfall is not None:
-            full = shortfall.extra.get("limit") == "cluster_live_sandboxes"
+            full = shortfall.extra.get("limit") in CLUSTER_LIMITS
             return "cluster_full" if full else "tenant_full"
         now = timezone.now()
         moved = sandbox_transition(

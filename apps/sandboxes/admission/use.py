@@ -20,8 +20,9 @@ from apps.billing.errors import QuotaExceeded, limit_error
 from apps.billing.models import TenantQuota
 from apps.billing.quotas import Ask, QuotaUse, key_sandbox_limit, quota_lock
 from apps.core.errors import ApiError
+from apps.sandboxes.backends import address_capacity
 from apps.sandboxes.metering.storage import snapshot_bytes_in_use
-from apps.sandboxes.models import LIVE_STATES, Sandbox, State
+from apps.sandboxes.models import LIVE_STATES, Sandbox, State, WarmMember
 from apps.tenancy.models import Tenant
 
 
@@ -33,6 +34,10 @@ class TenantUse:
     cpu_millis: int
     memory_mib: int
     queued: int
+    # Asked with ``cluster=True`` (a cluster cap is set): live sandboxes of every tenant,
+    # and warm pool members (each holds an address of the instance's subnet too).
+    cluster_live: int | None = None
+    warm_members: int | None = None
 
 
 # Written out once: the ORM spent ~1.4 ms of CPU compiling this aggregate on every
@@ -46,12 +51,22 @@ _TENANT_USE_SQL = """SELECT COUNT(*) FILTER (WHERE state = ANY(%(live)s)),
 """
 
 
-def tenant_use(*, tenant_id: Any) -> TenantUse:
-    """One statement; call with the quota row locked for a decision that must be exact."""
+# With a cluster cap: the same, and the cluster's live sandboxes and warm members, read
+# in the same statement (after the cluster lock, so in the same snapshot as the rest).
+_TENANT_AND_CLUSTER_USE_SQL = f"""SELECT t.*,
+       (SELECT COUNT(*) FROM sandboxes_sandbox WHERE state = ANY(%(live)s)),
+       (SELECT COUNT(*) FROM "{WarmMember._meta.db_table}")
+  FROM ({_TENANT_USE_SQL}) t
+"""  # noqa: S608 - identifiers from the model's metadata; values are parameters
+
+
+def tenant_use(*, tenant_id: Any, cluster: bool = False) -> TenantUse:
+    """One statement; call with the quota row locked for a decision that must be exact
+    (and, with ``cluster``, the cluster lock: ``quota_lock_for(cluster=True)``)."""
     live = [str(s) for s in LIVE_STATES]
     with connection.cursor() as cursor:
         cursor.execute(
-            _TENANT_USE_SQL,
+            _TENANT_AND_CLUSTER_USE_SQL if cluster else _TENANT_USE_SQL,
             {
                 "live": live,
                 "queued": str(State.QUEUED),
@@ -59,8 +74,57 @@ def tenant_use(*, tenant_id: Any) -> TenantUse:
                 "counted": [*live, str(State.QUEUED)],
             },
         )
-        n, cpu, mem, queued = cursor.fetchone()
-    return TenantUse(live=n or 0, cpu_millis=cpu or 0, memory_mib=mem or 0, queued=queued or 0)
+        row = cursor.fetchone()
+    n, cpu, mem, queued = row[:4]
+    return TenantUse(
+        live=n or 0,
+        cpu_millis=cpu or 0,
+        memory_mib=mem or 0,
+        queued=queued or 0,
+        cluster_live=row[4] if cluster else None,
+        warm_members=row[5] if cluster else None,
+    )
+
+
+def cluster_capped() -> bool:
+    """A cap on the whole installation applies: ``HEDGEROW_MAX_LIVE_SANDBOXES``, or the
+    backend's addresses (the local backend's subnet, ``address_capacity``). Admission
+    then takes the cluster lock and counts every tenant's sandboxes."""
+    return bool(settings.HEDGEROW_MAX_LIVE_SANDBOXES) or address_capacity() is not None
+
+
+CLUSTER_LIMITS = frozenset({"cluster_live_sandboxes", "cluster_addresses"})
+
+
+def _cluster_shortfall(*, use: TenantUse | None, count: int, more: str) -> ApiError | None:
+    if not cluster_capped():
+        return None
+    if use is None or use.cluster_live is None or use.warm_members is None:
+        live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
+        warm = WarmMember.objects.count()
+    else:
+        live, warm = use.cluster_live, use.warm_members
+    cluster_cap = settings.HEDGEROW_MAX_LIVE_SANDBOXES
+    if cluster_cap and live + count > cluster_cap:
+        return limit_error(
+            QuotaExceeded,
+            limit="cluster_live_sandboxes",
+            value=cluster_cap,
+            current=live,
+            message=f"the cluster runs its maximum of {cluster_cap} live sandboxes{more}",
+        )
+    addresses = address_capacity()
+    if addresses is not None and live + warm + count > addresses:
+        return limit_error(
+            QuotaExceeded,
+            limit="cluster_addresses",
+            value=addresses,
+            current=live + warm,
+            message=f"every address of the instance's subnet is taken ({live} live "
+            f"sandboxes, {warm} warm pool members; at most {addresses}{more}): "
+            'docs/operations.md "Density"',
+        )
+    return None
 
 
 class _Unread(enum.Enum):
@@ -81,19 +145,11 @@ def capacity_shortfall(
     the quota row locked. ``key_max_sandboxes``: the asking key's limit as
     ``quota_lock_for`` read it (None: none); by default it is read here."""
     more = "" if count == 1 else f" ({count} more sandboxes)"
-    cluster_cap = settings.HEDGEROW_MAX_LIVE_SANDBOXES
-    if cluster_cap:
-        live = Sandbox.objects.filter(state__in=LIVE_STATES).count()
-        if live + count > cluster_cap:
-            return limit_error(
-                QuotaExceeded,
-                limit="cluster_live_sandboxes",
-                value=cluster_cap,
-                current=live,
-                message=f"the cluster runs its maximum of {cluster_cap} live sandboxes{more}",
-            )
     if use is None:
-        use = tenant_use(tenant_id=quota.tenant_id)
+        use = tenant_use(tenant_id=quota.tenant_id, cluster=cluster_capped())
+    cluster = _cluster_shortfall(use=use, count=count, more=more)
+    if cluster is not None:
+        return cluster
     live_n, cpu, mem = use.live, use.cpu_millis, use.memory_mib
     ask_cpu, ask_mem = ask.cpu_millis * count, ask.memory_mib * count
     cap = quota.max_concurrent_sandboxes

@@ -32,6 +32,34 @@ def registry_policy() -> RegistryPolicy:
     )
 
 
+def address_capacity() -> int | None:
+    """How many sandboxes the configured backend can hold at once by its addresses, or
+    None (no such bound: Kubernetes). The local backend gives each live sandbox one
+    address of the instance's subnet (``HEDGEROW_LOCAL_SUBNET``, else a
+    /``HEDGEROW_LOCAL_SUBNET_PREFIX`` from the pool): admission counts against it, so a
+    burst past it waits in the admission queue instead of failing at provision."""
+    if settings.HEDGEROW_BACKEND != "local":
+        return None
+    # The subnet the instance claimed first is kept (its file in the state dir), even
+    # when the settings ask for another size since: that one holds the addresses.
+    claimed = Path(settings.STATE_DIR) / "sandboxes" / settings.HEDGEROW_INSTANCE / "subnet"
+    try:
+        subnet = claimed.read_text().strip()
+    except OSError:
+        subnet = settings.HEDGEROW_LOCAL_SUBNET
+    return _subnet_capacity(subnet, settings.HEDGEROW_LOCAL_SUBNET_PREFIX)
+
+
+@functools.lru_cache(maxsize=8)
+def _subnet_capacity(subnet: str, prefix: int) -> int:
+    import ipaddress
+
+    from apps.sandboxes.backends.local.network import usable_addresses
+
+    net = ipaddress.IPv4Network(subnet or f"0.0.0.0/{prefix}")
+    return usable_addresses(net)
+
+
 @functools.cache
 def get_backend() -> Backend:
     name = settings.HEDGEROW_BACKEND

@@ -240,6 +240,11 @@ class Backend(Protocol):
     def remove_image(self, digest: str) -> bool:
         """Drop the cached image unless a live sandbox uses it; False when in use."""
 
+    def prepare(self) -> None:
+        """Make now what the first provision of a fresh installation would otherwise
+        make first (a worker calls it once as it starts): idempotent, best effort; a
+        provision still makes whatever is missing."""
+
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         """Create every resource for (sandbox, generation) and start the agent.
 

@@ -87,6 +87,17 @@ def wait_agent_healthy(endpoint: Endpoint, token: str, timeout_s: float) -> None
     raise BackendError(f"agent not healthy after {timeout_s:.0f}s: {last_error}")
 
 
+def backend_prepare() -> bool:
+    """``Backend.prepare``: True when done. Best effort: a failure is logged, and the
+    first provision makes what is missing (and reports its own error)."""
+    try:
+        get_backend().prepare()
+    except Exception:  # never fatal: a provision retries the same steps
+        log.exception("the backend's preparation failed; the first provision does it")
+        return False
+    return True
+
+
 def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
     """Claims a ``requested`` sandbox (CAS → ``provisioning``, new generation), starts it
     on the backend and marks it ``ready`` once its agent answers.

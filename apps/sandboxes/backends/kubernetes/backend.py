@@ -401,6 +401,10 @@ class KubernetesBackend:
 
     # ---- provision ---------------------------------------------------------------
 
+    def prepare(self) -> None:
+        """Nothing to make ahead: the cluster's nodes hold no per-installation state
+        that a first provision would build."""
+
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
         spec = dataclasses.replace(spec, image=self._image_ref(spec.image))
