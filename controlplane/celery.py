@@ -69,6 +69,5 @@ def _prepare_backend(**_: object) -> None:
     # The pool is up: one of its processes builds what the first provision of a fresh
     # installation would (static helpers, bridge, tables, zygote), ahead of the first
     # burst. Sent, not run here: the parent opens no sockets its next forks would share.
-    from apps.sandboxes.tasks import prepare_backend
-
-    prepare_backend.delay()
+    # Sent by name: this module loads before the apps, so it imports no app's tasks.
+    app.send_task("apps.sandboxes.tasks.prepare_backend")
