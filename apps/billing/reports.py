@@ -46,7 +46,79 @@ def peak_concurrency(
     """The most sandboxes the team held at once on each UTC day of [start, end), from
     the usage ledger (one interval per sandbox; a live one runs to ``now``): a sweep
     over start/end instants, where instants that tie are applied together so a sandbox
-    ending as another starts is never counted twice."""
+    ending as another starts is never counted twice. A whole day whose roll-up is final
+    is read from its ``peak`` row (``daily_usage_rebuild`` runs the same sweep over the
+    day), the other days swept from the records, one run of days at a time."""
+    days, rolled = _window_days(start=start, end=end)
+    peaks = dict(
+        DailyUsage.objects.filter(tenant=tenant, day__in=rolled, dimension="peak").values_list(
+            "day", "sandboxes"
+        )
+    )
+    out: dict[str, int] = {d.isoformat(): peaks.get(d, 0) for d in rolled}
+    for run in _runs(days, rolled):
+        for row in _peak_sweep(tenant=tenant, start=run[0][1], end=run[-1][2], now=now):
+            out[row["day"]] = row["peak"]
+    return [{"day": d.isoformat(), "peak": out[d.isoformat()]} for d, _, _, _ in days]
+
+
+def _window_days(
+    *, start: datetime, end: datetime
+) -> tuple[list[tuple[date, datetime, datetime, bool]], set[date]]:
+    """The UTC days of [start, end) as (day, lo, hi, whole), and those of them whose
+    roll-up is final (``DailyUsageDay``: computed after the day ended, not stale)."""
+    days: list[tuple[date, datetime, datetime, bool]] = []
+    day = start.date()
+    while datetime.combine(day, time.min, tzinfo=UTC) < end:
+        d0, d1 = day_bounds(day)
+        lo, hi = max(start, d0), min(end, d1)
+        days.append((day, lo, hi, lo == d0 and hi == d1))
+        day += timedelta(days=1)
+    final: dict[date, datetime | None] = dict(
+        DailyUsageDay.objects.filter(
+            day__gte=days[0][0], day__lte=days[-1][0], stale=False, computed_at__isnull=False
+        ).values_list("day", "computed_at")
+    )
+    rolled = set()
+    for d, _, hi, whole in days:
+        at = final.get(d)
+        if whole and at is not None and at >= hi:
+            rolled.add(d)
+    return days, rolled
+
+
+def _runs(
+    days: list[tuple[date, datetime, datetime, bool]], rolled: set[date]
+) -> list[list[tuple[date, datetime, datetime]]]:
+    """Runs of consecutive days not rolled up, each (day, lo, hi)."""
+    runs: list[list[tuple[date, datetime, datetime]]] = []
+    for d, lo, hi, _ in days:
+        if d in rolled:
+            continue
+        if runs and runs[-1][-1][2] == lo:
+            runs[-1].append((d, lo, hi))
+        else:
+            runs.append([(d, lo, hi)])
+    return runs
+
+
+def _peak_of(spans: list[tuple[datetime, datetime]]) -> int:
+    """The most of ``spans`` (lo, hi) that overlap at once; ties applied together."""
+    events = sorted([(lo, 1) for lo, _ in spans] + [(hi, -1) for _, hi in spans])
+    peak = current = index = 0
+    while index < len(events):
+        instant = events[index][0]
+        while index < len(events) and events[index][0] == instant:
+            current += events[index][1]
+            index += 1
+        peak = max(peak, current)
+    return peak
+
+
+def _peak_sweep(
+    *, tenant: Tenant, start: datetime, end: datetime, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """``peak_concurrency`` from the records of [start, end) (one sweep)."""
     now = now or timezone.now()
     events: list[tuple[datetime, int]] = []
     rows = records_overlapping(start=start, end=end, tenant=tenant).only("started_at", "ended_at")
@@ -105,8 +177,12 @@ def daily_usage_rebuild(*, day: date) -> int:
     version = marker.version  # read before the records: a late write after this bumps it
     now = timezone.now()
     acc: dict[tuple[str, str, str], Totals] = defaultdict(Totals)
+    spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
     records = records_overlapping(start=start, end=end).annotate(creator=F("sandbox__created_by"))
     for record in records.iterator():
+        lo, hi = max(record.started_at, start), min(record.ended_at or now, end)
+        if lo < hi:
+            spans[str(record.tenant_id)].append((lo, hi))
         share = record_window(record, start=start, end=end, now=now)
         if share.seconds == 0 and not share.started_inside:
             continue
@@ -126,6 +202,18 @@ def daily_usage_rebuild(*, day: date) -> int:
             computed_at=now,
         )
         for (tenant_id, dimension, value), t in acc.items()
+    ]
+    # the day's peak concurrency per tenant (``peak_concurrency``), in ``sandboxes``
+    rows += [
+        DailyUsage(
+            tenant_id=tenant_id,
+            day=day,
+            dimension="peak",
+            value="",
+            sandboxes=_peak_of(tenant_spans),
+            computed_at=now,
+        )
+        for tenant_id, tenant_spans in spans.items()
     ]
     with transaction.atomic():
         DailyUsage.objects.filter(day=day).delete()
@@ -324,26 +412,8 @@ def window_usage(*, tenant: Tenant, start: datetime, end: datetime) -> WindowUsa
     to the roll-up's rounding (10⁻³ s, 10⁻¹⁰ $)."""
     now = timezone.now()
     out = WindowUsage()
-    days: list[tuple[date, datetime, datetime, bool]] = []
-    day = start.date()
-    while datetime.combine(day, time.min, tzinfo=UTC) < end:
-        d0, d1 = day_bounds(day)
-        lo, hi = max(start, d0), min(end, d1)
-        days.append((day, lo, hi, lo == d0 and hi == d1))
-        day += timedelta(days=1)
-    final: dict[date, datetime | None] = {
-        d: at
-        for d, at in DailyUsageDay.objects.filter(
-            day__gte=days[0][0], day__lte=days[-1][0], stale=False, computed_at__isnull=False
-        ).values_list("day", "computed_at")
-    }
-    rolled = set()
-    for d, _, hi, whole in days:
-        at = final.get(d)
-        if whole and at is not None and at >= hi:
-            rolled.add(d)
-    # (``computed_at`` after the day's end: no live accrual left in its rows)
-    for row in DailyUsage.objects.filter(tenant=tenant, day__in=rolled):
+    days, rolled = _window_days(start=start, end=end)
+    for row in DailyUsage.objects.filter(tenant=tenant, day__in=rolled).exclude(dimension="peak"):
         t = Totals(
             sandboxes=row.sandboxes,
             sandbox_seconds=row.sandbox_seconds,
@@ -358,17 +428,9 @@ def window_usage(*, tenant: Tenant, start: datetime, end: datetime) -> WindowUsa
             out.books.add(int(row.value))
         else:
             _merge(out.per_slice[(row.dimension, row.value)], t)
-    # runs of consecutive days not rolled up, each read on its own: the records'
-    # read follows the run (``ended_at`` index), not the whole window around it
-    runs: list[list[tuple[date, datetime, datetime]]] = []
-    for d, lo, hi, _ in days:
-        if d in rolled:
-            continue
-        if runs and runs[-1][-1][2] == lo:
-            runs[-1].append((d, lo, hi))
-        else:
-            runs.append([(d, lo, hi)])
-    for run in runs:
+    # each run of days not rolled up read on its own: the records' read follows the
+    # run (``ended_at`` index), not the whole window around it
+    for run in _runs(days, rolled):
         _add_records(out, tenant=tenant, parts=run, now=now)
     return out
 
@@ -424,6 +486,17 @@ def _add_records(
                     out.per_slice[(dimension, value)].add(record, share)
 
 
+def month_to_date_cost(*, tenant: Tenant, now: datetime | None = None) -> Decimal:
+    """``tenant_month_cost`` for the pages and the quota API: the month's finished days
+    from the roll-up (``window_usage``), plus the kept state's storage. The admission
+    check keeps its own SQL aggregate (``tenant_window_cost``), which reads every record
+    of the month; what is shown on every dashboard page (the quota bars) does not."""
+    now = now or timezone.now()
+    month = month_start(now)
+    cost = window_usage(tenant=tenant, start=month, end=now).totals.cost
+    return cost + storage_window_cost(tenant=tenant, start=month, now=now)
+
+
 def _merge(into: Totals, t: Totals) -> None:
     into.sandboxes += t.sandboxes
     into.sandbox_seconds += t.sandbox_seconds
@@ -457,11 +530,7 @@ def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantRe
     the ledger (``window_usage``); its cost follows the window, not the history."""
     now = timezone.now()
     usage = window_usage(tenant=tenant, start=start, end=end)
-    # Month to date the same way (the admission check's SQL aggregate read every record
-    # of the month), plus the kept state's storage.
-    month = month_start(now)
-    month_cost = window_usage(tenant=tenant, start=month, end=now).totals.cost
-    month_cost += storage_window_cost(tenant=tenant, start=month, now=now)
+    month_cost = month_to_date_cost(tenant=tenant, now=now)
     return _report(
         tenant, start, end, usage.totals, usage.per_day, usage.per_slice, usage.books, month_cost
     )

@@ -15,10 +15,12 @@ from django.utils import timezone
 
 from apps.billing.models import DailyUsageDay, PriceBook, UsageRecord
 from apps.billing.reports import (
+    _peak_sweep,
     cost_by_key,
     cost_by_key_walk,
     daily_usage_rebuild,
     day_bounds,
+    peak_concurrency,
     tenant_report,
     tenant_report_walk,
 )
@@ -95,6 +97,9 @@ def test_report_from_rollup_and_today_equals_the_record_walk(make_tenant, book, 
         (frozen - timedelta(days=k)).date().isoformat() for k in (3, 2, 1, 0)
     ]
     assert report["totals"]["sandboxes"] == 5
+    peaks = peak_concurrency(tenant=tenant, start=start, end=frozen)
+    assert peaks == _peak_sweep(tenant=tenant, start=start, end=frozen)
+    assert max(d["peak"] for d in peaks) >= 2  # the live one and the paused one overlap
     assert cost_by_key(tenant=tenant, start=start, end=frozen) == cost_by_key_walk(
         tenant=tenant, start=start, end=frozen
     )
@@ -109,6 +114,9 @@ def test_report_from_rollup_and_today_equals_the_record_walk(make_tenant, book, 
     _same(
         tenant_report(tenant=tenant, start=mid, end=end).as_dict(),
         tenant_report_walk(tenant=tenant, start=mid, end=end).as_dict(),
+    )
+    assert peak_concurrency(tenant=tenant, start=mid, end=end) == _peak_sweep(
+        tenant=tenant, start=mid, end=end
     )
     DailyUsageDay.objects.all().delete()
     _same(
@@ -263,6 +271,7 @@ def test_report_reads_the_same_rows_at_100_and_2000_records_of_history(
                 lambda: (
                     tenant_report(tenant=tenant, start=start, end=frozen),
                     cost_by_key(tenant=tenant, start=start, end=frozen),
+                    peak_concurrency(tenant=tenant, start=start, end=frozen),
                 )
             )
         )
