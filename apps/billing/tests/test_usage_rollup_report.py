@@ -282,3 +282,44 @@ def test_report_reads_the_same_rows_at_100_and_2000_records_of_history(
     # within 2x (the planner's choices at 100 rows differ), and far below the 2,000
     # records of history a read of the records would touch
     assert rows_big <= 2 * rows_small and rows_big < 500, costs
+
+
+@pytest.mark.parametrize("path", ["/billing/usage/", "/api/v1/usage", "/sandboxes/"])
+def test_usage_pages_read_the_same_at_100_and_2000_records_of_history(
+    make_tenant,
+    api_client,
+    book,  # noqa: F811
+    frozen,
+    path,
+):
+    """The usage page and API (report, cost per key, peak concurrency, quota bars) and the
+    sandbox list (whose quota bars show the month to date): same statements, rows read
+    within 2x, at 100 and 2,000 records of rolled-up history."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from apps.tenancy.services import membership_set_role
+
+    tenant, secret = make_tenant()
+    _history(tenant, frozen)
+    user = User.objects.create_user(f"u-{uuid.uuid4().hex[:8]}", password="pw")
+    membership_set_role(tenant=tenant, user=user, role="owner")
+    client: Any = api_client(secret) if path.startswith("/api/") else Client()
+    if not path.startswith("/api/"):
+        client.force_login(user)
+    assert client.get(path).status_code == 200  # warm: sessions, caches
+    costs = []
+    for n in (100, 1900):
+        # history this month when the month is old enough, else last month's
+        _closed(tenant, n, day_bounds((frozen - timedelta(days=3)).date())[0])
+        for k in range(1, 35):
+            daily_usage_rebuild(day=(frozen - timedelta(days=k)).date())
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE billing_usagerecord, billing_dailyusage, sandboxes_sandbox")
+            cursor.execute("SET LOCAL enable_seqscan = off")
+        responses: list[Any] = []
+        costs.append(_measured(lambda got=responses: got.append(client.get(path))))
+        assert [r.status_code for r in responses] == [200]
+    (rows_small, queries_small), (rows_big, queries_big) = costs
+    assert queries_small == queries_big, costs
+    assert rows_big <= 2 * rows_small and rows_big < 1000, costs
