@@ -232,6 +232,24 @@ class DailyUsage(models.Model):
         return f"{self.tenant_id} {self.day} {self.dimension}={self.value}"
 
 
+class DailyUsageDay(models.Model):
+    """Whether a UTC day's ``DailyUsage`` rows are final, so a report may read them
+    instead of the records. A day is final when its rows were computed after it ended
+    (no live accrual left in them) and no record of it changed since: a late write to
+    the ledger (a record opened or closed by the repair sweep, a pause moved) for a time
+    before today marks the days from then to yesterday ``stale`` and bumps ``version``;
+    the roll-up task rebuilds stale days, and a rebuild clears ``stale`` only when
+    ``version`` did not move while it read the records (``daily_usage_rebuild``)."""
+
+    day = models.DateField(unique=True)
+    computed_at = models.DateTimeField(null=True, blank=True)
+    stale = models.BooleanField(default=False)
+    version = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"roll-up of {self.day}"
+
+
 class BudgetNoticeKind(models.TextChoices):
     ALERT = "alert"  # the owners' spending alert (``budget_alert``)
     TEAM_BUDGET = "team_budget"  # the owners' hard cap

@@ -31,6 +31,7 @@ from apps.billing.errors import BudgetExhausted, QuotaForbidden, limit_error
 from apps.billing.limits import limits_current
 from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.pricing import money
+from apps.billing.reports import month_to_date_cost
 from apps.billing.usage import tenant_month_cost
 from apps.core.dbrows import instance_from_row, select_list
 from apps.tenancy.models import ApiKey, Tenant
@@ -219,7 +220,8 @@ def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
     quota = quota_get(tenant=tenant)
     use = _quota_use(tenant)
     hot = limits_current(tenant_id=str(tenant.pk))
-    spent = tenant_month_cost(tenant=tenant)
+    # the month from the daily roll-up: every dashboard page shows these bars
+    spent = month_to_date_cost(tenant=tenant)
     budget: Decimal | None = quota.monthly_budget
     return {
         "concurrent_sandboxes": {

@@ -3,24 +3,28 @@ next to what the same usage would cost at hosted list prices."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from apps.billing.models import DailyUsage, PriceBook, TenantQuota, UsageRecord
+from apps.billing.models import DailyUsage, DailyUsageDay, PriceBook, TenantQuota, UsageRecord
 from apps.billing.pricing import (
     HOUR,
+    gibs,
     money,
     price_book_in_force,
     price_rate,
     reference_books,
+    vcpus,
 )
-from apps.billing.storage import storage_totals
+from apps.billing.storage import storage_totals, storage_window_cost
 from apps.billing.usage import (
     Totals,
     month_start,
@@ -42,7 +46,79 @@ def peak_concurrency(
     """The most sandboxes the team held at once on each UTC day of [start, end), from
     the usage ledger (one interval per sandbox; a live one runs to ``now``): a sweep
     over start/end instants, where instants that tie are applied together so a sandbox
-    ending as another starts is never counted twice."""
+    ending as another starts is never counted twice. A whole day whose roll-up is final
+    is read from its ``peak`` row (``daily_usage_rebuild`` runs the same sweep over the
+    day), the other days swept from the records, one run of days at a time."""
+    days, rolled = _window_days(start=start, end=end)
+    peaks = dict(
+        DailyUsage.objects.filter(tenant=tenant, day__in=rolled, dimension="peak").values_list(
+            "day", "sandboxes"
+        )
+    )
+    out: dict[str, int] = {d.isoformat(): peaks.get(d, 0) for d in rolled}
+    for run in _runs(days, rolled):
+        for row in _peak_sweep(tenant=tenant, start=run[0][1], end=run[-1][2], now=now):
+            out[row["day"]] = row["peak"]
+    return [{"day": d.isoformat(), "peak": out[d.isoformat()]} for d, _, _, _ in days]
+
+
+def _window_days(
+    *, start: datetime, end: datetime
+) -> tuple[list[tuple[date, datetime, datetime, bool]], set[date]]:
+    """The UTC days of [start, end) as (day, lo, hi, whole), and those of them whose
+    roll-up is final (``DailyUsageDay``: computed after the day ended, not stale)."""
+    days: list[tuple[date, datetime, datetime, bool]] = []
+    day = start.date()
+    while datetime.combine(day, time.min, tzinfo=UTC) < end:
+        d0, d1 = day_bounds(day)
+        lo, hi = max(start, d0), min(end, d1)
+        days.append((day, lo, hi, lo == d0 and hi == d1))
+        day += timedelta(days=1)
+    final: dict[date, datetime | None] = dict(
+        DailyUsageDay.objects.filter(
+            day__gte=days[0][0], day__lte=days[-1][0], stale=False, computed_at__isnull=False
+        ).values_list("day", "computed_at")
+    )
+    rolled = set()
+    for d, _, hi, whole in days:
+        at = final.get(d)
+        if whole and at is not None and at >= hi:
+            rolled.add(d)
+    return days, rolled
+
+
+def _runs(
+    days: list[tuple[date, datetime, datetime, bool]], rolled: set[date]
+) -> list[list[tuple[date, datetime, datetime]]]:
+    """Runs of consecutive days not rolled up, each (day, lo, hi)."""
+    runs: list[list[tuple[date, datetime, datetime]]] = []
+    for d, lo, hi, _ in days:
+        if d in rolled:
+            continue
+        if runs and runs[-1][-1][2] == lo:
+            runs[-1].append((d, lo, hi))
+        else:
+            runs.append([(d, lo, hi)])
+    return runs
+
+
+def _peak_of(spans: list[tuple[datetime, datetime]]) -> int:
+    """The most of ``spans`` (lo, hi) that overlap at once; ties applied together."""
+    events = sorted([(lo, 1) for lo, _ in spans] + [(hi, -1) for _, hi in spans])
+    peak = current = index = 0
+    while index < len(events):
+        instant = events[index][0]
+        while index < len(events) and events[index][0] == instant:
+            current += events[index][1]
+            index += 1
+        peak = max(peak, current)
+    return peak
+
+
+def _peak_sweep(
+    *, tenant: Tenant, start: datetime, end: datetime, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """``peak_concurrency`` from the records of [start, end) (one sweep)."""
     now = now or timezone.now()
     events: list[tuple[datetime, int]] = []
     rows = records_overlapping(start=start, end=end, tenant=tenant).only("started_at", "ended_at")
@@ -70,18 +146,43 @@ def peak_concurrency(
 
 
 def _slices(record: UsageRecord) -> list[tuple[str, str]]:
-    slices = [("total", ""), ("image", record.image)]
-    slices += [("label", f"{k}={v}"[:300]) for k, v in sorted(record.labels.items())]
-    return slices
+    creator = getattr(record, "creator", None)
+    if creator is None:
+        creator = record.sandbox.created_by
+    return _slices_of(record.image, record.labels, record.price_book_id, creator)
+
+
+def _key_of(creator: str) -> str:
+    """The API key prefix a sandbox was created with (``key:<prefix>``), or ``""`` for
+    the dashboard and staff."""
+    return creator.removeprefix("key:") if creator.startswith("key:") else ""
+
+
+def _slices_of(
+    image: str, labels: dict[str, Any], book: int, creator: str
+) -> list[tuple[str, str]]:
+    """The roll-up's rows a record counts in: the total, its image, each label, its
+    price book (the report names the books a window was priced with) and the API key
+    that created its sandbox (``cost_by_key``)."""
+    slices = [("total", ""), ("image", image)]
+    slices += [("label", f"{k}={v}"[:300]) for k, v in sorted(labels.items())]
+    return [*slices, ("book", str(book)), ("key", _key_of(creator))]
 
 
 def daily_usage_rebuild(*, day: date) -> int:
     """Recomputes every roll-up row of ``day`` from the usage ledger (live sandboxes
     accrued to now). Idempotent: the day's rows are replaced in one transaction."""
     start, end = day_bounds(day)
+    marker, _ = DailyUsageDay.objects.get_or_create(day=day)
+    version = marker.version  # read before the records: a late write after this bumps it
     now = timezone.now()
     acc: dict[tuple[str, str, str], Totals] = defaultdict(Totals)
-    for record in records_overlapping(start=start, end=end).iterator():
+    spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    records = records_overlapping(start=start, end=end).annotate(creator=F("sandbox__created_by"))
+    for record in records.iterator():
+        lo, hi = max(record.started_at, start), min(record.ended_at or now, end)
+        if lo < hi:
+            spans[str(record.tenant_id)].append((lo, hi))
         share = record_window(record, start=start, end=end, now=now)
         if share.seconds == 0 and not share.started_inside:
             continue
@@ -102,10 +203,34 @@ def daily_usage_rebuild(*, day: date) -> int:
         )
         for (tenant_id, dimension, value), t in acc.items()
     ]
+    # the day's peak concurrency per tenant (``peak_concurrency``), in ``sandboxes``
+    rows += [
+        DailyUsage(
+            tenant_id=tenant_id,
+            day=day,
+            dimension="peak",
+            value="",
+            sandboxes=_peak_of(tenant_spans),
+            computed_at=now,
+        )
+        for tenant_id, tenant_spans in spans.items()
+    ]
     with transaction.atomic():
         DailyUsage.objects.filter(day=day).delete()
         DailyUsage.objects.bulk_create(rows)
+        # Final only when no late write came in while the records were read.
+        DailyUsageDay.objects.filter(day=day).update(computed_at=now)
+        DailyUsageDay.objects.filter(day=day, version=version).update(stale=False)
     return len(rows)
+
+
+def daily_usage_stale_days(*, limit: int = 7) -> list[date]:
+    """Finished days a late write made stale, oldest first (the roll-up task's work)."""
+    return list(
+        DailyUsageDay.objects.filter(stale=True)
+        .order_by("day")
+        .values_list("day", flat=True)[:limit]
+    )
 
 
 def reference_costs(
@@ -179,7 +304,7 @@ def _totals_dict(t: Totals) -> dict[str, Any]:
     }
 
 
-def cost_by_key(*, tenant: Tenant, start: datetime, end: datetime) -> list[dict[str, Any]]:
+def cost_by_key_walk(*, tenant: Tenant, start: datetime, end: datetime) -> list[dict[str, Any]]:
     """The window's usage per API key that created the sandboxes (the sandbox's
     ``created_by``, ``key:<prefix>``; the key's name when it still exists), most
     expensive first. Sandboxes created from the dashboard or by staff are one row,
@@ -201,9 +326,10 @@ def cost_by_key(*, tenant: Tenant, start: datetime, end: datetime) -> list[dict[
     return [{"key": prefix, "name": names.get(prefix, ""), **_totals_dict(t)} for prefix, t in rows]
 
 
-def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantReport:
-    """Usage of one tenant in [start, end), per UTC day and sliced by image and label,
-    computed from the ledger directly (exact, includes live accrual)."""
+def tenant_report_walk(*, tenant: Tenant, start: datetime, end: datetime) -> TenantReport:
+    """``tenant_report`` computed by walking every record of the window in Python: the
+    reference the roll-up path is tested against (``test_usage_rollup_report.py``); its
+    cost grows with the records in the window."""
     now = timezone.now()
     totals = Totals()
     per_day: dict[date, Totals] = defaultdict(Totals)
@@ -218,18 +344,216 @@ def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantRe
         day = max(record.started_at, start).date()
         while datetime.combine(day, time.min, tzinfo=UTC) < min(record.ended_at or now, end):
             lo, hi = day_bounds(day)
+            lo, hi = max(lo, start), min(hi, end)
             per_day[day].add(record, record_window(record, start=lo, end=hi, now=now))
             day += timedelta(days=1)
+    month_cost = tenant_window_cost(tenant=tenant, start=month_start(now), now=now)
+    return _report(tenant, start, end, totals, per_day, per_slice, books, month_cost)
+
+
+# One statement for the parts of a window the roll-up cannot answer (today, a day
+# not final, a partial day at either end): the records overlapping each part, summed
+# per part and per everything the price and the slices depend on. Identifiers are the
+# models' table names, no input.
+_SANDBOX_TABLE = UsageRecord._meta.get_field("sandbox").related_model._meta.db_table  # type: ignore[union-attr]
+_PARTS_SQL = f"""
+SELECT p.i, r.image, r.labels::text, s.created_by, r.cpu_millis, r.memory_mib,
+       r.hourly_rate, r.startup_fee, r.price_book_id,
+       SUM(GREATEST(EXTRACT(EPOCH FROM LEAST(COALESCE(r.ended_at, %(now)s), p.hi)
+                                   - GREATEST(r.started_at, p.lo)), 0)),
+       COUNT(*) FILTER (WHERE r.started_at >= p.lo)
+FROM "{UsageRecord._meta.db_table}" r
+JOIN "{_SANDBOX_TABLE}" s ON s.id = r.sandbox_id
+JOIN unnest(%(los)s::timestamptz[], %(his)s::timestamptz[]) WITH ORDINALITY AS p(lo, hi, i)
+  ON r.started_at < p.hi AND (r.ended_at IS NULL OR r.ended_at > p.lo)
+WHERE r.tenant_id = %(tenant)s AND r.pauses = '[]'::jsonb
+  AND r.started_at < %(end)s AND (r.ended_at IS NULL OR r.ended_at > %(start)s)
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+"""  # noqa: S608
+
+
+@dataclass
+class WindowUsage:
+    """A tenant's usage in [start, end): the total, per UTC day, per slice
+    (``(dimension, value)``: image, label, key) and the price books used."""
+
+    totals: Totals = field(default_factory=Totals)
+    per_day: dict[date, Totals] = field(default_factory=lambda: defaultdict(Totals))
+    per_slice: dict[tuple[str, str], Totals] = field(default_factory=lambda: defaultdict(Totals))
+    books: set[int] = field(default_factory=set)
+
+
+def _add_sum(
+    t: Totals,
+    *,
+    seconds: Decimal,
+    starts: int,
+    cpu_millis: int,
+    memory_mib: int,
+    rate: Decimal,
+    fee: Decimal,
+) -> None:
+    """``Totals.add`` for ``starts`` records' summed ``seconds`` at one price and shape
+    (cost and resources are linear in the seconds)."""
+    t.sandboxes += starts
+    t.sandbox_seconds += seconds
+    t.vcpu_seconds += seconds * vcpus(cpu_millis)
+    t.gib_seconds += seconds * gibs(memory_mib)
+    t.cost += seconds / HOUR * rate + starts * fee
+
+
+def window_usage(*, tenant: Tenant, start: datetime, end: datetime) -> WindowUsage:
+    """The tenant's usage in [start, end) at a cost that does not grow with the history:
+    each whole UTC day whose roll-up is final (``DailyUsageDay``) is read from
+    ``DailyUsage`` (a few rows per day); the rest — today, a day not rolled up or made
+    stale by a late write, a partial day at either end — from the records overlapping
+    those parts, summed in one SQL statement (records with pauses, rare, through
+    ``record_window``). Same arithmetic as walking every record (``tenant_report_walk``),
+    to the roll-up's rounding (10⁻³ s, 10⁻¹⁰ $)."""
+    now = timezone.now()
+    out = WindowUsage()
+    days, rolled = _window_days(start=start, end=end)
+    for row in DailyUsage.objects.filter(tenant=tenant, day__in=rolled).exclude(dimension="peak"):
+        t = Totals(
+            sandboxes=row.sandboxes,
+            sandbox_seconds=row.sandbox_seconds,
+            vcpu_seconds=row.vcpu_seconds,
+            gib_seconds=row.gib_seconds,
+            cost=row.cost,
+        )
+        if row.dimension == "total":
+            _merge(out.per_day[row.day], t)
+            _merge(out.totals, t)
+        elif row.dimension == "book":
+            out.books.add(int(row.value))
+        else:
+            _merge(out.per_slice[(row.dimension, row.value)], t)
+    # each run of days not rolled up read on its own: the records' read follows the
+    # run (``ended_at`` index), not the whole window around it
+    for run in _runs(days, rolled):
+        _add_records(out, tenant=tenant, parts=run, now=now)
+    return out
+
+
+def _add_records(
+    out: WindowUsage, *, tenant: Tenant, parts: list[tuple[date, datetime, datetime]], now: datetime
+) -> None:
+    """Adds the usage of consecutive ``parts`` (day, lo, hi) from the records."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _PARTS_SQL,
+            {
+                "now": now,
+                "los": [lo for _, lo, _ in parts],
+                "his": [hi for _, _, hi in parts],
+                "tenant": tenant.pk,
+                "start": parts[0][1],
+                "end": parts[-1][2],
+            },
+        )
+        rows = cursor.fetchall()
+    for i, image, labels, creator, cpu, mem, rate, fee, book, seconds, starts in rows:
+        part_day = parts[i - 1][0]
+        out.books.add(book)
+        summed = {
+            "seconds": seconds,
+            "starts": starts,
+            "cpu_millis": cpu,
+            "memory_mib": mem,
+            "rate": rate,
+            "fee": fee,
+        }
+        _add_sum(out.totals, **summed)
+        _add_sum(out.per_day[part_day], **summed)
+        for dimension, value in _slices_of(image, json.loads(labels), book, creator):
+            if dimension in ("image", "label", "key"):
+                _add_sum(out.per_slice[(dimension, value)], **summed)
+    paused = (
+        records_overlapping(start=parts[0][1], end=parts[-1][2], tenant=tenant)
+        .exclude(pauses=[])
+        .annotate(creator=F("sandbox__created_by"))
+    )
+    for record in paused:
+        for part_day, lo, hi in parts:
+            if record.started_at >= hi or (record.ended_at is not None and record.ended_at <= lo):
+                continue
+            share = record_window(record, start=lo, end=hi, now=now)
+            out.books.add(record.price_book_id)
+            out.totals.add(record, share)
+            out.per_day[part_day].add(record, share)
+            for dimension, value in _slices(record):
+                if dimension in ("image", "label", "key"):
+                    out.per_slice[(dimension, value)].add(record, share)
+
+
+def month_to_date_cost(*, tenant: Tenant, now: datetime | None = None) -> Decimal:
+    """``tenant_month_cost`` for the pages and the quota API: the month's finished days
+    from the roll-up (``window_usage``), plus the kept state's storage. The admission
+    check keeps its own SQL aggregate (``tenant_window_cost``), which reads every record
+    of the month; what is shown on every dashboard page (the quota bars) does not."""
+    now = now or timezone.now()
+    month = month_start(now)
+    cost = window_usage(tenant=tenant, start=month, end=now).totals.cost
+    return cost + storage_window_cost(tenant=tenant, start=month, now=now)
+
+
+def _merge(into: Totals, t: Totals) -> None:
+    into.sandboxes += t.sandboxes
+    into.sandbox_seconds += t.sandbox_seconds
+    into.vcpu_seconds += t.vcpu_seconds
+    into.gib_seconds += t.gib_seconds
+    into.cost += t.cost
+
+
+def cost_by_key(*, tenant: Tenant, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """The window's usage per API key that created the sandboxes (the sandbox's
+    ``created_by``, ``key:<prefix>``; the key's name when it still exists), most
+    expensive first. Sandboxes created from the dashboard or by staff are one row,
+    ``key`` empty, so the rows add up to the period's total. From ``window_usage``."""
+    return _by_key(tenant, window_usage(tenant=tenant, start=start, end=end))
+
+
+def _by_key(tenant: Tenant, usage: WindowUsage) -> list[dict[str, Any]]:
+    per_creator = {v: t for (d, v), t in usage.per_slice.items() if d == "key"}
+    names = dict(
+        ApiKey.objects.filter(tenant=tenant, prefix__in=list(per_creator)).values_list(
+            "prefix", "name"
+        )
+    )
+    rows = sorted(per_creator.items(), key=lambda kv: (-kv[1].cost, kv[0] == "", kv[0]))
+    return [{"key": prefix, "name": names.get(prefix, ""), **_totals_dict(t)} for prefix, t in rows]
+
+
+def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantReport:
+    """Usage of one tenant in [start, end), per UTC day and sliced by image and label,
+    live sandboxes accrued to now: closed days from the daily roll-up, the rest from
+    the ledger (``window_usage``); its cost follows the window, not the history."""
+    now = timezone.now()
+    usage = window_usage(tenant=tenant, start=start, end=end)
+    month_cost = month_to_date_cost(tenant=tenant, now=now)
+    return _report(
+        tenant, start, end, usage.totals, usage.per_day, usage.per_slice, usage.books, month_cost
+    )
+
+
+def _report(
+    tenant: Tenant,
+    start: datetime,
+    end: datetime,
+    totals: Totals,
+    per_day: dict[date, Totals],
+    per_slice: dict[tuple[str, str], Totals],
+    books: set[int],
+    month_cost: Decimal,
+) -> TenantReport:
     days = []
     day = start.date()
     while datetime.combine(day, time.min, tzinfo=UTC) < end:
         days.append({"day": day.isoformat(), **_totals_dict(per_day.get(day, Totals()))})
         day += timedelta(days=1)
-    slices = sorted(per_slice.items(), key=lambda kv: kv[1].cost, reverse=True)
+    # most expensive first; ties by name (the order does not depend on the records')
+    slices = sorted(per_slice.items(), key=lambda kv: (-kv[1].cost, kv[0]))
     quota = TenantQuota.objects.filter(tenant=tenant).first()
-    # Month to date in one SQL aggregate (the admission check's arithmetic), not a
-    # second walk of every record: the report's cost grew with the month's history.
-    month_cost = tenant_window_cost(tenant=tenant, start=month_start(now), now=now)
     return TenantReport(
         tenant=tenant,
         start=start,

@@ -14,13 +14,13 @@ from apps.billing import notices, reports
 
 @shared_task(soft_time_limit=600, time_limit=660)
 def usage_rollup(day: str | None = None) -> int:
-    """Rebuilds the daily roll-ups of ``day`` (ISO date), or of yesterday and today."""
+    """Rebuilds the daily roll-ups of ``day`` (ISO date), or of yesterday, today and the
+    finished days a late write to the usage ledger made stale (``DailyUsageDay``)."""
     if day is not None:
         return reports.daily_usage_rebuild(day=date.fromisoformat(day))
     today = timezone.now().date()
-    return reports.daily_usage_rebuild(day=today - timedelta(days=1)) + (
-        reports.daily_usage_rebuild(day=today)
-    )
+    days = {today - timedelta(days=1), today, *reports.daily_usage_stale_days()}
+    return sum(reports.daily_usage_rebuild(day=d) for d in sorted(days))
 
 
 @shared_task(soft_time_limit=120, time_limit=150)

@@ -37,7 +37,7 @@ from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone
 
 from apps.billing.intervals import overlapping
-from apps.billing.models import CapacityType, UsageRecord
+from apps.billing.models import CapacityType, DailyUsageDay, UsageRecord
 from apps.billing.pricing import HOUR, gibs
 from apps.billing.pricing import seconds_of as _seconds_of
 from apps.billing.pricing import vcpus as _vcpus
@@ -117,6 +117,7 @@ def usage_pause_begin(*, sandbox_id: uuid.UUID | str, at: datetime) -> bool:
             return True
         pauses.append([at.isoformat(), None])
         UsageRecord.objects.filter(pk=record.pk).update(pauses=pauses)
+        daily_usage_invalidate(since=at)
     return True
 
 
@@ -130,6 +131,7 @@ def usage_pause_end(*, sandbox_id: uuid.UUID | str, at: datetime) -> bool:
         pauses = [list(p) for p in record.pauses]
         pauses[-1][1] = max(at, datetime.fromisoformat(pauses[-1][0])).isoformat()
         UsageRecord.objects.filter(pk=record.pk).update(pauses=pauses)
+        daily_usage_invalidate(since=at)
     return True
 
 
@@ -240,3 +242,16 @@ def usage_records_of(*, sandbox_ids: list[uuid.UUID]) -> list[UsageRecord]:
         )
         rows = cursor.fetchall()
     return [instance_from_row(UsageRecord, row) for row in rows]
+
+
+def daily_usage_invalidate(*, since: datetime, now: datetime | None = None) -> int:
+    """A record of the usage ledger changed at ``since`` (opened, closed, or a pause
+    moved) after the fact: the finished days from ``since`` to yesterday are no longer
+    final (``DailyUsageDay``) until the roll-up rebuilds them. Nothing to do for a
+    change today (today's part is always read from the records). Returns days marked."""
+    today = (now or timezone.now()).date()
+    if since.date() >= today:
+        return 0
+    return DailyUsageDay.objects.filter(day__gte=since.date(), day__lt=today).update(
+        stale=True, version=F("version") + 1
+    )

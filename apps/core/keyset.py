@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 from django.db import models
 from django.db.models import Q, QuerySet
 
+from apps.core.errors import ValidationFailed
+
 M = TypeVar("M", bound=models.Model)
 
 
@@ -40,6 +42,32 @@ def newest_first(qs: QuerySet[M], *, cursor: str = "", limit: int = 50) -> Keyse
         last = rows[-1]
         next_cursor = encode_cursor(last.created_at, last.pk)  # type: ignore[attr-defined]
     return KeysetPage(rows, next_cursor)
+
+
+API_PAGE_MAX = 200
+
+
+def api_keyset_page(
+    qs: QuerySet[M], *, cursor: str, limit: str | None
+) -> tuple[list[M], str | None]:
+    """The API's keyset page (``newest_first``) for a list that also keeps its offset
+    pages: ``limit`` 1..200 (default 50), a cursor this server did not give is a 400
+    (a client must learn it is wrong; the dashboard starts over), the next cursor None on
+    the last page. No count: a walk's cost follows the page, not the table."""
+    size = 50
+    if limit:
+        try:
+            size = int(limit)
+        except ValueError:
+            raise ValidationFailed("limit must be an integer", field="limit") from None
+        if not 1 <= size <= API_PAGE_MAX:
+            raise ValidationFailed(f"limit must be 1..{API_PAGE_MAX}", field="limit")
+    if cursor:
+        after = decode_cursor(cursor)
+        if after is None or after[0].tzinfo is None:
+            raise ValidationFailed("cursor is not a cursor this server gave", field="cursor")
+    page = newest_first(qs, cursor=cursor, limit=size)
+    return page.rows, page.next_cursor or None
 
 
 def encode_cursor(at: datetime, pk: uuid.UUID) -> str:

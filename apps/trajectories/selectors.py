@@ -70,6 +70,20 @@ def _when(value: str, name: str) -> datetime:
     return parsed
 
 
+def episode_keyset_page(
+    qs: QuerySet[Episode], *, cursor: str, limit: int
+) -> tuple[list[Episode], str | None]:
+    """The API's keyset page of ``qs``, newest first: ``episode_page`` (the dashboard's),
+    except that a cursor this server did not give is a 400 rather than a fresh start
+    (a client must learn its cursor is wrong); the next cursor is None on the last page."""
+    if cursor:
+        after = decode_cursor(cursor)
+        if after is None or after[0].tzinfo is None:
+            raise ValidationFailed("cursor is not a cursor this server gave", field="cursor")
+    page = episode_page(qs, sort="newest", cursor=cursor, limit=limit)
+    return page.rows, page.next_cursor or None
+
+
 def episode_list(*, tenant: Tenant, filters: dict[str, str] | None = None) -> QuerySet[Episode]:
     """Episodes of the tenant, newest first. ``label`` is ``key=value`` (or a bare key)
     on the episode's labels; ``relabeled=true`` keeps episodes a person relabeled."""

@@ -21,8 +21,12 @@ from apps.billing.models import PriceBook
 from apps.billing.notices import notices_current
 from apps.billing.pricing import money
 from apps.billing.quotas import quota_get, quota_usage
-from apps.billing.reports import COST_REPORT_COLUMNS, cost_report, tenant_report
-from apps.billing.usage import tenant_month_cost
+from apps.billing.reports import (
+    COST_REPORT_COLUMNS,
+    cost_report,
+    month_to_date_cost,
+    tenant_report,
+)
 from apps.core.errors import ApiError, NotFound, ValidationFailed
 from apps.tenancy.models import Tenant
 from apps.tenancy.permissions import principal_of
@@ -92,7 +96,7 @@ def budget_settings(*, tenant: Tenant) -> dict[str, object]:
     """The team's budgets, alert and month-to-date spend; the webhook only as set or not
     (its URL may carry a token)."""
     quota = quota_get(tenant=tenant)
-    spent = tenant_month_cost(tenant=tenant)
+    spent = month_to_date_cost(tenant=tenant)
 
     def text(value: object) -> str | None:
         return None if value is None else str(value)

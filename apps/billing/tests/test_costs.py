@@ -193,13 +193,14 @@ def test_it_splits_cost_across_days_windows_and_reports(make_tenant, book):
     day1, _ = datetime(2026, 3, 10, tzinfo=UTC), None
     totals = tenant_window_totals(tenant=tenant, start=day1, end=day1 + timedelta(days=1))
     assert money(totals.cost) == Decimal("0.53")  # 2 h × 0.24 + fee (started that day)
-    assert daily_usage_rebuild(day=date(2026, 3, 11)) == 3  # total, image, label
+    # total, image, label, price book, creating key, peak concurrency
+    assert daily_usage_rebuild(day=date(2026, 3, 11)) == 6
     row = DailyUsage.objects.get(tenant=tenant, day=date(2026, 3, 11), dimension="total")
     assert money(row.cost) == Decimal("0.48") and row.sandboxes == 0
     assert row.vcpu_seconds == Decimal(2 * 7200)
     assert DailyUsage.objects.get(dimension="label", value="exp=rl-1").cost == row.cost
     daily_usage_rebuild(day=date(2026, 3, 11))  # idempotent
-    assert DailyUsage.objects.filter(day=date(2026, 3, 11)).count() == 3
+    assert DailyUsage.objects.filter(day=date(2026, 3, 11)).count() == 6
 
     costs = cost_for_sandboxes(sandbox_ids=[a.pk, b.pk])
     assert {k: money(v) for k, v in costs.items()} == {
@@ -264,7 +265,8 @@ def test_it_repairs_a_missing_or_unclosed_record_from_the_ledger(make_tenant, bo
     UsageRecord.objects.filter(sandbox=sandbox).update(ended_at=None, end_state="")
     assert usage_sweep(full=True) == 1  # the sandbox ended but the record stayed open
     assert UsageRecord.objects.get(sandbox=sandbox).end_state == "deleted"
-    assert usage_rollup(day="2026-03-10") == 2  # total and image (no labels)
+    # total, image, price book, creating key and peak concurrency (no labels)
+    assert usage_rollup(day="2026-03-10") == 5
 
 
 def test_it_reads_usage_records_as_the_orm_does_and_prices_them_alike(make_tenant, book):

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.errors import ApiError
+from apps.core.keyset import api_keyset_page
 from apps.images import services
 from apps.images.api.serializers import (
     ImageImportSerializer,
@@ -45,10 +46,28 @@ def _bool_param(request: Request, name: str) -> bool:
 
 
 class ImageListCreateView(APIView):
-    @extend_schema(responses={200: ImageSerializer(many=True)})
+    @extend_schema(
+        responses={200: ImageSerializer(many=True)},
+        parameters=[
+            OpenApiParameter(
+                "cursor",
+                str,
+                description="keyset paging: empty for the first page, then next_cursor "
+                "(results + next_cursor, no count); without it, limit/offset pages",
+            )
+        ],
+    )
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
         qs = services.image_list(tenant=principal.tenant)
+        if "cursor" in request.query_params:
+            rows, next_cursor = api_keyset_page(
+                qs,
+                cursor=request.query_params.get("cursor", ""),
+                limit=request.query_params.get("limit"),
+            )
+            data = ImageSerializer(rows, many=True).data
+            return Response({"results": data, "next_cursor": next_cursor})
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response(ImageSerializer(page, many=True).data)

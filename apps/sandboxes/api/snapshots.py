@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.keyset import api_keyset_page
 from apps.sandboxes import selectors
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.api.serializers import (
@@ -28,13 +29,31 @@ from apps.sandboxes.services.snapshots import (
 )
 from apps.tenancy.permissions import principal_of
 
+CURSOR_PARAM = OpenApiParameter(
+    "cursor",
+    str,
+    description="keyset paging: empty for the first page, then next_cursor "
+    "(results + next_cursor, no count); without it, limit/offset pages",
+)
+
+
+def _cursor_page(request: Request, qs: Any) -> Response:
+    rows, next_cursor = api_keyset_page(
+        qs, cursor=request.query_params.get("cursor", ""), limit=request.query_params.get("limit")
+    )
+    return Response(
+        {"results": SnapshotSerializer(rows, many=True).data, "next_cursor": next_cursor}
+    )
+
 
 class SandboxSnapshotsView(APIView):
-    @extend_schema(responses={200: SnapshotSerializer(many=True)})
+    @extend_schema(responses={200: SnapshotSerializer(many=True)}, parameters=[CURSOR_PARAM])
     def get(self, request: Request, sandbox_id: str) -> Response:
         principal = principal_of(request)
         sandbox = selectors.sandbox_get(tenant=principal.tenant, sandbox_id=sandbox_id)
         qs = selectors.snapshot_list(tenant=principal.tenant, sandbox=sandbox)
+        if "cursor" in request.query_params:
+            return _cursor_page(request, qs)
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response(SnapshotSerializer(page, many=True).data)
@@ -66,10 +85,12 @@ class SandboxSnapshotsView(APIView):
 
 
 class SnapshotListView(APIView):
-    @extend_schema(responses={200: SnapshotSerializer(many=True)})
+    @extend_schema(responses={200: SnapshotSerializer(many=True)}, parameters=[CURSOR_PARAM])
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
         qs = selectors.snapshot_list(tenant=principal.tenant)
+        if "cursor" in request.query_params:
+            return _cursor_page(request, qs)
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response(SnapshotSerializer(page, many=True).data)

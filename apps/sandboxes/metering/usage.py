@@ -31,7 +31,12 @@ from django.utils import timezone
 from apps.billing.models import CapacityType, PriceBook, PriceRate, UsageRecord
 from apps.billing.pricing import hourly_rate, price_book_in_force, price_rate
 from apps.billing.storage import storage_cost_for_sandboxes
-from apps.billing.usage import capacity_type_of, record_window, usage_records_of
+from apps.billing.usage import (
+    capacity_type_of,
+    daily_usage_invalidate,
+    record_window,
+    usage_records_of,
+)
 from apps.sandboxes.admission.queue import queue_order
 from apps.sandboxes.models import FINAL_STATES, Sandbox, SandboxEvent, State
 
@@ -65,6 +70,7 @@ def usage_record_sync(
     transitions = SandboxEvent.objects.filter(sandbox_id=sandbox.pk, event="transition")
     record = UsageRecord.objects.filter(sandbox_id=sandbox.pk).first()
     changed = record is None
+    since = None  # the earliest instant this sync changes the record's billed time at
     if record is None:
         # Provisioning is entered once (only from ``requested``, itself entered only
         # from ``queued``): the event that moves there is the start. A sandbox that
@@ -103,6 +109,7 @@ def usage_record_sync(
             ),
             startup_fee=rate.startup_fee,
         )
+        since = started.at
     if sandbox.node and sandbox.node != record.node:
         record.node = sandbox.node
         changed = True
@@ -114,8 +121,14 @@ def usage_record_sync(
             record.end_state = ended.to_state
             record.end_reason = ended.reason
             changed = True
+            since = min(since or ended.at, ended.at)
     if changed:
         record.save()
+        # A record opened or closed after the fact (the repair sweep) changes finished
+        # days whose roll-up may already be final: the report reads them from the
+        # records again until the roll-up task rebuilds them.
+        if since is not None:
+            daily_usage_invalidate(since=since)
     return record
 
 

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.errors import ApiError
+from apps.core.errors import ApiError, ValidationFailed
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.selectors import sandbox_get
 from apps.tenancy.permissions import principal_of
@@ -62,14 +62,53 @@ def _episode(request: Request, episode_id: str) -> Episode:
     return selectors.episode_get(tenant=principal_of(request).tenant, episode_id=episode_id)
 
 
+EPISODE_PAGE_MAX = 200
+
+
+def _limit(raw: str | None) -> int:
+    """A cursor page's size: 50 by default, 1..200."""
+    if not raw:
+        return 50
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationFailed("limit must be an integer", field="limit") from None
+    if not 1 <= value <= EPISODE_PAGE_MAX:
+        raise ValidationFailed(f"limit must be 1..{EPISODE_PAGE_MAX}", field="limit")
+    return value
+
+
 class EpisodeListCreateView(APIView):
-    @extend_schema(responses={200: EpisodeSerializer(many=True)}, parameters=FILTER_DOCS)
+    @extend_schema(
+        responses={200: EpisodeSerializer(many=True)},
+        parameters=[
+            *FILTER_DOCS,
+            OpenApiParameter(
+                "cursor",
+                str,
+                description="keyset paging: empty for the first page, then the previous "
+                "page's next_cursor",
+            ),
+        ],
+        description="Newest first. With `cursor` (empty for the first page): one keyset "
+        "page, `results` and `next_cursor` (null on the last page), no count — a walk "
+        "returns every episode once however many there are. Without it: offset pages "
+        "(`limit`/`offset`, `count`, `next`), whose deep pages read every row before them.",
+    )
     def get(self, request: Request) -> Response:
         qs = selectors.episode_list(tenant=principal_of(request).tenant, filters=_filters(request))
+        qs = qs.prefetch_related("sandbox_links", "relabels", "reattributions")
+        if "cursor" in request.query_params:
+            rows, next_cursor = selectors.episode_keyset_page(
+                qs,
+                cursor=request.query_params.get("cursor", ""),
+                limit=_limit(request.query_params.get("limit")),
+            )
+            return Response(
+                {"results": EpisodeSerializer(rows, many=True).data, "next_cursor": next_cursor}
+            )
         paginator = LimitOffsetPagination()
-        page = paginator.paginate_queryset(
-            qs.prefetch_related("sandbox_links", "relabels", "reattributions"), request, view=self
-        )
+        page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response(EpisodeSerializer(page, many=True).data)
 
     @extend_schema(
