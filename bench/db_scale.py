@@ -1,7 +1,17 @@
 """The database over time (issue 20): a private stack configured like `make up`, a
 history generated through the services, then the tenant's pages and APIs timed over it.
 
-    .venv/bin/python -m bench.db_scale [--scale 1.0] [--samples 30]
+    .venv/bin/python -m bench.db_scale [--scale 1.0] [--samples 30] [--jobs 3]
+        [--budget 60] [--state DIR | --reuse DIR]
+
+``--state DIR`` keeps the generated database (in the running Postgres, the one
+``HEDGEROW_STATE_DIR`` names; its name is derived from DIR) and records it in
+``DIR/state.json`` once generation has finished; a ``--state DIR`` run that was
+interrupted leaves ``DIR/started.json`` and its database, and the same command resumes it
+(each batch is one transaction: the batches already written are skipped). ``--reuse
+DIR`` measures that database again without generating: migrated first (so another
+branch's new index is measured too), a new API key issued, the member and the audit's
+period start taken from the kept run.
 
 At ``--scale 1``: 10,000 live (``ready``) sandboxes, ~94,000 ended ones (each created,
 provisioned, ready, deleted: five ledger rows and a closed usage record) — together
@@ -18,11 +28,21 @@ run (it would find none of them in the backend and mark them ``lost``). All the 
 is written now, so nothing is old enough for retention to thin: its round is the cost
 of finding nothing due.
 
+How it is written fast enough (still through the services, the same rows): ``--jobs``
+worker **processes** forked from this one (threads share one GIL), each with its own
+connection at ``SET synchronous_commit = off`` (a commit does not wait for the WAL
+flush: the same rows, not durable against a crash of Postgres in the last moments, which
+a benchmark does not need), ``BATCH`` sandboxes with their operations per transaction.
+At full size on this 2-core machine, shared with other sessions, that is the difference
+between ~115 rows/s (4 threads) and the rate it prints; raise ``--jobs`` on a loaded
+machine (each process's share of the CPU is what bounds it).
+
 Then, p50/p95 over ``--samples`` requests each, sequential, through the real HTTP API
 (the tenant's key) and the dashboard (a member's session): the sandbox list's first page
 and a cursor page deep in the history, a sandbox's detail and operations, the episode
 list, the usage API and page, and the team's audit over its whole history (computed as
-the worker computes it, ``audit_run``, in this process). Also each table's
+the worker computes it, ``audit_run``, in this process). A request kind's sampling stops
+once it took ``--budget`` seconds (at least 3 samples; ``n`` is printed). Also each table's
 ``pg_total_relation_size`` before and after (growth per million operations), and one
 round of each background job at that size: wall time and rows Postgres read
 (``pg_stat_xact_user_tables``; each round's writes are rolled back).
