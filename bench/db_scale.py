@@ -217,6 +217,7 @@ def generate(
     ]
     if written:
         print(f"  resuming: {len(written)} sandboxes already written, skipped", flush=True)
+    total = sum(len(batch) for batch in batches)  # to write in this run
     context = multiprocessing.get_context("fork")
     progress = context.Array("q", 2)  # sandboxes, rows (ledger events + operations)
     connections.close_all()  # each process opens its own
@@ -236,7 +237,7 @@ def generate(
     if failed:
         raise SystemExit(f"a generating process failed (exit codes {failed})")
     _episodes(tenant, principal, episodes, jobs)
-    return external_id(total)
+    return external_id(len(plan))
 
 
 def _lane(
