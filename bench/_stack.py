@@ -137,15 +137,27 @@ def describe(stack: Any, settings: dict[str, str] | None = None) -> str:
 
 @contextlib.contextmanager
 def private_stack(
-    name: str, env: dict[str, str], configure: Callable[[Any], None] = lambda stack: None
+    name: str,
+    env: dict[str, str],
+    configure: Callable[[Any], None] = lambda stack: None,
+    *,
+    database: str | None = None,
+    reuse: bool = False,
+    keep: bool = False,
 ) -> Iterator[tuple[Any, str]]:
     """Yields (started conftest.Stack, API key secret). ``name`` prefixes the instance
     and database; ``env`` is added to this process's environment before Django starts
     (the stack's processes inherit it); the web/worker processes are configured as
     `make up` starts them, then ``configure`` may change that before they start; the
-    configuration is printed once they are up."""
+    configuration is printed once they are up.
+
+    ``database`` names the database instead (default ``hr_bench_{name}_{pid}``); with
+    ``reuse`` it already exists and holds a ``bench`` tenant (made by an earlier run
+    with ``keep``): it is migrated (so a newer branch's migrations are measured too)
+    and a new key is issued for it. With ``keep`` the database is left in place at the
+    end; otherwise it is dropped."""
     pid = os.getpid()
-    db_name = f"hr_bench_{name}_{pid}"
+    db_name = database or f"hr_bench_{name}_{pid}"
     settings = make_up_settings()
     # make up's settings first; the benchmark's own ``env`` wins (density names its
     # subnet prefix, for one)
@@ -173,18 +185,21 @@ def private_stack(
 
     admin = psycopg.connect(db_conninfo("postgres"))
     admin.autocommit = True
-    admin.execute(f'CREATE DATABASE "{db_name}"')
+    if not reuse:
+        admin.execute(f'CREATE DATABASE "{db_name}"')
     stack = None
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True)
         import django
 
         django.setup()
+        from apps.tenancy.models import Tenant
         from apps.tenancy.services import api_key_create, tenant_create
         from conftest import Stack
 
-        tenant = tenant_create(slug="bench")
-        secret = api_key_create(tenant=tenant, name="bench", scopes=["read", "write"]).secret
+        tenant = Tenant.objects.get(slug="bench") if reuse else tenant_create(slug="bench")
+        issued = api_key_create(tenant=tenant, name=f"bench {pid}", scopes=["read", "write"])
+        secret = issued.secret
         stack = Stack(db_name, Path(tempfile.mkdtemp(prefix=f"hr-{name}-")))
         make_up(stack, settings)
         configure(stack)
@@ -198,7 +213,8 @@ def private_stack(
         from django.db import connections
 
         connections.close_all()
-        admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        if not keep:
+            admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
 
 
 def _cleanup() -> None:

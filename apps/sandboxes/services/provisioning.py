@@ -98,6 +98,38 @@ def backend_prepare() -> bool:
     return True
 
 
+def provision_claim(sandbox: Sandbox) -> bool:
+    """A provision's claim: ``requested`` → ``provisioning`` with a new generation (the
+    compare-and-set; False when another claim or a delete moved it first)."""
+    return sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.REQUESTED,),
+        to_state=State.PROVISIONING,
+        reason="scheduled",
+        bump_generation=True,
+        provisioning_started_at=timezone.now(),
+    )
+
+
+def provision_mark_ready(sandbox: Sandbox, endpoint: Endpoint) -> bool:
+    """A provision's end: ``provisioning`` → ``ready`` at the backend's ``endpoint``
+    once its agent answered (False when a delete moved it first)."""
+    return sandbox_transition(
+        sandbox=sandbox,
+        from_states=(State.PROVISIONING,),
+        to_state=State.READY,
+        reason="agent_healthy",
+        endpoint_host=endpoint.host,
+        endpoint_port=endpoint.port,
+        isolation=endpoint.isolation,
+        node=endpoint.node,
+        ready_at=timezone.now(),
+        progress=None,
+        # what the backend actually ran (the create's resolve, unless a tag moved since)
+        image_digest=endpoint.image_digest or sandbox.image_digest,
+    )
+
+
 def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
     """Claims a ``requested`` sandbox (CAS → ``provisioning``, new generation), starts it
     on the backend and marks it ``ready`` once its agent answers.
@@ -109,14 +141,7 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
     sandbox = Sandbox.objects.filter(pk=sandbox_id).first()
     if sandbox is None:
         return None
-    claimed = sandbox_transition(
-        sandbox=sandbox,
-        from_states=(State.REQUESTED,),
-        to_state=State.PROVISIONING,
-        reason="scheduled",
-        bump_generation=True,
-        provisioning_started_at=timezone.now(),
-    )
+    claimed = provision_claim(sandbox)
     if not claimed:
         if sandbox.state != State.PROVISIONING:
             return sandbox  # already done, deleted, or failed: nothing to do
@@ -151,20 +176,7 @@ def sandbox_provision(*, sandbox_id: str) -> Sandbox | None:
             **extra,
         )
         return sandbox
-    became_ready = sandbox_transition(
-        sandbox=sandbox,
-        from_states=(State.PROVISIONING,),
-        to_state=State.READY,
-        reason="agent_healthy",
-        endpoint_host=endpoint.host,
-        endpoint_port=endpoint.port,
-        isolation=endpoint.isolation,
-        node=endpoint.node,
-        ready_at=timezone.now(),
-        progress=None,
-        # what the backend actually ran (the create's resolve, unless a tag moved since)
-        image_digest=endpoint.image_digest or sandbox.image_digest,
-    )
+    became_ready = provision_mark_ready(sandbox, endpoint)
     if not became_ready and sandbox.state != State.READY:
         # Deleted while we were provisioning: the delete path's destroy may have run
         # before our resources existed, so remove them here too.
