@@ -562,16 +562,17 @@ def _zygote_pid() -> int | None:
 
 def pool_counts() -> dict[str, int]:
     """Members now (warm, warming), claims and members started so far (ledger + rows)."""
-    from apps.sandboxes.models import WarmMember, WarmMemberState
-    from apps.sandboxes.services.warm_pool import warm_pool_stats
+    from apps.sandboxes.models import SandboxEvent, WarmMember, WarmMemberState
+    from apps.sandboxes.services.warm_pool import CLAIM_REASON, warm_pool_stats
 
-    stats = warm_pool_stats()
+    stats = warm_pool_stats()  # Redis counters; claims are the ledger's (as /metrics folds them)
+    claims = SandboxEvent.objects.filter(event="transition", reason=CLAIM_REASON).count()
     warm = WarmMember.objects.filter(state=WarmMemberState.WARM).count()
     warming = WarmMember.objects.filter(state=WarmMemberState.WARMING).count()
     return {
         "warm": warm,
         "warming": warming,
-        "claims": int(stats["claims"]),
+        "claims": claims,
         "misses": int(stats.get("misses", 0)),
         "discards": int(stats.get("discards", 0)),
         "failures": int(stats.get("failures", 0)),
