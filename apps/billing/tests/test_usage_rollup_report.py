@@ -15,6 +15,8 @@ from django.utils import timezone
 
 from apps.billing.models import DailyUsageDay, PriceBook, UsageRecord
 from apps.billing.reports import (
+    _SANDBOX_TABLE,
+    _TOTALS_SQL,
     _peak_sweep,
     cost_by_key,
     cost_by_key_walk,
@@ -23,6 +25,7 @@ from apps.billing.reports import (
     peak_concurrency,
     tenant_report,
     tenant_report_walk,
+    window_usage,
 )
 from apps.billing.tasks import usage_rollup
 from apps.billing.tests.test_costs import book, ledger_sandbox  # noqa: F401 (fixture)
@@ -323,3 +326,28 @@ def test_usage_pages_read_the_same_at_100_and_2000_records_of_history(
     (rows_small, queries_small), (rows_big, queries_big) = costs
     assert queries_small == queries_big, costs
     assert rows_big <= 2 * rows_small and rows_big < 1000, costs
+
+
+def test_totals_only_window_equals_the_sliced_one_without_reading_sandboxes(
+    make_tenant,
+    book,  # noqa: F811
+    frozen,
+):
+    """The quota bars' month to date (``slices=False``): the same totals and days as the
+    full read, no slices, and a statement that reads no sandbox row (its creator is a
+    slice) — today, a stale day and the paused records included."""
+    assert _SANDBOX_TABLE not in _TOTALS_SQL and "labels" not in _TOTALS_SQL
+    tenant, _ = make_tenant()
+    _history(tenant, frozen)
+    daily_usage_rebuild(day=(frozen - timedelta(days=2)).date())  # one day rolled, others not
+    start = day_bounds((frozen - timedelta(days=3)).date())[0]
+    full = window_usage(tenant=tenant, start=start, end=frozen)
+    light = window_usage(tenant=tenant, start=start, end=frozen, slices=False)
+    assert light.per_slice == {} and full.per_slice
+    assert light.totals.sandboxes == full.totals.sandboxes == 5
+    assert light.totals.sandbox_seconds == full.totals.sandbox_seconds
+    assert abs(light.totals.cost - full.totals.cost) < Decimal("1e-10")
+    assert light.books == full.books
+    assert sorted(light.per_day) == sorted(full.per_day)
+    for day, t in full.per_day.items():
+        assert light.per_day[day].sandbox_seconds == t.sandbox_seconds
