@@ -188,13 +188,22 @@ BATCH = 100  # sandboxes per transaction
 
 
 def generate(
-    tenant: Any, principal: Any, *, live: int, ended: int, ops: int, episodes: int, jobs: int
+    tenant: Any,
+    principal: Any,
+    *,
+    live: int,
+    ended: int,
+    ops: int,
+    episodes: int,
+    jobs: int,
+    since: datetime | None = None,
 ) -> str:
     """Writes the history, ``jobs`` worker processes at once (forked from this one,
     each with its own connection at ``synchronous_commit = off``: the same rows,
     committed without waiting for the WAL flush; batches of ``BATCH`` sandboxes per
     transaction); returns the external id of the busy live sandbox (1 % of the
-    operations: a sandbox whose operation list pages)."""
+    operations: a sandbox whose operation list pages). ``since``: the history is spread
+    from then to now on a simulated clock (``batch_instant``), the oldest first."""
     import multiprocessing
 
     from django.db import connections
@@ -225,7 +234,16 @@ def generate(
     procs = [
         context.Process(
             target=_lane,
-            args=(tenant, principal, plan, batches[j::jobs], progress, total, time.perf_counter()),
+            args=(
+                tenant,
+                principal,
+                plan,
+                batches[j::jobs],
+                progress,
+                total,
+                time.perf_counter(),
+                since,
+            ),
         )
         for j in range(jobs)
     ]
@@ -248,9 +266,15 @@ def _lane(
     progress: Any,
     total: int,
     t0: float,
+    since: datetime | None,
 ) -> None:
-    """One generating process: its batches, each in a transaction."""
+    """One generating process: its batches, each in a transaction (at its instant on
+    the simulated clock when ``since`` is given)."""
+    import contextlib
+
+    import time_machine
     from django.db import connection, transaction
+    from django.utils import timezone
 
     gen = _Gen(tenant, principal.actor)
     try:
@@ -258,7 +282,11 @@ def _lane(
             cursor.execute("SET synchronous_commit = off")
         for batch in batches:
             rows = 0
-            with transaction.atomic():
+            clock: Any = contextlib.nullcontext()
+            if since is not None:
+                at = batch_instant(since, timezone.now(), batch.start, len(plan))
+                clock = time_machine.travel(at, tick=True)
+            with clock, transaction.atomic():
                 for i in batch:
                     is_ended, n_ops = plan[i]
                     # operations run while it is ready; an ended one is then deleted
@@ -281,6 +309,30 @@ def _lane(
                 )
     finally:
         connection.close()
+
+
+def batch_instant(since: datetime, now: datetime, index: int, total: int) -> datetime:
+    """When sandbox ``index`` of ``total`` is written on the simulated clock: evenly from
+    ``since`` to a minute before ``now``, in plan order (ended history first, the live
+    sandboxes last, so they are the newest)."""
+    span = (now - timedelta(minutes=1)) - since
+    return since + span * (index / max(total, 1))
+
+
+def rollup_finished_days(since: datetime) -> tuple[int, float]:
+    """The daily usage roll-up of every finished day since ``since``, as the beat's
+    ``usage-rollup`` would have written it day after day: (days, seconds)."""
+    from django.utils import timezone
+
+    from apps.billing.reports import daily_usage_rebuild
+
+    t0 = time.perf_counter()
+    day, today, n = since.date(), timezone.now().date(), 0
+    while day < today:
+        daily_usage_rebuild(day=day)
+        day += timedelta(days=1)
+        n += 1
+    return n, time.perf_counter() - t0
 
 
 def _load() -> str:
@@ -448,6 +500,14 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=3, help="processes writing the history")
     parser.add_argument(
+        "--days",
+        type=float,
+        default=0.0,
+        help="spread the history over the last DAYS days on a simulated clock "
+        "(time-machine), then roll up each finished day as the beat would have; "
+        "0: all of it written now (every record falls on today: the roll-up holds none)",
+    )
+    parser.add_argument(
         "--state",
         type=Path,
         metavar="DIR",
@@ -464,6 +524,7 @@ def main() -> int:
     if kept is not None:
         live, ended, ops, episodes = kept["live"], kept["ended"], kept["ops"], kept["episodes"]
         args.scale = kept.get("scale", args.scale)
+        args.days = kept.get("days", 0.0)
     else:
         live = max(1, round(10_000 * args.scale))
         ops = round(500_000 * args.scale)
@@ -476,12 +537,17 @@ def main() -> int:
         database = state_database(args.state)
         args.state.mkdir(parents=True, exist_ok=True)
 
+    spread = (
+        f"spread over the last {args.days:g} days on a simulated clock"
+        if args.days
+        else "all written now (every usage record falls on today)"
+    )
     print(
         f"{'reusing ' + str(args.reuse) + ' (' + str(database) + '), ' if args.reuse else ''}"
         f"no beat (its jobs are run once below); scale {args.scale}: {live} live + {ended} "
         f"ended sandboxes, {ops} operations, {episodes} episodes; sandboxes use no backend "
         f"process (provisioning's transitions written without backend.provision; no agent "
-        f"answers); load average {_load()}",
+        f"answers); history: {spread}; load average {_load()}",
         flush=True,
     )
     resume = False
@@ -527,7 +593,7 @@ def main() -> int:
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE")
         else:
-            start = timezone.now() - timedelta(seconds=1)
+            start = timezone.now() - timedelta(days=args.days, seconds=1)
             before = _sizes()
             started = args.state / STARTED_FILE if args.state is not None else None
             if started is not None and resume and started.exists():
@@ -546,8 +612,12 @@ def main() -> int:
                 ops=ops,
                 episodes=episodes,
                 jobs=args.jobs,
+                since=start if args.days else None,
             )
             gen_s = time.perf_counter() - t0
+            if args.days:
+                n_days, took = rollup_finished_days(start)
+                print(f"rolled up {n_days} finished days in {took:.1f} s", flush=True)
             with connection.cursor() as cursor:
                 cursor.execute("VACUUM ANALYZE")
         after = _sizes()
@@ -573,6 +643,7 @@ def main() -> int:
                     "ops": ops,
                     "episodes": episodes,
                     "start": start.isoformat(),
+                    "days": args.days,
                     "busy": busy,
                     "sizes_before": before,
                     "generated": {
