@@ -578,14 +578,19 @@ class LocalBackend:
             self._ensure_roots_shared()
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
-                self.network.ensure_instance()
-                if not self._uid_blocks_claimed:
-                    _check_traversable(self.config.state_dir)
-                    owner = f"{self.config.instance} {self.config.state_dir}"
-                    idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
-                    self._uid_blocks_claimed = True
+                self._instance_claim()
         if self._zygote_pause() is not None:
             self.zygote.ensure()
+
+    def _instance_claim(self) -> None:
+        """The instance's bridge and tables, and its user-id blocks claimed once per
+        process; the caller holds ``instance.lock`` (``prepare`` and ``provision``)."""
+        self.network.ensure_instance()
+        if not self._uid_blocks_claimed:
+            _check_traversable(self.config.state_dir)
+            owner = f"{self.config.instance} {self.config.state_dir}"
+            idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
+            self._uid_blocks_claimed = True
 
     def provision(self, spec: SandboxSpec, progress: ProgressCallback | None = None) -> Endpoint:
         check_sandbox_id(spec.sandbox_id)
@@ -667,12 +672,7 @@ class LocalBackend:
         resolv_conf: Path | None = None
         if self.isolated:
             with file_lock(self.locks_dir / "instance.lock"):
-                self.network.ensure_instance()
-                if not self._uid_blocks_claimed:
-                    _check_traversable(self.config.state_dir)
-                    owner = f"{self.config.instance} {self.config.state_dir}"
-                    idmap.claim_blocks(self.config.claims_dir, self.network.subnet, owner)
-                    self._uid_blocks_claimed = True
+                self._instance_claim()
                 # Host sandboxes always name the instance's resolver (a live policy
                 # change can then give one DNS); image sandboxes keep their own
                 # resolv.conf unless made with an allowlist.
