@@ -47,6 +47,20 @@ def newest_first(qs: QuerySet[M], *, cursor: str = "", limit: int = 50) -> Keyse
 API_PAGE_MAX = 200
 
 
+def api_page_size(limit: str | None) -> int:
+    """A keyset page's ``limit`` query parameter: 50 when absent, else 1..200 (a
+    typed 400 naming ``limit`` otherwise)."""
+    if not limit:
+        return 50
+    try:
+        size = int(limit)
+    except ValueError:
+        raise ValidationFailed("limit must be an integer", field="limit") from None
+    if not 1 <= size <= API_PAGE_MAX:
+        raise ValidationFailed(f"limit must be 1..{API_PAGE_MAX}", field="limit")
+    return size
+
+
 def api_keyset_page(
     qs: QuerySet[M], *, cursor: str, limit: str | None
 ) -> tuple[list[M], str | None]:
@@ -54,14 +68,7 @@ def api_keyset_page(
     pages: ``limit`` 1..200 (default 50), a cursor this server did not give is a 400
     (a client must learn it is wrong; the dashboard starts over), the next cursor None on
     the last page. No count: a walk's cost follows the page, not the table."""
-    size = 50
-    if limit:
-        try:
-            size = int(limit)
-        except ValueError:
-            raise ValidationFailed("limit must be an integer", field="limit") from None
-        if not 1 <= size <= API_PAGE_MAX:
-            raise ValidationFailed(f"limit must be 1..{API_PAGE_MAX}", field="limit")
+    size = api_page_size(limit)
     if cursor:
         after = decode_cursor(cursor)
         if after is None or after[0].tzinfo is None:

@@ -10,7 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.errors import ApiError, ValidationFailed
+from apps.core.errors import ApiError
+from apps.core.keyset import api_page_size
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.selectors import sandbox_get
 from apps.tenancy.permissions import principal_of
@@ -62,22 +63,6 @@ def _episode(request: Request, episode_id: str) -> Episode:
     return selectors.episode_get(tenant=principal_of(request).tenant, episode_id=episode_id)
 
 
-EPISODE_PAGE_MAX = 200
-
-
-def _limit(raw: str | None) -> int:
-    """A cursor page's size: 50 by default, 1..200."""
-    if not raw:
-        return 50
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationFailed("limit must be an integer", field="limit") from None
-    if not 1 <= value <= EPISODE_PAGE_MAX:
-        raise ValidationFailed(f"limit must be 1..{EPISODE_PAGE_MAX}", field="limit")
-    return value
-
-
 class EpisodeListCreateView(APIView):
     @extend_schema(
         responses={200: EpisodeSerializer(many=True)},
@@ -102,7 +87,7 @@ class EpisodeListCreateView(APIView):
             rows, next_cursor = selectors.episode_keyset_page(
                 qs,
                 cursor=request.query_params.get("cursor", ""),
-                limit=_limit(request.query_params.get("limit")),
+                limit=api_page_size(request.query_params.get("limit")),
             )
             return Response(
                 {"results": EpisodeSerializer(rows, many=True).data, "next_cursor": next_cursor}
