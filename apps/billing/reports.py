@@ -121,9 +121,13 @@ def _peak_sweep(
     """``peak_concurrency`` from the records of [start, end) (one sweep)."""
     now = now or timezone.now()
     events: list[tuple[datetime, int]] = []
-    rows = records_overlapping(start=start, end=end, tenant=tenant).only("started_at", "ended_at")
-    for record in rows.iterator():
-        lo, hi = max(record.started_at, start), min(record.ended_at or now, end)
+    # two columns as tuples: a model instance per record was most of this sweep's time
+    # (16,000 records of a month's unrolled days: 0.25 s, docs/benchmarks.md)
+    rows = records_overlapping(start=start, end=end, tenant=tenant).values_list(
+        "started_at", "ended_at"
+    )
+    for started_at, ended_at in rows.iterator():
+        lo, hi = max(started_at, start), min(ended_at or now, end)
         if lo < hi:
             events += [(lo, 1), (hi, -1)]
     events.sort()
