@@ -429,21 +429,36 @@ def window_usage(
     now = timezone.now()
     out = WindowUsage()
     days, rolled = _window_days(start=start, end=end)
-    for row in DailyUsage.objects.filter(tenant=tenant, day__in=rolled).exclude(dimension="peak"):
-        t = Totals(
-            sandboxes=row.sandboxes,
-            sandbox_seconds=row.sandbox_seconds,
-            vcpu_seconds=row.vcpu_seconds,
-            gib_seconds=row.gib_seconds,
-            cost=row.cost,
+    rolled_rows = (
+        DailyUsage.objects.filter(tenant=tenant, day__in=rolled)
+        .exclude(dimension="peak")
+        .values_list(
+            "day",
+            "dimension",
+            "value",
+            "sandboxes",
+            "sandbox_seconds",
+            "vcpu_seconds",
+            "gib_seconds",
+            "cost",
         )
-        if row.dimension == "total":
-            _merge(out.per_day[row.day], t)
+    )
+    # tuples, not model instances: a month holds ~60 rows a day per slice set
+    for day, dimension, value, sandboxes, seconds, vcpu_s, gib_s, cost in rolled_rows:
+        t = Totals(
+            sandboxes=sandboxes,
+            sandbox_seconds=seconds,
+            vcpu_seconds=vcpu_s,
+            gib_seconds=gib_s,
+            cost=cost,
+        )
+        if dimension == "total":
+            _merge(out.per_day[day], t)
             _merge(out.totals, t)
-        elif row.dimension == "book":
-            out.books.add(int(row.value))
+        elif dimension == "book":
+            out.books.add(int(value))
         elif slices:
-            _merge(out.per_slice[(row.dimension, row.value)], t)
+            _merge(out.per_slice[(dimension, value)], t)
     # each run of days not rolled up read on its own: the records' read follows the
     # run (``ended_at`` index), not the whole window around it
     for run in _runs(days, rolled):
