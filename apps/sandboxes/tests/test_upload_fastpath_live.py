@@ -150,6 +150,10 @@ def test_downloads_stream_past_django_and_give_their_slot_back(live, make_tenant
 
     # Over the transfer slots: a typed 429 once the agent has opened the file.
     limit, tenant_id = settings.HEDGEROW_FILE_TRANSFERS_PER_SANDBOX, str(tenant.pk)
+    # A download gives its slot back after its last byte went out, so the client can
+    # hold the whole body a moment before the server releases it: wait for that state
+    # (it failed a fresh-clone CI once, 9 of 8 slots taken), then fill the slots.
+    _until(lambda: in_flight("file", tenant_id, sandbox_id) == 0, "downloads kept their slot")
     held = [
         transfer_admit(tenant_id=tenant_id, sandbox_key=sandbox_id, nbytes=0) for _ in range(limit)
     ]
