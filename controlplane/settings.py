@@ -225,6 +225,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # two choice sets are both called `kind`: name each after its model's choices
+    "ENUM_NAME_OVERRIDES": {
+        "StepKindEnum": "apps.trajectories.models.StepKind",
+        "VerifierKindEnum": "apps.trajectories.models.VerifierKind",
+    },
 }
 
 # --- Sandboxes -----------------------------------------------------------------

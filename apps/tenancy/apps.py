@@ -9,3 +9,7 @@ class TenancyConfig(AppConfig):
     label = "tenancy"
     verbose_name = "Tenants, members and keys"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # registers the schema's security schemes for our authentication classes
+        from apps.tenancy import openapi  # noqa: F401

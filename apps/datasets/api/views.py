@@ -114,7 +114,7 @@ def spec_from(data: dict[str, Any]) -> DatasetSpec:
 
 
 class DatasetListCreateView(APIView):
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="v1_datasets_list", responses={200: dict})
     def get(self, request: Request) -> Response:
         rows = Dataset.objects.filter(tenant=principal_of(request).tenant)[:200]
         return Response({"results": [dataset_as_dict(d) for d in rows]})
@@ -168,7 +168,7 @@ class DatasetExportView(APIView):
 
 
 class TaskListView(APIView):
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="v1_tasks_list", responses={200: dict})
     def get(self, request: Request) -> Response:
         rows = Task.objects.filter(tenant=principal_of(request).tenant).order_by("task_id")[:1000]
         return Response({"results": [selectors.task_as_dict(t) for t in rows]})
@@ -239,7 +239,11 @@ def _bulk(request: Request, ids: list[str] | None) -> HttpResponse:
 
 
 class TaskDifficultyBulkView(APIView):
-    @extend_schema(parameters=BULK_DOCS, responses={200: dict, **ERROR_RESPONSES})
+    @extend_schema(
+        operation_id="v1_tasks_difficulty_bulk",
+        parameters=BULK_DOCS,
+        responses={200: dict, **ERROR_RESPONSES},
+    )
     def get(self, request: Request) -> HttpResponse:
         raw = request.query_params.get("ids")
         return _bulk(request, None if raw is None else [i for i in raw.split(",") if i])
@@ -377,7 +381,7 @@ class EpisodeMatrixView(APIView):
 
 
 class EpisodesTimeView(APIView):
-    @extend_schema(responses={200: dict, **ERROR_RESPONSES})
+    @extend_schema(operation_id="v1_episodes_time_list", responses={200: dict, **ERROR_RESPONSES})
     def get(self, request: Request) -> Response:
         limit = _int(request.query_params, "limit", AGGREGATE_LIMIT)
         if not 1 <= limit <= 5000:

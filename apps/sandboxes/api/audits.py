@@ -31,6 +31,7 @@ def _when(request: Request, name: str) -> datetime | None:
 
 class AuditListView(APIView):
     @extend_schema(
+        operation_id="v1_audits_list",
         responses={200: dict},
         description="This tenant's stored leak audits, newest first (scheduled and manual).",
     )

@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.billing.storage import storage_cost_for_snapshots
@@ -27,6 +28,7 @@ def _field_error(exc: ValidationFailed) -> serializers.ValidationError:
     return serializers.ValidationError(exc.message, code=exc.code)
 
 
+@extend_schema_field({"oneOf": [{"type": "number"}, {"type": "string"}]})
 class QuantityField(serializers.Field):  # type: ignore[type-arg]
     """Accepts numbers or Kubernetes quantity strings."""
 

@@ -237,7 +237,14 @@ class SandboxWaitView(APIView):
             extra={"state": sandbox.state},
         )
 
-    post = get
+    @extend_schema(
+        request=None,
+        responses={200: SandboxSerializer, **ERROR_RESPONSES},
+        parameters=[OpenApiParameter("timeout", float, description="seconds, ≤ 300")],
+        description="The same wait as GET, for clients that can only POST (no body).",
+    )
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        return self.get(request, sandbox_id)
 
 
 class SandboxHeartbeatView(APIView):
@@ -283,6 +290,7 @@ class SandboxEventsView(APIView):
 class SandboxDnsLogView(APIView):
     @extend_schema(
         parameters=[OpenApiParameter("limit", int, description="the last N queries (≤ 1000)")],
+        responses={200: dict, **ERROR_RESPONSES},
         description="The sandbox's DNS queries as the instance's resolver answered them "
         "(docs/egress.md): ts, generation, name, type, allowed, rcode, answer, flags "
         "(`rate_limited`, `tunnel_suspect`, `upstream_failed`).",
