@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django.db import models
 from django.db.models import Q, QuerySet
+from drf_spectacular.utils import OpenApiParameter
 
 from apps.core.errors import ValidationFailed
 
@@ -29,8 +31,8 @@ class KeysetPage(Generic[M]):
 
 
 def newest_first(qs: QuerySet[M], *, cursor: str = "", limit: int = 50) -> KeysetPage[M]:
-    """One page of ``qs`` (a model with ``created_at`` and a UUID ``id``)."""
-    after = decode_cursor(cursor)
+    """One page of ``qs`` (a model with ``created_at`` and a UUID or integer ``id``)."""
+    after = _decode(cursor, _pk_parser(qs))
     if after is not None:
         at, pk = after
         qs = qs.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
@@ -46,48 +48,107 @@ def newest_first(qs: QuerySet[M], *, cursor: str = "", limit: int = 50) -> Keyse
 
 API_PAGE_MAX = 200
 
+# the two query parameters of a keyset-paged API list, for its OpenAPI entry
+CURSOR_DOCS = [
+    OpenApiParameter(
+        "cursor", str, description="empty or absent for the first page, then `next_cursor`"
+    ),
+    OpenApiParameter("limit", int, description="rows per page"),
+]
 
-def api_page_size(limit: str | None) -> int:
-    """A keyset page's ``limit`` query parameter: 50 when absent, else 1..200 (a
-    typed 400 naming ``limit`` otherwise)."""
+
+def api_page_size(limit: str | None, *, default: int = 50, most: int = API_PAGE_MAX) -> int:
+    """A keyset page's ``limit`` query parameter: ``default`` when absent, else
+    1..``most`` (a typed 400 naming ``limit`` otherwise)."""
     if not limit:
-        return 50
+        return default
     try:
         size = int(limit)
     except ValueError:
         raise ValidationFailed("limit must be an integer", field="limit") from None
-    if not 1 <= size <= API_PAGE_MAX:
-        raise ValidationFailed(f"limit must be 1..{API_PAGE_MAX}", field="limit")
+    if not 1 <= size <= most:
+        raise ValidationFailed(f"limit must be 1..{most}", field="limit")
     return size
 
 
 def api_keyset_page(
-    qs: QuerySet[M], *, cursor: str, limit: str | None
+    qs: QuerySet[M],
+    *,
+    cursor: str,
+    limit: str | None,
+    default: int = 50,
+    most: int = API_PAGE_MAX,
 ) -> tuple[list[M], str | None]:
     """The API's keyset page (``newest_first``) for a list that also keeps its offset
     pages: ``limit`` 1..200 (default 50), a cursor this server did not give is a 400
     (a client must learn it is wrong; the dashboard starts over), the next cursor None on
     the last page. No count: a walk's cost follows the page, not the table."""
-    size = api_page_size(limit)
+    size = api_page_size(limit, default=default, most=most)
     if cursor:
-        after = decode_cursor(cursor)
+        after = _decode(cursor, _pk_parser(qs))
         if after is None or after[0].tzinfo is None:
             raise ValidationFailed("cursor is not a cursor this server gave", field="cursor")
     page = newest_first(qs, cursor=cursor, limit=size)
     return page.rows, page.next_cursor or None
 
 
-def encode_cursor(at: datetime, pk: uuid.UUID) -> str:
+def api_key_page(
+    qs: QuerySet[M],
+    *,
+    key: str,
+    cursor: str,
+    limit: str | None,
+    default: int = 50,
+    most: int = API_PAGE_MAX,
+) -> tuple[list[M], str | None]:
+    """The API's keyset page of a list ordered by a unique text ``key`` (ascending), e.g.
+    a team's tasks by task id: the rows after the cursor's key. A cursor this server did
+    not give is a 400; the next cursor is None on the last page."""
+    size = api_page_size(limit, default=default, most=most)
+    if cursor:
+        try:
+            padded = cursor + "=" * (-len(cursor) % 4)
+            after = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise ValidationFailed(
+                "cursor is not a cursor this server gave", field="cursor"
+            ) from None
+        qs = qs.filter(**{f"{key}__gt": after})
+    rows = list(qs.order_by(key)[: size + 1])
+    if len(rows) <= size:
+        return rows, None
+    rows = rows[:size]
+    last = str(getattr(rows[-1], key))
+    return rows, base64.urlsafe_b64encode(last.encode()).decode().rstrip("=")
+
+
+def encode_cursor(at: datetime, pk: object) -> str:
     raw = f"{at.isoformat()}|{pk}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID] | None:
+    """A cursor of a model with a UUID ``id``; None for one that does not decode."""
+    return _decode(cursor, uuid.UUID)
+
+
+P = TypeVar("P")
+
+
+def _decode(cursor: str, parse_pk: Callable[[str], P]) -> tuple[datetime, P] | None:
     if not cursor:
         return None
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         at, pk = raw.split("|", 1)
-        return datetime.fromisoformat(at), uuid.UUID(pk)
+        return datetime.fromisoformat(at), parse_pk(pk)
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def _pk_parser(qs: QuerySet[Any]) -> Callable[[str], Any]:
+    # a cursor's id is parsed as the model's key is typed: a UUID cursor given to a list
+    # of integer ids (or the reverse) does not decode, rather than failing in the query
+    pk = qs.model._meta.pk
+    assert pk is not None
+    return uuid.UUID if isinstance(pk, models.UUIDField) else int

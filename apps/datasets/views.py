@@ -10,6 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.core import keyset
 from apps.core.errors import ApiError, ValidationFailed
 from apps.datasets import selectors
 from apps.datasets.models import Dataset
@@ -25,19 +26,28 @@ from apps.datasets.services.splits import (
 from apps.tenancy.pages import page, render_page
 from apps.tenancy.principal import Principal
 
+DATASETS_PAGE = 50  # datasets per page of the list
 FILTER_FIELDS = ("task", "model", "harness", "policy_version", "label", "since", "until")
 
 
 @require_GET
 @page()
 def dataset_list_page(request: HttpRequest, principal: Principal) -> HttpResponse:
+    cursor = request.GET.get("cursor", "")
+    # cursor pages, newest first (a cursor that does not decode starts over, as the
+    # sandbox and image lists do): every dataset is reachable, none read twice
+    listed = keyset.newest_first(
+        Dataset.objects.filter(tenant=principal.tenant), cursor=cursor, limit=DATASETS_PAGE
+    )
     return render_page(
         request,
         principal,
         "datasets/list.html",
         {
             "nav_section": "datasets",
-            "datasets": list(Dataset.objects.filter(tenant=principal.tenant)[:100]),
+            "datasets": listed.rows,
+            "cursor": cursor,
+            "next_cursor": listed.next_cursor,
             "quarantine": selectors.quarantine_list(tenant=principal.tenant),
             "group_keys": GROUP_KEYS,
             "temporal_fields": TEMPORAL_FIELDS,

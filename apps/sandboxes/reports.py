@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.sandboxes.models import AuditRun, AuditStatus, ReconcileRun, Sandbox, SandboxEvent
@@ -17,10 +18,16 @@ HISTORY = 50
 
 def audit_history(*, tenant: Tenant | None, limit: int = HISTORY) -> list[AuditRun]:
     """Stored audits, newest first: installation-wide ones (tenant None) or a tenant's."""
+    return list(audit_runs(tenant=tenant).order_by("-created_at", "-id")[:limit])
+
+
+def audit_runs(*, tenant: Tenant | None) -> QuerySet[AuditRun]:
+    """Every stored audit of the installation (tenant None: not the per-image, per-node
+    or per-backend slices) or of a tenant, unordered."""
     qs = AuditRun.objects.filter(tenant=tenant)
     if tenant is None:
         qs = qs.filter(image="", node="", backend="")
-    return list(qs.order_by("-created_at", "-id")[:limit])
+    return qs
 
 
 def audit_row(run: AuditRun) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.errors import NotFound, ValidationFailed
+from apps.core.keyset import API_PAGE_MAX, CURSOR_DOCS, api_key_page, api_keyset_page
 from apps.datasets import selectors
 from apps.datasets.models import Dataset, ReferenceRun, Task
 from apps.datasets.services.cards import dataset_card
@@ -36,6 +37,10 @@ from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.tenancy.permissions import principal_of
 from apps.trajectories import selectors as episode_selectors
 from apps.trajectories.services.transfer import episodes_export
+
+# a team's task list came in one answer of up to 1,000 before it was paged: the same by
+# default, so a client that reads one page of a small registry sees no change
+TASK_PAGE = 1000
 
 
 def _episode_filters(params: Any) -> dict[str, str]:
@@ -114,10 +119,22 @@ def spec_from(data: dict[str, Any]) -> DatasetSpec:
 
 
 class DatasetListCreateView(APIView):
-    @extend_schema(operation_id="v1_datasets_list", responses={200: dict})
+    @extend_schema(
+        operation_id="v1_datasets_list",
+        responses={200: dict},
+        parameters=CURSOR_DOCS,
+        description="The team's datasets, newest first, 200 a page by default (`limit` "
+        f"1–{API_PAGE_MAX}); `next_cursor` (null on the last page) is the `cursor` of the "
+        "next page.",
+    )
     def get(self, request: Request) -> Response:
-        rows = Dataset.objects.filter(tenant=principal_of(request).tenant)[:200]
-        return Response({"results": [dataset_as_dict(d) for d in rows]})
+        rows, next_cursor = api_keyset_page(
+            Dataset.objects.filter(tenant=principal_of(request).tenant),
+            cursor=request.query_params.get("cursor", ""),
+            limit=request.query_params.get("limit"),
+            default=API_PAGE_MAX,
+        )
+        return Response({"results": [dataset_as_dict(d) for d in rows], "next_cursor": next_cursor})
 
     @extend_schema(
         request=dict,
@@ -168,10 +185,26 @@ class DatasetExportView(APIView):
 
 
 class TaskListView(APIView):
-    @extend_schema(operation_id="v1_tasks_list", responses={200: dict})
+    @extend_schema(
+        operation_id="v1_tasks_list",
+        responses={200: dict},
+        parameters=CURSOR_DOCS,
+        description=f"The team's tasks by task id, {TASK_PAGE} a page by default (`limit` "
+        f"1–{TASK_PAGE}); `next_cursor` (null on the last page) is the `cursor` of the next "
+        "page.",
+    )
     def get(self, request: Request) -> Response:
-        rows = Task.objects.filter(tenant=principal_of(request).tenant).order_by("task_id")[:1000]
-        return Response({"results": [selectors.task_as_dict(t) for t in rows]})
+        rows, next_cursor = api_key_page(
+            Task.objects.filter(tenant=principal_of(request).tenant),
+            key="task_id",
+            cursor=request.query_params.get("cursor", ""),
+            limit=request.query_params.get("limit"),
+            default=TASK_PAGE,
+            most=TASK_PAGE,
+        )
+        return Response(
+            {"results": [selectors.task_as_dict(t) for t in rows], "next_cursor": next_cursor}
+        )
 
 
 class TaskDetailView(APIView):

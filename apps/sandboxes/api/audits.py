@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.errors import NotFound, ValidationFailed
+from apps.core.keyset import API_PAGE_MAX, CURSOR_DOCS, api_keyset_page
 from apps.sandboxes import reports
 from apps.sandboxes.models import AuditRun
 from apps.sandboxes.services.audit import audit_request
@@ -33,12 +34,22 @@ class AuditListView(APIView):
     @extend_schema(
         operation_id="v1_audits_list",
         responses={200: dict},
-        description="This tenant's stored leak audits, newest first (scheduled and manual).",
+        parameters=CURSOR_DOCS,
+        description="This tenant's stored leak audits, newest first (scheduled and manual), "
+        f"{reports.HISTORY} a page by default (`limit` 1–{API_PAGE_MAX}); `next_cursor` "
+        "(null on the last page) is the `cursor` of the next page.",
     )
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
-        history = reports.audit_history(tenant=principal.tenant)
-        return Response({"results": [reports.audit_row(run) for run in history]})
+        rows, next_cursor = api_keyset_page(
+            reports.audit_runs(tenant=principal.tenant),
+            cursor=request.query_params.get("cursor", ""),
+            limit=request.query_params.get("limit"),
+            default=reports.HISTORY,
+        )
+        return Response(
+            {"results": [reports.audit_row(run) for run in rows], "next_cursor": next_cursor}
+        )
 
     @extend_schema(
         request=None,
