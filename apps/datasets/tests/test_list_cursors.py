@@ -102,9 +102,7 @@ def test_one_answer_still_holds_a_small_list_whole(make_tenant, api_client, kind
 
 def test_the_task_list_pages_past_a_thousand(make_tenant, api_client):
     tenant, secret = make_tenant()
-    Task.objects.bulk_create(
-        [Task(tenant=tenant, task_id=f"t{i:05d}") for i in range(1003)]
-    )
+    Task.objects.bulk_create([Task(tenant=tenant, task_id=f"t{i:05d}") for i in range(1003)])
     api = api_client(secret)
     first = api.get("/api/v1/tasks").json()
     assert len(first["results"]) == 1000 and first["next_cursor"]
