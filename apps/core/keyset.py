@@ -30,19 +30,21 @@ class KeysetPage(Generic[M]):
     next_cursor: str  # "" on the last page
 
 
-def newest_first(qs: QuerySet[M], *, cursor: str = "", limit: int = 50) -> KeysetPage[M]:
-    """One page of ``qs`` (a model with ``created_at`` and a UUID or integer ``id``)."""
+def newest_first(
+    qs: QuerySet[M], *, cursor: str = "", limit: int = 50, time_field: str = "created_at"
+) -> KeysetPage[M]:
+    """One page of ``qs`` (a model with a ``time_field`` and a UUID or integer ``id``)."""
     after = _decode(cursor, _pk_parser(qs))
     if after is not None:
         at, pk = after
-        qs = qs.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
-    rows = list(qs.order_by("-created_at", "-id")[: limit + 1])
+        qs = qs.filter(Q(**{f"{time_field}__lt": at}) | Q(**{time_field: at, "id__lt": pk}))
+    rows = list(qs.order_by(f"-{time_field}", "-id")[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = ""
     if more:
         last = rows[-1]
-        next_cursor = encode_cursor(last.created_at, last.pk)  # type: ignore[attr-defined]
+        next_cursor = encode_cursor(getattr(last, time_field), last.pk)
     return KeysetPage(rows, next_cursor)
 
 
@@ -78,6 +80,7 @@ def api_keyset_page(
     limit: str | None,
     default: int = 50,
     most: int = API_PAGE_MAX,
+    time_field: str = "created_at",
 ) -> tuple[list[M], str | None]:
     """The API's keyset page (``newest_first``) for a list that also keeps its offset
     pages: ``limit`` 1..200 (default 50), a cursor this server did not give is a 400
@@ -88,7 +91,7 @@ def api_keyset_page(
         after = _decode(cursor, _pk_parser(qs))
         if after is None or after[0].tzinfo is None:
             raise ValidationFailed("cursor is not a cursor this server gave", field="cursor")
-    page = newest_first(qs, cursor=cursor, limit=size)
+    page = newest_first(qs, cursor=cursor, limit=size, time_field=time_field)
     return page.rows, page.next_cursor or None
 
 

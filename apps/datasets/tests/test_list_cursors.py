@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from apps.datasets.models import Dataset, Task
 from apps.sandboxes.models import AuditRun
+from apps.trajectories.models import Tombstone
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +37,12 @@ def _audit(tenant: Any, i: int) -> str:
     return str(run.id)
 
 
+def _tombstone(tenant: Any, i: int) -> str:
+    return str(Tombstone.objects.create(tenant=tenant, reason=f"r{i}", actor="test").pk)
+
+
 KINDS: dict[str, tuple[str, Callable[[Any, int], str], str]] = {
+    "tombstones": ("/api/v1/lineage/tombstones", _tombstone, "id"),
     "tasks": ("/api/v1/tasks", _task, "task_id"),
     "datasets": ("/api/v1/datasets", _dataset, "id"),
     "audits": ("/api/v1/audits", _audit, "id"),
@@ -68,10 +74,14 @@ def test_a_cursor_walk_returns_every_row_of_the_team_once(make_tenant, api_clien
     theirs = {make(other, 100 + i) for i in range(2)}
     if kind != "tasks":
         # four created in the same instant: the id breaks the tie
-        model: Any = Dataset if kind == "datasets" else AuditRun
-        field = "dataset_id" if kind == "datasets" else "id"
+        model: Any
+        model, field, time_field = {
+            "datasets": (Dataset, "dataset_id", "created_at"),
+            "audits": (AuditRun, "id", "created_at"),
+            "tombstones": (Tombstone, "id", "at"),
+        }[kind]
         model.objects.filter(**{f"{field}__in": sorted(mine)[:4]}).update(
-            created_at=timezone.now().replace(microsecond=0)
+            **{time_field: timezone.now().replace(microsecond=0)}
         )
     late: list[str] = []
     # a row made mid-walk: newest-first lists have it before the cursor (not seen);

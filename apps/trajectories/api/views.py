@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.errors import ApiError
-from apps.core.keyset import api_page_size
+from apps.core.keyset import CURSOR_DOCS, api_keyset_page, api_page_size
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.selectors import sandbox_get
 from apps.tenancy.permissions import principal_of
@@ -36,6 +36,9 @@ from apps.trajectories.services.episodes import (
     step_append,
 )
 from apps.trajectories.services.transfer import episodes_export, episodes_import
+
+# the tombstone list answered its newest 500 and dropped the rest: 500 a page now
+TOMBSTONE_PAGE = 500
 
 FILTER_DOCS = [
     OpenApiParameter(name, str, description="comma = any of") for name in selectors.EXACT_FILTERS
@@ -634,10 +637,22 @@ def _tombstone(t: Any) -> dict[str, Any]:
 
 
 class TombstoneListView(APIView):
-    @extend_schema(responses={200: dict})
+    @extend_schema(
+        responses={200: dict},
+        parameters=CURSOR_DOCS,
+        description="Deletions: what each removed and what it affects, newest first, "
+        f"{TOMBSTONE_PAGE} a page by default (`limit` 1–{TOMBSTONE_PAGE}); `next_cursor` "
+        "(null on the last page) is the `cursor` of the next page.",
+    )
     def get(self, request: Request) -> Response:
-        """Deletions: what each removed and what it affects, newest first."""
         from apps.trajectories.services import lineage
 
-        rows = lineage.tombstones(tenant=principal_of(request).tenant)[:500]
-        return Response({"results": [_tombstone(t) for t in rows]})
+        rows, next_cursor = api_keyset_page(
+            lineage.tombstones(tenant=principal_of(request).tenant),
+            cursor=request.query_params.get("cursor", ""),
+            limit=request.query_params.get("limit"),
+            default=TOMBSTONE_PAGE,
+            most=TOMBSTONE_PAGE,
+            time_field="at",
+        )
+        return Response({"results": [_tombstone(t) for t in rows], "next_cursor": next_cursor})
