@@ -32,7 +32,6 @@ from apps.billing.limits import limits_current
 from apps.billing.models import ApiKeyLimits, TenantQuota
 from apps.billing.pricing import money
 from apps.billing.reports import month_to_date_cost
-from apps.billing.usage import tenant_month_cost
 from apps.core.dbrows import instance_from_row, select_list
 from apps.tenancy.models import ApiKey, Tenant
 
@@ -156,7 +155,10 @@ def check_budget(*, quota: TenantQuota) -> None:
     budget in the way. Running sandboxes are never touched by it."""
     if quota.monthly_budget is None and quota.team_budget is None:
         return
-    spent = tenant_month_cost(tenant=quota.tenant)
+    # from the daily roll-up (finished days) plus today's records, as the pages show it:
+    # this runs under the tenant's quota row lock on every create, and a walk of every
+    # record of the month (``tenant_month_cost``) grew with the month's history
+    spent = month_to_date_cost(tenant=quota.tenant)
     if quota.monthly_budget is not None and spent >= quota.monthly_budget:
         raise limit_error(
             BudgetExhausted,
