@@ -116,3 +116,38 @@ def test_warm_pool_members_hold_addresses_too(make_tenant, no_enqueue):
     with pytest.raises(ApiError) as full:
         _create(tenant, "s3", queue=False)
     assert full.value.extra == {"limit": "cluster_addresses", "value": 5, "current": 5}
+
+
+@override_settings(
+    HEDGEROW_LOCAL_SUBNET="10.254.254.0/29",
+    HEDGEROW_MAX_LIVE_SANDBOXES=0,
+    HEDGEROW_INSTANCE=FRESH,
+    HEDGEROW_WARM_POOL="host:250m:128Mi:none=8",
+    HEDGEROW_WARM_POOL_MAX_WARMING=8,
+)
+def test_the_warm_pool_fills_only_the_addresses_no_create_needs(make_tenant, no_enqueue):
+    from apps.sandboxes.services import warm_pool
+
+    tenant, _ = make_tenant()
+    live = [_create(tenant, f"s{i}") for i in range(2)]
+    assert [s.state for s in live] == [State.REQUESTED, State.REQUESTED]
+    started: list[str] = []
+    # 5 addresses, 2 sandboxes: room for 3 members of the target's 8
+    assert warm_pool.warm_pool_refill(enqueue=started.append) == {"host:250m:128Mi:none": 3}
+    assert WarmMember.objects.count() == 3 == len(started)
+    # full: a create waits in the queue, and the pool takes nothing it waits for
+    waiting = _create(tenant, "s2")
+    assert waiting.state == State.QUEUED
+    assert sandbox_transition(
+        sandbox=live[0],
+        from_states=(State.REQUESTED,),
+        to_state=State.DELETED,
+        reason="destroyed",
+        terminated_at=timezone.now(),
+    )
+    # the freed address is the queued create's, not a new member's
+    assert warm_pool.warm_pool_refill(enqueue=started.append) == {}
+    assert WarmMember.objects.count() == 3
+    admission_queue_drain()
+    waiting.refresh_from_db()
+    assert waiting.state == State.REQUESTED

@@ -42,9 +42,9 @@ from django.utils import timezone
 
 from apps.core.redis_sync import redis_client
 from apps.sandboxes.agent_client import agent_token
-from apps.sandboxes.backends import get_backend
+from apps.sandboxes.backends import address_capacity, get_backend
 from apps.sandboxes.backends.base import BackendError, SandboxSpec
-from apps.sandboxes.models import Sandbox, WarmMember, WarmMemberState
+from apps.sandboxes.models import LIVE_STATES, Sandbox, State, WarmMember, WarmMemberState
 from apps.sandboxes.quantities import QuantityError, parse_cpu_millis, parse_memory_mib
 from apps.sandboxes.services.lifecycle import sandbox_insert_claimed
 
@@ -368,6 +368,11 @@ def warm_pool_refill(*, enqueue: Callable[[str], None] | None = None) -> dict[st
         }
         warming = sum(n for key, n in counts.items() if key[-1] == WarmMemberState.WARMING)
         slots = settings.HEDGEROW_WARM_POOL_MAX_WARMING - warming
+        room = _address_room(members=sum(counts.values()))
+        if room is not None and room < slots:
+            if room <= 0:
+                log.info("warm pool not refilled: no address of the subnet is free")
+            slots = room
         short = False
         for shape, target in targets.items():
             base = (shape.image, shape.cpu_millis, shape.memory_mib, shape.network_access)
@@ -395,6 +400,18 @@ def warm_pool_refill(*, enqueue: Callable[[str], None] | None = None) -> dict[st
             except redis.RedisError:
                 pass
     return started
+
+
+def _address_room(*, members: int) -> int | None:
+    """How many more members the instance's addresses leave room for (None: no such
+    bound). A member holds an address like a live sandbox, and admission counts both
+    against the subnet: a member started while creates wait in the queue would take the
+    address one of them waits for (and one of a shape nobody claims would keep it)."""
+    capacity = address_capacity()
+    if capacity is None:
+        return None
+    taken = Sandbox.objects.filter(state__in=[*LIVE_STATES, State.QUEUED]).count()
+    return capacity - taken - members
 
 
 def _enqueue_provision(member_id: str) -> None:
