@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from apps.datasets.models import Dataset, Task
 from apps.sandboxes.models import AuditRun
+from apps.sandboxes.tests.test_snapshot_image_list_cursor import _walk
 from apps.trajectories.models import Tombstone
 
 pytestmark = pytest.mark.django_db
@@ -49,22 +50,6 @@ KINDS: dict[str, tuple[str, Callable[[Any, int], str], str]] = {
 }
 
 
-def _walk(api: Any, path: str, key: str, on_page: Callable[[int], None]) -> list[str]:
-    seen: list[str] = []
-    cursor, pages = "", 0
-    while True:
-        response = api.get(path, {"limit": 3, "cursor": cursor})
-        assert response.status_code == 200, response.content
-        body = response.json()
-        seen += [str(row[key]) for row in body["results"]]
-        pages += 1
-        on_page(pages)
-        cursor = body["next_cursor"]
-        if cursor is None:
-            return seen
-        assert len(body["results"]) == 3
-
-
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_cursor_walk_returns_every_row_of_the_team_once(make_tenant, api_client, kind):
     path, make, key = KINDS[kind]
@@ -89,8 +74,8 @@ def test_a_cursor_walk_returns_every_row_of_the_team_once(make_tenant, api_clien
     seen = _walk(
         api_client(secret),
         path,
-        key,
         lambda page: late.append(make(tenant, 9999)) if page == 2 else None,
+        key,
     )
     assert len(seen) == len(set(seen))
     expected = mine | set(late) if kind == "tasks" else mine

@@ -39,13 +39,17 @@ def _image(tenant: Any, i: int) -> str:
     return str(image.pk)
 
 
-def _walk(api: Any, path: str, on_page: Callable[[int], None]) -> list[str]:
+def _walk(api: Any, path: str, on_page: Callable[[int], None], key: str = "id") -> list[str]:
+    """Every row's ``key`` along a cursor walk of ``path``, 3 a page; ``on_page(n)``
+    after the n-th page (to change the list mid-walk)."""
     seen: list[str] = []
     cursor, pages = "", 0
     while True:
-        body = api.get(path, {"limit": 3, "cursor": cursor}).json()
+        response = api.get(path, {"limit": 3, "cursor": cursor})
+        assert response.status_code == 200, response.content
+        body = response.json()
         assert "count" not in body
-        seen += [row["id"] for row in body["results"]]
+        seen += [str(row[key]) for row in body["results"]]
         pages += 1
         on_page(pages)
         cursor = body["next_cursor"]
