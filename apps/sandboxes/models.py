@@ -192,7 +192,10 @@ class Operation(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
-    sandbox = models.ForeignKey(Sandbox, on_delete=models.PROTECT, related_name="operations")
+    # indexed by the unique key, which starts with the sandbox
+    sandbox = models.ForeignKey(
+        Sandbox, on_delete=models.PROTECT, related_name="operations", db_index=False
+    )
     operation_id = models.CharField(max_length=128)
     kind = models.CharField(max_length=16, default="exec")
     generation = models.PositiveIntegerField()
@@ -221,7 +224,11 @@ class Operation(models.Model):
                 fields=["sandbox", "operation_id"], name="uniq_operation_sandbox_operation_id"
             )
         ]
-        indexes = [models.Index(fields=["status", "created_at"], name="operation_status_created")]
+        # No index covers a column the result's UPDATE writes (``RESULT_COLUMNS``:
+        # status, finished_at, output…), so that UPDATE is a HOT update (migration
+        # 0016: no new index entries, the new row version on the same page, which
+        # the table's fillfactor leaves room for). The recovery sweep finds rows
+        # still running by ``created_at`` from its watermark instead of by status.
 
     def __str__(self) -> str:
         return f"{self.operation_id} ({self.status})"
@@ -273,7 +280,9 @@ class MetricsFold(models.Model):
     ledger's automatic actions, the reconciler's rounds): ``counts`` over the rows
     stamped before ``through``. A scrape adds the rows stamped since and moves
     ``through`` up to a few minutes ago (``services/metrics_fold.py``), so it reads
-    what happened since the last scrape, not the whole history."""
+    what happened since the last scrape, not the whole history. The operation
+    recovery sweep keeps its watermark the same way (``services/recovery.py``,
+    ``RECOVERY_MARK``)."""
 
     name = models.CharField(max_length=64, primary_key=True)
     through = models.DateTimeField()

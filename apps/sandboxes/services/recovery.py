@@ -13,10 +13,11 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.sandboxes.agent_client import AgentError, AgentUnreachable
-from apps.sandboxes.models import Operation, OperationStatus, Sandbox, State
+from apps.sandboxes.models import MetricsFold, Operation, OperationStatus, Sandbox, State
 from apps.sandboxes.services.operations import agent_for, result_fields
 
 log = logging.getLogger(__name__)
@@ -58,18 +59,39 @@ def operation_recover_answer(*, operation: Operation, sandbox: Sandbox) -> Opera
     return operation
 
 
+# The sweep's watermark (a ``MetricsFold`` row): no operation created before
+# ``through`` minus the margin is still ``running``, except the ones listed in
+# ``counts["running"]`` (long commands a live process still relays).
+RECOVERY_MARK = "operation_recovery"
+
+
 def operation_recover_stale(*, now: datetime | None = None, limit: int = 500) -> dict[str, int]:
     """The periodic sweep: every operation still ``running`` after
     ``HEDGEROW_OPERATION_RECOVERY_AFTER_S`` goes through the streaming layer's
     ``operation_recover`` (which leaves alone anything a live process still relays,
     records a finished result from the agent, re-attaches a running command, or ends
-    it typed when the sandbox is gone). Returns counts by resulting status."""
+    it typed when the sandbox is gone). Returns counts by resulting status.
+
+    No index covers ``status`` (the result's UPDATE stays HOT: migration 0016), so the
+    sweep reads the ``created_at`` index from where the last sweep got to
+    (``RECOVERY_MARK``), less a margin of two recovery delays for a row stamped before
+    it became visible, plus the rows it left running last time by primary key: the
+    rows it reads follow the execs since the last sweep, not the table's size. The
+    first sweep (no mark yet) reads every row older than the cutoff once."""
     from apps.sandboxes.services.streaming import operation_recover
 
-    now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.HEDGEROW_OPERATION_RECOVERY_AFTER_S)
-    stale = (
-        Operation.objects.filter(status=OperationStatus.RUNNING, created_at__lt=cutoff)
+    clock = timezone.now()
+    now = now or clock
+    after = timedelta(seconds=settings.HEDGEROW_OPERATION_RECOVERY_AFTER_S)
+    margin = 2 * after
+    cutoff = now - after
+    mark = MetricsFold.objects.filter(name=RECOVERY_MARK).first()
+    carried: list[str] = list(mark.counts.get("running", [])) if mark is not None else []
+    window = Q(created_at__lt=cutoff)
+    if mark is not None:
+        window &= Q(created_at__gte=mark.through - margin) | Q(pk__in=carried)
+    stale = list(
+        Operation.objects.filter(window, status=OperationStatus.RUNNING)
         .select_related("sandbox")
         .order_by("created_at")[:limit]
     )
@@ -81,4 +103,19 @@ def operation_recover_stale(*, now: datetime | None = None, limit: int = 500) ->
             log.exception("recovery of %s failed", operation.operation_id)
             continue
         counts[recovered.status] = counts.get(recovered.status, 0) + 1
+    # Never past the real clock (a caller's ``now`` may be ahead of it, as in tests):
+    # rows stamped from now on must still fall in a later sweep's window.
+    through = min(cutoff, clock - after)
+    if len(stale) == limit:
+        through = min(through, stale[-1].created_at)  # the rest next time
+    candidates = {*carried, *(str(operation.pk) for operation in stale)}
+    running = sorted(
+        str(pk)
+        for pk in Operation.objects.filter(
+            pk__in=candidates, status=OperationStatus.RUNNING
+        ).values_list("pk", flat=True)
+    )
+    MetricsFold.objects.update_or_create(
+        name=RECOVERY_MARK, defaults={"through": through, "counts": {"running": running}}
+    )
     return counts
