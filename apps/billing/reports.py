@@ -26,6 +26,7 @@ from apps.billing.pricing import (
 )
 from apps.billing.storage import storage_totals, storage_window_cost
 from apps.billing.usage import (
+    LATE_WRITE,
     Totals,
     month_start,
     record_window,
@@ -49,24 +50,31 @@ def peak_concurrency(
     ending as another starts is never counted twice. A whole day whose roll-up is final
     is read from its ``peak`` row (``daily_usage_rebuild`` runs the same sweep over the
     day), the other days swept from the records, one run of days at a time."""
-    days, rolled = _window_days(start=start, end=end)
+    days, rolled, partial = _window_days(start=start, end=end)
+    read = rolled | set(partial)
     peaks = dict(
-        DailyUsage.objects.filter(tenant=tenant, day__in=rolled, dimension="peak").values_list(
+        DailyUsage.objects.filter(tenant=tenant, day__in=read, dimension="peak").values_list(
             "day", "sandboxes"
         )
     )
-    out: dict[str, int] = {d.isoformat(): peaks.get(d, 0) for d in rolled}
-    for run in _runs(days, rolled):
+    out: dict[str, int] = {d.isoformat(): peaks.get(d, 0) for d in read}
+    for run in _runs(days, rolled, partial):
         for row in _peak_sweep(tenant=tenant, start=run[0][1], end=run[-1][2], now=now):
-            out[row["day"]] = row["peak"]
+            # a partly rolled day: the most of its rolled part and of the rest (the
+            # sweep of the rest starts with what is held at the cut)
+            out[row["day"]] = max(row["peak"], out.get(row["day"], 0))
     return [{"day": d.isoformat(), "peak": out[d.isoformat()]} for d, _, _, _ in days]
 
 
 def _window_days(
     *, start: datetime, end: datetime
-) -> tuple[list[tuple[date, datetime, datetime, bool]], set[date]]:
-    """The UTC days of [start, end) as (day, lo, hi, whole), and those of them whose
-    roll-up is final (``DailyUsageDay``: computed after the day ended, not stale)."""
+) -> tuple[list[tuple[date, datetime, datetime, bool]], set[date], dict[date, datetime]]:
+    """The UTC days of [start, end) as (day, lo, hi, whole), those of them whose roll-up
+    is final (``DailyUsageDay``: cut after the day ended, not stale), and those whose
+    roll-up holds a first part of the window's share of them: {day: cut} for a day the
+    window holds from its midnight and the roll-up was cut inside it, before the
+    window's end (today's partial roll-up) — the roll-up answers [midnight, cut), the
+    records the rest."""
     days: list[tuple[date, datetime, datetime, bool]] = []
     day = start.date()
     while datetime.combine(day, time.min, tzinfo=UTC) < end:
@@ -80,20 +88,33 @@ def _window_days(
         ).values_list("day", "computed_at")
     )
     rolled = set()
-    for d, _, hi, whole in days:
+    partial: dict[date, datetime] = {}
+    for d, lo, hi, whole in days:
         at = final.get(d)
-        if whole and at is not None and at >= hi:
+        if at is None:
+            continue
+        if whole and at >= hi:
             rolled.add(d)
-    return days, rolled
+        elif lo == day_bounds(d)[0] and lo < at <= hi:
+            partial[d] = at
+    return days, rolled, partial
 
 
 def _runs(
-    days: list[tuple[date, datetime, datetime, bool]], rolled: set[date]
+    days: list[tuple[date, datetime, datetime, bool]],
+    rolled: set[date],
+    partial: dict[date, datetime] | None = None,
 ) -> list[list[tuple[date, datetime, datetime]]]:
-    """Runs of consecutive days not rolled up, each (day, lo, hi)."""
+    """Runs of consecutive parts of days the roll-up does not answer, each part (day,
+    lo, hi): a day not rolled up whole, or the rest of a partly rolled day after its
+    cut."""
+    partial = partial or {}
     runs: list[list[tuple[date, datetime, datetime]]] = []
     for d, lo, hi, _ in days:
         if d in rolled:
+            continue
+        lo = partial.get(d, lo)
+        if lo >= hi:
             continue
         if runs and runs[-1][-1][2] == lo:
             runs[-1].append((d, lo, hi))
@@ -226,21 +247,49 @@ def _slices_of(
     return [*slices, ("book", str(book)), ("key", _key_of(creator))]
 
 
+def rollup_cut(*, now: datetime) -> datetime:
+    """Where a roll-up read now may cut the open day: ``LATE_WRITE`` before now or
+    before the oldest transaction in flight in this database that has written, whichever
+    is earlier. A write the roll-up's read cannot see is in flight or comes later; when
+    on time (its event time within ``LATE_WRITE`` of its statement) it falls after the
+    cut, where the report reads the records, and when late it marks the day stale
+    (``daily_usage_invalidate``). Needs the sessions of the app's role visible in
+    ``pg_stat_activity`` (the same role, or ``pg_read_all_stats``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT min(xact_start) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL"
+        )
+        row = cursor.fetchone()
+    oldest = row[0] if row and row[0] is not None else now
+    return min(now, oldest) - LATE_WRITE
+
+
 def daily_usage_rebuild(*, day: date) -> int:
-    """Recomputes every roll-up row of ``day`` from the usage ledger (live sandboxes
-    accrued to now). Idempotent: the day's rows are replaced in one transaction."""
+    """Recomputes every roll-up row of ``day`` from the usage ledger. Idempotent: the
+    day's rows are replaced in one transaction. The rows hold [midnight, cut) with the
+    cut from ``rollup_cut`` (``DailyUsageDay.computed_at``): the whole day once the cut
+    is past its end (final), else the open day's first part, which the report reads
+    with the records after the cut (today's partial roll-up, every round of the task)."""
     start, end = day_bounds(day)
     marker, _ = DailyUsageDay.objects.get_or_create(day=day)
     version = marker.version  # read before the records: a late write after this bumps it
     now = timezone.now()
+    cut = rollup_cut(now=now)  # before the records are read
+    until = min(end, cut)
     acc: dict[tuple[str, str, str], Totals] = defaultdict(Totals)
     spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
-    records = records_overlapping(start=start, end=end).annotate(creator=F("sandbox__created_by"))
+    if until > start:
+        records = records_overlapping(start=start, end=until).annotate(
+            creator=F("sandbox__created_by")
+        )
+    else:  # cut before the day began: nothing of it to roll up yet
+        records = UsageRecord.objects.none().annotate(creator=F("sandbox__created_by"))
     for record in records.iterator():
-        lo, hi = max(record.started_at, start), min(record.ended_at or now, end)
+        lo, hi = max(record.started_at, start), min(record.ended_at or now, until)
         if lo < hi:
             spans[str(record.tenant_id)].append((lo, hi))
-        share = record_window(record, start=start, end=end, now=now)
+        share = record_window(record, start=start, end=until, now=now)
         if share.seconds == 0 and not share.started_inside:
             continue
         for dimension, value in _slices(record):
@@ -276,7 +325,7 @@ def daily_usage_rebuild(*, day: date) -> int:
         DailyUsage.objects.filter(day=day).delete()
         DailyUsage.objects.bulk_create(rows)
         # Final only when no late write came in while the records were read.
-        DailyUsageDay.objects.filter(day=day).update(computed_at=now)
+        DailyUsageDay.objects.filter(day=day).update(computed_at=cut)
         DailyUsageDay.objects.filter(day=day, version=version).update(stale=False)
     return len(rows)
 
@@ -487,9 +536,9 @@ def window_usage(
     only (``per_slice`` left empty), read with a lighter statement."""
     now = now or timezone.now()
     out = WindowUsage(now=now)
-    days, rolled = _window_days(start=start, end=end)
+    days, rolled, partial = _window_days(start=start, end=end)
     rolled_rows = (
-        DailyUsage.objects.filter(tenant=tenant, day__in=rolled)
+        DailyUsage.objects.filter(tenant=tenant, day__in=rolled | set(partial))
         .exclude(dimension="peak")
         .values_list(
             "day",
@@ -520,7 +569,7 @@ def window_usage(
             _merge(out.per_slice[(dimension, value)], t)
     # each run of days not rolled up read on its own: the records' read follows the
     # run (``ended_at`` index), not the whole window around it
-    for run in _runs(days, rolled):
+    for run in _runs(days, rolled, partial):
         _add_records(out, tenant=tenant, parts=run, now=now, slices=slices)
     return out
 
