@@ -22,6 +22,7 @@ from apps.billing.pricing import (
     price_book_in_force,
     price_rate,
     reference_books,
+    seconds_of,
     vcpus,
 )
 from apps.billing.storage import storage_totals, storage_window_cost
@@ -52,17 +53,29 @@ def peak_concurrency(
     day), the other days swept from the records, one run of days at a time."""
     days, rolled, partial = _window_days(start=start, end=end)
     read = rolled | set(partial)
-    peaks = dict(
-        DailyUsage.objects.filter(tenant=tenant, day__in=read, dimension="peak").values_list(
-            "day", "sandboxes"
-        )
-    )
+    peaks: dict[date, int] = {}
+    held: dict[date, int] = {}  # open at a partial day's cut
+    rows = DailyUsage.objects.filter(
+        tenant=tenant, day__in=read, dimension__in=["peak", "open:peak"]
+    ).values_list("day", "dimension", "sandboxes")
+    for day, dimension, sandboxes in rows:
+        (peaks if dimension == "peak" else held)[day] = sandboxes
     out: dict[str, int] = {d.isoformat(): peaks.get(d, 0) for d in read}
     for run in _runs(days, rolled, partial):
-        for row in _peak_sweep(tenant=tenant, start=run[0][1], end=run[-1][2], now=now):
-            # a partly rolled day: the most of its rolled part and of the rest (the
-            # sweep of the rest starts with what is held at the cut)
-            out[row["day"]] = max(row["peak"], out.get(row["day"], 0))
+        sweeps = []
+        if _is_cut(run[0], partial):  # the rest of a partly rolled day, on its own
+            d, lo, hi = run[0]
+            sweeps.append(
+                _peak_sweep(tenant=tenant, start=lo, end=hi, now=now, open_at_start=held.get(d, 0))
+            )
+            run = run[1:]
+        if run:
+            sweeps.append(_peak_sweep(tenant=tenant, start=run[0][1], end=run[-1][2], now=now))
+        for sweep in sweeps:
+            for row in sweep:
+                # a partly rolled day: the most of its rolled part and of the rest
+                # (whose sweep starts with what is held at the cut)
+                out[row["day"]] = max(row["peak"], out.get(row["day"], 0))
     return [{"day": d.isoformat(), "peak": out[d.isoformat()]} for d, _, _, _ in days]
 
 
@@ -123,6 +136,11 @@ def _runs(
     return runs
 
 
+def _is_cut(part: tuple[date, datetime, datetime], partial: dict[date, datetime]) -> bool:
+    """Whether ``part`` is the rest of a partly rolled day after its cut."""
+    return partial.get(part[0]) == part[1]
+
+
 def _peak_of(spans: list[tuple[datetime, datetime]]) -> int:
     """The most of ``spans`` (lo, hi) that overlap at once; ties applied together."""
     events = sorted([(lo, 1) for lo, _ in spans] + [(hi, -1) for _, hi in spans])
@@ -145,14 +163,17 @@ def _peak_of(spans: list[tuple[datetime, datetime]]) -> int:
 _PEAK_SQL = f"""
 WITH spans AS (
   SELECT GREATEST(r.started_at, %(start)s) AS lo,
-         LEAST(COALESCE(r.ended_at, %(now)s), %(end)s) AS hi
+         LEAST(COALESCE(r.ended_at, %(now)s), %(end)s) AS hi,
+         r.started_at >= %(start)s AS new
   FROM "{UsageRecord._meta.db_table}" r
   WHERE r.tenant_id = %(tenant)s AND r.started_at < %(end)s
     AND (r.ended_at IS NULL OR r.ended_at > %(start)s)
+    AND (%(all)s OR r.started_at >= %(start)s OR r.ended_at > %(start)s)
 ), instants AS (
   SELECT t, SUM(d) AS d FROM (
-    SELECT lo AS t, 1 AS d FROM spans WHERE lo < hi
+    SELECT lo AS t, 1 AS d FROM spans WHERE lo < hi AND (%(all)s OR new)
     UNION ALL SELECT hi, -1 FROM spans WHERE lo < hi
+    UNION ALL SELECT %(start)s, %(held)s WHERE %(held)s > 0
   ) ev GROUP BY t
 ), held AS (
   SELECT t, SUM(d) OVER (ORDER BY t) AS n FROM instants
@@ -163,15 +184,30 @@ FROM held GROUP BY 1
 
 
 def _peak_sweep(
-    *, tenant: Tenant, start: datetime, end: datetime, now: datetime | None = None
+    *,
+    tenant: Tenant,
+    start: datetime,
+    end: datetime,
+    now: datetime | None = None,
+    open_at_start: int | None = None,
 ) -> list[dict[str, Any]]:
     """``peak_concurrency`` from the records of [start, end): one statement that returns
     a row per day with instants (the records stay in Postgres; reading each one's two
     datetimes into Python was most of the usage page's time at 12,000 records a day).
-    Same answer as the Python sweep ``_peak_sweep_walk`` (tested)."""
+    Same answer as the Python sweep ``_peak_sweep_walk`` (tested). ``open_at_start``:
+    the number of records open at ``start`` (today's partial roll-up keeps it at its
+    cut): then only the records started or ended since are read, not every live one."""
     now = now or timezone.now()
+    params: dict[str, Any] = {
+        "tenant": tenant.pk,
+        "start": start,
+        "end": end,
+        "now": now,
+        "all": open_at_start is None,
+        "held": open_at_start or 0,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(_PEAK_SQL, {"tenant": tenant.pk, "start": start, "end": end, "now": now})
+        cursor.execute(_PEAK_SQL, params)
         per_day = {row[0]: (int(row[1]), int(row[2]), row[3]) for row in cursor.fetchall()}
     days: list[dict[str, Any]] = []
     held = 0  # held over from the days before
@@ -285,7 +321,25 @@ def daily_usage_rebuild(*, day: date) -> int:
         )
     else:  # cut before the day began: nothing of it to roll up yet
         records = UsageRecord.objects.none().annotate(creator=F("sandbox__created_by"))
+    partial = until < end
+    # A partial roll-up also keeps what is open at its cut: per tenant how many (for
+    # the peak), and per slice their count and summed vCPU, memory and hourly rate
+    # (those with a pause begun before the cut aside: read with the paused records), so
+    # a report adds (now - cut) x these sums and reads only records started or ended
+    # since the cut (``_add_changes``).
+    held: dict[str, int] = defaultdict(int)
+    opened: dict[tuple[str, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0)])
     for record in records.iterator():
+        tenant_id = str(record.tenant_id)
+        if partial and (record.ended_at is None or record.ended_at > until):
+            held[tenant_id] += 1
+            if not any(datetime.fromisoformat(b) < until for b, _ in record.pauses or []):
+                for dimension, value in _slices(record):
+                    sums = opened[(tenant_id, f"open:{dimension}", value)]
+                    sums[0] += 1
+                    sums[1] += record.cpu_millis
+                    sums[2] += record.memory_mib
+                    sums[3] += record.hourly_rate
         lo, hi = max(record.started_at, start), min(record.ended_at or now, until)
         if lo < hi:
             spans[str(record.tenant_id)].append((lo, hi))
@@ -320,6 +374,32 @@ def daily_usage_rebuild(*, day: date) -> int:
             computed_at=now,
         )
         for tenant_id, tenant_spans in spans.items()
+    ]
+    # open at the cut: count, summed cpu_millis, memory_mib and hourly rate per slice
+    rows += [
+        DailyUsage(
+            tenant_id=tenant_id,
+            day=day,
+            dimension=dimension,
+            value=value,
+            sandboxes=n,
+            vcpu_seconds=cpu,
+            gib_seconds=mem,
+            cost=rate.quantize(Decimal("0.0000000001")),
+            computed_at=now,
+        )
+        for (tenant_id, dimension, value), (n, cpu, mem, rate) in opened.items()
+    ]
+    rows += [
+        DailyUsage(
+            tenant_id=tenant_id,
+            day=day,
+            dimension="open:peak",
+            value="",
+            sandboxes=n,
+            computed_at=now,
+        )
+        for tenant_id, n in held.items()
     ]
     with transaction.atomic():
         DailyUsage.objects.filter(day=day).delete()
@@ -477,11 +557,36 @@ WHERE r.tenant_id = %(tenant)s AND r.pauses = '[]'::jsonb
 GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 """  # noqa: S608
 
+# The rest of a partly rolled day after its cut, [start, end), when the roll-up keeps
+# the sums of the records open at the cut (added as (upto - cut) x sums, upto = min(end,
+# now)): only records started since the cut, summed as above, and records open at the
+# cut that ended since, each taking back what the sums gave it after its end (negative
+# seconds, no start). A live record open at the cut is not read at all.
+_CHANGES_SQL = f"""
+SELECT 1, r.image, r.labels::text, s.created_by, r.cpu_millis, r.memory_mib,
+       r.hourly_rate, r.startup_fee, r.price_book_id,
+       SUM(CASE WHEN r.started_at < %(start)s
+                THEN EXTRACT(EPOCH FROM LEAST(r.ended_at, %(upto)s) - %(upto)s::timestamptz)
+                ELSE GREATEST(EXTRACT(EPOCH FROM LEAST(COALESCE(r.ended_at, %(now)s), %(end)s)
+                                               - r.started_at), 0) END),
+       COUNT(*) FILTER (WHERE r.started_at >= %(start)s)
+FROM "{UsageRecord._meta.db_table}" r
+JOIN "{_SANDBOX_TABLE}" s ON s.id = r.sandbox_id
+WHERE r.tenant_id = %(tenant)s AND r.pauses = '[]'::jsonb AND r.started_at < %(end)s
+  AND (r.started_at >= %(start)s OR r.ended_at > %(start)s)
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+"""  # noqa: S608
+
 # The same sums for a caller that needs only the totals (the quota bars' month to
 # date): no slices, so no join to the sandbox for its creator and no grouping by the
 # labels' text — grouped only by what the price depends on.
 _TOTALS_SQL = (
     _PARTS_SQL.replace("r.image, r.labels::text, s.created_by", "NULL, NULL, NULL")
+    .replace(f'JOIN "{_SANDBOX_TABLE}" s ON s.id = r.sandbox_id\n', "")
+    .replace("GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9", "GROUP BY 1, 5, 6, 7, 8, 9")
+)
+_CHANGES_TOTALS_SQL = (
+    _CHANGES_SQL.replace("r.image, r.labels::text, s.created_by", "NULL, NULL, NULL")
     .replace(f'JOIN "{_SANDBOX_TABLE}" s ON s.id = r.sandbox_id\n', "")
     .replace("GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9", "GROUP BY 1, 5, 6, 7, 8, 9")
 )
@@ -539,7 +644,7 @@ def window_usage(
     days, rolled, partial = _window_days(start=start, end=end)
     rolled_rows = (
         DailyUsage.objects.filter(tenant=tenant, day__in=rolled | set(partial))
-        .exclude(dimension="peak")
+        .exclude(dimension__in=["peak", "open:peak"])
         .values_list(
             "day",
             "dimension",
@@ -551,8 +656,12 @@ def window_usage(
             "cost",
         )
     )
+    opened: dict[date, list[tuple[str, str, int, Decimal, Decimal, Decimal]]] = defaultdict(list)
     # tuples, not model instances: a month holds ~60 rows a day per slice set
     for day, dimension, value, sandboxes, seconds, vcpu_s, gib_s, cost in rolled_rows:
+        if dimension.startswith("open:"):
+            opened[day].append((dimension[5:], value, sandboxes, vcpu_s, gib_s, cost))
+            continue
         t = Totals(
             sandboxes=sandboxes,
             sandbox_seconds=seconds,
@@ -570,8 +679,113 @@ def window_usage(
     # each run of days not rolled up read on its own: the records' read follows the
     # run (``ended_at`` index), not the whole window around it
     for run in _runs(days, rolled, partial):
-        _add_records(out, tenant=tenant, parts=run, now=now, slices=slices)
+        if _is_cut(run[0], partial):  # the rest of a partly rolled day, on its own
+            _add_changes(out, tenant=tenant, part=run[0], opened=opened, now=now, slices=slices)
+            run = run[1:]
+        if run:
+            _add_records(out, tenant=tenant, parts=run, now=now, slices=slices)
     return out
+
+
+def _open_share(*, seconds: Decimal, n: int, cpu: Decimal, mem: Decimal, rate: Decimal) -> Totals:
+    """What ``n`` records open at a cut, with summed ``cpu`` millis, ``mem`` MiB and
+    hourly ``rate``, add over ``seconds`` after it (no starts: they began before)."""
+    return Totals(
+        sandbox_seconds=seconds * n,
+        vcpu_seconds=seconds * cpu / 1000,
+        gib_seconds=seconds * mem / 1024,
+        cost=seconds / HOUR * rate,
+    )
+
+
+def _negated(t: Totals) -> Totals:
+    return Totals(
+        sandboxes=-t.sandboxes,
+        sandbox_seconds=-t.sandbox_seconds,
+        vcpu_seconds=-t.vcpu_seconds,
+        gib_seconds=-t.gib_seconds,
+        cost=-t.cost,
+    )
+
+
+def _add_changes(
+    out: WindowUsage,
+    *,
+    tenant: Tenant,
+    part: tuple[date, datetime, datetime],
+    opened: dict[date, list[tuple[str, str, int, Decimal, Decimal, Decimal]]],
+    now: datetime,
+    slices: bool,
+) -> None:
+    """Adds the rest of a partly rolled day, ``part`` = (day, cut, hi): the records
+    open at the cut from the roll-up's sums, then only the records that started or
+    ended since the cut (``_CHANGES_SQL``), and the paused ones."""
+    day, cut, hi = part
+    upto = min(hi, now)
+    after = seconds_of(upto - cut) if upto > cut else Decimal(0)
+    for dimension, value, n, cpu, mem, rate in opened.get(day, []):
+        t = _open_share(seconds=after, n=n, cpu=cpu, mem=mem, rate=rate)
+        if dimension == "total":
+            _merge(out.per_day[day], t)
+            _merge(out.totals, t)
+        elif dimension == "book":
+            out.books.add(int(value))
+        elif slices and dimension in ("image", "label", "key"):
+            _merge(out.per_slice[(dimension, value)], t)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CHANGES_SQL if slices else _CHANGES_TOTALS_SQL,
+            {"now": now, "upto": upto, "tenant": tenant.pk, "start": cut, "end": hi},
+        )
+        rows = cursor.fetchall()
+    for _, image, labels, creator, cpu, mem, rate, fee, book, seconds, starts in rows:
+        out.books.add(book)
+        summed = {
+            "seconds": seconds,
+            "starts": starts,
+            "cpu_millis": cpu,
+            "memory_mib": mem,
+            "rate": rate,
+            "fee": fee,
+        }
+        _add_sum(out.totals, **summed)
+        _add_sum(out.per_day[day], **summed)
+        if not slices:
+            continue
+        for dimension, value in _slices_of(image, json.loads(labels), book, creator):
+            if dimension in ("image", "label", "key"):
+                _add_sum(out.per_slice[(dimension, value)], **summed)
+    paused = (
+        records_overlapping(start=cut, end=hi, tenant=tenant)
+        .exclude(pauses=[])
+        .annotate(creator=F("sandbox__created_by"))
+    )
+    for record in paused:
+        share = record_window(record, start=cut, end=hi, now=now)
+        begun = [datetime.fromisoformat(b) for b, _ in record.pauses]
+        if record.started_at < cut and not any(b < cut for b in begun):
+            # in the roll-up's sums (no pause yet at the cut): take their share back
+            back = _negated(
+                _open_share(
+                    seconds=after,
+                    n=1,
+                    cpu=Decimal(record.cpu_millis),
+                    mem=Decimal(record.memory_mib),
+                    rate=record.hourly_rate,
+                )
+            )
+        else:
+            back = Totals()
+        out.books.add(record.price_book_id)
+        for t in (out.totals, out.per_day[day]):
+            t.add(record, share)
+            _merge(t, back)
+        if not slices:
+            continue
+        for dimension, value in _slices(record):
+            if dimension in ("image", "label", "key"):
+                out.per_slice[(dimension, value)].add(record, share)
+                _merge(out.per_slice[(dimension, value)], back)
 
 
 def _add_records(

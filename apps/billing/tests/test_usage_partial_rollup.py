@@ -7,14 +7,16 @@ on-time write after it, and a write in flight while the roll-up reads."""
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.billing.models import DailyUsageDay, UsageRecord
+from apps.billing.models import DailyUsageDay, PriceBook, UsageRecord
 from apps.billing.reports import (
     _peak_sweep_walk,
     _window_days,
@@ -124,6 +126,16 @@ def test_report_reads_today_from_the_partial_rollup_and_the_records_after_its_cu
     assert _cut_of_today(clock["now"]) == cut
     after = _exact(tenant, start, clock["now"])
     assert after["totals"]["sandboxes"] == before["totals"]["sandboxes"] + 1
+    # a record open at the cut (in the roll-up's sums of open records) paused after it,
+    # on time, and one ended after it: each takes back what the sums gave it
+    live = Sandbox.objects.get(
+        tenant=tenant, created_at=day_bounds(NOW.date())[0] - timedelta(hours=3)
+    )
+    assert usage_pause_begin(sandbox_id=live.pk, at=clock["now"] - timedelta(seconds=30))
+    assert not DailyUsageDay.objects.get(day=NOW.date()).stale
+    clock["now"] += timedelta(minutes=2)
+    paused = _exact(tenant, start, clock["now"])
+    assert paused["totals"]["sandboxes"] == after["totals"]["sandboxes"]
 
 
 @pytest.mark.django_db
@@ -207,3 +219,74 @@ def test_a_write_in_flight_while_the_rollup_reads_is_not_lost(
     start = day_bounds(at["now"].date() - timedelta(days=1))[0]
     report = _exact(tenant, start, at["now"])
     assert report["totals"]["sandboxes"] == 2
+
+
+@pytest.mark.django_db
+def test_after_the_cut_a_report_reads_what_changed_not_the_live_records(
+    make_tenant,
+    book,  # noqa: F811
+    clock,
+):
+    """With today's partial roll-up, the report, cost per key and peaks read the same
+    statements and rows whether 20 or 400 records were open (live) at the cut: those
+    are summed in the roll-up; only records started or ended since are read."""
+    from apps.billing.tests.test_usage_rollup_report import _measured
+
+    tenant, _ = make_tenant()
+    _today(tenant, NOW)
+    start = day_bounds(NOW.date() - timedelta(days=1))[0]
+    book_ = PriceBook.objects.filter(is_reference=False).order_by("-effective_from").first()
+    midnight = day_bounds(NOW.date())[0]
+    costs = []
+    for n in (20, 380):
+        sandboxes = Sandbox.objects.bulk_create(
+            Sandbox(
+                tenant=tenant,
+                external_id=f"live-{uuid.uuid4().hex[:12]}",
+                state="ready",
+                image="host",
+                cpu_millis=500,
+                memory_mib=256,
+                ttl_seconds=86400,
+                expires_at=NOW + timedelta(days=1),
+                backend="local",
+                created_at=midnight + timedelta(hours=2),
+                labels={"run": "r1"},
+            )
+            for _ in range(n)
+        )
+        UsageRecord.objects.bulk_create(
+            UsageRecord(
+                sandbox=s,
+                tenant=tenant,
+                image="host",
+                backend="local",
+                labels={"run": "r1"},
+                cpu_millis=500,
+                memory_mib=256,
+                started_at=midnight + timedelta(hours=2),
+                price_book=book_,
+                hourly_rate=Decimal("0.0123456789"),
+                startup_fee=Decimal("0.01"),
+            )
+            for s in sandboxes
+        )
+        usage_rollup()
+        # one on-time change after the cut in each round
+        ledger_sandbox(tenant, NOW - timedelta(seconds=30), [("provisioning", 0), ("deleted", 20)])
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE billing_usagerecord, billing_dailyusage, sandboxes_sandbox")
+            cursor.execute("SET LOCAL enable_seqscan = off")
+        costs.append(
+            _measured(
+                lambda: (
+                    tenant_report(tenant=tenant, start=start, end=NOW),
+                    cost_by_key(tenant=tenant, start=start, end=NOW),
+                    peak_concurrency(tenant=tenant, start=start, end=NOW),
+                )
+            )
+        )
+        _exact(tenant, start, NOW)
+    (rows_small, queries_small), (rows_big, queries_big) = costs
+    assert queries_small == queries_big, costs
+    assert rows_big <= 2 * rows_small and rows_big < 380, costs
