@@ -217,13 +217,18 @@ def _quota_use(tenant: Tenant) -> QuotaUse:
     return _use_reader(tenant)
 
 
-def quota_usage(*, tenant: Tenant) -> dict[str, Any]:
-    """Limits next to current use, for the API and the quota bars."""
-    quota = quota_get(tenant=tenant)
+def quota_usage(
+    *, tenant: Tenant, spent: Decimal | None = None, quota: TenantQuota | None = None
+) -> dict[str, Any]:
+    """Limits next to current use, for the API and the quota bars. ``spent``: the month
+    to date when the caller has it already (the usage page: from its report), and
+    ``quota`` the tenant's quota row when it read it."""
+    quota = quota or quota_get(tenant=tenant)
     use = _quota_use(tenant)
     hot = limits_current(tenant_id=str(tenant.pk))
     # the month from the daily roll-up: every dashboard page shows these bars
-    spent = month_to_date_cost(tenant=tenant)
+    if spent is None:
+        spent = month_to_date_cost(tenant=tenant)
     budget: Decimal | None = quota.monthly_budget
     return {
         "concurrent_sandboxes": {

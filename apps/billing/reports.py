@@ -22,10 +22,12 @@ from apps.billing.pricing import (
     price_book_in_force,
     price_rate,
     reference_books,
+    seconds_of,
     vcpus,
 )
 from apps.billing.storage import storage_totals, storage_window_cost
 from apps.billing.usage import (
+    LATE_WRITE,
     Totals,
     month_start,
     record_window,
@@ -49,24 +51,43 @@ def peak_concurrency(
     ending as another starts is never counted twice. A whole day whose roll-up is final
     is read from its ``peak`` row (``daily_usage_rebuild`` runs the same sweep over the
     day), the other days swept from the records, one run of days at a time."""
-    days, rolled = _window_days(start=start, end=end)
-    peaks = dict(
-        DailyUsage.objects.filter(tenant=tenant, day__in=rolled, dimension="peak").values_list(
-            "day", "sandboxes"
-        )
-    )
-    out: dict[str, int] = {d.isoformat(): peaks.get(d, 0) for d in rolled}
-    for run in _runs(days, rolled):
-        for row in _peak_sweep(tenant=tenant, start=run[0][1], end=run[-1][2], now=now):
-            out[row["day"]] = row["peak"]
+    days, rolled, partial = _window_days(start=start, end=end)
+    read = rolled | set(partial)
+    peaks: dict[date, int] = {}
+    held: dict[date, int] = {}  # open at a partial day's cut
+    rows = DailyUsage.objects.filter(
+        tenant=tenant, day__in=read, dimension__in=["peak", "open:peak"]
+    ).values_list("day", "dimension", "sandboxes")
+    for day, dimension, sandboxes in rows:
+        (peaks if dimension == "peak" else held)[day] = sandboxes
+    out: dict[str, int] = {d.isoformat(): peaks.get(d, 0) for d in read}
+    for run in _runs(days, rolled, partial):
+        sweeps = []
+        if _is_cut(run[0], partial):  # the rest of a partly rolled day, on its own
+            d, lo, hi = run[0]
+            sweeps.append(
+                _peak_sweep(tenant=tenant, start=lo, end=hi, now=now, open_at_start=held.get(d, 0))
+            )
+            run = run[1:]
+        if run:
+            sweeps.append(_peak_sweep(tenant=tenant, start=run[0][1], end=run[-1][2], now=now))
+        for sweep in sweeps:
+            for row in sweep:
+                # a partly rolled day: the most of its rolled part and of the rest
+                # (whose sweep starts with what is held at the cut)
+                out[row["day"]] = max(row["peak"], out.get(row["day"], 0))
     return [{"day": d.isoformat(), "peak": out[d.isoformat()]} for d, _, _, _ in days]
 
 
 def _window_days(
     *, start: datetime, end: datetime
-) -> tuple[list[tuple[date, datetime, datetime, bool]], set[date]]:
-    """The UTC days of [start, end) as (day, lo, hi, whole), and those of them whose
-    roll-up is final (``DailyUsageDay``: computed after the day ended, not stale)."""
+) -> tuple[list[tuple[date, datetime, datetime, bool]], set[date], dict[date, datetime]]:
+    """The UTC days of [start, end) as (day, lo, hi, whole), those of them whose roll-up
+    is final (``DailyUsageDay``: cut after the day ended, not stale), and those whose
+    roll-up holds a first part of the window's share of them: {day: cut} for a day the
+    window holds from its midnight and the roll-up was cut inside it, before the
+    window's end (today's partial roll-up) — the roll-up answers [midnight, cut), the
+    records the rest."""
     days: list[tuple[date, datetime, datetime, bool]] = []
     day = start.date()
     while datetime.combine(day, time.min, tzinfo=UTC) < end:
@@ -80,26 +101,44 @@ def _window_days(
         ).values_list("day", "computed_at")
     )
     rolled = set()
-    for d, _, hi, whole in days:
+    partial: dict[date, datetime] = {}
+    for d, lo, hi, whole in days:
         at = final.get(d)
-        if whole and at is not None and at >= hi:
+        if at is None:
+            continue
+        if whole and at >= hi:
             rolled.add(d)
-    return days, rolled
+        elif lo == day_bounds(d)[0] and lo < at <= hi:
+            partial[d] = at
+    return days, rolled, partial
 
 
 def _runs(
-    days: list[tuple[date, datetime, datetime, bool]], rolled: set[date]
+    days: list[tuple[date, datetime, datetime, bool]],
+    rolled: set[date],
+    partial: dict[date, datetime] | None = None,
 ) -> list[list[tuple[date, datetime, datetime]]]:
-    """Runs of consecutive days not rolled up, each (day, lo, hi)."""
+    """Runs of consecutive parts of days the roll-up does not answer, each part (day,
+    lo, hi): a day not rolled up whole, or the rest of a partly rolled day after its
+    cut."""
+    partial = partial or {}
     runs: list[list[tuple[date, datetime, datetime]]] = []
     for d, lo, hi, _ in days:
         if d in rolled:
+            continue
+        lo = partial.get(d, lo)
+        if lo >= hi:
             continue
         if runs and runs[-1][-1][2] == lo:
             runs[-1].append((d, lo, hi))
         else:
             runs.append([(d, lo, hi)])
     return runs
+
+
+def _is_cut(part: tuple[date, datetime, datetime], partial: dict[date, datetime]) -> bool:
+    """Whether ``part`` is the rest of a partly rolled day after its cut."""
+    return partial.get(part[0]) == part[1]
 
 
 def _peak_of(spans: list[tuple[datetime, datetime]]) -> int:
@@ -115,10 +154,81 @@ def _peak_of(spans: list[tuple[datetime, datetime]]) -> int:
     return peak
 
 
+# The sweep in one statement: each record's span clipped to the window gives a +1 and
+# a -1 instant; instants that tie are summed first (applied together), then a running
+# sum over time is the number held after each instant. Per UTC day: the most held after
+# any of its instants, the number held after its last one (held over into the next
+# day) and its first instant (a day that starts with an instant at midnight does not
+# count what was held just before it). Identifiers are the model's table name.
+_PEAK_SQL = f"""
+WITH spans AS (
+  SELECT GREATEST(r.started_at, %(start)s) AS lo,
+         LEAST(COALESCE(r.ended_at, %(now)s), %(end)s) AS hi,
+         r.started_at >= %(start)s AS new
+  FROM "{UsageRecord._meta.db_table}" r
+  WHERE r.tenant_id = %(tenant)s AND r.started_at < %(end)s
+    AND (r.ended_at IS NULL OR r.ended_at > %(start)s)
+    AND (%(all)s OR r.started_at >= %(start)s OR r.ended_at > %(start)s)
+), instants AS (
+  SELECT t, SUM(d) AS d FROM (
+    SELECT lo AS t, 1 AS d FROM spans WHERE lo < hi AND (%(all)s OR new)
+    UNION ALL SELECT hi, -1 FROM spans WHERE lo < hi
+    UNION ALL SELECT %(start)s, %(held)s WHERE %(held)s > 0
+  ) ev GROUP BY t
+), held AS (
+  SELECT t, SUM(d) OVER (ORDER BY t) AS n FROM instants
+)
+SELECT (t AT TIME ZONE 'UTC')::date, MAX(n), (ARRAY_AGG(n ORDER BY t DESC))[1], MIN(t)
+FROM held GROUP BY 1
+"""  # noqa: S608
+
+
 def _peak_sweep(
+    *,
+    tenant: Tenant,
+    start: datetime,
+    end: datetime,
+    now: datetime | None = None,
+    open_at_start: int | None = None,
+) -> list[dict[str, Any]]:
+    """``peak_concurrency`` from the records of [start, end): one statement that returns
+    a row per day with instants (the records stay in Postgres; reading each one's two
+    datetimes into Python was most of the usage page's time at 12,000 records a day).
+    Same answer as the Python sweep ``_peak_sweep_walk`` (tested). ``open_at_start``:
+    the number of records open at ``start`` (today's partial roll-up keeps it at its
+    cut): then only the records started or ended since are read, not every live one."""
+    now = now or timezone.now()
+    params: dict[str, Any] = {
+        "tenant": tenant.pk,
+        "start": start,
+        "end": end,
+        "now": now,
+        "all": open_at_start is None,
+        "held": open_at_start or 0,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_PEAK_SQL, params)
+        per_day = {row[0]: (int(row[1]), int(row[2]), row[3]) for row in cursor.fetchall()}
+    days: list[dict[str, Any]] = []
+    held = 0  # held over from the days before
+    day = start.date()
+    while datetime.combine(day, time.min, tzinfo=UTC) < end:
+        lo, _ = day_bounds(day)
+        peak = held
+        if day in per_day:
+            most, last, first = per_day[day]
+            peak = most if first == lo else max(most, held)
+            held = last
+        days.append({"day": day.isoformat(), "peak": peak})
+        day += timedelta(days=1)
+    return days
+
+
+def _peak_sweep_walk(
     *, tenant: Tenant, start: datetime, end: datetime, now: datetime | None = None
 ) -> list[dict[str, Any]]:
-    """``peak_concurrency`` from the records of [start, end) (one sweep)."""
+    """``peak_concurrency`` from the records of [start, end), swept in Python: the
+    reference ``_peak_sweep`` (one SQL statement) is tested against."""
     now = now or timezone.now()
     events: list[tuple[datetime, int]] = []
     # two columns as tuples: a model instance per record was most of this sweep's time
@@ -173,21 +283,67 @@ def _slices_of(
     return [*slices, ("book", str(book)), ("key", _key_of(creator))]
 
 
+def rollup_cut(*, now: datetime) -> datetime:
+    """Where a roll-up read now may cut the open day: ``LATE_WRITE`` before now or
+    before the oldest transaction in flight in this database that has written, whichever
+    is earlier. A write the roll-up's read cannot see is in flight or comes later; when
+    on time (its event time within ``LATE_WRITE`` of its statement) it falls after the
+    cut, where the report reads the records, and when late it marks the day stale
+    (``daily_usage_invalidate``). Needs the sessions of the app's role visible in
+    ``pg_stat_activity`` (the same role, or ``pg_read_all_stats``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT min(xact_start) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL"
+        )
+        row = cursor.fetchone()
+    oldest = row[0] if row and row[0] is not None else now
+    return min(now, oldest) - LATE_WRITE
+
+
 def daily_usage_rebuild(*, day: date) -> int:
-    """Recomputes every roll-up row of ``day`` from the usage ledger (live sandboxes
-    accrued to now). Idempotent: the day's rows are replaced in one transaction."""
+    """Recomputes every roll-up row of ``day`` from the usage ledger. Idempotent: the
+    day's rows are replaced in one transaction. The rows hold [midnight, cut) with the
+    cut from ``rollup_cut`` (``DailyUsageDay.computed_at``): the whole day once the cut
+    is past its end (final), else the open day's first part, which the report reads
+    with the records after the cut (today's partial roll-up, every round of the task)."""
     start, end = day_bounds(day)
     marker, _ = DailyUsageDay.objects.get_or_create(day=day)
     version = marker.version  # read before the records: a late write after this bumps it
     now = timezone.now()
+    cut = rollup_cut(now=now)  # before the records are read
+    until = min(end, cut)
     acc: dict[tuple[str, str, str], Totals] = defaultdict(Totals)
     spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
-    records = records_overlapping(start=start, end=end).annotate(creator=F("sandbox__created_by"))
+    if until > start:
+        records = records_overlapping(start=start, end=until).annotate(
+            creator=F("sandbox__created_by")
+        )
+    else:  # cut before the day began: nothing of it to roll up yet
+        records = UsageRecord.objects.none().annotate(creator=F("sandbox__created_by"))
+    partial = until < end
+    # A partial roll-up also keeps what is open at its cut: per tenant how many (for
+    # the peak), and per slice their count and summed vCPU, memory and hourly rate
+    # (those with a pause begun before the cut aside: read with the paused records), so
+    # a report adds (now - cut) x these sums and reads only records started or ended
+    # since the cut (``_add_changes``).
+    held: dict[str, int] = defaultdict(int)
+    opened: dict[tuple[str, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0)])
     for record in records.iterator():
-        lo, hi = max(record.started_at, start), min(record.ended_at or now, end)
+        tenant_id = str(record.tenant_id)
+        if partial and (record.ended_at is None or record.ended_at > until):
+            held[tenant_id] += 1
+            if not any(datetime.fromisoformat(b) < until for b, _ in record.pauses or []):
+                for dimension, value in _slices(record):
+                    sums = opened[(tenant_id, f"open:{dimension}", value)]
+                    sums[0] += 1
+                    sums[1] += record.cpu_millis
+                    sums[2] += record.memory_mib
+                    sums[3] += record.hourly_rate
+        lo, hi = max(record.started_at, start), min(record.ended_at or now, until)
         if lo < hi:
             spans[str(record.tenant_id)].append((lo, hi))
-        share = record_window(record, start=start, end=end, now=now)
+        share = record_window(record, start=start, end=until, now=now)
         if share.seconds == 0 and not share.started_inside:
             continue
         for dimension, value in _slices(record):
@@ -219,11 +375,37 @@ def daily_usage_rebuild(*, day: date) -> int:
         )
         for tenant_id, tenant_spans in spans.items()
     ]
+    # open at the cut: count, summed cpu_millis, memory_mib and hourly rate per slice
+    rows += [
+        DailyUsage(
+            tenant_id=tenant_id,
+            day=day,
+            dimension=dimension,
+            value=value,
+            sandboxes=n,
+            vcpu_seconds=cpu,
+            gib_seconds=mem,
+            cost=rate.quantize(Decimal("0.0000000001")),
+            computed_at=now,
+        )
+        for (tenant_id, dimension, value), (n, cpu, mem, rate) in opened.items()
+    ]
+    rows += [
+        DailyUsage(
+            tenant_id=tenant_id,
+            day=day,
+            dimension="open:peak",
+            value="",
+            sandboxes=n,
+            computed_at=now,
+        )
+        for tenant_id, n in held.items()
+    ]
     with transaction.atomic():
         DailyUsage.objects.filter(day=day).delete()
         DailyUsage.objects.bulk_create(rows)
         # Final only when no late write came in while the records were read.
-        DailyUsageDay.objects.filter(day=day).update(computed_at=now)
+        DailyUsageDay.objects.filter(day=day).update(computed_at=cut)
         DailyUsageDay.objects.filter(day=day, version=version).update(stale=False)
     return len(rows)
 
@@ -375,11 +557,36 @@ WHERE r.tenant_id = %(tenant)s AND r.pauses = '[]'::jsonb
 GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 """  # noqa: S608
 
+# The rest of a partly rolled day after its cut, [start, end), when the roll-up keeps
+# the sums of the records open at the cut (added as (upto - cut) x sums, upto = min(end,
+# now)): only records started since the cut, summed as above, and records open at the
+# cut that ended since, each taking back what the sums gave it after its end (negative
+# seconds, no start). A live record open at the cut is not read at all.
+_CHANGES_SQL = f"""
+SELECT 1, r.image, r.labels::text, s.created_by, r.cpu_millis, r.memory_mib,
+       r.hourly_rate, r.startup_fee, r.price_book_id,
+       SUM(CASE WHEN r.started_at < %(start)s
+                THEN EXTRACT(EPOCH FROM LEAST(r.ended_at, %(upto)s) - %(upto)s::timestamptz)
+                ELSE GREATEST(EXTRACT(EPOCH FROM LEAST(COALESCE(r.ended_at, %(now)s), %(end)s)
+                                               - r.started_at), 0) END),
+       COUNT(*) FILTER (WHERE r.started_at >= %(start)s)
+FROM "{UsageRecord._meta.db_table}" r
+JOIN "{_SANDBOX_TABLE}" s ON s.id = r.sandbox_id
+WHERE r.tenant_id = %(tenant)s AND r.pauses = '[]'::jsonb AND r.started_at < %(end)s
+  AND (r.started_at >= %(start)s OR r.ended_at > %(start)s)
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+"""  # noqa: S608
+
 # The same sums for a caller that needs only the totals (the quota bars' month to
 # date): no slices, so no join to the sandbox for its creator and no grouping by the
 # labels' text — grouped only by what the price depends on.
 _TOTALS_SQL = (
     _PARTS_SQL.replace("r.image, r.labels::text, s.created_by", "NULL, NULL, NULL")
+    .replace(f'JOIN "{_SANDBOX_TABLE}" s ON s.id = r.sandbox_id\n', "")
+    .replace("GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9", "GROUP BY 1, 5, 6, 7, 8, 9")
+)
+_CHANGES_TOTALS_SQL = (
+    _CHANGES_SQL.replace("r.image, r.labels::text, s.created_by", "NULL, NULL, NULL")
     .replace(f'JOIN "{_SANDBOX_TABLE}" s ON s.id = r.sandbox_id\n', "")
     .replace("GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9", "GROUP BY 1, 5, 6, 7, 8, 9")
 )
@@ -394,6 +601,7 @@ class WindowUsage:
     per_day: dict[date, Totals] = field(default_factory=lambda: defaultdict(Totals))
     per_slice: dict[tuple[str, str], Totals] = field(default_factory=lambda: defaultdict(Totals))
     books: set[int] = field(default_factory=set)
+    now: datetime | None = None  # live records accrued to this
 
 
 def _add_sum(
@@ -416,7 +624,12 @@ def _add_sum(
 
 
 def window_usage(
-    *, tenant: Tenant, start: datetime, end: datetime, slices: bool = True
+    *,
+    tenant: Tenant,
+    start: datetime,
+    end: datetime,
+    slices: bool = True,
+    now: datetime | None = None,
 ) -> WindowUsage:
     """The tenant's usage in [start, end) at a cost that does not grow with the history:
     each whole UTC day whose roll-up is final (``DailyUsageDay``) is read from
@@ -426,12 +639,12 @@ def window_usage(
     ``record_window``). Same arithmetic as walking every record (``tenant_report_walk``),
     to the roll-up's rounding (10⁻³ s, 10⁻¹⁰ $). ``slices=False``: the totals and days
     only (``per_slice`` left empty), read with a lighter statement."""
-    now = timezone.now()
-    out = WindowUsage()
-    days, rolled = _window_days(start=start, end=end)
+    now = now or timezone.now()
+    out = WindowUsage(now=now)
+    days, rolled, partial = _window_days(start=start, end=end)
     rolled_rows = (
-        DailyUsage.objects.filter(tenant=tenant, day__in=rolled)
-        .exclude(dimension="peak")
+        DailyUsage.objects.filter(tenant=tenant, day__in=rolled | set(partial))
+        .exclude(dimension__in=["peak", "open:peak"])
         .values_list(
             "day",
             "dimension",
@@ -443,8 +656,12 @@ def window_usage(
             "cost",
         )
     )
+    opened: dict[date, list[tuple[str, str, int, Decimal, Decimal, Decimal]]] = defaultdict(list)
     # tuples, not model instances: a month holds ~60 rows a day per slice set
     for day, dimension, value, sandboxes, seconds, vcpu_s, gib_s, cost in rolled_rows:
+        if dimension.startswith("open:"):
+            opened[day].append((dimension[5:], value, sandboxes, vcpu_s, gib_s, cost))
+            continue
         t = Totals(
             sandboxes=sandboxes,
             sandbox_seconds=seconds,
@@ -461,9 +678,114 @@ def window_usage(
             _merge(out.per_slice[(dimension, value)], t)
     # each run of days not rolled up read on its own: the records' read follows the
     # run (``ended_at`` index), not the whole window around it
-    for run in _runs(days, rolled):
-        _add_records(out, tenant=tenant, parts=run, now=now, slices=slices)
+    for run in _runs(days, rolled, partial):
+        if _is_cut(run[0], partial):  # the rest of a partly rolled day, on its own
+            _add_changes(out, tenant=tenant, part=run[0], opened=opened, now=now, slices=slices)
+            run = run[1:]
+        if run:
+            _add_records(out, tenant=tenant, parts=run, now=now, slices=slices)
     return out
+
+
+def _open_share(*, seconds: Decimal, n: int, cpu: Decimal, mem: Decimal, rate: Decimal) -> Totals:
+    """What ``n`` records open at a cut, with summed ``cpu`` millis, ``mem`` MiB and
+    hourly ``rate``, add over ``seconds`` after it (no starts: they began before)."""
+    return Totals(
+        sandbox_seconds=seconds * n,
+        vcpu_seconds=seconds * cpu / 1000,
+        gib_seconds=seconds * mem / 1024,
+        cost=seconds / HOUR * rate,
+    )
+
+
+def _negated(t: Totals) -> Totals:
+    return Totals(
+        sandboxes=-t.sandboxes,
+        sandbox_seconds=-t.sandbox_seconds,
+        vcpu_seconds=-t.vcpu_seconds,
+        gib_seconds=-t.gib_seconds,
+        cost=-t.cost,
+    )
+
+
+def _add_changes(
+    out: WindowUsage,
+    *,
+    tenant: Tenant,
+    part: tuple[date, datetime, datetime],
+    opened: dict[date, list[tuple[str, str, int, Decimal, Decimal, Decimal]]],
+    now: datetime,
+    slices: bool,
+) -> None:
+    """Adds the rest of a partly rolled day, ``part`` = (day, cut, hi): the records
+    open at the cut from the roll-up's sums, then only the records that started or
+    ended since the cut (``_CHANGES_SQL``), and the paused ones."""
+    day, cut, hi = part
+    upto = min(hi, now)
+    after = seconds_of(upto - cut) if upto > cut else Decimal(0)
+    for dimension, value, n, cpu, mem, rate in opened.get(day, []):
+        t = _open_share(seconds=after, n=n, cpu=cpu, mem=mem, rate=rate)
+        if dimension == "total":
+            _merge(out.per_day[day], t)
+            _merge(out.totals, t)
+        elif dimension == "book":
+            out.books.add(int(value))
+        elif slices and dimension in ("image", "label", "key"):
+            _merge(out.per_slice[(dimension, value)], t)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CHANGES_SQL if slices else _CHANGES_TOTALS_SQL,
+            {"now": now, "upto": upto, "tenant": tenant.pk, "start": cut, "end": hi},
+        )
+        rows = cursor.fetchall()
+    for _, image, labels, creator, cpu, mem, rate, fee, book, seconds, starts in rows:
+        out.books.add(book)
+        summed = {
+            "seconds": seconds,
+            "starts": starts,
+            "cpu_millis": cpu,
+            "memory_mib": mem,
+            "rate": rate,
+            "fee": fee,
+        }
+        _add_sum(out.totals, **summed)
+        _add_sum(out.per_day[day], **summed)
+        if not slices:
+            continue
+        for dimension, value in _slices_of(image, json.loads(labels), book, creator):
+            if dimension in ("image", "label", "key"):
+                _add_sum(out.per_slice[(dimension, value)], **summed)
+    paused = (
+        records_overlapping(start=cut, end=hi, tenant=tenant)
+        .exclude(pauses=[])
+        .annotate(creator=F("sandbox__created_by"))
+    )
+    for record in paused:
+        share = record_window(record, start=cut, end=hi, now=now)
+        begun = [datetime.fromisoformat(b) for b, _ in record.pauses]
+        if record.started_at < cut and not any(b < cut for b in begun):
+            # in the roll-up's sums (no pause yet at the cut): take their share back
+            back = _negated(
+                _open_share(
+                    seconds=after,
+                    n=1,
+                    cpu=Decimal(record.cpu_millis),
+                    mem=Decimal(record.memory_mib),
+                    rate=record.hourly_rate,
+                )
+            )
+        else:
+            back = Totals()
+        out.books.add(record.price_book_id)
+        for t in (out.totals, out.per_day[day]):
+            t.add(record, share)
+            _merge(t, back)
+        if not slices:
+            continue
+        for dimension, value in _slices(record):
+            if dimension in ("image", "label", "key"):
+                out.per_slice[(dimension, value)].add(record, share)
+                _merge(out.per_slice[(dimension, value)], back)
 
 
 def _add_records(
@@ -550,10 +872,11 @@ def cost_by_key(*, tenant: Tenant, start: datetime, end: datetime) -> list[dict[
     ``created_by``, ``key:<prefix>``; the key's name when it still exists), most
     expensive first. Sandboxes created from the dashboard or by staff are one row,
     ``key`` empty, so the rows add up to the period's total. From ``window_usage``."""
-    return _by_key(tenant, window_usage(tenant=tenant, start=start, end=end))
+    return cost_by_key_of(tenant, window_usage(tenant=tenant, start=start, end=end))
 
 
-def _by_key(tenant: Tenant, usage: WindowUsage) -> list[dict[str, Any]]:
+def cost_by_key_of(tenant: Tenant, usage: WindowUsage) -> list[dict[str, Any]]:
+    """``cost_by_key`` from a window's usage already read (its ``key`` slices)."""
     per_creator = {v: t for (d, v), t in usage.per_slice.items() if d == "key"}
     names = dict(
         ApiKey.objects.filter(tenant=tenant, prefix__in=list(per_creator)).values_list(
@@ -564,16 +887,39 @@ def _by_key(tenant: Tenant, usage: WindowUsage) -> list[dict[str, Any]]:
     return [{"key": prefix, "name": names.get(prefix, ""), **_totals_dict(t)} for prefix, t in rows]
 
 
-def tenant_report(*, tenant: Tenant, start: datetime, end: datetime) -> TenantReport:
+def tenant_report(
+    *, tenant: Tenant, start: datetime, end: datetime, usage: WindowUsage | None = None
+) -> TenantReport:
     """Usage of one tenant in [start, end), per UTC day and sliced by image and label,
     live sandboxes accrued to now: closed days from the daily roll-up, the rest from
-    the ledger (``window_usage``); its cost follows the window, not the history."""
-    now = timezone.now()
-    usage = window_usage(tenant=tenant, start=start, end=end)
-    month_cost = month_to_date_cost(tenant=tenant, now=now)
+    the ledger (``window_usage``); its cost follows the window, not the history.
+    ``usage``: the window's ``window_usage`` when the caller read it already (the usage
+    page shares one read between the report and cost per key)."""
+    if usage is None:
+        usage = window_usage(tenant=tenant, start=start, end=end)
+    month_cost = month_cost_within(usage, tenant=tenant, start=start, end=end)
+    if month_cost is None:
+        month_cost = month_to_date_cost(tenant=tenant, now=usage.now)
     return _report(
         tenant, start, end, usage.totals, usage.per_day, usage.per_slice, usage.books, month_cost
     )
+
+
+def month_cost_within(
+    usage: WindowUsage, *, tenant: Tenant, start: datetime, end: datetime
+) -> Decimal | None:
+    """The month to date (``month_to_date_cost``) from a window's usage already read,
+    when the window holds the whole month to now (the usage page's default window: the
+    last 30 days to now, when it reaches back to the 1st): the sum of its days from the
+    1st, plus the kept state's storage. None when it does not hold it."""
+    now = usage.now
+    if now is None or end < now:
+        return None
+    month = month_start(now)
+    if start > month:
+        return None
+    cost = sum((t.cost for day, t in usage.per_day.items() if day >= month.date()), Decimal(0))
+    return cost + storage_window_cost(tenant=tenant, start=month, now=now)
 
 
 def _report(

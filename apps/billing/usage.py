@@ -15,7 +15,7 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -244,14 +244,27 @@ def usage_records_of(*, sandbox_ids: list[uuid.UUID]) -> list[UsageRecord]:
     return [instance_from_row(UsageRecord, row) for row in rows]
 
 
+# How long after its event time a write to the usage ledger may come and still count as
+# on time. The roll-up of the open day cuts it this long before the oldest transaction
+# in flight (``daily_usage_rebuild``), so an on-time write it could not see falls after
+# its cut and is read from the records; a write later than this (the repair sweep, a
+# record opened or closed after the fact) marks the days it changes stale instead.
+LATE_WRITE = timedelta(seconds=60)
+
+
 def daily_usage_invalidate(*, since: datetime, now: datetime | None = None) -> int:
     """A record of the usage ledger changed at ``since`` (opened, closed, or a pause
-    moved) after the fact: the finished days from ``since`` to yesterday are no longer
-    final (``DailyUsageDay``) until the roll-up rebuilds them. Nothing to do for a
-    change today (today's part is always read from the records). Returns days marked."""
-    today = (now or timezone.now()).date()
-    if since.date() >= today:
+    moved): the days from ``since`` whose roll-up may already hold that moment are no
+    longer final (``DailyUsageDay``) until the roll-up rebuilds them — the finished days
+    to yesterday, and today too when the write is late (``since`` more than
+    ``LATE_WRITE`` ago: today's partial roll-up may have been cut after it). An on-time
+    change today needs nothing (it falls after today's cut, read from the records).
+    Returns days marked."""
+    now = now or timezone.now()
+    today = now.date()
+    last = today if since < now - LATE_WRITE else today - timedelta(days=1)
+    if since.date() > last:
         return 0
-    return DailyUsageDay.objects.filter(day__gte=since.date(), day__lt=today).update(
+    return DailyUsageDay.objects.filter(day__gte=since.date(), day__lte=last).update(
         stale=True, version=F("version") + 1
     )

@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.billing.api.usage_views import cost_report_csv, parse_window, window_end_date
@@ -19,11 +20,12 @@ from apps.billing.notices import notices_current
 from apps.billing.quotas import quota_get, quota_usage
 from apps.billing.reports import (
     COST_REPORT_COLUMNS,
-    cost_by_key,
+    cost_by_key_of,
     cost_report,
     current_price_book,
     peak_concurrency,
     tenant_report,
+    window_usage,
 )
 from apps.billing.services import owner_settings_update
 from apps.core.errors import ValidationFailed
@@ -62,12 +64,12 @@ def quota_bars(usage: dict[str, Any]) -> list[dict[str, Any]]:
     return bars
 
 
-def _window(request: HttpRequest) -> tuple[datetime, datetime, str]:
+def _window(request: HttpRequest, now: datetime | None = None) -> tuple[datetime, datetime, str]:
     try:
-        start, end = parse_window(request.GET.dict())
+        start, end = parse_window(request.GET.dict(), now=now)
         return start, end, ""
     except ValidationFailed as exc:
-        start, end = parse_window({})
+        start, end = parse_window({}, now=now)
         return start, end, exc.message
 
 
@@ -148,14 +150,21 @@ def alert_webhook_view(request: HttpRequest, principal: Principal) -> HttpRespon
 
 
 def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]:
-    start, end, error = _window(request)
-    report = tenant_report(tenant=principal.tenant, start=start, end=end).as_dict()
-    usage = quota_usage(tenant=principal.tenant)
+    tenant = principal.tenant
+    # One clock and one read of the window for everything on the page: the report, the
+    # cost per key (its key slices) and the month to date (its days from the 1st, when
+    # the window holds them) share ``window_usage``; the quota bars take that month.
+    now = timezone.now()
+    start, end, error = _window(request, now)
+    window = window_usage(tenant=tenant, start=start, end=end, now=now)
+    full_report = tenant_report(tenant=tenant, start=start, end=end, usage=window)
+    report = full_report.as_dict()
+    quota = quota_get(tenant=tenant)
+    usage = quota_usage(tenant=tenant, spent=full_report.month_cost, quota=quota)
     month = report["month_to_date"]
     budget = Decimal(month["budget"]) if month["budget"] else None
     spent = Decimal(month["cost"])
-    concurrency = peak_concurrency(tenant=principal.tenant, start=start, end=end)
-    quota = quota_get(tenant=principal.tenant)
+    concurrency = peak_concurrency(tenant=tenant, start=start, end=end, now=now)
     alert = quota.budget_alert
     return {
         "nav_section": "usage",
@@ -179,13 +188,13 @@ def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]
         # one image and several labels): one chart each, never one axis mixing both.
         "image_chart": _slice_chart(report["by_image"], "image"),
         "label_chart": _slice_chart(report["by_label"], "label"),
-        "by_key": cost_by_key(tenant=principal.tenant, start=start, end=end),
+        "by_key": cost_by_key_of(tenant, window),
         "budget_alert": alert,
         "alert_reached": alert is not None and spent >= alert,
         "team_budget": quota.team_budget,
         "team_budget_reached": quota.team_budget is not None and spent >= quota.team_budget,
         "webhook_set": bool(quota.alert_webhook_url),
-        "notices": notices_current(tenant=principal.tenant),
+        "notices": notices_current(tenant=tenant),
         "form_values": {
             "budget_alert": "" if alert is None else f"{alert:.2f}",
             "team_budget": "" if quota.team_budget is None else f"{quota.team_budget:.2f}",

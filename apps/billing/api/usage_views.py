@@ -26,6 +26,7 @@ from apps.billing.reports import (
     cost_report,
     month_to_date_cost,
     tenant_report,
+    window_usage,
 )
 from apps.core.errors import ApiError, NotFound, ValidationFailed
 from apps.tenancy.models import Tenant
@@ -42,14 +43,16 @@ WINDOW_PARAMS = [
 ]
 
 
-def parse_window(params: dict[str, str] | None) -> tuple[datetime, datetime]:
+def parse_window(
+    params: dict[str, str] | None, *, now: datetime | None = None
+) -> tuple[datetime, datetime]:
     """[start, end) from ISO dates or datetimes (UTC when naive); ≤ 400 days.
 
     The one window rule of the API, the pages, their sorting and CSV: a bare *date* as
     ``end`` is inclusive (through the end of that day), so "to 2026-12-02" includes
     today and start = end is a single day; a datetime is an exact, exclusive bound."""
     params = params or {}
-    now = timezone.now()
+    now = now or timezone.now()
 
     def parse(name: str, default: datetime) -> datetime:
         raw = (params.get(name) or "").strip()
@@ -64,7 +67,11 @@ def parse_window(params: dict[str, str] | None) -> tuple[datetime, datetime]:
         return value if value.tzinfo else value.replace(tzinfo=UTC)
 
     end = parse("end", now)
-    start = parse("start", (end - timedelta(days=30)).replace(hour=0, minute=0, second=0))
+    # from midnight (to the microsecond: a first day cut short by a fraction of a
+    # second is not a whole day, and would be read from the records, not the roll-up)
+    start = parse(
+        "start", (end - timedelta(days=30)).replace(hour=0, minute=0, second=0, microsecond=0)
+    )
     if start >= end:
         raise ValidationFailed("start must be before end", field="start")
     if end - start > timedelta(days=400):
@@ -147,9 +154,13 @@ class UsageView(APIView):
     def get(self, request: Request) -> Response:
         """Usage and cost per day, image and label, the month against the budget, and
         what the same usage costs at hosted list prices. Money: decimal strings (USD)."""
-        start, end = parse_window(request.query_params.dict())
-        report = tenant_report(tenant=principal_of(request).tenant, start=start, end=end)
-        return Response(report.as_dict())
+        now = timezone.now()
+        start, end = parse_window(request.query_params.dict(), now=now)
+        tenant = principal_of(request).tenant
+        # one clock for the window and the month to date, so the month is read from the
+        # window's days when the window holds it (``month_cost_within``)
+        usage = window_usage(tenant=tenant, start=start, end=end, now=now)
+        return Response(tenant_report(tenant=tenant, start=start, end=end, usage=usage).as_dict())
 
 
 class PriceBookListView(APIView):

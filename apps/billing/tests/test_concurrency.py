@@ -85,3 +85,36 @@ def test_the_usage_page_charts_and_tabulates_it(make_tenant, book):  # noqa: F81
     assert chart["datasets"][0]["data"] == [0, 2, 0, 0]
     rows = re.findall(r"<tr><td>(2026-03-\d\d)</td><td class=\"num\">(\d+)</td></tr>", text)
     assert ("2026-03-10", "2") in rows and ("2026-03-09", "0") in rows
+
+
+def test_the_sweep_in_sql_equals_the_python_sweep(make_tenant, book):  # noqa: F811
+    """``_peak_sweep`` (one statement, a row per day) against ``_peak_sweep_walk`` (every
+    record's instants in Python): ties, midnight, a day with no instant held over, a
+    live record, windows cut mid-day at either end."""
+    from apps.billing.reports import _peak_sweep, _peak_sweep_walk
+
+    tenant, _ = make_tenant()
+    _held(tenant, datetime(2026, 3, 9, 22, tzinfo=UTC), 2 * 3600)  # ends 00:00 on the 10th
+    _held(tenant, datetime(2026, 3, 10, 0, tzinfo=UTC), 60)  # starts as it ends
+    _held(tenant, datetime(2026, 3, 10, 0, tzinfo=UTC), 60)  # tie: two at once
+    _held(tenant, datetime(2026, 3, 10, 5, tzinfo=UTC), 2 * 86400)  # through the 11th, alone
+    _held(tenant, datetime(2026, 3, 12, 4, 59, tzinfo=UTC), 60)  # overlaps its last minute
+    ledger_sandbox(tenant, datetime(2026, 3, 12, 6, tzinfo=UTC), [("provisioning", 0)])  # live
+    now = datetime(2026, 3, 12, 18, tzinfo=UTC)
+    windows = [
+        (START, END),
+        (START + timedelta(hours=23), END - timedelta(hours=20)),
+        (datetime(2026, 3, 10, 0, 0, 30, tzinfo=UTC), datetime(2026, 3, 12, 5, tzinfo=UTC)),
+        (datetime(2026, 3, 11, tzinfo=UTC), datetime(2026, 3, 12, tzinfo=UTC)),
+    ]
+    for start, end in windows:
+        sql = _peak_sweep(tenant=tenant, start=start, end=end, now=now)
+        assert sql == _peak_sweep_walk(tenant=tenant, start=start, end=end, now=now), (start, end)
+    assert [d["peak"] for d in _peak_sweep(tenant=tenant, start=START, end=END, now=now)] == [
+        1,
+        2,
+        1,
+        2,
+    ]
+    other, _ = make_tenant()  # no records: every day 0
+    assert [d["peak"] for d in _peak_sweep(tenant=other, start=START, end=END)] == [0] * 4

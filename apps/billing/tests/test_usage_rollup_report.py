@@ -18,6 +18,7 @@ from apps.billing.reports import (
     _SANDBOX_TABLE,
     _TOTALS_SQL,
     _peak_sweep,
+    _peak_sweep_walk,
     cost_by_key,
     cost_by_key_walk,
     daily_usage_rebuild,
@@ -102,6 +103,7 @@ def test_report_from_rollup_and_today_equals_the_record_walk(make_tenant, book, 
     assert report["totals"]["sandboxes"] == 5
     peaks = peak_concurrency(tenant=tenant, start=start, end=frozen)
     assert peaks == _peak_sweep(tenant=tenant, start=start, end=frozen)
+    assert peaks == _peak_sweep_walk(tenant=tenant, start=start, end=frozen)
     assert max(d["peak"] for d in peaks) >= 2  # the live one and the paused one overlap
     assert cost_by_key(tenant=tenant, start=start, end=frozen) == cost_by_key_walk(
         tenant=tenant, start=start, end=frozen
@@ -351,3 +353,42 @@ def test_totals_only_window_equals_the_sliced_one_without_reading_sandboxes(
     assert sorted(light.per_day) == sorted(full.per_day)
     for day, t in full.per_day.items():
         assert light.per_day[day].sandbox_seconds == t.sandbox_seconds
+
+
+def test_the_usage_page_reads_the_window_once_and_equals_the_walk(
+    make_tenant,
+    book,  # noqa: F811
+    frozen,
+):
+    """The page's report, cost per key, month to date and quota bars share one read of
+    the window (one statement over today's records, no second one for the month, one
+    peak sweep in SQL), and what it shows is the record walk's: the report (with the
+    month to date taken from the window's days), cost per key and peak concurrency."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.tenancy.services import membership_set_role
+
+    tenant, _ = make_tenant()
+    _history(tenant, frozen)
+    for k in range(1, 32):
+        daily_usage_rebuild(day=(frozen - timedelta(days=k)).date())
+    user = User.objects.create_user(f"u-{uuid.uuid4().hex[:8]}", password="pw")
+    membership_set_role(tenant=tenant, user=user, role="owner")
+    client = Client()
+    client.force_login(user)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get("/billing/usage/")
+    assert response.status_code == 200
+    sqls = [q["sql"] for q in queries.captured_queries]
+    assert sum("WITH ORDINALITY" in s for s in sqls) == 1, sqls  # today's part, once
+    assert sum("FROM held" in s for s in sqls) == 1  # the peak sweep
+    start = day_bounds((frozen - timedelta(days=30)).date())[0]
+    walk = tenant_report_walk(tenant=tenant, start=start, end=frozen).as_dict()
+    assert response.context["report"] == walk
+    assert walk["month_to_date"]["cost"] != "0.00"
+    assert response.context["by_key"] == cost_by_key_walk(tenant=tenant, start=start, end=frozen)
+    assert response.context["concurrency"] == _peak_sweep_walk(
+        tenant=tenant, start=start, end=frozen
+    )
