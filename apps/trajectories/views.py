@@ -49,14 +49,17 @@ def episode_list_page(request: HttpRequest, principal: Principal) -> HttpRespons
         qs = selectors.episode_search(
             selectors.episode_list(tenant=principal.tenant, filters=filters), search
         )
-        stats = selectors.episode_stats(episodes=qs)
+        numbers = selectors.episode_numbers(tenant=principal.tenant, filters=filters, search=search)
+        stats, stats_scanned = numbers.stats, numbers.scanned
+        cost_as_stored = numbers.cost_as_stored
         listed = selectors.episode_page(
             qs.prefetch_related("sandbox_links"), sort=sort, cursor=cursor, limit=PAGE_SIZE
         )
         episodes, next_cursor = listed.rows, listed.next_cursor
         error = ""
     except ApiError as exc:
-        qs, stats, episodes, error = None, None, [], exc.message
+        qs, stats, stats_scanned, episodes, error = None, None, None, [], exc.message
+        cost_as_stored = 0
     # the same filters, search and sort on every page link; only the cursor changes
     keep = request.GET.copy()
     keep.pop("cursor", None)
@@ -74,6 +77,8 @@ def episode_list_page(request: HttpRequest, principal: Principal) -> HttpRespons
             "filters": filters,
             "filter_error": error,
             "stats": stats,
+            "stats_scanned": stats_scanned,
+            "cost_as_stored": cost_as_stored,
             "chart": _chart(stats.by_class) if stats else [],
             "episodes": episodes,
             "classes": CLASS_ORDER,
