@@ -347,3 +347,25 @@ def test_the_list_page_reads_the_same_at_two_sizes_of_history(
         assert f'data-stat="episodes"><div class="v">{n}<' in page
         assert "data-as-stored" not in page and "data-scanned" not in page
     assert measured[1200] == measured[3600], measured
+    # seven tasks: every one in the per-task table
+    assert page.count('<td><a href="?task=task-') == 7 and "per-task-shown" not in page
+
+
+def test_the_per_task_table_shows_the_tasks_with_most_rollouts(
+    make_tenant: Any, make_user: Any, monkeypatch: Any
+) -> None:
+    from apps.trajectories import views
+
+    tenant, _ = make_tenant()
+    _history(tenant, 12, tasks=4)  # task-0..3 with 3 rollouts each
+    _history(tenant, 2, tasks=1)  # task-0 gets 2 more
+    episode_tally_fold()
+    monkeypatch.setattr(views, "TASKS_SHOWN", 2)
+    client = Client()
+    client.force_login(make_user("viewer-t", (tenant, "viewer")))
+    page = client.get("/trajectories/").content.decode()
+    assert 'data-shown="2" data-tasks="4"' in page
+    # task-0 (5 rollouts) and, of the three tied at 3, the first by id
+    shown = [t for t in ("task-0", "task-1", "task-2", "task-3") if f'href="?task={t}"' in page]
+    assert shown == ["task-0", "task-1"]
+    assert 'data-stat="tasks"' in page  # the summary still counts all four
