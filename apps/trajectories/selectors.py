@@ -10,7 +10,7 @@ from itertools import zip_longest
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils.dateparse import parse_datetime
 
 from apps.core.errors import Conflict, NotFound, ValidationFailed
@@ -22,6 +22,7 @@ from apps.trajectories.cost import QUANTUM, episodes_total_cost
 from apps.trajectories.models import (
     INVALID_CLASSES,
     Episode,
+    EpisodeRelabel,
     EpisodeStatus,
     FailureClass,
     Step,
@@ -110,8 +111,11 @@ def episode_list(*, tenant: Tenant, filters: dict[str, str] | None = None) -> Qu
                 else qs.filter(labels__has_key=key)
             )
         elif param == "relabeled":
+            # EXISTS, not a join + DISTINCT: the same rows, and the set stays usable
+            # as a bounded subquery (``episode_numbers``)
             has = value.lower() in ("1", "true", "yes")
-            qs = qs.filter(relabels__isnull=not has).distinct()
+            relabeled = Exists(EpisodeRelabel.objects.filter(episode=OuterRef("pk")))
+            qs = qs.filter(relabeled if has else ~relabeled)
         elif param in PROVENANCE_KEYS:
             qs = qs.filter(**{f"{PROVENANCE_KEYS[param]}__in": value.split(",")})
         elif param.startswith(PROVENANCE_PREFIX):
@@ -544,11 +548,12 @@ def episode_numbers(
     if not search.strip() and set(active) <= set(TALLY_FILTERS):
         stats, as_stored = episode_stats_kept(tenant=tenant, filters=active)
         return EpisodeNumbers(stats, cost_as_stored=as_stored)
-    matching = episode_search(episode_list(tenant=tenant, filters=active), search)
-    pks = list(
-        matching.order_by("-started_at", "-id").values_list("pk", flat=True)[: STATS_SCAN_LIMIT + 1]
+    matching = episode_search(episode_list(tenant=tenant, filters=active), search).order_by(
+        "-started_at", "-id"
     )
-    scanned = STATS_SCAN_LIMIT if len(pks) > STATS_SCAN_LIMIT else None
-    chosen = Episode.objects.filter(pk__in=pks[:STATS_SCAN_LIMIT])
+    more = matching[STATS_SCAN_LIMIT : STATS_SCAN_LIMIT + 1].exists()
+    scanned = STATS_SCAN_LIMIT if more else None
+    # the newest matches as a subquery: Postgres bounds it, no id list goes round trip
+    chosen = Episode.objects.filter(pk__in=matching.values("pk")[:STATS_SCAN_LIMIT])
     stats, as_stored = _episode_stats(chosen, live_limit=STATS_LIVE_LIMIT)
     return EpisodeNumbers(stats, scanned, as_stored)

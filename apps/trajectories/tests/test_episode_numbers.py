@@ -229,6 +229,12 @@ def test_kept_numbers_equal_a_recount_as_episodes_change(make_tenant: Any) -> No
         actor="t",
     )
     assert _agree(tenant)["by_class"]["environment"] == 1
+    # a filter the tally does not key: over the matching rows (exact here: few match)
+    relabeled = selectors.episode_numbers(tenant=tenant, filters={"relabeled": "true"})
+    assert (relabeled.scanned, relabeled.stats.episodes) == (None, 1)
+    assert relabeled.stats.by_class["environment"] == 1
+    others = selectors.episode_numbers(tenant=tenant, filters={"relabeled": "false"})
+    assert (others.stats.episodes, others.stats.by_class["environment"]) == (3, 0)
 
     # deleted
     withdraw(tenant=tenant, request={"episode_ids": [shared.episode_id]}, reason="r", actor="t")
