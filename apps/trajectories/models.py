@@ -143,7 +143,7 @@ class Episode(models.Model):
     # ``cost`` is final: the episode is closed and every sandbox it used has ended (or it
     # has none here), so its share no longer accrues nor changes with sharers. The
     # numbers read it from the tally instead of recomputing it (services/tally.py).
-    cost_final = models.BooleanField(default=False)
+    cost_final = models.BooleanField(default=False, db_default=False)
     auto_failure_class = models.CharField(max_length=16, blank=True)
     failure_class = models.CharField(max_length=16, blank=True, db_index=True)
     failure_evidence = models.JSONField(default=list, blank=True)
