@@ -481,6 +481,11 @@ CELERY_BEAT_SCHEDULE["reattribute-episodes"] = {
     "task": "apps.trajectories.tasks.reattribute_recent_episodes",
     "schedule": HEDGEROW_REATTRIBUTE_INTERVAL_S,
 }
+# The list page's numbers (issue 20): final episode costs stored, tally deltas folded.
+CELERY_BEAT_SCHEDULE["settle-episode-costs"] = {
+    "task": "apps.trajectories.tasks.settle_episode_costs",
+    "schedule": 60.0,
+}
 # --- Team activity log and API key rotation (docs/security.md#team-activity) -------
 # Activity entries older than this are deleted by a daily beat task.
 HEDGEROW_ACTIVITY_RETENTION_DAYS = env_int("HEDGEROW_ACTIVITY_RETENTION_DAYS", 365)

@@ -140,6 +140,10 @@ class Episode(models.Model):
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     client_cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     cost_basis = models.JSONField(default=list, blank=True)  # per sandbox: cost, sharers
+    # ``cost`` is final: the episode is closed and every sandbox it used has ended (or it
+    # has none here), so its share no longer accrues nor changes with sharers. The
+    # numbers read it from the tally instead of recomputing it (services/tally.py).
+    cost_final = models.BooleanField(default=False, db_default=False)
     auto_failure_class = models.CharField(max_length=16, blank=True)
     failure_class = models.CharField(max_length=16, blank=True, db_index=True)
     failure_evidence = models.JSONField(default=list, blank=True)
@@ -181,6 +185,13 @@ class Episode(models.Model):
             models.Index(fields=["tenant", "started_at"], name="episode_tenant_started"),
             models.Index(fields=["tenant", "provenance_key"], name="episode_tenant_prov_key"),
             models.Index(fields=["tenant", "provenance_origin"], name="episode_tenant_prov_origin"),
+            # the closed episodes whose cost is still computed when asked (few: those
+            # with a live sandbox, and any the settle sweep has not reached yet)
+            models.Index(
+                fields=["tenant", "task_id"],
+                name="episode_cost_unsettled",
+                condition=models.Q(status="closed", cost_final=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -193,6 +204,51 @@ class Episode(models.Model):
     @property
     def is_valid(self) -> bool:
         return self.failure_class not in INVALID_CLASSES
+
+
+class EpisodeTally(models.Model):
+    """The list page's numbers kept as episodes change (issue 20): per tenant, task,
+    status and failure class, how many episodes there are, how many of them have a
+    final cost and what those cost, and what all of them cost as stored. Written only
+    by ``episode_tally_fold`` from the deltas the episode table's trigger appends
+    (migration 0010); read with the deltas not folded yet (``selectors.episode_tally``)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    task_id = models.CharField(max_length=200)
+    status = models.CharField(max_length=8)
+    failure_class = models.CharField(max_length=16, blank=True)
+    episodes = models.BigIntegerField(default=0)
+    final_episodes = models.BigIntegerField(default=0)
+    final_cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    # every episode's stored cost (final or as of its last attribution)
+    stored_cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "task_id", "status", "failure_class"],
+                name="uniq_episode_tally_key",
+            )
+        ]
+
+
+class EpisodeTallyDelta(models.Model):
+    """Append-only: one change to ``EpisodeTally`` (a row each for the old and the new
+    version of an episode), written by the trigger in the writer's transaction, so
+    writers never wait on each other for a shared tally row."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="+", db_constraint=False
+    )
+    task_id = models.CharField(max_length=200)
+    status = models.CharField(max_length=8)
+    failure_class = models.CharField(max_length=16, blank=True)
+    episodes = models.BigIntegerField(default=0)
+    final_episodes = models.BigIntegerField(default=0)
+    final_cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    # every episode's stored cost (final or as of its last attribution)
+    stored_cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
 
 
 class EpisodeSandbox(models.Model):

@@ -9,7 +9,8 @@ from decimal import Decimal
 from itertools import zip_longest
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db import connection
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils.dateparse import parse_datetime
 
 from apps.core.errors import Conflict, NotFound, ValidationFailed
@@ -17,10 +18,11 @@ from apps.core.keyset import decode_cursor, encode_cursor
 from apps.sandboxes.models import SandboxEvent
 from apps.tenancy.models import Tenant
 from apps.trajectories import provenance
-from apps.trajectories.cost import episodes_total_cost
+from apps.trajectories.cost import QUANTUM, episodes_total_cost
 from apps.trajectories.models import (
     INVALID_CLASSES,
     Episode,
+    EpisodeRelabel,
     EpisodeStatus,
     FailureClass,
     Step,
@@ -109,8 +111,11 @@ def episode_list(*, tenant: Tenant, filters: dict[str, str] | None = None) -> Qu
                 else qs.filter(labels__has_key=key)
             )
         elif param == "relabeled":
+            # EXISTS, not a join + DISTINCT: the same rows, and the set stays usable
+            # as a bounded subquery (``episode_numbers``)
             has = value.lower() in ("1", "true", "yes")
-            qs = qs.filter(relabels__isnull=not has).distinct()
+            relabeled = Exists(EpisodeRelabel.objects.filter(episode=OuterRef("pk")))
+            qs = qs.filter(relabeled if has else ~relabeled)
         elif param in PROVENANCE_KEYS:
             qs = qs.filter(**{f"{PROVENANCE_KEYS[param]}__in": value.split(",")})
         elif param.startswith(PROVENANCE_PREFIX):
@@ -284,16 +289,35 @@ def _ratio(num: int, den: int) -> float | None:
 
 def episode_stats(*, episodes: QuerySet[Episode]) -> EpisodeStats:
     """The numbers over closed episodes, using each one's current (possibly relabeled)
-    class. Valid = not startup/environment/verifier/observation."""
+    class. Valid = not startup/environment/verifier/observation. Cost: a final cost as
+    stored (services/tally.py), any other computed now. Reads every episode of the
+    set: the list page uses ``episode_numbers``."""
+    return _episode_stats(episodes, live_limit=None)[0]
+
+
+def _episode_stats(
+    episodes: QuerySet[Episode], *, live_limit: int | None
+) -> tuple[EpisodeStats, int]:
+    """``episode_stats``, costing the closed episodes whose cost is not final now only
+    when at most ``live_limit`` (None: always); beyond, at their stored cost. Returns
+    how many were taken as stored (0 or more than ``live_limit``)."""
     open_count = episodes.filter(status=EpisodeStatus.OPEN).count()
     closed = episodes.filter(status=EpisodeStatus.CLOSED).order_by()
     by_class = {cls: 0 for cls in FailureClass.values}
     for row in closed.values("failure_class").annotate(n=Count("pk")):
         by_class[row["failure_class"] or FailureClass.UNDETERMINED] += int(row["n"])
-    n = sum(by_class.values())
-    valid = n - sum(by_class[cls] for cls in INVALID_CLASSES)
-    cost = episodes_total_cost(episodes=closed)
-    successes = by_class[FailureClass.SUCCESS]
+    sums = closed.aggregate(
+        final=Sum("cost", filter=Q(cost_final=True)),
+        stored=Sum("cost", filter=Q(cost_final=False)),
+        unsettled=Count("pk", filter=Q(cost_final=False)),
+    )
+    cost = sums["final"] or Decimal(0)
+    as_stored = 0
+    if live_limit is not None and sums["unsettled"] > live_limit:
+        cost += sums["stored"] or Decimal(0)
+        as_stored = int(sums["unsettled"])
+    else:
+        cost += episodes_total_cost(episodes=closed.filter(cost_final=False))
     invalid = list(INVALID_CLASSES)
     per_task_rows = (
         closed.values("task_id")
@@ -308,6 +332,16 @@ def episode_stats(*, episodes: QuerySet[Episode]) -> EpisodeStats:
         TaskSuccess(r["task_id"], int(r["rollouts"]), int(r["valid"]), int(r["successes"]))
         for r in per_task_rows
     ]
+    return _stats(by_class, open_count, cost, per_task), as_stored
+
+
+def _stats(
+    by_class: dict[str, int], open_count: int, cost: Decimal, per_task: list[TaskSuccess]
+) -> EpisodeStats:
+    n = sum(by_class.values())
+    valid = n - sum(by_class[cls] for cls in INVALID_CLASSES)
+    successes = by_class[FailureClass.SUCCESS]
+    cost = cost.quantize(QUANTUM)
     with_valid = [t for t in per_task if t.valid]
     solved = sum(1 for t in per_task if t.successes)
     rates = [t.rate for t in with_valid if t.rate is not None]
@@ -384,9 +418,142 @@ def episode_compare(*, a: Episode, b: Episode) -> list[tuple[Step | None, Step |
 
 
 def task_ids(*, tenant: Tenant) -> list[str]:
-    return list(
-        Episode.objects.for_tenant(tenant)
-        .order_by("task_id")
-        .values_list("task_id", flat=True)
-        .distinct()
+    """The tenant's tasks (from the tally: one row per task, status and class)."""
+    return sorted({row.task_id for row in episode_tally(tenant=tenant)})
+
+
+# -- the numbers at size (issue 20): kept counts, or a bounded scan ------------------
+
+# Filters the tally is keyed by: the numbers under only these come from it, exactly.
+TALLY_FILTERS = {"task": "task_id", "status": "status", "failure_class": "failure_class"}
+# Any other filter or a search reads the matching episodes, the newest this many at most.
+STATS_SCAN_LIMIT = 5000
+# Closed episodes whose cost is not final (a sandbox still running) are costed now when
+# at most this many; beyond, at their cost as stored at their last attribution (said).
+STATS_LIVE_LIMIT = 200
+
+TALLY_SQL = """
+SELECT task_id, status, failure_class, sum(episodes), sum(final_episodes), sum(final_cost),
+       sum(stored_cost)
+FROM (
+  SELECT task_id, status, failure_class, episodes, final_episodes, final_cost, stored_cost
+  FROM trajectories_episodetally WHERE tenant_id = %(tenant)s{where}
+  UNION ALL
+  SELECT task_id, status, failure_class, episodes, final_episodes, final_cost, stored_cost
+  FROM trajectories_episodetallydelta WHERE tenant_id = %(tenant)s{where}
+) AS t
+GROUP BY 1, 2, 3 HAVING sum(episodes) <> 0
+"""
+
+
+@dataclass(frozen=True)
+class TallyRow:
+    task_id: str
+    status: str
+    failure_class: str
+    episodes: int
+    final_episodes: int
+    final_cost: Decimal
+    stored_cost: Decimal
+
+
+def episode_tally(*, tenant: Tenant, filters: dict[str, str] | None = None) -> list[TallyRow]:
+    """The kept counts per (task, status, class) of the tenant, the folded tally plus
+    the deltas not folded yet; ``filters`` only those of ``TALLY_FILTERS`` (comma = any
+    of). One statement: its cost is the number of keys and of recent changes."""
+    params: dict[str, Any] = {"tenant": tenant.pk}
+    where = ""
+    for param, column in TALLY_FILTERS.items():
+        value = (filters or {}).get(param, "")
+        if value:
+            params[param] = value.split(",")
+            where += f" AND {column} = ANY(%({param})s)"
+    with connection.cursor() as cursor:
+        # Identifiers only from TALLY_FILTERS; values are parameters.
+        cursor.execute(TALLY_SQL.format(where=where), params)
+        rows = cursor.fetchall()
+    return [
+        TallyRow(task, status, cls, int(n), int(final_n), Decimal(final_cost), Decimal(stored))
+        for task, status, cls, n, final_n, final_cost, stored in rows
+    ]
+
+
+@dataclass(frozen=True)
+class EpisodeNumbers:
+    stats: EpisodeStats
+    # None: exact over every matching episode. Otherwise the numbers are over the
+    # newest ``scanned`` of more matching episodes (a filter the tally does not keep).
+    scanned: int | None = None
+    # How many closed episodes' cost is as stored at their last attribution rather than
+    # computed now (their sandboxes still run): 0 = every cost is final or computed now.
+    cost_as_stored: int = 0
+
+
+def episode_stats_kept(
+    *, tenant: Tenant, filters: dict[str, str] | None = None
+) -> tuple[EpisodeStats, int]:
+    """``episode_stats`` of ``episode_list(tenant, filters)`` for filters the tally keeps,
+    from the tally, and how many closed episodes' cost is as stored (see
+    ``EpisodeNumbers``). Final costs as kept; the closed episodes whose cost is not final
+    yet (a live sandbox) computed now when at most ``STATS_LIVE_LIMIT``, found through a
+    partial index, else at their stored cost."""
+    rows = episode_tally(tenant=tenant, filters=filters)
+    by_class = {cls: 0 for cls in FailureClass.values}
+    tasks: dict[str, TaskSuccess] = {}
+    open_count = 0
+    cost = Decimal(0)
+    unsettled = 0
+    unsettled_stored = Decimal(0)
+    for row in rows:
+        if row.status == EpisodeStatus.OPEN:
+            open_count += row.episodes
+            continue
+        if row.status != EpisodeStatus.CLOSED:
+            continue
+        cls = row.failure_class or FailureClass.UNDETERMINED
+        by_class[cls] += row.episodes
+        task = tasks.setdefault(row.task_id, TaskSuccess(row.task_id, 0, 0, 0))
+        task.rollouts += row.episodes
+        if row.failure_class not in INVALID_CLASSES:
+            task.valid += row.episodes
+        if row.failure_class == FailureClass.SUCCESS:
+            task.successes += row.episodes
+        cost += row.final_cost
+        unsettled += row.episodes - row.final_episodes
+        unsettled_stored += row.stored_cost - row.final_cost
+    if unsettled > STATS_LIVE_LIMIT:
+        cost += unsettled_stored
+    elif unsettled:
+        pending = Episode.objects.for_tenant(tenant).filter(
+            status=EpisodeStatus.CLOSED, cost_final=False
+        )
+        for param, column in TALLY_FILTERS.items():
+            value = (filters or {}).get(param, "")
+            if value:
+                pending = pending.filter(**{f"{column}__in": value.split(",")})
+        cost += episodes_total_cost(episodes=pending)
+    per_task = [tasks[t] for t in sorted(tasks)]
+    as_stored = unsettled if unsettled > STATS_LIVE_LIMIT else 0
+    return _stats(by_class, open_count, cost, per_task), as_stored
+
+
+def episode_numbers(
+    *, tenant: Tenant, filters: dict[str, str] | None = None, search: str = ""
+) -> EpisodeNumbers:
+    """The list page's numbers. Under no filter, or only those the tally keeps, from
+    the tally (exact, whatever the history's size). Under any other filter or a search,
+    over the matching episodes, read through ``episode_list``'s order: exact when at
+    most ``STATS_SCAN_LIMIT`` match, else over the newest that many (``scanned``)."""
+    active = {k: v for k, v in (filters or {}).items() if v}
+    if not search.strip() and set(active) <= set(TALLY_FILTERS):
+        stats, as_stored = episode_stats_kept(tenant=tenant, filters=active)
+        return EpisodeNumbers(stats, cost_as_stored=as_stored)
+    matching = episode_search(episode_list(tenant=tenant, filters=active), search).order_by(
+        "-started_at", "-id"
     )
+    more = matching[STATS_SCAN_LIMIT : STATS_SCAN_LIMIT + 1].exists()
+    scanned = STATS_SCAN_LIMIT if more else None
+    # the newest matches as a subquery: Postgres bounds it, no id list goes round trip
+    chosen = Episode.objects.filter(pk__in=matching.values("pk")[:STATS_SCAN_LIMIT])
+    stats, as_stored = _episode_stats(chosen, live_limit=STATS_LIVE_LIMIT)
+    return EpisodeNumbers(stats, scanned, as_stored)

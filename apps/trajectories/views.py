@@ -18,6 +18,10 @@ from apps.trajectories.models import INVALID_CLASSES, EpisodeStatus, FailureClas
 from apps.trajectories.services.episodes import episode_relabel
 
 PAGE_SIZE = 50
+# The per-task table shows this many tasks (those with the most rollouts) when there are
+# more: a team's tasks grow with its history, and 500 rows cost more to render than the
+# rest of the page. The task filter reaches any other; the summary counts all of them.
+TASKS_SHOWN = 50
 CLASS_ORDER = [c.value for c in FailureClass]
 
 
@@ -35,6 +39,15 @@ def _chart(by_class: dict[str, int]) -> list[dict[str, Any]]:
     ]
 
 
+def _tasks_shown(per_task: list[selectors.TaskSuccess]) -> list[selectors.TaskSuccess]:
+    """The per-task rows the page shows: every task, or the ``TASKS_SHOWN`` with the
+    most rollouts, in task order."""
+    if len(per_task) <= TASKS_SHOWN:
+        return per_task
+    top = sorted(per_task, key=lambda t: (-t.rollouts, t.task_id))[:TASKS_SHOWN]
+    return sorted(top, key=lambda t: t.task_id)
+
+
 @require_GET
 @page()
 def episode_list_page(request: HttpRequest, principal: Principal) -> HttpResponse:
@@ -49,14 +62,16 @@ def episode_list_page(request: HttpRequest, principal: Principal) -> HttpRespons
         qs = selectors.episode_search(
             selectors.episode_list(tenant=principal.tenant, filters=filters), search
         )
-        stats = selectors.episode_stats(episodes=qs)
-        listed = selectors.episode_page(
-            qs.prefetch_related("sandbox_links"), sort=sort, cursor=cursor, limit=PAGE_SIZE
-        )
+        numbers = selectors.episode_numbers(tenant=principal.tenant, filters=filters, search=search)
+        stats, stats_scanned = numbers.stats, numbers.scanned
+        cost_as_stored = numbers.cost_as_stored
+        # the rows show nothing of their sandboxes: no prefetch of the links
+        listed = selectors.episode_page(qs, sort=sort, cursor=cursor, limit=PAGE_SIZE)
         episodes, next_cursor = listed.rows, listed.next_cursor
         error = ""
     except ApiError as exc:
-        qs, stats, episodes, error = None, None, [], exc.message
+        qs, stats, stats_scanned, episodes, error = None, None, None, [], exc.message
+        cost_as_stored = 0
     # the same filters, search and sort on every page link; only the cursor changes
     keep = request.GET.copy()
     keep.pop("cursor", None)
@@ -74,7 +89,11 @@ def episode_list_page(request: HttpRequest, principal: Principal) -> HttpRespons
             "filters": filters,
             "filter_error": error,
             "stats": stats,
+            "stats_scanned": stats_scanned,
+            "cost_as_stored": cost_as_stored,
             "chart": _chart(stats.by_class) if stats else [],
+            "per_task": _tasks_shown(stats.per_task) if stats else [],
+            "tasks_shown": TASKS_SHOWN,
             "episodes": episodes,
             "classes": CLASS_ORDER,
             "statuses": [s.value for s in EpisodeStatus],
