@@ -45,6 +45,7 @@ def _stat(path: str) -> tuple[str, list[str]] | None:
 
 _ROLES = (
     ("uvicorn", "web (uvicorn)"),
+    ("controlplane.serve", "web (uvicorn)"),
     ("celery", "celery worker"),
     ("bench.mixed", "bench.mixed"),
     ("pytest", "pytest (other sessions)"),
@@ -65,10 +66,13 @@ def _python_role(pid: int, comm: str) -> str:
             parent = _python_role(ppid, comm)
         except (OSError, ValueError, IndexError):
             parent = comm
-        return "web (uvicorn)" if parent == "web (uvicorn)" else f"{parent}: spawned child"
+        return parent if parent.startswith("web (uvicorn)") else f"{parent}: spawned child"
+    # whose: the checkout the interpreter runs from (another session's stack is its own row)
+    exe = argv.split(" ", 1)[0]
+    tag = f" [{exe.split('/.venv/')[0].rsplit('/', 1)[-1]}]" if "/.venv/" in exe else ""
     for needle, role in _ROLES:
         if needle in argv:
-            return role
+            return role + tag
     return f"{comm} ({argv[:40].strip()})"
 
 
