@@ -77,6 +77,7 @@ def _python_role(pid: int, comm: str) -> str:
 
 
 Proc = tuple[str, float, int, float]  # comm, cutime+cstime, ppid, own+reaped total
+Snapshot = tuple[dict[tuple[int, int], tuple[Key, float]], dict[int, Proc]]
 
 
 def _instance(pid: int) -> str:
@@ -92,7 +93,7 @@ def _instance(pid: int) -> str:
     return ""
 
 
-def snapshot() -> tuple[dict[tuple[int, int], tuple[Key, float]], dict[int, Proc]]:
+def snapshot() -> Snapshot:
     """(thread → (row, utime+stime s), process → (comm, cutime+cstime s, ppid, total))."""
     threads: dict[tuple[int, int], tuple[Key, float]] = {}
     reaped: dict[int, Proc] = {}
@@ -129,10 +130,16 @@ def snapshot() -> tuple[dict[tuple[int, int], tuple[Key, float]], dict[int, Proc
 def split(seconds: float) -> tuple[float, float, dict[str, float]]:
     """(window s, machine busy s, row → CPU s)."""
     busy0, t0 = machine_busy_s(), time.monotonic()
-    threads0, reaped0 = snapshot()
+    first = snapshot()
     time.sleep(seconds)  # the measured window (bench/, not a test)
-    threads1, reaped1 = snapshot()
+    second = snapshot()
     busy1, t1 = machine_busy_s(), time.monotonic()
+    return t1 - t0, busy1 - busy0, rows_between(first, second)
+
+
+def rows_between(first: Snapshot, second: Snapshot) -> dict[str, float]:
+    """Row → CPU seconds used between two snapshots."""
+    (threads0, reaped0), (threads1, reaped1) = first, second
     rows: dict[str, float] = defaultdict(float)
     for ident, (key, cpu) in threads1.items():
         before = threads0.get(ident)
@@ -157,7 +164,7 @@ def split(seconds: float) -> tuple[float, float, dict[str, float]]:
         )
         if grown > 0:
             rows[f"{comm}: children reaped"] += grown
-    return t1 - t0, busy1 - busy0, dict(rows)
+    return dict(rows)
 
 
 def main() -> int:
