@@ -137,6 +137,30 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def weigh_instance(shares: int) -> list[str]:
+    """This instance's sandboxes' parent cpu cgroup(s) (every agent and command of the
+    instance is under one: the kernel weighs it as a whole against each process
+    outside, e.g. each web worker) given ``shares`` (v1 ``cpu.shares``, kernel default
+    1024; v2 ``cpu.weight`` scaled, default 100). A benchmark knob, not the product's:
+    the lab notes' "The sandboxes' cgroup against the machine" measured it. Returns
+    the files written."""
+    from django.conf import settings
+
+    from apps.sandboxes.backends.local.cgroups import CgroupDriver
+
+    instance = str(settings.HEDGEROW_INSTANCE)
+    registry = Path(settings.STATE_DIR) / "sandboxes" / instance / "cgroups"
+    written = []
+    for _controller, parent in CgroupDriver(f"hedgerow-{instance}", registry).all_parents():
+        if (parent / "cpu.shares").exists():
+            (parent / "cpu.shares").write_text(str(shares))
+            written.append(str(parent / "cpu.shares"))
+        elif (parent / "cpu.weight").exists():
+            (parent / "cpu.weight").write_text(str(max(1, min(10000, shares * 100 // 1024))))
+            written.append(str(parent / "cpu.weight"))
+    return written
+
+
 async def create_all(client: Client, n: int, concurrency: int) -> list[str]:
     gate = asyncio.Semaphore(concurrency)
     ids: list[str] = []
@@ -491,6 +515,13 @@ def main() -> int:
     )
     parser.add_argument("--create-concurrency", type=int, default=50)
     parser.add_argument(
+        "--instance-cpu-shares",
+        type=int,
+        default=0,
+        help="once the sandboxes exist, give their instance's parent cpu cgroup this "
+        "cpu.shares (default 0: left as the backend made it, the kernel's 1024)",
+    )
+    parser.add_argument(
         "--transfer-clients-process",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -538,6 +569,9 @@ def main() -> int:
             t0 = time.perf_counter()
             ids = runner.run(create_all(client, args.sandboxes, args.create_concurrency))
             print(f"created     {len(ids)} sandboxes ready in {time.perf_counter() - t0:.1f} s")
+            if args.instance_cpu_shares:
+                written = weigh_instance(args.instance_cpu_shares)
+                print(f"instance cpu weight {args.instance_cpu_shares} (shares) -> {written}")
             one, idle = runner.run(
                 idle_baseline(client, ids, args.idle_samples, args.short_clients, args.idle_seconds)
             )
