@@ -604,6 +604,29 @@ class WindowUsage:
     now: datetime | None = None  # live records accrued to this
 
 
+def _add_summed_row(out: WindowUsage, day: date, row: tuple[Any, ...], *, slices: bool) -> None:
+    """One summed row of ``_PARTS_SQL`` / ``_CHANGES_SQL`` (image, labels, creator, cpu,
+    memory, rate, fee, price book, seconds, starts) into the totals, ``day`` and, with
+    ``slices``, the image / label / key slices."""
+    image, labels, creator, cpu, mem, rate, fee, book, seconds, starts = row
+    out.books.add(book)
+    summed = {
+        "seconds": seconds,
+        "starts": starts,
+        "cpu_millis": cpu,
+        "memory_mib": mem,
+        "rate": rate,
+        "fee": fee,
+    }
+    _add_sum(out.totals, **summed)
+    _add_sum(out.per_day[day], **summed)
+    if not slices:
+        return
+    for dimension, value in _slices_of(image, json.loads(labels), book, creator):
+        if dimension in ("image", "label", "key"):
+            _add_sum(out.per_slice[(dimension, value)], **summed)
+
+
 def _add_sum(
     t: Totals,
     *,
@@ -738,23 +761,8 @@ def _add_changes(
             {"now": now, "upto": upto, "tenant": tenant.pk, "start": cut, "end": hi},
         )
         rows = cursor.fetchall()
-    for _, image, labels, creator, cpu, mem, rate, fee, book, seconds, starts in rows:
-        out.books.add(book)
-        summed = {
-            "seconds": seconds,
-            "starts": starts,
-            "cpu_millis": cpu,
-            "memory_mib": mem,
-            "rate": rate,
-            "fee": fee,
-        }
-        _add_sum(out.totals, **summed)
-        _add_sum(out.per_day[day], **summed)
-        if not slices:
-            continue
-        for dimension, value in _slices_of(image, json.loads(labels), book, creator):
-            if dimension in ("image", "label", "key"):
-                _add_sum(out.per_slice[(dimension, value)], **summed)
+    for row in rows:
+        _add_summed_row(out, day, row[1:], slices=slices)
     paused = (
         records_overlapping(start=cut, end=hi, tenant=tenant)
         .exclude(pauses=[])
@@ -810,24 +818,8 @@ def _add_records(
             },
         )
         rows = cursor.fetchall()
-    for i, image, labels, creator, cpu, mem, rate, fee, book, seconds, starts in rows:
-        part_day = parts[i - 1][0]
-        out.books.add(book)
-        summed = {
-            "seconds": seconds,
-            "starts": starts,
-            "cpu_millis": cpu,
-            "memory_mib": mem,
-            "rate": rate,
-            "fee": fee,
-        }
-        _add_sum(out.totals, **summed)
-        _add_sum(out.per_day[part_day], **summed)
-        if not slices:
-            continue
-        for dimension, value in _slices_of(image, json.loads(labels), book, creator):
-            if dimension in ("image", "label", "key"):
-                _add_sum(out.per_slice[(dimension, value)], **summed)
+    for row in rows:
+        _add_summed_row(out, parts[row[0] - 1][0], row[1:], slices=slices)
     paused = (
         records_overlapping(start=parts[0][1], end=parts[-1][2], tenant=tenant)
         .exclude(pauses=[])
