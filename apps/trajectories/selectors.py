@@ -490,13 +490,16 @@ class EpisodeNumbers:
 
 
 def episode_stats_kept(
-    *, tenant: Tenant, filters: dict[str, str] | None = None
+    *,
+    tenant: Tenant,
+    filters: dict[str, str] | None = None,
+    exact: bool = False,
 ) -> tuple[EpisodeStats, int]:
     """``episode_stats`` of ``episode_list(tenant, filters)`` for filters the tally keeps,
     from the tally, and how many closed episodes' cost is as stored (see
     ``EpisodeNumbers``). Final costs as kept; the closed episodes whose cost is not final
-    yet (a live sandbox) computed now when at most ``STATS_LIVE_LIMIT``, found through a
-    partial index, else at their stored cost."""
+    yet (a live sandbox) computed now when at most ``STATS_LIVE_LIMIT`` or ``exact`` (as
+    the API's figures need), found through a partial index, else at their stored cost."""
     rows = episode_tally(tenant=tenant, filters=filters)
     by_class = {cls: 0 for cls in FailureClass.values}
     tasks: dict[str, TaskSuccess] = {}
@@ -521,7 +524,8 @@ def episode_stats_kept(
         cost += row.final_cost
         unsettled += row.episodes - row.final_episodes
         unsettled_stored += row.stored_cost - row.final_cost
-    if unsettled > STATS_LIVE_LIMIT:
+    as_stored = unsettled if not exact and unsettled > STATS_LIVE_LIMIT else 0
+    if as_stored:
         cost += unsettled_stored
     elif unsettled:
         pending = Episode.objects.for_tenant(tenant).filter(
@@ -533,8 +537,17 @@ def episode_stats_kept(
                 pending = pending.filter(**{f"{column}__in": value.split(",")})
         cost += episodes_total_cost(episodes=pending)
     per_task = [tasks[t] for t in sorted(tasks)]
-    as_stored = unsettled if unsettled > STATS_LIVE_LIMIT else 0
     return _stats(by_class, open_count, cost, per_task), as_stored
+
+
+def episode_stats_exact(*, tenant: Tenant, filters: dict[str, str] | None = None) -> EpisodeStats:
+    """The API's ``episode_stats`` of ``episode_list(tenant, filters)``, exact: from the
+    tally when every filter is one it keeps (its cost follows the keys and the episodes
+    whose cost is not final yet, not the history), else over every matching episode."""
+    active = {k: v for k, v in (filters or {}).items() if v}
+    if set(active) <= set(TALLY_FILTERS):
+        return episode_stats_kept(tenant=tenant, filters=active, exact=True)[0]
+    return episode_stats(episodes=episode_list(tenant=tenant, filters=active))
 
 
 def episode_numbers(

@@ -153,8 +153,10 @@ class EpisodeStatsView(APIView):
         "conditional on valid infrastructure, per-task success (tasks, not rollouts).",
     )
     def get(self, request: Request) -> Response:
-        qs = selectors.episode_list(tenant=principal_of(request).tenant, filters=_filters(request))
-        return Response(selectors.episode_stats(episodes=qs).as_dict())
+        stats = selectors.episode_stats_exact(
+            tenant=principal_of(request).tenant, filters=_filters(request)
+        )
+        return Response(stats.as_dict())
 
 
 class EpisodeExportView(APIView):

@@ -375,3 +375,50 @@ def test_the_per_task_table_shows_the_tasks_with_most_rollouts(
     shown = [t for t in ("task-0", "task-1", "task-2", "task-3") if f'href="?task={t}"' in page]
     assert shown == ["task-0", "task-1"]
     assert 'data-stat="tasks"' in page  # the summary still counts all four
+
+
+def _episode_rows_read() -> int:
+    with connection.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0) "
+            "FROM pg_stat_xact_user_tables WHERE relname = 'trajectories_episode'"
+        )
+        row = cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_the_stats_api_is_exact_and_reads_the_tally(make_tenant: Any, api_client: Any) -> None:
+    # GET /api/v1/episodes/stats counted every matching episode on every call; under
+    # the filters the tally keeps it now reads the tally (plus the episodes whose cost is
+    # not final yet), and says exactly what the scan of every row says
+    tenant, secret = make_tenant()
+    api = api_client(secret)
+    live = _sandbox(tenant, started_ago=timedelta(minutes=5))
+    _close(_open(tenant, "a", [live]), reward=1.0)  # its cost still accrues: computed now
+    _open(tenant, "b")
+    read = []
+    made = 1  # closed so far
+    for n in (5, 60):
+        made += n
+        for i in range(n):
+            _close(_open(tenant, "ab"[i % 2], model="m1" if i % 3 else "m2"), reward=i % 2)
+        for filters in ({}, {"task": "a"}, {"status": "closed"}, {"model": "m2"}):
+            exact = selectors.episode_stats_exact(tenant=tenant, filters=filters)
+            scanned = selectors.episode_stats(
+                episodes=selectors.episode_list(tenant=tenant, filters=filters)
+            )
+            # the live sandbox accrues between the two reads: all but its cent-fractions
+            assert {**exact.as_dict(), "cost": 0, "cost_per_valid": 0} == {
+                **scanned.as_dict(),
+                "cost": 0,
+                "cost_per_valid": 0,
+            }, filters
+            assert abs(exact.cost - scanned.cost) < Decimal("0.001")
+        episodes_settle_costs()  # as the beat does each minute: the finished costs stored
+        before = _episode_rows_read()
+        body = api.get("/api/v1/episodes/stats").json()
+        read.append(_episode_rows_read() - before)
+        assert body["episodes"] == made and body["open_episodes"] == 1
+    # the closed episode with a live sandbox, whatever the history: not every episode
+    assert read[0] == read[1] < 10, read
