@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.core.errors import ApiError
+from apps.core.errors import ApiError, ValidationFailed
 from apps.core.keyset import CURSOR_DOCS, api_keyset_page, api_page_size
 from apps.sandboxes.api.errors_schema import ERROR_RESPONSES
 from apps.sandboxes.selectors import sandbox_get
@@ -39,6 +39,8 @@ from apps.trajectories.services.transfer import episodes_export, episodes_import
 
 # the tombstone list answered its newest 500 and dropped the rest: 500 a page now
 TOMBSTONE_PAGE = 500
+# an episode's steps came in one answer, however many: 1,000 a page now
+STEP_PAGE = 1000
 
 FILTER_DOCS = [
     OpenApiParameter(name, str, description="comma = any of") for name in selectors.EXACT_FILTERS
@@ -240,10 +242,28 @@ class EpisodeDetailView(APIView):
 
 
 class StepListAppendView(APIView):
-    @extend_schema(responses={200: StepSerializer(many=True)})
+    @extend_schema(
+        responses={200: StepSerializer(many=True)},
+        parameters=CURSOR_DOCS,
+        description=f"The episode's steps in order, {STEP_PAGE} a page by default (`limit` "
+        f"1–{STEP_PAGE}); `next_cursor` (null on the last page) is the `cursor` of the "
+        "next page.",
+    )
     def get(self, request: Request, episode_id: str) -> Response:
         episode = _episode(request, episode_id)
-        return Response({"results": StepSerializer(episode.steps.all(), many=True).data})
+        size = api_page_size(request.query_params.get("limit"), default=STEP_PAGE, most=STEP_PAGE)
+        steps = episode.steps.order_by("index")
+        cursor = request.query_params.get("cursor", "")
+        if cursor:
+            # the last index of the page before: a plain number, the steps' own key
+            if not cursor.isdigit():
+                raise ValidationFailed("cursor is not a cursor this server gave", field="cursor")
+            steps = steps.filter(index__gt=int(cursor))
+        rows = list(steps[: size + 1])
+        next_cursor = str(rows[size - 1].index) if len(rows) > size else None
+        return Response(
+            {"results": StepSerializer(rows[:size], many=True).data, "next_cursor": next_cursor}
+        )
 
     @extend_schema(
         request=StepAppendSerializer,

@@ -65,3 +65,32 @@ def test_a_cursor_the_server_did_not_give_is_a_400(make_tenant, api_client):
     # the offset pages stay as they were
     legacy = api.get("/api/v1/episodes", {"limit": 1, "offset": 0}).json()
     assert legacy["count"] == 1 and "next_cursor" not in legacy
+
+
+def test_an_episodes_steps_page_in_order_every_step_once(make_tenant, api_client):
+    from apps.trajectories.models import Step
+
+    tenant, secret = make_tenant()
+    other, other_secret = make_tenant()
+    episode = Episode.objects.get(episode_id=_open(tenant, "t"))
+    Step.objects.bulk_create(Step(episode=episode, index=i, kind="exec") for i in range(11))
+    api = api_client(secret)
+    url = f"/api/v1/episodes/{episode.episode_id}/steps"
+    whole = api.get(url).json()  # 1,000 a page by default: a short episode in one answer
+    assert [s["index"] for s in whole["results"]] == list(range(11))
+    assert whole["next_cursor"] is None
+    seen: list[int] = []
+    cursor = ""
+    while True:
+        body = api.get(url, {"limit": 4, "cursor": cursor}).json()
+        seen += [s["index"] for s in body["results"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+        assert len(body["results"]) == 4
+    assert seen == list(range(11))
+    for bad in ({"cursor": "x1"}, {"limit": "0"}, {"limit": "1001"}):
+        response = api.get(url, bad)
+        assert response.status_code == 400, bad
+        assert response.json()["error"]["field"] == next(iter(bad))
+    assert api_client(other_secret).get(url).status_code == 404
