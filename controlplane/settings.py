@@ -376,7 +376,9 @@ HEDGEROW_FILES_FAST_PATH = env_bool("HEDGEROW_FILES_FAST_PATH", True)
 # process, at most this many milliseconds per MiB moved (apps/sandboxes/api/
 # transfer_gate.py; 0, the default: transfers never wait; docs/benchmarks.md has the
 # A/B that left it off).
-HEDGEROW_TRANSFER_YIELD_MS = env_float("HEDGEROW_TRANSFER_YIELD_MS", 0.0)
+# On by default since the quiet full-size A/B of 2026-12-06 10:44 (docs/benchmarks.md,
+# "The transfer gate on a quiet machine"): 0 turns it off.
+HEDGEROW_TRANSFER_YIELD_MS = env_float("HEDGEROW_TRANSFER_YIELD_MS", 50.0)
 # The web process's cyclic GC (controlplane/webgc.py): freeze the start-up heap, and
 # the collector's generation thresholds (Python's default: 700,10,10).
 HEDGEROW_WEB_GC_FREEZE = env_bool("HEDGEROW_WEB_GC_FREEZE", True)

@@ -1,7 +1,7 @@
 """Transfers yield to short execs in the web process (issue 17 goal 4): a file
 transfer's next piece waits while a short exec is in flight on this process's event
-loop, for at most ``HEDGEROW_TRANSFER_YIELD_MS`` per MiB moved (0, the default: off;
-docs/benchmarks.md has the A/B), so a transfer is never starved: with short execs
+loop, for at most ``HEDGEROW_TRANSFER_YIELD_MS`` per MiB moved (50 by default, 0: off;
+docs/benchmarks.md has the A/Bs), so a transfer is never starved: with short execs
 always in flight it still moves 1 MiB per that many milliseconds (plus its own time),
 and with none it is not slowed at all.
 
