@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from apps.billing.models import BudgetNotice, BudgetNoticeKind, TenantQuota
 from apps.billing.pricing import money
-from apps.billing.usage import tenant_month_cost
+from apps.billing.reports import month_to_date_cost
 from apps.tenancy.activity import activity_record
 from apps.tenancy.models import Action, Tenant
 
@@ -61,7 +61,7 @@ def notices_check(*, tenant: Tenant | None = None, now: datetime | None = None) 
             BudgetNoticeKind.TEAM_BUDGET: quota.team_budget,
             BudgetNoticeKind.MONTHLY_BUDGET: quota.monthly_budget,
         }
-        spent = tenant_month_cost(tenant=quota.tenant, at=now)
+        spent = month_to_date_cost(tenant=quota.tenant, now=now)
         for kind, threshold in thresholds.items():
             if threshold is None or spent < threshold:
                 continue
@@ -123,7 +123,7 @@ def notices_current(*, tenant: Tenant, now: datetime | None = None) -> list[dict
     if not rows:
         return []
     quota = TenantQuota.objects.filter(tenant=tenant).first()
-    spent = tenant_month_cost(tenant=tenant, at=now)
+    spent = month_to_date_cost(tenant=tenant, now=now)
     out = []
     for n in rows:
         kind = BudgetNoticeKind(n.kind)
