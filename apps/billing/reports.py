@@ -34,6 +34,7 @@ from apps.billing.usage import (
     records_overlapping,
     tenant_window_cost,
 )
+from apps.billing.usage import WindowUsage as RecordShare
 from apps.tenancy.models import ApiKey, Tenant
 
 
@@ -783,17 +784,34 @@ def _add_changes(
                 )
             )
         else:
-            back = Totals()
-        out.books.add(record.price_book_id)
-        for t in (out.totals, out.per_day[day]):
-            t.add(record, share)
+            back = None
+        _add_record_share(out, record, share, day, slices=slices, back=back)
+
+
+def _add_record_share(
+    out: WindowUsage,
+    record: UsageRecord,
+    share: RecordShare,
+    day: date,
+    *,
+    slices: bool,
+    back: Totals | None = None,
+) -> None:
+    """One record's ``share`` of a window (a paused record, read one by one) into the
+    totals, ``day`` and, with ``slices``, the image / label / key slices; ``back`` is
+    taken off each (what a partial roll-up's sums already gave it)."""
+    out.books.add(record.price_book_id)
+    targets = [out.totals, out.per_day[day]]
+    if slices:
+        targets += [
+            out.per_slice[(dimension, value)]
+            for dimension, value in _slices(record)
+            if dimension in ("image", "label", "key")
+        ]
+    for t in targets:
+        t.add(record, share)
+        if back is not None:
             _merge(t, back)
-        if not slices:
-            continue
-        for dimension, value in _slices(record):
-            if dimension in ("image", "label", "key"):
-                out.per_slice[(dimension, value)].add(record, share)
-                _merge(out.per_slice[(dimension, value)], back)
 
 
 def _add_records(
@@ -830,21 +848,16 @@ def _add_records(
             if record.started_at >= hi or (record.ended_at is not None and record.ended_at <= lo):
                 continue
             share = record_window(record, start=lo, end=hi, now=now)
-            out.books.add(record.price_book_id)
-            out.totals.add(record, share)
-            out.per_day[part_day].add(record, share)
-            if not slices:
-                continue
-            for dimension, value in _slices(record):
-                if dimension in ("image", "label", "key"):
-                    out.per_slice[(dimension, value)].add(record, share)
+            _add_record_share(out, record, share, part_day, slices=slices)
 
 
 def month_to_date_cost(*, tenant: Tenant, now: datetime | None = None) -> Decimal:
-    """``tenant_month_cost`` for the pages and the quota API: the month's finished days
-    from the roll-up (``window_usage``), plus the kept state's storage. The admission
-    check keeps its own SQL aggregate (``tenant_window_cost``), which reads every record
-    of the month; what is shown on every dashboard page (the quota bars) does not."""
+    """``tenant_month_cost`` without walking the month's records: its finished days from
+    the roll-up and today from its partial roll-up and the records since
+    (``window_usage``), plus the kept state's storage. Every reader of the month to date
+    uses it — the quota bars on every page, the budget check on every create, the
+    budget notices and their banner — so they agree; ``tenant_month_cost`` (every
+    record) stays as the reference the tests compare it with."""
     now = now or timezone.now()
     month = month_start(now)
     cost = window_usage(tenant=tenant, start=month, end=now, slices=False).totals.cost
