@@ -113,9 +113,12 @@ def _record(
     return notice
 
 
-def notices_current(*, tenant: Tenant, now: datetime | None = None) -> list[dict[str, str]]:
+def notices_current(
+    *, tenant: Tenant, now: datetime | None = None, spent: Decimal | None = None
+) -> list[dict[str, str]]:
     """This month's notices of ``tenant`` that still hold (the threshold was not since
-    raised or cleared above the spend), for the dashboard banner, newest first."""
+    raised or cleared above the spend), for the dashboard banner, newest first.
+    ``spent``: the month to date when the caller read it already (the usage page)."""
     now = now or timezone.now()
     rows = list(
         BudgetNotice.objects.filter(tenant=tenant, period=period_of(now)).order_by("-at", "-id")
@@ -123,7 +126,8 @@ def notices_current(*, tenant: Tenant, now: datetime | None = None) -> list[dict
     if not rows:
         return []
     quota = TenantQuota.objects.filter(tenant=tenant).first()
-    spent = month_to_date_cost(tenant=tenant, now=now)
+    if spent is None:
+        spent = month_to_date_cost(tenant=tenant, now=now)
     out = []
     for n in rows:
         kind = BudgetNoticeKind(n.kind)

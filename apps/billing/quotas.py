@@ -155,7 +155,7 @@ def check_budget(*, quota: TenantQuota) -> None:
     budget in the way. Running sandboxes are never touched by it."""
     if quota.monthly_budget is None and quota.team_budget is None:
         return
-    # from the daily roll-up (finished days) plus today's records, as the pages show it:
+    # from the daily roll-up (finished days, today's partial one) as the pages show it:
     # this runs under the tenant's quota row lock on every create, and a walk of every
     # record of the month (``tenant_month_cost``) grew with the month's history
     spent = month_to_date_cost(tenant=quota.tenant)

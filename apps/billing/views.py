@@ -194,7 +194,7 @@ def _usage_context(request: HttpRequest, principal: Principal) -> dict[str, Any]
         "team_budget": quota.team_budget,
         "team_budget_reached": quota.team_budget is not None and spent >= quota.team_budget,
         "webhook_set": bool(quota.alert_webhook_url),
-        "notices": notices_current(tenant=tenant),
+        "notices": notices_current(tenant=tenant, spent=full_report.month_cost),
         "form_values": {
             "budget_alert": "" if alert is None else f"{alert:.2f}",
             "team_budget": "" if quota.team_budget is None else f"{quota.team_budget:.2f}",
