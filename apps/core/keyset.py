@@ -110,8 +110,7 @@ def api_key_page(
     size = api_page_size(limit, default=default, most=most)
     if cursor:
         try:
-            padded = cursor + "=" * (-len(cursor) % 4)
-            after = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+            after = _unb64(cursor)
         except (ValueError, UnicodeDecodeError):
             raise ValidationFailed(
                 "cursor is not a cursor this server gave", field="cursor"
@@ -142,11 +141,17 @@ def _decode(cursor: str, parse_pk: Callable[[str], P]) -> tuple[datetime, P] | N
     if not cursor:
         return None
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        at, pk = raw.split("|", 1)
+        at, pk = _unb64(cursor).split("|", 1)
         return datetime.fromisoformat(at), parse_pk(pk)
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def _unb64(cursor: str) -> str:
+    """A cursor's text: url-safe base64 without its padding (a character outside the
+    alphabet is a ValueError, not skipped)."""
+    padded = cursor + "=" * (-len(cursor) % 4)
+    return base64.b64decode(padded, altchars=b"-_", validate=True).decode()
 
 
 def _pk_parser(qs: QuerySet[Any]) -> Callable[[str], Any]:
